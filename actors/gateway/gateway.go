@@ -1,0 +1,205 @@
+// Package gateway starts tlgw's actor tree: a root actor that supervises the router and the
+// registry (the registry spawns one worker actor per engine). It also gives non-actor callers
+// (the HTTP and gRPC adapters) typed request/reply helpers over that tree.
+package gateway
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/tlgw/tlgw/actors/registry"
+	"github.com/tlgw/tlgw/actors/router"
+	"github.com/tlgw/tlgw/actors/worker"
+	"github.com/tlgw/tlgw/internal/clock"
+	"github.com/tlgw/tlgw/internal/config"
+	"github.com/tlgw/tlgw/internal/errs"
+)
+
+// Config is what the actor tree needs.
+type Config struct {
+	Clock             clock.Clock
+	Policy            string
+	LoadFactor        float64
+	Routes            []config.Route
+	HeartbeatInterval time.Duration // T
+	MissLimit         int           // k
+	Logger            *slog.Logger
+	RouterMetrics     *router.Metrics
+	// Options returns extra props options per actor kind ("router", "registry", "worker"):
+	// the mailbox metrics in production, crash injectors in tests. May be nil.
+	Options func(kind string) []actor.PropsOption
+	// AskTimeout bounds every request/reply with the tree (default 5 s). The actors answer in
+	// microseconds; a timeout means an actor panicked while handling that very message.
+	AskTimeout time.Duration
+}
+
+// Gateway is the running actor tree.
+type Gateway struct {
+	System   *actor.ActorSystem
+	Router   *actor.PID
+	Registry *actor.PID
+	root     *actor.PID
+	timeout  time.Duration
+	interval time.Duration
+}
+
+type started struct {
+	router, registry *actor.PID
+	err              error
+}
+
+// Start builds the tree and returns once the router and the registry are running.
+func Start(cfg Config) (*Gateway, error) {
+	if cfg.Clock == nil {
+		cfg.Clock = clock.Real{}
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if cfg.AskTimeout <= 0 {
+		cfg.AskTimeout = 5 * time.Second
+	}
+	if cfg.HeartbeatInterval <= 0 || cfg.MissLimit <= 0 {
+		return nil, errors.New("gateway: heartbeat interval and miss limit must be positive")
+	}
+	opts := func(kind string) []actor.PropsOption {
+		if cfg.Options == nil {
+			return nil
+		}
+		return cfg.Options(kind)
+	}
+	routerProps, err := router.Props(router.Config{
+		Policy: cfg.Policy, LoadFactor: cfg.LoadFactor, Routes: cfg.Routes,
+		Metrics: cfg.RouterMetrics, Logger: cfg.Logger.With("actor", "router"),
+	}, opts("router")...)
+	if err != nil {
+		return nil, err
+	}
+	sys := actor.NewActorSystem(
+		actor.WithLoggerFactory(func(s *actor.ActorSystem) *slog.Logger {
+			return cfg.Logger.With("lib", "protoactor")
+		}),
+		actor.WithDeadLetterRequestLogging(false),
+	)
+	ready := make(chan started, 1)
+	var regPID *actor.PID // set in Started, read by the same actor afterwards
+	rootProps := actor.PropsFromFunc(func(c actor.Context) {
+		switch m := c.Message().(type) {
+		case *actor.Started:
+			rt, err := c.SpawnNamed(routerProps, "router")
+			if err != nil {
+				ready <- started{err: err}
+				return
+			}
+			reg, err := c.SpawnNamed(registry.Props(registry.Config{
+				Clock: cfg.Clock, Router: rt,
+				TTL:           time.Duration(cfg.MissLimit) * cfg.HeartbeatInterval,
+				Logger:        cfg.Logger.With("actor", "registry"),
+				WorkerOptions: opts("worker"),
+			}, opts("registry")...), "registry")
+			regPID = reg
+			ready <- started{router: rt, registry: reg, err: err}
+		case *router.EpochChanged:
+			c.Send(regPID, m)
+		}
+	}, actor.WithSupervisor(actor.RestartingSupervisorStrategy()))
+	root, err := sys.Root.SpawnNamed(rootProps, "tlgw")
+	if err != nil {
+		return nil, err
+	}
+	s := <-ready
+	if s.err != nil {
+		_ = sys.Root.StopFuture(root).Wait()
+		return nil, fmt.Errorf("gateway: start: %w", s.err)
+	}
+	return &Gateway{System: sys, Router: s.router, Registry: s.registry, root: root,
+		timeout: cfg.AskTimeout, interval: cfg.HeartbeatInterval}, nil
+}
+
+// Stop stops the whole tree (children first) and the actor system.
+func (g *Gateway) Stop() {
+	_ = g.System.Root.PoisonFuture(g.Registry).Wait() // stops every worker it registered
+	_ = g.System.Root.PoisonFuture(g.root).Wait()
+	g.System.Shutdown()
+}
+
+// HeartbeatInterval is T, echoed in heartbeat acks.
+func (g *Gateway) HeartbeatInterval() time.Duration { return g.interval }
+
+func ask[T any](g *Gateway, pid *actor.PID, msg any) (T, error) {
+	var zero T
+	res, err := g.System.Root.RequestFuture(pid, msg, g.timeout).Result()
+	if err != nil {
+		return zero, fmt.Errorf("%T to %s: %v: %w", msg, pid.Id, err, errs.ErrInternal)
+	}
+	switch v := res.(type) {
+	case T:
+		return v, nil
+	case error:
+		return zero, v
+	}
+	return zero, fmt.Errorf("%T to %s: unexpected reply %T: %w", msg, pid.Id, res, errs.ErrInternal)
+}
+
+// Pick asks the router for a worker. On success the caller holds a reservation and must call
+// Acquire at once and Release exactly once when the attempt ends.
+func (g *Gateway) Pick(p *router.Pick) (*router.Picked, error) {
+	res, err := ask[*router.Picked](g, g.Router, p)
+	if err != nil {
+		return nil, err
+	}
+	if res.Err != nil {
+		return res, res.Err
+	}
+	return res, nil
+}
+
+// Acquire counts one in-flight request on the worker.
+func (g *Gateway) Acquire(w *actor.PID) { g.System.Root.Send(w, worker.Acquire{}) }
+
+// Release ends one in-flight request on the worker.
+func (g *Gateway) Release(w *actor.PID) { g.System.Root.Send(w, worker.Release{}) }
+
+// Heartbeat hands one validated heartbeat to the registry.
+func (g *Gateway) Heartbeat(info router.WorkerInfo) (*registry.Ack, error) {
+	return ask[*registry.Ack](g, g.Registry, &registry.Heartbeat{Info: info})
+}
+
+// Workers lists the registered workers.
+func (g *Gateway) Workers() (*router.WorkerList, error) {
+	return ask[*router.WorkerList](g, g.Router, &router.ListWorkers{})
+}
+
+// Routes returns the route table.
+func (g *Gateway) Routes() (*router.RouteTable, error) {
+	return ask[*router.RouteTable](g, g.Router, &router.GetRoutes{})
+}
+
+// PutRoutes replaces the route table if ifMatch is its current epoch.
+func (g *Gateway) PutRoutes(ifMatch uint64, routes []config.Route) (*router.RouteTable, error) {
+	return ask[*router.RouteTable](g, g.Router, &router.PutRoutes{IfMatch: ifMatch, Routes: routes})
+}
+
+// Models lists the model ids clients may use.
+func (g *Gateway) Models() (*router.ModelList, error) {
+	return ask[*router.ModelList](g, g.Router, &router.ListModels{})
+}
+
+// Routable counts routable workers.
+func (g *Gateway) Routable() (int, error) {
+	r, err := ask[*router.Readiness](g, g.Router, &router.Ready{})
+	if err != nil {
+		return 0, err
+	}
+	return r.Routable, nil
+}
+
+// Drain drains (or undrains) every worker of a served model.
+func (g *Gateway) Drain(model string, drained bool) (*registry.DrainResult, error) {
+	return ask[*registry.DrainResult](g, g.Registry, &registry.DrainModel{Model: model, Drained: drained})
+}

@@ -1,0 +1,294 @@
+package gateway_test
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/tlgw/tlgw/actors/router"
+	"github.com/tlgw/tlgw/internal/config"
+	"github.com/tlgw/tlgw/internal/errs"
+	"github.com/tlgw/tlgw/internal/gwtest"
+	"github.com/tlgw/tlgw/internal/oai"
+
+	"github.com/cespare/xxhash/v2"
+)
+
+// TestHandExample is the seed's worked example (§3): least_outstanding over queue depths
+// a = 2, b = 0, c = 1; eviction at exactly k·T = 6 s after the last heartbeat.
+func TestHandExample(t *testing.T) {
+	h := gwtest.New(t)
+	h.Beat(gwtest.Worker("a", "smol", 2))
+	h.Beat(gwtest.Worker("b", "smol", 0))
+	h.Beat(gwtest.Worker("c", "smol", 1))
+
+	// r1: loads 2, 0, 1 → b.
+	if got := h.MustPick("smol"); got != "b" {
+		t.Fatalf("r1 went to %s, want b", got)
+	}
+	// A second request: loads 2, 1, 1 → b (tie with c, smallest id). Two now in flight on b.
+	if got := h.MustPick("smol"); got != "b" {
+		t.Fatalf("second request went to %s, want b", got)
+	}
+	h.InFlight("b", 2)
+	// r2: loads 2, 2, 1 → c. Queue depth counts: with in-flight only, a (0) would win.
+	if got := h.MustPick("smol"); got != "c" {
+		t.Fatalf("r2 went to %s, want c", got)
+	}
+
+	// a heartbeats at t0+2 s and t0+4 s; b and c send nothing more.
+	h.Clock.Advance(2 * time.Second)
+	h.Beat(gwtest.Worker("a", "smol", 2))
+	h.Clock.Advance(2 * time.Second)
+	h.Beat(gwtest.Worker("a", "smol", 2))
+
+	// t0+5.999 s: 5.999 < 6, all three listed; no deadline has fired.
+	pending := h.Clock.Pending()
+	h.Clock.Advance(1999 * time.Millisecond)
+	if h.Clock.Pending() != pending {
+		t.Fatalf("a deadline fired before 6 s (pending %d → %d)", pending, h.Clock.Pending())
+	}
+	if got := h.IDs(); !slices.Equal(got, []string{"a", "b", "c"}) {
+		t.Fatalf("at 5.999 s listed %v, want [a b c]", got)
+	}
+	// t0+6 s: 6 − 0 ≥ 3·2: b and c are evicted; a's last heartbeat was 2 s ago.
+	h.Clock.Advance(time.Millisecond)
+	h.WaitIDs("a")
+	if got := h.MustPick("smol"); got != "a" {
+		t.Fatalf("r3 went to %s, want a", got)
+	}
+}
+
+// TestWeightedByCapacity: capacities 1 and 3 (kv_total_blocks) give big, big, small, big twice.
+func TestWeightedByCapacity(t *testing.T) {
+	h := gwtest.New(t, gwtest.WithPolicy("weighted"))
+	small := gwtest.Worker("a-small", "smol", 0)
+	small.KVTotalBlocks, small.KVFreeBlocks = 1, 1
+	big := gwtest.Worker("b-big", "smol", 0)
+	big.KVTotalBlocks, big.KVFreeBlocks = 3, 3
+	h.Beat(small)
+	h.Beat(big)
+	var got []string
+	for i := 0; i < 8; i++ {
+		got = append(got, h.MustPick("smol"))
+	}
+	want := []string{"b-big", "b-big", "a-small", "b-big", "b-big", "b-big", "a-small", "b-big"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("picks %v, want %v", got, want)
+	}
+}
+
+func prefixHash(t *testing.T, system, user string) uint64 {
+	t.Helper()
+	body := fmt.Sprintf(`{"model":"smol","messages":[{"role":"system","content":%q},{"role":"user","content":%q}]}`, system, user)
+	key, err := oai.PrefixKey(oai.Chat, []byte(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return xxhash.Sum64(key)
+}
+
+// TestAffinityKeepsPrefixTogether: requests sharing a system prompt land on one worker
+// (reason affinity), distinct prefixes spread over the pool, and an overloaded owner is
+// skipped (reason load).
+func TestAffinityKeepsPrefixTogether(t *testing.T) {
+	h := gwtest.New(t, gwtest.WithPolicy("affinity"))
+	for _, id := range []string{"w1", "w2", "w3", "w4"} {
+		h.Beat(gwtest.Worker(id, "smol", 0))
+	}
+	system := "You are a helpful assistant for the ACME corporation. Answer briefly and politely."
+	var owner string
+	for i := 0; i < 20; i++ {
+		res, err := h.GW.Pick(&router.Pick{Model: "smol", RequestID: fmt.Sprint(i), PrefixHash: prefixHash(t, system, fmt.Sprint("question ", i))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i == 0 {
+			owner = res.WorkerID
+		}
+		if res.WorkerID != owner || res.Reason.String() != "affinity" {
+			t.Fatalf("request %d: %s (%v), want %s (affinity)", i, res.WorkerID, res.Reason, owner)
+		}
+		// Complete the request: Acquire then Release, as the proxy does.
+		h.GW.Acquire(res.Worker)
+		h.GW.Release(res.Worker)
+		h.InFlight(res.WorkerID, 0)
+	}
+
+	spread := map[string]int{}
+	for i := 0; i < 40; i++ {
+		res, err := h.GW.Pick(&router.Pick{Model: "smol", RequestID: fmt.Sprint("d", i), PrefixHash: prefixHash(t, fmt.Sprintf("distinct system prompt number %d ........", i), "q")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		spread[res.WorkerID]++
+		h.GW.Acquire(res.Worker)
+		h.GW.Release(res.Worker)
+		h.InFlight(res.WorkerID, 0)
+	}
+	if len(spread) < 3 {
+		t.Fatalf("40 distinct prefixes used only %d of 4 workers: %v", len(spread), spread)
+	}
+
+	// Overload the owner as in the seed: 3 in flight on it, none elsewhere. The cap is
+	// ⌈1.25·(3+1)/4⌉ = 2, so the owner is skipped and the next worker clockwise takes it.
+	key := prefixHash(t, system, "another")
+	first, err := h.GW.Pick(&router.Pick{Model: "smol", RequestID: "o", PrefixHash: key})
+	if err != nil || first.WorkerID != owner {
+		t.Fatalf("idle pool: got %v, %v; want owner %s", first, err, owner)
+	}
+	for i := 0; i < 3; i++ {
+		h.GW.Acquire(first.Worker)
+	}
+	h.InFlight(owner, 3)
+	res, err := h.GW.Pick(&router.Pick{Model: "smol", RequestID: "over", PrefixHash: key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.WorkerID == owner || res.Reason.String() != "load" {
+		t.Fatalf("overloaded owner: got %s (%v), want another worker (load)", res.WorkerID, res.Reason)
+	}
+}
+
+// TestModelNotFoundAndNoCapacity: an unknown model is model_not_found; a routed model with no
+// routable worker is no_capacity; readiness needs a routable worker.
+func TestModelNotFoundAndNoCapacity(t *testing.T) {
+	h := gwtest.New(t, gwtest.WithRoutes(config.Route{Model: "smol", Aliases: []string{"small"}, Targets: []string{"unified"}}))
+	if n, err := h.GW.Routable(); err != nil || n != 0 {
+		t.Fatalf("routable = %d, %v; want 0 (not ready)", n, err)
+	}
+	if _, err := h.GW.Pick(&router.Pick{Model: "gpt-9", RequestID: "1"}); !errors.Is(err, errs.ErrModelNotFound) {
+		t.Fatalf("unknown model: %v, want ErrModelNotFound", err)
+	}
+	for _, m := range []string{"smol", "small"} {
+		if _, err := h.GW.Pick(&router.Pick{Model: m, RequestID: "1"}); !errors.Is(err, errs.ErrNoCapacity) {
+			t.Fatalf("%s with no worker: %v, want ErrNoCapacity", m, err)
+		}
+	}
+	// A worker registers, then reports draining: known model, still no capacity.
+	w := gwtest.Worker("w1", "smol", 0)
+	h.Beat(w)
+	if n, _ := h.GW.Routable(); n != 1 {
+		t.Fatalf("routable = %d, want 1", n)
+	}
+	if got := h.MustPick("small"); got != "w1" {
+		t.Fatalf("alias picked %s", got)
+	}
+	w.Draining = true
+	h.Beat(w)
+	if _, err := h.GW.Pick(&router.Pick{Model: "smol", RequestID: "2"}); !errors.Is(err, errs.ErrNoCapacity) {
+		t.Fatalf("draining worker: %v, want ErrNoCapacity", err)
+	}
+	// A model with no route is its own route while a worker serves it.
+	h.Beat(gwtest.Worker("w2", "big", 0))
+	if got := h.MustPick("big"); got != "w2" {
+		t.Fatalf("unrouted model picked %s", got)
+	}
+	// Once its last worker is evicted, the unrouted model is unknown again.
+	h.Clock.Advance(6 * time.Second)
+	h.WaitIDs()
+	if _, err := h.GW.Pick(&router.Pick{Model: "big", RequestID: "3"}); !errors.Is(err, errs.ErrModelNotFound) {
+		t.Fatalf("evicted model: %v, want ErrModelNotFound", err)
+	}
+	if n, _ := h.GW.Routable(); n != 0 {
+		t.Fatalf("routable = %d after eviction, want 0", n)
+	}
+}
+
+// TestCanarySplit: a 0.9/0.1 split over 10,000 request ids lands within 4 standard deviations
+// of 0.1; one id always gets one backend; a route without backends serves its own model.
+func TestCanarySplit(t *testing.T) {
+	h := gwtest.New(t, gwtest.WithRoutes(
+		config.Route{Model: "smol", Backends: []config.Backend{{Model: "smol-v3", Weight: 0.9}, {Model: "smol-v4", Weight: 0.1}}, Targets: []string{"unified"}},
+		config.Route{Model: "plain", Targets: []string{"unified"}},
+	))
+	h.Beat(gwtest.Worker("v3", "smol-v3", 0))
+	h.Beat(gwtest.Worker("v4", "smol-v4", 0))
+	h.Beat(gwtest.Worker("p", "plain", 0))
+	const n = 10000
+	canary := 0
+	for i := 0; i < n; i++ {
+		id := fmt.Sprintf("req-%d", i)
+		res, err := h.GW.Pick(&router.Pick{Model: "smol", RequestID: id})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.ServedModel == "smol-v4" {
+			canary++
+		}
+		if i%1000 == 0 { // one id, one backend
+			again, _ := h.GW.Pick(&router.Pick{Model: "smol", RequestID: id})
+			if again.ServedModel != res.ServedModel {
+				t.Fatalf("id %s drew %s then %s", id, res.ServedModel, again.ServedModel)
+			}
+		}
+	}
+	sd := math.Sqrt(n * 0.1 * 0.9)
+	if diff := math.Abs(float64(canary) - n*0.1); diff > 4*sd {
+		t.Fatalf("canary got %d of %d, want %v ± %.0f", canary, n, n*0.1, 4*sd)
+	}
+	res, err := h.GW.Pick(&router.Pick{Model: "plain", RequestID: "x"})
+	if err != nil || res.ServedModel != "plain" {
+		t.Fatalf("route without backends served %v (%v)", res, err)
+	}
+	// The draw is the top 53 bits of xxHash64 over 2^53.
+	if u := router.CanaryDraw("req-1"); u != float64(xxhash.Sum64String("req-1")>>11)/(1<<53) || u < 0 || u >= 1 {
+		t.Fatalf("CanaryDraw = %v", u)
+	}
+}
+
+// crash is a test-only message that makes the receiving actor panic.
+type crash struct{}
+
+func crashInjector(next actor.ReceiverFunc) actor.ReceiverFunc {
+	return func(c actor.ReceiverContext, env *actor.MessageEnvelope) {
+		if _, ok := env.Message.(crash); ok {
+			panic("injected crash")
+		}
+		next(c, env)
+	}
+}
+
+// TestSupervisionKeepsRegistry: a panicking router, registry or worker actor is restarted by
+// its supervisor without losing the route table, the registry or the in-flight counts.
+func TestSupervisionKeepsRegistry(t *testing.T) {
+	h := gwtest.New(t, gwtest.WithActorOptions(func(string) []actor.PropsOption {
+		return []actor.PropsOption{actor.WithReceiverMiddleware(crashInjector)}
+	}))
+	h.Beat(gwtest.Worker("a", "smol", 0))
+	h.Beat(gwtest.Worker("b", "smol", 5))
+	res, err := h.Pick(router.Pick{Model: "smol", RequestID: "1"})
+	if err != nil || res.WorkerID != "a" {
+		t.Fatalf("pick: %v %v", res, err)
+	}
+	h.InFlight("a", 1)
+
+	var restarts atomic.Int32
+	sub := h.GW.System.EventStream.Subscribe(func(ev any) {
+		if se, ok := ev.(*actor.SupervisorEvent); ok && se.Directive == actor.RestartDirective {
+			restarts.Add(1)
+		}
+	})
+	defer h.GW.System.EventStream.Unsubscribe(sub)
+	root := h.GW.System.Root
+	root.Send(h.GW.Router, crash{})
+	root.Send(h.GW.Registry, crash{})
+	root.Send(res.Worker, crash{})
+
+	h.Eventually("three restarts", func() bool { return restarts.Load() == 3 })
+	// Everything is still known after the restarts.
+	h.Eventually("router answers after restart", func() bool { return slices.Equal(h.IDs(), []string{"a", "b"}) })
+	h.InFlight("a", 1)
+	h.Beat(gwtest.Worker("a", "smol", 0)) // the registry still knows a: no second actor
+	h.GW.Release(res.Worker)
+	h.InFlight("a", 0)
+	// The worker's deadline survived its restart: a and b are still evicted on time.
+	h.Clock.Advance(6 * time.Second)
+	h.WaitIDs()
+}

@@ -1,0 +1,186 @@
+// Package registry is the registry actor: heartbeats come in from the gRPC adapter, one worker
+// actor per engine is spawned, updated, drained and, when its deadline fires, stopped (R1).
+// The registry also answers heartbeat acks with the drain flag and the route table's epoch.
+package registry
+
+import (
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/tlgw/tlgw/actors/router"
+	"github.com/tlgw/tlgw/actors/worker"
+	"github.com/tlgw/tlgw/internal/clock"
+	"github.com/tlgw/tlgw/internal/errs"
+)
+
+// Heartbeat is one validated WorkerStatus; the reply is *Ack.
+type Heartbeat struct {
+	Info router.WorkerInfo // LastHeartbeat is ignored: the registry stamps arrival on its clock
+}
+
+// Ack answers Heartbeat (SPEC B1 HeartbeatAck without the interval, which the adapter adds).
+type Ack struct {
+	Drain bool
+	Epoch uint64
+}
+
+// DrainModel drains (or undrains) every worker of a served model; the reply is *DrainResult or
+// an error wrapping errs.ErrModelNotFound when no registered worker serves it.
+type DrainModel struct {
+	Model   string
+	Drained bool
+}
+
+// DrainResult answers DrainModel.
+type DrainResult struct {
+	Workers int
+}
+
+// Config is what the registry needs.
+type Config struct {
+	Clock  clock.Clock
+	Router *actor.PID
+	// TTL is k·T (R1).
+	TTL    time.Duration
+	Logger *slog.Logger
+	// WorkerOptions are extra props options for every worker actor (metrics, test middleware).
+	WorkerOptions []actor.PropsOption
+}
+
+type entry struct {
+	pid  *actor.PID
+	info router.WorkerInfo
+	sent uint64 // statuses forwarded to the worker
+}
+
+type state struct {
+	cfg     Config
+	epoch   uint64
+	entries map[string]*entry
+	drained map[string]bool
+}
+
+// Props returns the registry's props. Its state survives restarts. Worker actors are spawned
+// at the top level with an always-restart guardian, not as the registry's children, so a
+// restart of the registry (which stops an actor's children) never takes the workers with it.
+func Props(cfg Config, opts ...actor.PropsOption) *actor.Props {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	st := &state{cfg: cfg, epoch: 1, entries: make(map[string]*entry), drained: make(map[string]bool)}
+	return actor.PropsFromProducer(func() actor.Actor { return &registryActor{st: st} }, opts...)
+}
+
+type registryActor struct{ st *state }
+
+// Receive handles the registry's messages.
+func (r *registryActor) Receive(c actor.Context) {
+	st := r.st
+	switch m := c.Message().(type) {
+	case *Heartbeat:
+		c.Respond(st.heartbeat(c, m))
+	case *worker.Expired:
+		e := st.entries[m.ID]
+		if e == nil || e.sent != m.Seq {
+			return // a newer heartbeat is on its way to the worker: it revives
+		}
+		st.cfg.Logger.Info("worker evicted: heartbeat deadline passed", "worker", m.ID,
+			"last_heartbeat", e.info.LastHeartbeat, "ttl", st.cfg.TTL)
+		delete(st.entries, m.ID)
+		c.Stop(e.pid)
+	case *actor.Terminated:
+		for id, e := range st.entries {
+			if e.pid.Equal(m.Who) {
+				delete(st.entries, id)
+				st.cfg.Logger.Warn("worker actor stopped by its supervisor", "worker", id)
+				return
+			}
+		}
+	case *DrainModel:
+		c.Respond(st.drain(c, m))
+	case *router.EpochChanged:
+		if m.Epoch > st.epoch {
+			st.epoch = m.Epoch
+		}
+	case *actor.Stopping:
+		for _, e := range st.entries {
+			c.Stop(e.pid)
+		}
+	}
+}
+
+func (st *state) heartbeat(c actor.Context, m *Heartbeat) *Ack {
+	info := m.Info
+	info.LastHeartbeat = st.cfg.Clock.Now()
+	info.AdminDrained = st.drained[info.Model]
+	e := st.entries[info.ID]
+	if e == nil {
+		e = &entry{info: info, sent: 1}
+		props := worker.Props(worker.Config{
+			Clock: st.cfg.Clock, Router: st.cfg.Router, Registry: c.Self(), TTL: st.cfg.TTL,
+		}, worker.Status{Info: info, Seq: 1}, append([]actor.PropsOption{
+			actor.WithGuardian(actor.RestartingSupervisorStrategy()),
+		}, st.cfg.WorkerOptions...)...)
+		pid, err := c.ActorSystem().Root.SpawnNamed(props, "worker/"+sanitize(info.ID))
+		if err != nil {
+			// The previous actor of this id is still stopping; fall back to a generated name.
+			pid = c.ActorSystem().Root.SpawnPrefix(props, "worker/")
+		}
+		e.pid = pid
+		c.Watch(pid)
+		st.entries[info.ID] = e
+		st.cfg.Logger.Info("worker registered", "worker", info.ID, "model", info.Model,
+			"role", info.Role.String(), "http", info.HTTPAddress)
+	} else {
+		if e.info.HTTPAddress != info.HTTPAddress || e.info.GRPCAddress != info.GRPCAddress ||
+			e.info.KVAddress != info.KVAddress || e.info.Model != info.Model {
+			st.cfg.Logger.Warn("worker id reported with different addresses or model: the latest wins",
+				"worker", info.ID, "old_http", e.info.HTTPAddress, "new_http", info.HTTPAddress,
+				"old_model", e.info.Model, "new_model", info.Model)
+		}
+		e.info = info
+		e.sent++
+		c.Send(e.pid, &worker.Status{Info: info, Seq: e.sent})
+	}
+	return &Ack{Drain: info.AdminDrained, Epoch: st.epoch}
+}
+
+func (st *state) drain(c actor.Context, m *DrainModel) any {
+	n := 0
+	for _, e := range st.entries {
+		if e.info.Model == m.Model {
+			n++
+		}
+	}
+	if n == 0 {
+		return fmt.Errorf("no registered worker serves the model %q: %w", m.Model, errs.ErrModelNotFound)
+	}
+	if m.Drained {
+		st.drained[m.Model] = true
+	} else {
+		delete(st.drained, m.Model)
+	}
+	for _, e := range st.entries {
+		if e.info.Model == m.Model {
+			e.info.AdminDrained = m.Drained
+			c.Send(e.pid, &worker.SetDrained{Drained: m.Drained})
+		}
+	}
+	st.cfg.Logger.Info("model drain changed", "model", m.Model, "drained", m.Drained, "workers", n)
+	return &DrainResult{Workers: n}
+}
+
+// sanitize makes a worker id usable in an actor name: protoactor reserves '$' and uses '/' as
+// a separator.
+func sanitize(id string) string {
+	b := []byte(id)
+	for i, ch := range b {
+		if ch == '$' || ch == '/' || ch < 0x21 || ch > 0x7e {
+			b[i] = '_'
+		}
+	}
+	return string(b)
+}

@@ -1,0 +1,143 @@
+package router
+
+import (
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/tlgw/tlgw/actors/router/policy"
+	"github.com/tlgw/tlgw/internal/config"
+)
+
+// Role is a worker's serving role (SPEC B1 enum Role without the UNSPECIFIED value, which the
+// registry maps to RoleUnified).
+type Role uint8
+
+// Roles.
+const (
+	RoleUnified Role = iota
+	RolePrefill
+	RoleDecode
+)
+
+func (r Role) String() string {
+	switch r {
+	case RolePrefill:
+		return "prefill"
+	case RoleDecode:
+		return "decode"
+	}
+	return "unified"
+}
+
+// WorkerInfo is what a worker actor knows about its engine and tells the router.
+type WorkerInfo struct {
+	ID            string
+	Model         string
+	Role          Role
+	HTTPAddress   string
+	GRPCAddress   string
+	KVAddress     string
+	KVFormat      uint32
+	QueueDepth    int64
+	Running       int64
+	KVFreeBlocks  int64
+	KVTotalBlocks int64
+	Draining      bool // the engine reports draining
+	AdminDrained  bool // its model is drained through the admin API
+	LastHeartbeat time.Time
+}
+
+// WorkerState is a worker actor's full report: sent when it registers, on every heartbeat, on
+// a drain, on expiry and after a restart.
+type WorkerState struct {
+	PID  *actor.PID
+	Info WorkerInfo
+	// Live is false once the heartbeat deadline has fired (R1); the registry then stops the actor.
+	Live bool
+	// InFlight and AcqSeen: the worker's in-flight count and how many Acquires it has processed.
+	InFlight int64
+	AcqSeen  uint64
+}
+
+// LoadReport is a worker's in-flight change after an Acquire or Release.
+type LoadReport struct {
+	ID       string
+	InFlight int64
+	AcqSeen  uint64
+}
+
+// Pick asks the router for a worker. The reply is *Picked.
+type Pick struct {
+	Model      string   // the model id the client sent (a route id, an alias or a served id)
+	RequestID  string   // draws the canary backend (R5)
+	PrefixHash uint64   // Hash64 of the prefix key (R4), for affinity
+	Exclude    []string // worker ids already tried (R6)
+}
+
+// Picked answers Pick. On success the router has reserved one in-flight slot on Worker, and the
+// requester must send it Acquire at once and Release when the attempt ends (every path).
+type Picked struct {
+	Err         error // ErrModelNotFound or ErrNoCapacity (package errs)
+	Worker      *actor.PID
+	WorkerID    string
+	HTTPAddress string
+	Route       string // the public route id the request resolved to
+	ServedModel string // the model id the engine serves; the body's model is rewritten to it
+	Reason      policy.Reason
+}
+
+// ListWorkers asks for every registered worker; the reply is *WorkerList.
+type ListWorkers struct{}
+
+// WorkerView is one row of GET /admin/v1/workers.
+type WorkerView struct {
+	Info     WorkerInfo
+	InFlight int64
+	Routable bool
+}
+
+// WorkerList answers ListWorkers; workers are sorted by id.
+type WorkerList struct {
+	Epoch   uint64
+	Workers []WorkerView
+}
+
+// GetRoutes asks for the route table; the reply is *RouteTable.
+type GetRoutes struct{}
+
+// RouteTable is the route table and its epoch.
+type RouteTable struct {
+	Epoch  uint64
+	Routes []config.Route
+}
+
+// PutRoutes replaces the route table when IfMatch equals the current epoch. Routes must
+// already be validated (config.ValidateRoutes). The reply is *RouteTable or an error
+// (errs.ErrEtagMismatch).
+type PutRoutes struct {
+	IfMatch uint64
+	Routes  []config.Route
+}
+
+// ListModels asks for the model ids clients may use; the reply is *ModelList.
+type ListModels struct{}
+
+// ModelList answers ListModels: route ids, their aliases and served models of registered
+// workers, sorted and without duplicates.
+type ModelList struct {
+	IDs []string
+}
+
+// Ready asks whether at least one routable worker exists; the reply is *Readiness.
+type Ready struct{}
+
+// Readiness answers Ready.
+type Readiness struct {
+	Routable int
+}
+
+// EpochChanged tells the registry the route table's new epoch, for heartbeat acks.
+type EpochChanged struct {
+	Epoch uint64
+}

@@ -1,0 +1,119 @@
+// Package policy holds tlgw's worker-picking algorithms (SPEC R3). Each policy is a pure,
+// incrementally maintained index over the routable members of one pool (a model and role):
+// the router tells it when members join, leave or change load, and a pick reads the index
+// without allocating and without asking anybody. Nothing here is safe for concurrent use:
+// a policy belongs to the router actor that owns it.
+package policy
+
+import (
+	"fmt"
+	"slices"
+)
+
+// Reason says why a member was picked; it is a label of tlgw_routing_decisions_total.
+type Reason uint8
+
+const (
+	// ReasonLeastLoad: the member with the minimum load (R3.1).
+	ReasonLeastLoad Reason = iota
+	// ReasonWeighted: smooth weighted round robin by capacity (R3.2).
+	ReasonWeighted
+	// ReasonAffinity: the prefix key's owner on the hash ring (R3.3).
+	ReasonAffinity
+	// ReasonLoad: the owner was at its bounded-load cap and a later member took it (R3.3).
+	ReasonLoad
+)
+
+func (r Reason) String() string {
+	switch r {
+	case ReasonLeastLoad:
+		return "least_load"
+	case ReasonWeighted:
+		return "weighted"
+	case ReasonAffinity:
+		return "affinity"
+	case ReasonLoad:
+		return "load"
+	}
+	return "unknown"
+}
+
+// Member is one routable worker as a policy sees it. The router owns the struct and sets ID
+// and Ref; Load and Weight change only through the policy's SetLoad and SetWeight so that
+// its index stays consistent.
+type Member struct {
+	ID  string
+	Ref any // the router's own record for this member; opaque to policies
+
+	load   int64
+	weight int64
+
+	pos     int   // least_outstanding: position in the heap
+	current int64 // weighted: the smooth round robin counter
+}
+
+// Load is the member's load as last set (R2: in flight + reported queue depth).
+func (m *Member) Load() int64 { return m.load }
+
+// Weight is the member's capacity weight as last set.
+func (m *Member) Weight() int64 { return m.weight }
+
+// Policy picks one member of a pool.
+type Policy interface {
+	// Add makes m pickable with the given load and weight. m must not already be in.
+	Add(m *Member, load, weight int64)
+	// Remove makes m unpickable. Removing a member that is not in is a no-op.
+	Remove(m *Member)
+	// SetLoad records m's new load.
+	SetLoad(m *Member, load int64)
+	// SetWeight records m's new capacity weight.
+	SetWeight(m *Member, weight int64)
+	// Pick returns a member not in exclude, or nil when there is none. key is the request's
+	// prefix-key hash (only affinity reads it). Pick does not change loads: the caller
+	// records the reservation with SetLoad.
+	Pick(key uint64, exclude []string) (*Member, Reason)
+	// Len is the number of pickable members.
+	Len() int
+}
+
+// Names lists the policies by their configuration names, in the one table that maps names
+// to constructors.
+var registry = map[string]func(Options) Policy{
+	"least_outstanding": func(Options) Policy { return NewLeastOutstanding() },
+	"weighted":          func(Options) Policy { return NewWeighted() },
+	"affinity":          func(o Options) Policy { return NewAffinity(o.LoadFactor, o.VirtualNodes) },
+}
+
+// Options parameterise policy construction.
+type Options struct {
+	LoadFactor   float64 // affinity's c (R3.3); default 1.25
+	VirtualNodes int     // affinity ring points per member; default 64
+}
+
+// New builds the policy registered under name.
+func New(name string, o Options) (Policy, error) {
+	mk, ok := registry[name]
+	if !ok {
+		return nil, fmt.Errorf("policy: unknown route policy %q (known: %v)", name, Names())
+	}
+	return mk(o), nil
+}
+
+// Names returns the registered policy names, sorted.
+func Names() []string {
+	names := make([]string, 0, len(registry))
+	for n := range registry {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	return names
+}
+
+func excluded(id string, exclude []string) bool {
+	for _, e := range exclude {
+		if e == id {
+			return true
+		}
+	}
+	return false
+}

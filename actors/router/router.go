@@ -1,0 +1,333 @@
+// Package router is the router actor: it holds the route table and the view of every worker
+// (pushed to it by the worker actors), and answers picks from that view in O(log n) without
+// asking any other actor (SPEC R3, R5).
+package router
+
+import (
+	"cmp"
+	"fmt"
+	"log/slog"
+	"slices"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tlgw/tlgw/actors/router/policy"
+	"github.com/tlgw/tlgw/internal/config"
+	"github.com/tlgw/tlgw/internal/errs"
+)
+
+// Config is what the router needs.
+type Config struct {
+	Policy     string  // route_policy
+	LoadFactor float64 // affinity_load_factor
+	Routes     []config.Route
+	Metrics    *Metrics
+	Logger     *slog.Logger
+}
+
+// slot is the router's record of one registered worker.
+type slot struct {
+	pid  *actor.PID
+	info WorkerInfo
+	live bool
+	// The worker's reported in-flight count and Acquire count, and how many picks the router
+	// has handed out for it: load = reported + (acqSent − acqSeen) + queue depth. Both counters
+	// are monotonic, so an optimistic reservation reconciles exactly with the next report.
+	reported int64
+	acqSeen  uint64
+	acqSent  uint64
+	member   policy.Member
+	pool     *pool // the pool the member is in while routable, else nil
+	state    string
+}
+
+func (s *slot) load() int64 {
+	return s.reported + int64(s.acqSent-s.acqSeen) + s.info.QueueDepth
+}
+
+func (s *slot) routable() bool {
+	return s.live && !s.info.Draining && !s.info.AdminDrained
+}
+
+func (s *slot) stateName() string {
+	switch {
+	case !s.live:
+		return stateNone
+	case s.info.AdminDrained:
+		return stateDrained
+	case s.info.Draining:
+		return stateDraining
+	}
+	return stateRoutable
+}
+
+type poolKey struct {
+	model string
+	role  Role
+}
+
+type pool struct {
+	p policy.Policy
+}
+
+// state survives restarts of the router actor: a panic while handling one message must not
+// lose the route table or the worker view.
+type state struct {
+	cfg       Config
+	epoch     uint64
+	routes    []config.Route
+	byName    map[string]*route
+	slots     map[string]*slot // by worker id
+	pools     map[poolKey]*pool
+	models    map[string]int // live workers per served model
+	routable  int
+	decisions [4]prometheus.Counter
+	gauges    map[string]prometheus.Gauge
+}
+
+// Props returns the router actor's props. The route table starts at epoch 1.
+func Props(cfg Config, opts ...actor.PropsOption) (*actor.Props, error) {
+	if _, err := policy.New(cfg.Policy, policy.Options{LoadFactor: cfg.LoadFactor}); err != nil {
+		return nil, err
+	}
+	if cfg.Metrics == nil {
+		cfg.Metrics = NewMetrics(nil)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	st := &state{
+		cfg:       cfg,
+		epoch:     1,
+		slots:     make(map[string]*slot),
+		pools:     make(map[poolKey]*pool),
+		models:    make(map[string]int),
+		decisions: cfg.Metrics.decisionCounters(cfg.Policy),
+		gauges:    cfg.Metrics.workerGauges(),
+	}
+	st.setRoutes(cfg.Routes)
+	return actor.PropsFromProducer(func() actor.Actor { return &routerActor{st: st} }, opts...), nil
+}
+
+type routerActor struct{ st *state }
+
+// Receive handles the router's messages.
+func (r *routerActor) Receive(c actor.Context) {
+	st := r.st
+	switch m := c.Message().(type) {
+	case *Pick:
+		c.Respond(st.pick(m))
+	case *LoadReport:
+		st.loadReport(m)
+	case *WorkerState:
+		st.workerState(c, m)
+	case *actor.Terminated:
+		st.removeByPID(m.Who)
+	case *ListWorkers:
+		c.Respond(st.listWorkers())
+	case *GetRoutes:
+		c.Respond(&RouteTable{Epoch: st.epoch, Routes: slices.Clone(st.routes)})
+	case *PutRoutes:
+		if m.IfMatch != st.epoch {
+			c.Respond(fmt.Errorf("route table is at epoch %d, If-Match names %d: %w", st.epoch, m.IfMatch, errs.ErrEtagMismatch))
+			return
+		}
+		st.epoch++
+		st.setRoutes(m.Routes)
+		st.cfg.Logger.Info("route table replaced", "epoch", st.epoch, "routes", len(m.Routes))
+		if p := c.Parent(); p != nil {
+			c.Send(p, &EpochChanged{Epoch: st.epoch})
+		}
+		c.Respond(&RouteTable{Epoch: st.epoch, Routes: slices.Clone(st.routes)})
+	case *ListModels:
+		c.Respond(st.listModels())
+	case *Ready:
+		c.Respond(&Readiness{Routable: st.routable})
+	}
+}
+
+func (st *state) setRoutes(routes []config.Route) {
+	st.routes = slices.Clone(routes)
+	st.byName = compileRoutes(st.routes)
+	for _, rt := range st.routes {
+		if len(rt.Targets) == 1 && rt.Targets[0] == "disaggregated" {
+			st.cfg.Logger.Warn("disaggregated orchestration is not available yet; the route is served by unified workers of its model",
+				"route", rt.Model)
+		}
+	}
+}
+
+// pick answers one Pick. Nothing here blocks or allocates except the reply.
+func (st *state) pick(m *Pick) *Picked {
+	var served, routeID string
+	if rt := st.byName[m.Model]; rt != nil {
+		served, routeID = rt.servedModel(m.RequestID), rt.id
+	} else if st.models[m.Model] > 0 {
+		served, routeID = m.Model, m.Model // a model with no route is its own route
+	} else {
+		return &Picked{Err: fmt.Errorf("the model %q does not exist: %w", m.Model, errs.ErrModelNotFound)}
+	}
+	pl := st.pools[poolKey{model: served, role: RoleUnified}]
+	if pl == nil {
+		return &Picked{Err: fmt.Errorf("no routable worker serves %q: %w", served, errs.ErrNoCapacity), Route: routeID, ServedModel: served}
+	}
+	mem, reason := pl.p.Pick(m.PrefixHash, m.Exclude)
+	if mem == nil {
+		return &Picked{Err: fmt.Errorf("no routable worker serves %q: %w", served, errs.ErrNoCapacity), Route: routeID, ServedModel: served}
+	}
+	s := mem.Ref.(*slot)
+	s.acqSent++ // the optimistic reservation; the requester's Acquire reconciles it
+	pl.p.SetLoad(&s.member, s.load())
+	st.decisions[reason].Inc()
+	return &Picked{
+		Worker: s.pid, WorkerID: s.info.ID, HTTPAddress: s.info.HTTPAddress,
+		Route: routeID, ServedModel: served, Reason: reason,
+	}
+}
+
+func (st *state) loadReport(m *LoadReport) {
+	s := st.slots[m.ID]
+	if s == nil || m.AcqSeen < s.acqSeen {
+		return // stale: a newer report has been applied
+	}
+	s.reported, s.acqSeen = m.InFlight, m.AcqSeen
+	if s.acqSent < s.acqSeen {
+		s.acqSent = s.acqSeen // Acquires that did not come from this router's picks
+	}
+	if s.pool != nil {
+		s.pool.p.SetLoad(&s.member, s.load())
+	}
+}
+
+func (st *state) workerState(c actor.Context, m *WorkerState) {
+	s := st.slots[m.Info.ID]
+	if s != nil && !s.pid.Equal(m.PID) {
+		// A new actor for the same id (the old one was evicted and its Terminated is still on
+		// the way): start a fresh record.
+		st.remove(s)
+		s = nil
+	}
+	if s == nil {
+		if !m.Live {
+			return
+		}
+		s = &slot{pid: m.PID}
+		s.member.ID = m.Info.ID
+		s.member.Ref = s
+		st.slots[m.Info.ID] = s
+		c.Watch(m.PID)
+	}
+	if s.live && s.info.Model != "" {
+		st.models[s.info.Model]--
+	}
+	st.leavePool(s)
+	s.info, s.live = m.Info, m.Live
+	if m.AcqSeen >= s.acqSeen {
+		s.reported, s.acqSeen = m.InFlight, m.AcqSeen
+		if s.acqSent < s.acqSeen {
+			s.acqSent = s.acqSeen
+		}
+	}
+	if s.live {
+		st.models[s.info.Model]++
+	}
+	st.joinPool(s)
+}
+
+// joinPool puts a routable slot into its pool and updates the state gauges.
+func (st *state) joinPool(s *slot) {
+	st.setState(s, s.stateName())
+	if !s.routable() {
+		return
+	}
+	key := poolKey{model: s.info.Model, role: s.info.Role}
+	pl := st.pools[key]
+	if pl == nil {
+		p, _ := policy.New(st.cfg.Policy, policy.Options{LoadFactor: st.cfg.LoadFactor}) // validated in Props
+		pl = &pool{p: p}
+		st.pools[key] = pl
+	}
+	pl.p.Add(&s.member, s.load(), s.info.KVTotalBlocks)
+	s.pool = pl
+	st.routable++
+}
+
+func (st *state) leavePool(s *slot) {
+	if s.pool == nil {
+		return
+	}
+	s.pool.p.Remove(&s.member)
+	if s.pool.p.Len() == 0 {
+		delete(st.pools, poolKey{model: s.info.Model, role: s.info.Role})
+	}
+	s.pool = nil
+	st.routable--
+}
+
+func (st *state) setState(s *slot, name string) {
+	if s.state == name {
+		return
+	}
+	if g := st.gauges[s.state]; g != nil {
+		g.Dec()
+	}
+	if g := st.gauges[name]; g != nil {
+		g.Inc()
+	}
+	s.state = name
+}
+
+func (st *state) remove(s *slot) {
+	st.leavePool(s)
+	st.setState(s, stateNone)
+	if s.live {
+		st.models[s.info.Model]--
+		if st.models[s.info.Model] <= 0 {
+			delete(st.models, s.info.Model)
+		}
+	}
+	delete(st.slots, s.info.ID)
+}
+
+func (st *state) removeByPID(pid *actor.PID) {
+	for _, s := range st.slots {
+		if s.pid.Equal(pid) {
+			st.remove(s)
+			return
+		}
+	}
+}
+
+func (st *state) listWorkers() *WorkerList {
+	out := &WorkerList{Epoch: st.epoch, Workers: make([]WorkerView, 0, len(st.slots))}
+	for _, s := range st.slots {
+		if !s.live {
+			continue // evicted (R1): no longer listed
+		}
+		out.Workers = append(out.Workers, WorkerView{
+			Info: s.info, InFlight: s.reported + int64(s.acqSent-s.acqSeen), Routable: s.routable(),
+		})
+	}
+	slices.SortFunc(out.Workers, func(a, b WorkerView) int { return cmp.Compare(a.Info.ID, b.Info.ID) })
+	return out
+}
+
+func (st *state) listModels() *ModelList {
+	seen := make(map[string]bool)
+	for _, rt := range st.routes {
+		seen[rt.Model] = true
+		for _, a := range rt.Aliases {
+			seen[a] = true
+		}
+	}
+	for model := range st.models {
+		seen[model] = true
+	}
+	ids := make([]string, 0, len(seen))
+	for id := range seen {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	return &ModelList{IDs: ids}
+}

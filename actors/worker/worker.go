@@ -1,0 +1,145 @@
+// Package worker is the worker actor: one per registered engine. It owns the engine's latest
+// status, its heartbeat deadline and the gateway's in-flight count for it, and reports every
+// change to the router, which keeps the view that picks read (so a pick never asks N workers).
+package worker
+
+import (
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/tlgw/tlgw/actors/router"
+	"github.com/tlgw/tlgw/internal/clock"
+)
+
+// Status is one heartbeat as the registry accepted it. Seq numbers the statuses the registry
+// has forwarded to this worker, so an expiry can tell whether a newer heartbeat is on its way.
+type Status struct {
+	Info router.WorkerInfo // LastHeartbeat is the arrival time on the gateway's clock
+	Seq  uint64
+}
+
+// Acquire adds one in-flight request. The requester sends it right after the router picked
+// this worker (the router has reserved the slot in its view).
+type Acquire struct{}
+
+// Release ends one in-flight request. Sent exactly once per Acquire, on every path.
+type Release struct{}
+
+// SetDrained marks the worker's model as drained (or not) through the admin API.
+type SetDrained struct{ Drained bool }
+
+// Expired tells the registry that the deadline fired with no heartbeat newer than
+// Seq. The registry stops the worker unless it has forwarded a newer status since.
+type Expired struct {
+	ID  string
+	Seq uint64
+}
+
+// deadline is the worker's own heartbeat timer firing; gen discards stale timers.
+type deadline struct{ gen uint64 }
+
+// IgnoreDeadLetterLogging keeps Acquire/Release to an evicted worker out of the dead-letter log:
+// such a request is already on its way to an engine the gateway no longer tracks.
+func (Acquire) IgnoreDeadLetterLogging() {}
+
+// IgnoreDeadLetterLogging implements actor.IgnoreDeadLetterLogging.
+func (Release) IgnoreDeadLetterLogging() {}
+
+// Config is what every worker actor needs.
+type Config struct {
+	Clock    clock.Clock
+	Router   *actor.PID
+	Registry *actor.PID
+	// TTL is k·T (R1): the worker is live while now − last heartbeat < TTL.
+	TTL time.Duration
+}
+
+// state survives restarts: the producer hands the same state to every incarnation, so a
+// panicking handler loses neither the in-flight count nor the deadline.
+type state struct {
+	cfg      Config
+	info     router.WorkerInfo
+	seq      uint64
+	live     bool
+	inFlight int64
+	acqSeen  uint64
+	gen      uint64
+	timer    clock.Timer
+}
+
+// Props returns the props of a worker actor whose first status is first.
+func Props(cfg Config, first Status, opts ...actor.PropsOption) *actor.Props {
+	st := &state{cfg: cfg, info: first.Info, seq: first.Seq, live: true}
+	return actor.PropsFromProducer(func() actor.Actor { return &workerActor{st: st} }, opts...)
+}
+
+type workerActor struct{ st *state }
+
+// Receive handles the worker's messages.
+func (w *workerActor) Receive(c actor.Context) {
+	st := w.st
+	switch m := c.Message().(type) {
+	case *actor.Started:
+		// First start or restart: (re)arm the deadline and tell the router everything.
+		w.arm(c)
+		w.report(c)
+	case *Status:
+		st.info = m.Info // AdminDrained included: the registry owns the drained-model set
+		st.seq = m.Seq
+		st.live = true
+		w.arm(c)
+		w.report(c)
+	case Acquire:
+		st.inFlight++
+		st.acqSeen++
+		c.Send(st.cfg.Router, &router.LoadReport{ID: st.info.ID, InFlight: st.inFlight, AcqSeen: st.acqSeen})
+	case Release:
+		if st.inFlight > 0 {
+			st.inFlight--
+		}
+		c.Send(st.cfg.Router, &router.LoadReport{ID: st.info.ID, InFlight: st.inFlight, AcqSeen: st.acqSeen})
+	case *SetDrained:
+		if st.info.AdminDrained != m.Drained {
+			st.info.AdminDrained = m.Drained
+			w.report(c)
+		}
+	case deadline:
+		if m.gen != st.gen || !st.live {
+			return
+		}
+		// R1: evicted once now − t_last ≥ k·T. The timer was armed for exactly that instant;
+		// checking again guards against a clock that fired early.
+		if now := st.cfg.Clock.Now(); now.Sub(st.info.LastHeartbeat) < st.cfg.TTL {
+			w.arm(c)
+			return
+		}
+		st.live = false
+		w.report(c)
+		c.Send(st.cfg.Registry, &Expired{ID: st.info.ID, Seq: st.seq})
+	case *actor.Stopping:
+		if st.timer != nil {
+			st.timer.Stop()
+		}
+	}
+}
+
+// arm schedules the deadline at last heartbeat + TTL on the injected clock. The callback only
+// sends a message (through Root: the context is not safe off the actor's goroutine).
+func (w *workerActor) arm(c actor.Context) {
+	st := w.st
+	if st.timer != nil {
+		st.timer.Stop()
+	}
+	st.gen++
+	gen, self, root := st.gen, c.Self(), c.ActorSystem().Root
+	d := st.info.LastHeartbeat.Add(st.cfg.TTL).Sub(st.cfg.Clock.Now())
+	st.timer = st.cfg.Clock.AfterFunc(d, func() { root.Send(self, deadline{gen: gen}) })
+}
+
+func (w *workerActor) report(c actor.Context) {
+	st := w.st
+	c.Send(st.cfg.Router, &router.WorkerState{
+		PID: c.Self(), Info: st.info, Live: st.live, InFlight: st.inFlight, AcqSeen: st.acqSeen,
+	})
+}

@@ -1,0 +1,215 @@
+package httpapi
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/tlgw/tlgw/internal/config"
+	"github.com/tlgw/tlgw/internal/errs"
+)
+
+// workerJSON is one row of GET /admin/v1/workers (SPEC B2).
+type workerJSON struct {
+	ID            string        `json:"id"`
+	Role          string        `json:"role"`
+	Model         string        `json:"model"`
+	Addresses     addressesJSON `json:"addresses"`
+	QueueDepth    int64         `json:"queue_depth"`
+	Running       int64         `json:"running"`
+	InFlight      int64         `json:"in_flight"`
+	KVFreeBlocks  int64         `json:"kv_free_blocks"`
+	KVTotalBlocks int64         `json:"kv_total_blocks"`
+	Draining      bool          `json:"draining"`
+	Drained       bool          `json:"drained"`
+	Routable      bool          `json:"routable"`
+	LastHeartbeat time.Time     `json:"last_heartbeat"`
+}
+
+type addressesJSON struct {
+	HTTP string `json:"http"`
+	GRPC string `json:"grpc,omitempty"`
+	KV   string `json:"kv,omitempty"`
+}
+
+func (s *Server) listWorkers(w http.ResponseWriter, _ *http.Request) {
+	list, err := s.core.Workers()
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	out := struct {
+		Epoch   uint64       `json:"epoch"`
+		Workers []workerJSON `json:"workers"`
+	}{Epoch: list.Epoch, Workers: make([]workerJSON, 0, len(list.Workers))}
+	for _, v := range list.Workers {
+		in := v.Info
+		out.Workers = append(out.Workers, workerJSON{
+			ID: in.ID, Role: in.Role.String(), Model: in.Model,
+			Addresses:  addressesJSON{HTTP: in.HTTPAddress, GRPC: in.GRPCAddress, KV: in.KVAddress},
+			QueueDepth: in.QueueDepth, Running: in.Running, InFlight: v.InFlight,
+			KVFreeBlocks: in.KVFreeBlocks, KVTotalBlocks: in.KVTotalBlocks,
+			Draining: in.Draining, Drained: in.AdminDrained, Routable: v.Routable,
+			LastHeartbeat: in.LastHeartbeat.UTC(),
+		})
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+type routesJSON struct {
+	Epoch  uint64         `json:"epoch"`
+	Routes []config.Route `json:"routes"`
+}
+
+func etag(epoch uint64) string { return `"` + strconv.FormatUint(epoch, 10) + `"` }
+
+func (s *Server) writeRoutes(w http.ResponseWriter, epoch uint64, routes []config.Route) {
+	if routes == nil {
+		routes = []config.Route{}
+	}
+	w.Header().Set("ETag", etag(epoch))
+	writeJSON(w, http.StatusOK, routesJSON{Epoch: epoch, Routes: routes})
+}
+
+func (s *Server) getRoutes(w http.ResponseWriter, _ *http.Request) {
+	t, err := s.core.Routes()
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	s.writeRoutes(w, t.Epoch, t.Routes)
+}
+
+// putRoutes replaces the whole route table under optimistic concurrency: If-Match must carry
+// the ETag of the table the operator edited (428 without, 412 when another edit came first).
+// The body is validated completely before the router sees it; a rejected PUT changes nothing.
+func (s *Server) putRoutes(w http.ResponseWriter, r *http.Request) {
+	ifMatch := strings.TrimSpace(r.Header.Get("If-Match"))
+	if ifMatch == "" {
+		writeError(w, fmt.Errorf("PUT /admin/v1/routes needs If-Match with the ETag from GET: %w", errs.ErrIfMatchRequired))
+		return
+	}
+	body, err := s.readBody(w, r)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	var in struct {
+		Epoch  *uint64         `json:"epoch"` // accepted and ignored (SPEC B2)
+		Routes *[]config.Route `json:"routes"`
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&in); err != nil {
+		writeError(w, fmt.Errorf("route table: %v: %w", err, errs.ErrInvalidRoute))
+		return
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		writeError(w, fmt.Errorf("route table: trailing data after the JSON object: %w", errs.ErrInvalidRoute))
+		return
+	}
+	if in.Routes == nil {
+		writeError(w, fmt.Errorf(`route table: "routes" is required: %w`, errs.ErrInvalidRoute))
+		return
+	}
+	routes := config.NormalizeRoutes(*in.Routes)
+	if err := config.ValidateRoutes(routes); err != nil {
+		writeError(w, fmt.Errorf("%v: %w", err, errs.ErrInvalidRoute))
+		return
+	}
+	epoch, ok := parseETag(ifMatch)
+	if !ok {
+		writeError(w, fmt.Errorf("If-Match %s is not an ETag of this route table: %w", ifMatch, errs.ErrEtagMismatch))
+		return
+	}
+	t, err := s.core.PutRoutes(epoch, routes)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	s.writeRoutes(w, t.Epoch, t.Routes)
+}
+
+func parseETag(v string) (uint64, bool) {
+	unq, ok := strings.CutPrefix(v, `"`)
+	if !ok {
+		return 0, false
+	}
+	unq, ok = strings.CutSuffix(unq, `"`)
+	if !ok {
+		return 0, false
+	}
+	n, err := strconv.ParseUint(unq, 10, 64)
+	return n, err == nil
+}
+
+// drainModel serves POST /admin/v1/models/{model}:drain (and :undrain, which lifts it). The
+// model is a served model id, as workers report it.
+func (s *Server) drainModel(w http.ResponseWriter, r *http.Request) {
+	rest := strings.TrimPrefix(r.URL.Path, "/admin/v1/models/")
+	var model string
+	var drained bool
+	switch {
+	case strings.HasSuffix(rest, ":drain"):
+		model, drained = strings.TrimSuffix(rest, ":drain"), true
+	case strings.HasSuffix(rest, ":undrain"):
+		model = strings.TrimSuffix(rest, ":undrain")
+	default:
+		writeError(w, fmt.Errorf("no route for %s (want …/{model}:drain or :undrain): %w", r.URL.Path, errs.ErrNotFound))
+		return
+	}
+	if model == "" {
+		writeError(w, fmt.Errorf("empty model id: %w", errs.ErrModelNotFound))
+		return
+	}
+	res, err := s.core.Drain(model, drained)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusAccepted, map[string]any{"model": model, "drained": drained, "workers": res.Workers})
+}
+
+type modelJSON struct {
+	ID      string `json:"id"`
+	Object  string `json:"object"`
+	Created int64  `json:"created"`
+	OwnedBy string `json:"owned_by"`
+}
+
+func (s *Server) listModels(w http.ResponseWriter, _ *http.Request) {
+	list, err := s.core.Models()
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	out := struct {
+		Object string      `json:"object"`
+		Data   []modelJSON `json:"data"`
+	}{Object: "list", Data: make([]modelJSON, 0, len(list.IDs))}
+	for _, id := range list.IDs {
+		out.Data = append(out.Data, modelJSON{ID: id, Object: "model", OwnedBy: "tlgw"})
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) getModel(w http.ResponseWriter, r *http.Request) {
+	id := strings.TrimPrefix(r.URL.Path, "/v1/models/")
+	list, err := s.core.Models()
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	for _, m := range list.IDs {
+		if m == id {
+			writeJSON(w, http.StatusOK, modelJSON{ID: id, Object: "model", OwnedBy: "tlgw"})
+			return
+		}
+	}
+	writeError(w, fmt.Errorf("the model %q does not exist: %w", id, errs.ErrModelNotFound))
+}

@@ -1,0 +1,99 @@
+package httpapi
+
+import (
+	"crypto/sha256"
+	"crypto/subtle"
+	"fmt"
+	"net/http"
+	"strings"
+
+	"github.com/tlgw/tlgw/internal/config"
+	"github.com/tlgw/tlgw/internal/errs"
+)
+
+// scope is a bit set of the key scopes of SPEC B2.
+type scope uint8
+
+const (
+	scopeInference scope = 1 << iota
+	scopeAdmin
+	scopeDebug
+)
+
+func parseScope(s string) scope {
+	switch s {
+	case "inference":
+		return scopeInference
+	case "admin":
+		return scopeAdmin
+	case "debug":
+		return scopeDebug
+	}
+	return 0
+}
+
+type apiKey struct {
+	digest [sha256.Size]byte
+	scopes scope
+}
+
+// keyring checks bearer keys. Keys are compared as SHA-256 digests with
+// subtle.ConstantTimeCompare against every configured key, so neither the position of the
+// first differing byte nor which key matched shows in the timing.
+type keyring struct {
+	keys []apiKey
+}
+
+func newKeyring(keys []config.Key) *keyring {
+	kr := &keyring{}
+	for _, k := range keys {
+		var sc scope
+		for _, s := range k.Scopes {
+			sc |= parseScope(s)
+		}
+		kr.keys = append(kr.keys, apiKey{digest: sha256.Sum256([]byte(k.Key)), scopes: sc})
+	}
+	return kr
+}
+
+// open reports whether the gateway runs without auth (no keys configured).
+func (kr *keyring) open() bool { return len(kr.keys) == 0 }
+
+// authorize returns the scopes of the request's key, or an error naming what is wrong.
+func (kr *keyring) authorize(r *http.Request, need scope) (scope, error) {
+	if kr.open() {
+		return scopeInference | scopeAdmin, nil
+	}
+	h := r.Header.Get("Authorization")
+	token, ok := strings.CutPrefix(h, "Bearer ")
+	if !ok || token == "" {
+		return 0, fmt.Errorf("missing bearer API key in the Authorization header: %w", errs.ErrInvalidAPIKey)
+	}
+	d := sha256.Sum256([]byte(token))
+	var found scope
+	matched := 0
+	for i := range kr.keys {
+		eq := subtle.ConstantTimeCompare(d[:], kr.keys[i].digest[:])
+		matched |= eq
+		found |= kr.keys[i].scopes & scope(-eq) // eq is 0 or 1: mask is 0x00 or 0xff
+	}
+	if matched == 0 {
+		return 0, fmt.Errorf("the API key is not valid: %w", errs.ErrInvalidAPIKey)
+	}
+	if found&need == 0 {
+		return found, fmt.Errorf("the API key lacks the %q scope: %w", scopeName(need), errs.ErrInsufficientScope)
+	}
+	return found, nil
+}
+
+func scopeName(s scope) string {
+	switch s {
+	case scopeInference:
+		return "inference"
+	case scopeAdmin:
+		return "admin"
+	case scopeDebug:
+		return "debug"
+	}
+	return "unknown"
+}

@@ -1,0 +1,90 @@
+package httpapi
+
+import (
+	"encoding/json"
+	"errors"
+	"net/http"
+
+	"github.com/tlgw/tlgw/internal/errs"
+)
+
+// apiError is the OpenAI error shape: {"error":{"message":…,"type":…,"code":…}}.
+type apiError struct {
+	Error errorBody `json:"error"`
+}
+
+type errorBody struct {
+	Message string `json:"message"`
+	Type    string `json:"type"`
+	Code    string `json:"code"`
+}
+
+// mapError is the one place where an error becomes an HTTP status, an OpenAI error type and a
+// code. Every handler answers errors through writeError, which calls it.
+func mapError(err error) (status int, typ, code string) {
+	switch {
+	case errors.Is(err, errs.ErrModelNotFound):
+		return http.StatusNotFound, "invalid_request_error", "model_not_found"
+	case errors.Is(err, errs.ErrNoCapacity):
+		return http.StatusServiceUnavailable, "service_unavailable", "no_capacity"
+	case errors.Is(err, errs.ErrShuttingDown):
+		return http.StatusServiceUnavailable, "service_unavailable", "shutting_down"
+	case errors.Is(err, errs.ErrInvalidRequest):
+		return http.StatusBadRequest, "invalid_request_error", "invalid_request"
+	case errors.Is(err, errs.ErrBodyTooLarge):
+		return http.StatusRequestEntityTooLarge, "invalid_request_error", "request_too_large"
+	case errors.Is(err, errs.ErrInvalidAPIKey):
+		return http.StatusUnauthorized, "authentication_error", "invalid_api_key"
+	case errors.Is(err, errs.ErrInsufficientScope):
+		return http.StatusForbidden, "permission_error", "insufficient_scope"
+	case errors.Is(err, errs.ErrIfMatchRequired):
+		return http.StatusPreconditionRequired, "invalid_request_error", "if_match_required"
+	case errors.Is(err, errs.ErrEtagMismatch):
+		return http.StatusPreconditionFailed, "invalid_request_error", "etag_mismatch"
+	case errors.Is(err, errs.ErrInvalidRoute):
+		return http.StatusBadRequest, "invalid_request_error", "invalid_route"
+	case errors.Is(err, errs.ErrUpstream):
+		return http.StatusBadGateway, "upstream_error", "upstream_error"
+	case errors.Is(err, errs.ErrNotFound):
+		return http.StatusNotFound, "invalid_request_error", "not_found"
+	case errors.Is(err, errs.ErrMethodNotAllowed):
+		return http.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed"
+	}
+	return http.StatusInternalServerError, "server_error", "internal_error"
+}
+
+// writeError answers err in the OpenAI shape and returns the status it wrote.
+func writeError(w http.ResponseWriter, err error) int {
+	status, typ, code := mapError(err)
+	body, _ := json.Marshal(apiError{Error: errorBody{Message: err.Error(), Type: typ, Code: code}})
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	if status == http.StatusUnauthorized {
+		h.Set("WWW-Authenticate", `Bearer realm="tlgw"`)
+	}
+	w.WriteHeader(status)
+	_, _ = w.Write(body)
+	return status
+}
+
+// sseError is the event that ends an interrupted stream (R6): no [DONE] follows it.
+func sseError(message string) []byte {
+	body, _ := json.Marshal(apiError{Error: errorBody{
+		Message: message, Type: "upstream_error", Code: "stream_interrupted",
+	}})
+	out := make([]byte, 0, len(body)+32)
+	out = append(out, "event: error\ndata: "...)
+	out = append(out, body...)
+	return append(out, "\n\n"...)
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	body, err := json.Marshal(v)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, _ = w.Write(append(body, '\n'))
+}

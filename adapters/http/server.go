@@ -1,0 +1,240 @@
+// Package httpapi is tlgw's HTTP surface (SPEC B2): the OpenAI-compatible inference API with
+// its proxy path, the admin API, API-key auth with scopes, /metrics and health. It holds no
+// routing state: every decision is a message to the actor tree behind the Core interface.
+package httpapi
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/tlgw/tlgw/actors/registry"
+	"github.com/tlgw/tlgw/actors/router"
+	"github.com/tlgw/tlgw/internal/config"
+	"github.com/tlgw/tlgw/internal/errs"
+	"github.com/tlgw/tlgw/internal/oai"
+)
+
+// Core is what the HTTP surface needs of the actor tree (*gateway.Gateway implements it).
+type Core interface {
+	Pick(*router.Pick) (*router.Picked, error)
+	Acquire(*actor.PID)
+	Release(*actor.PID)
+	Workers() (*router.WorkerList, error)
+	Routes() (*router.RouteTable, error)
+	PutRoutes(ifMatch uint64, routes []config.Route) (*router.RouteTable, error)
+	Models() (*router.ModelList, error)
+	Routable() (int, error)
+	Drain(model string, drained bool) (*registry.DrainResult, error)
+}
+
+// Options configure the HTTP surface.
+type Options struct {
+	Core         Core
+	Keys         []config.Key
+	MaxBodyBytes int64 // request body limit (413 above it); default 4 MiB
+	MaxAttempts  int   // workers tried before 503 no_capacity (R6); default 3
+	// Transport carries attempts to engines; default: keep-alive pool sized for a fleet.
+	Transport http.RoundTripper
+	Logger    *slog.Logger
+	// Registerer receives the HTTP metrics; Gatherer serves /metrics. Either may be nil.
+	Registerer prometheus.Registerer
+	Gatherer   prometheus.Gatherer
+}
+
+// Server is the gateway's http.Handler.
+type Server struct {
+	core        Core
+	keys        *keyring
+	maxBody     int64
+	maxAttempts int
+	transport   http.RoundTripper
+	log         *slog.Logger
+	metrics     *httpMetrics
+	metricsH    http.Handler
+	draining    atomic.Bool
+	idPrefix    string
+	idSeq       atomic.Uint64
+}
+
+// New builds the HTTP surface.
+func New(o Options) *Server {
+	if o.MaxBodyBytes <= 0 {
+		o.MaxBodyBytes = 4 << 20
+	}
+	if o.MaxAttempts <= 0 {
+		o.MaxAttempts = 3
+	}
+	if o.Transport == nil {
+		o.Transport = NewTransport()
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	var prefix [6]byte
+	_, _ = rand.Read(prefix[:])
+	s := &Server{
+		core: o.Core, keys: newKeyring(o.Keys), maxBody: o.MaxBodyBytes, maxAttempts: o.MaxAttempts,
+		transport: o.Transport, log: o.Logger, metrics: newHTTPMetrics(o.Registerer),
+		idPrefix: "req-" + hex.EncodeToString(prefix[:]) + "-",
+	}
+	if o.Gatherer != nil {
+		s.metricsH = promhttp.HandlerFor(o.Gatherer, promhttp.HandlerOpts{})
+	}
+	if s.keys.open() {
+		s.log.Warn("no API keys configured: serving /v1 and /admin without authentication")
+	}
+	return s
+}
+
+// NewTransport is the engine-facing transport: HTTP/1.1 keep-alive with a pool deep enough for
+// a fleet, no compression (bodies are relayed as the engine wrote them) and a dial timeout so
+// a black-holed engine fails over instead of hanging.
+func NewTransport() *http.Transport {
+	return &http.Transport{
+		DialContext:         (&net.Dialer{Timeout: 3 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConns:        4096,
+		MaxIdleConnsPerHost: 1024,
+		IdleConnTimeout:     90 * time.Second,
+		DisableCompression:  true,
+		ForceAttemptHTTP2:   false,
+	}
+}
+
+// SetDraining makes new inference requests answer 503 shutting_down (graceful shutdown).
+func (s *Server) SetDraining() { s.draining.Store(true) }
+
+// requestID returns the client's X-Request-ID when valid, a generated id when absent, and an
+// error for an invalid one (SPEC B2: ≤ 128 printable ASCII characters).
+func (s *Server) requestID(r *http.Request) (string, error) {
+	if id := r.Header.Get("X-Request-ID"); id != "" {
+		if !oai.ValidRequestID(id) {
+			return "", fmt.Errorf("X-Request-ID must be 1 to 128 printable ASCII characters: %w", errs.ErrInvalidRequest)
+		}
+		return id, nil
+	}
+	return s.idPrefix + strconv.FormatUint(s.idSeq.Add(1), 36), nil
+}
+
+// ServeHTTP dispatches by path. The table is small and fixed, so a switch beats a pattern mux
+// and lets every miss answer in the OpenAI error shape.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	id, idErr := s.requestID(r)
+	if idErr != nil {
+		id = s.idPrefix + strconv.FormatUint(s.idSeq.Add(1), 36)
+	}
+	w.Header().Set("X-Request-ID", id)
+	if idErr != nil {
+		writeError(w, idErr)
+		return
+	}
+	path := r.URL.Path
+	switch {
+	case path == "/healthz":
+		s.only(w, r, http.MethodGet, s.healthz)
+	case path == "/readyz":
+		s.only(w, r, http.MethodGet, s.readyz)
+	case path == "/metrics":
+		s.only(w, r, http.MethodGet, s.serveMetrics)
+	case strings.HasPrefix(path, "/v1/"):
+		sc, err := s.keys.authorize(r, scopeInference)
+		if err != nil {
+			s.metrics.reject(writeError(w, err))
+			return
+		}
+		s.serveV1(w, r, id, sc)
+	case strings.HasPrefix(path, "/admin/"):
+		if _, err := s.keys.authorize(r, scopeAdmin); err != nil {
+			writeError(w, err)
+			return
+		}
+		s.serveAdmin(w, r)
+	default:
+		writeError(w, fmt.Errorf("no route for %s: %w", path, errs.ErrNotFound))
+	}
+}
+
+func (s *Server) only(w http.ResponseWriter, r *http.Request, method string, h func(http.ResponseWriter, *http.Request)) {
+	if r.Method != method && !(method == http.MethodGet && r.Method == http.MethodHead) {
+		w.Header().Set("Allow", method)
+		writeError(w, fmt.Errorf("%s %s: %w", r.Method, r.URL.Path, errs.ErrMethodNotAllowed))
+		return
+	}
+	h(w, r)
+}
+
+func (s *Server) serveV1(w http.ResponseWriter, r *http.Request, id string, sc scope) {
+	switch path := r.URL.Path; {
+	case path == "/v1/completions":
+		s.only(w, r, http.MethodPost, func(w http.ResponseWriter, r *http.Request) {
+			s.inference(w, r, oai.Completions, id, sc)
+		})
+	case path == "/v1/chat/completions":
+		s.only(w, r, http.MethodPost, func(w http.ResponseWriter, r *http.Request) {
+			s.inference(w, r, oai.Chat, id, sc)
+		})
+	case path == "/v1/models":
+		s.only(w, r, http.MethodGet, s.listModels)
+	case strings.HasPrefix(path, "/v1/models/"):
+		s.only(w, r, http.MethodGet, s.getModel)
+	default:
+		writeError(w, fmt.Errorf("no route for %s: %w", path, errs.ErrNotFound))
+	}
+}
+
+func (s *Server) serveAdmin(w http.ResponseWriter, r *http.Request) {
+	switch path := r.URL.Path; {
+	case path == "/admin/v1/workers":
+		s.only(w, r, http.MethodGet, s.listWorkers)
+	case path == "/admin/v1/routes":
+		switch r.Method {
+		case http.MethodGet, http.MethodHead:
+			s.getRoutes(w, r)
+		case http.MethodPut:
+			s.putRoutes(w, r)
+		default:
+			w.Header().Set("Allow", "GET, PUT")
+			writeError(w, fmt.Errorf("%s %s: %w", r.Method, path, errs.ErrMethodNotAllowed))
+		}
+	case strings.HasPrefix(path, "/admin/v1/models/"):
+		s.only(w, r, http.MethodPost, s.drainModel)
+	default:
+		writeError(w, fmt.Errorf("no route for %s: %w", path, errs.ErrNotFound))
+	}
+}
+
+func (s *Server) healthz(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+}
+
+func (s *Server) readyz(w http.ResponseWriter, _ *http.Request) {
+	n, err := s.core.Routable()
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	if n == 0 || s.draining.Load() {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"status": "not ready", "routable_workers": n})
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"status": "ready", "routable_workers": n})
+}
+
+func (s *Server) serveMetrics(w http.ResponseWriter, r *http.Request) {
+	if s.metricsH == nil {
+		writeError(w, fmt.Errorf("metrics are not enabled: %w", errs.ErrNotFound))
+		return
+	}
+	s.metricsH.ServeHTTP(w, r)
+}

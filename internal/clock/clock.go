@@ -1,0 +1,121 @@
+// Package clock is the one source of wall time in tlgw. Every timing rule (heartbeat eviction,
+// queue deadlines, KV leases) reads time through a Clock, so tests can drive it exactly with Fake.
+package clock
+
+import (
+	"sync"
+	"time"
+)
+
+// Clock tells the time and schedules callbacks.
+type Clock interface {
+	Now() time.Time
+	// AfterFunc calls f in its own goroutine (Real) or synchronously from Advance (Fake) once d
+	// has passed. f must not block; actors use it only to send themselves a message.
+	AfterFunc(d time.Duration, f func()) Timer
+}
+
+// Timer is a scheduled callback. Stop reports whether it prevented the call.
+type Timer interface {
+	Stop() bool
+}
+
+// Real is the system clock.
+type Real struct{}
+
+var _ Clock = Real{}
+
+// Now returns time.Now().
+func (Real) Now() time.Time { return time.Now() }
+
+// AfterFunc wraps time.AfterFunc.
+func (Real) AfterFunc(d time.Duration, f func()) Timer { return time.AfterFunc(d, f) }
+
+// Fake is a manually advanced clock for tests. Callbacks due at or before the new time run
+// synchronously inside Advance, in due-time order (ties in scheduling order).
+type Fake struct {
+	mu     sync.Mutex
+	now    time.Time
+	seq    uint64
+	timers map[*fakeTimer]struct{}
+}
+
+var _ Clock = (*Fake)(nil)
+
+// NewFake returns a fake clock reading start.
+func NewFake(start time.Time) *Fake {
+	return &Fake{now: start, timers: make(map[*fakeTimer]struct{})}
+}
+
+type fakeTimer struct {
+	c   *Fake
+	at  time.Time
+	seq uint64
+	f   func()
+}
+
+func (t *fakeTimer) Stop() bool {
+	t.c.mu.Lock()
+	defer t.c.mu.Unlock()
+	_, ok := t.c.timers[t]
+	delete(t.c.timers, t)
+	return ok
+}
+
+// Now returns the fake time.
+func (c *Fake) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+// AfterFunc schedules f at Now()+d. A d <= 0 is due at once but still runs only from Advance,
+// which keeps a test in control of every callback.
+func (c *Fake) AfterFunc(d time.Duration, f func()) Timer {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.seq++
+	t := &fakeTimer{c: c, at: c.now.Add(d), seq: c.seq, f: f}
+	c.timers[t] = struct{}{}
+	return t
+}
+
+// Pending is the number of scheduled, unfired timers.
+func (c *Fake) Pending() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.timers)
+}
+
+// Advance moves the clock forward by d (d >= 0), firing every timer that falls due.
+func (c *Fake) Advance(d time.Duration) {
+	if d < 0 {
+		panic("clock: negative Advance")
+	}
+	c.mu.Lock()
+	target := c.now.Add(d)
+	c.mu.Unlock()
+	for {
+		c.mu.Lock()
+		var next *fakeTimer
+		for t := range c.timers {
+			if t.at.After(target) {
+				continue
+			}
+			if next == nil || t.at.Before(next.at) || (t.at.Equal(next.at) && t.seq < next.seq) {
+				next = t
+			}
+		}
+		if next == nil {
+			c.now = target
+			c.mu.Unlock()
+			return
+		}
+		delete(c.timers, next)
+		if next.at.After(c.now) {
+			c.now = next.at
+		}
+		c.mu.Unlock()
+		next.f()
+	}
+}

@@ -1,0 +1,38 @@
+// Package errs holds the sentinel errors that cross tlgw's packages. Callers wrap them with %w
+// to add detail; adapters/http maps each to an HTTP status and OpenAI error code in exactly one
+// function, and adapters/grpc to a gRPC status.
+package errs
+
+import "errors"
+
+var (
+	// ErrModelNotFound: no route and no registered worker knows the model (404 model_not_found).
+	ErrModelNotFound = errors.New("model not found")
+	// ErrNoCapacity: the model is known but no routable worker can take the request
+	// (503 no_capacity).
+	ErrNoCapacity = errors.New("no capacity")
+	// ErrEtagMismatch: a PUT's If-Match names a route table that is no longer current (412).
+	ErrEtagMismatch = errors.New("etag mismatch")
+	// ErrIfMatchRequired: a PUT came without If-Match (428).
+	ErrIfMatchRequired = errors.New("if-match required")
+	// ErrInvalidRoute: a route table failed validation (400 invalid_route).
+	ErrInvalidRoute = errors.New("invalid route")
+	// ErrInvalidRequest: a client request is malformed (400 invalid_request_error).
+	ErrInvalidRequest = errors.New("invalid request")
+	// ErrBodyTooLarge: a request body exceeds the configured limit (413).
+	ErrBodyTooLarge = errors.New("request body too large")
+	// ErrInvalidAPIKey: a missing or unknown API key (401).
+	ErrInvalidAPIKey = errors.New("invalid api key")
+	// ErrInsufficientScope: the key lacks the scope the path needs (403).
+	ErrInsufficientScope = errors.New("insufficient scope")
+	// ErrUpstream: the engine failed after the response had started (502 upstream_error).
+	ErrUpstream = errors.New("upstream error")
+	// ErrShuttingDown: the gateway is draining for shutdown and takes no new requests (503).
+	ErrShuttingDown = errors.New("shutting down")
+	// ErrNotFound: no such path (404).
+	ErrNotFound = errors.New("not found")
+	// ErrMethodNotAllowed: the path exists but not with this method (405).
+	ErrMethodNotAllowed = errors.New("method not allowed")
+	// ErrInternal: an actor did not answer in time or an invariant broke (500).
+	ErrInternal = errors.New("internal error")
+)

@@ -1,0 +1,176 @@
+// Package gwtest is the test harness for tlgw's actor tree: a gateway on a fake clock,
+// heartbeats that wait until the router's view shows them, and condition polling with a
+// deadline (never a bare sleep).
+package gwtest
+
+import (
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tlgw/tlgw/actors/gateway"
+	"github.com/tlgw/tlgw/actors/registry"
+	"github.com/tlgw/tlgw/actors/router"
+	"github.com/tlgw/tlgw/internal/clock"
+	"github.com/tlgw/tlgw/internal/config"
+)
+
+// Epoch0 is the fake clock's start: t0 of the seed's worked example.
+var Epoch0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// Harness is a running actor tree on a fake clock.
+type Harness struct {
+	T     testing.TB
+	Clock *clock.Fake
+	GW    *gateway.Gateway
+	seq   int
+}
+
+// Option adjusts the gateway config before start.
+type Option func(*gateway.Config)
+
+// WithPolicy sets route_policy.
+func WithPolicy(p string) Option { return func(c *gateway.Config) { c.Policy = p } }
+
+// WithRoutes sets the route table.
+func WithRoutes(r ...config.Route) Option { return func(c *gateway.Config) { c.Routes = r } }
+
+// WithRouterMetrics registers the router's series on reg.
+func WithRouterMetrics(reg prometheus.Registerer) Option {
+	return func(c *gateway.Config) { c.RouterMetrics = router.NewMetrics(reg) }
+}
+
+// WithActorOptions adds props options per actor kind (crash injection).
+func WithActorOptions(f func(kind string) []actor.PropsOption) Option {
+	return func(c *gateway.Config) { c.Options = f }
+}
+
+// New starts a tree with T = 2 s, k = 3, least_outstanding, c = 1.25, unless options say
+// otherwise; it is stopped when the test ends.
+func New(t testing.TB, opts ...Option) *Harness {
+	t.Helper()
+	fc := clock.NewFake(Epoch0)
+	cfg := gateway.Config{
+		Clock: fc, Policy: "least_outstanding", LoadFactor: 1.25,
+		HeartbeatInterval: 2 * time.Second, MissLimit: 3, AskTimeout: 5 * time.Second,
+	}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	gw, err := gateway.Start(cfg)
+	if err != nil {
+		t.Fatalf("gateway.Start: %v", err)
+	}
+	t.Cleanup(gw.Stop)
+	return &Harness{T: t, Clock: fc, GW: gw}
+}
+
+// Worker is a unified worker status with a loopback HTTP address nobody listens on.
+func Worker(id, model string, queue int64) router.WorkerInfo {
+	return router.WorkerInfo{ID: id, Model: model, Role: router.RoleUnified,
+		HTTPAddress: "127.0.0.1:9", QueueDepth: queue, KVTotalBlocks: 1024, KVFreeBlocks: 1024}
+}
+
+// Beat sends a heartbeat and waits until the router's view reflects it.
+func (h *Harness) Beat(info router.WorkerInfo) *registry.Ack {
+	h.T.Helper()
+	ack, err := h.GW.Heartbeat(info)
+	if err != nil {
+		h.T.Fatalf("heartbeat %s: %v", info.ID, err)
+	}
+	now := h.Clock.Now()
+	h.Eventually(fmt.Sprintf("router sees %s's heartbeat", info.ID), func() bool {
+		v, ok := h.View(info.ID)
+		return ok && v.Info.LastHeartbeat.Equal(now) && v.Info.QueueDepth == info.QueueDepth &&
+			v.Info.Draining == info.Draining && v.Info.Model == info.Model
+	})
+	return ack
+}
+
+// View returns the router's row for worker id.
+func (h *Harness) View(id string) (router.WorkerView, bool) {
+	h.T.Helper()
+	list, err := h.GW.Workers()
+	if err != nil {
+		h.T.Fatalf("workers: %v", err)
+	}
+	for _, v := range list.Workers {
+		if v.Info.ID == id {
+			return v, true
+		}
+	}
+	return router.WorkerView{}, false
+}
+
+// IDs lists the registered workers' ids in order.
+func (h *Harness) IDs() []string {
+	h.T.Helper()
+	list, err := h.GW.Workers()
+	if err != nil {
+		h.T.Fatalf("workers: %v", err)
+	}
+	ids := make([]string, 0, len(list.Workers))
+	for _, v := range list.Workers {
+		ids = append(ids, v.Info.ID)
+	}
+	return ids
+}
+
+// WaitIDs waits until the registered workers are exactly want.
+func (h *Harness) WaitIDs(want ...string) {
+	h.T.Helper()
+	h.Eventually(fmt.Sprintf("workers %v", want), func() bool { return slices.Equal(h.IDs(), want) })
+}
+
+// Pick asks the router and, on success, sends the worker Acquire like a requester would.
+func (h *Harness) Pick(p router.Pick) (*router.Picked, error) {
+	res, err := h.GW.Pick(&p)
+	if err == nil {
+		h.GW.Acquire(res.Worker)
+	}
+	return res, err
+}
+
+// MustPick is Pick that fails the test on error and returns the worker id.
+func (h *Harness) MustPick(model string) string {
+	h.T.Helper()
+	h.seq++
+	res, err := h.Pick(router.Pick{Model: model, RequestID: fmt.Sprintf("r-%d", h.seq)})
+	if err != nil {
+		h.T.Fatalf("pick %s: %v", model, err)
+	}
+	return res.WorkerID
+}
+
+// InFlight waits until the router shows n in flight on worker id.
+func (h *Harness) InFlight(id string, n int64) {
+	h.T.Helper()
+	h.Eventually(fmt.Sprintf("%s in flight = %d", id, n), func() bool {
+		v, ok := h.View(id)
+		return ok && v.InFlight == n
+	})
+}
+
+// Eventually polls cond every millisecond until it holds, failing the test after 5 s.
+func (h *Harness) Eventually(what string, cond func() bool) {
+	h.T.Helper()
+	Eventually(h.T, what, cond)
+}
+
+// Eventually polls cond every millisecond until it holds, failing t after 5 s.
+func Eventually(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for: %s", what)
+		}
+		<-tick.C
+	}
+}
