@@ -1,0 +1,7 @@
+.PHONY: proto test
+
+proto:
+	go generate ./contracts/
+
+test:
+	go test -race ./...

@@ -1,0 +1,113 @@
+// Command tlgw is the gateway: `tlgw serve --config FILE` runs it, `tlgw version` prints the
+// version. It only wires: configuration, logging, signals.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"runtime/debug"
+	"syscall"
+
+	"github.com/tlgw/tlgw/internal/app"
+	"github.com/tlgw/tlgw/internal/config"
+)
+
+// version is set at build time with -ldflags "-X main.version=…"; otherwise the module
+// version recorded in the binary, or "devel".
+var version = ""
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+const usage = `usage:
+  tlgw serve --config FILE   run the gateway
+  tlgw version               print the version
+`
+
+func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return 2
+	}
+	switch args[0] {
+	case "serve":
+		return serve(args[1:], stdout, stderr)
+	case "version":
+		fmt.Fprintln(stdout, "tlgw", versionString())
+		return 0
+	case "-h", "--help", "help":
+		fmt.Fprint(stdout, usage)
+		return 0
+	}
+	fmt.Fprintf(stderr, "tlgw: unknown command %q\n%s", args[0], usage)
+	return 2
+}
+
+func versionString() string {
+	if version != "" {
+		return version
+	}
+	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
+		return bi.Main.Version
+	}
+	return "devel"
+}
+
+func serve(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	path := fs.String("config", "", "TOML configuration file (required; an empty file serves defaults)")
+	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if *path == "" {
+		fmt.Fprintln(stderr, "tlgw serve: --config FILE is required")
+		return 2
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
+		fmt.Fprintf(stderr, "tlgw serve: --log-level: %v\n", err)
+		return 2
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	cfg, err := config.Load(*path)
+	if err != nil {
+		fmt.Fprintf(stderr, "tlgw serve: %s: %v\n", *path, err)
+		return 1
+	}
+	a, err := app.Start(cfg, app.Options{Logger: log})
+	if err != nil {
+		fmt.Fprintf(stderr, "tlgw serve: %v\n", err)
+		return 1
+	}
+	// One machine-readable line with the bound addresses (a configured port 0 resolved).
+	fmt.Fprintf(stdout, "tlgw listening http=%s registry=%s\n", a.HTTPAddr, a.GRPCAddr)
+	log.Info("tlgw serving", "version", versionString(), "http", a.HTTPAddr, "registry", a.GRPCAddr,
+		"policy", cfg.Gateway.RoutePolicy, "routes", len(cfg.Gateway.Routes))
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	code := 0
+	select {
+	case <-ctx.Done():
+		log.Info("shutting down: draining in-flight requests", "grace", cfg.Gateway.ShutdownGrace)
+	case err := <-a.Err():
+		log.Error("listener failed", "err", err)
+		code = 1
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), cfg.Gateway.ShutdownGrace)
+	defer cancel()
+	if err := a.Shutdown(sctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+		log.Error("shutdown", "err", err)
+	}
+	log.Info("stopped")
+	return code
+}

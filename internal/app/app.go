@@ -1,0 +1,137 @@
+// Package app assembles a running gateway from a configuration: the actor tree, the HTTP and
+// gRPC listeners, metrics, and graceful shutdown. cmd/tlgw calls it; so do tests that need a
+// whole gateway in-process.
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/tlgw/tlgw/actors/gateway"
+	"github.com/tlgw/tlgw/actors/router"
+	grpcapi "github.com/tlgw/tlgw/adapters/grpc"
+	httpapi "github.com/tlgw/tlgw/adapters/http"
+	"github.com/tlgw/tlgw/internal/actormetrics"
+	"github.com/tlgw/tlgw/internal/clock"
+	"github.com/tlgw/tlgw/internal/config"
+)
+
+// Options tune what Start builds beyond the configuration.
+type Options struct {
+	Clock  clock.Clock  // default: the real clock
+	Logger *slog.Logger // default: slog.Default()
+	// ActorOptions adds props options per actor kind after the metrics ones (tests: crash
+	// injection). May be nil.
+	ActorOptions func(kind string) []actor.PropsOption
+	// Transport carries attempts to engines (default httpapi.NewTransport()).
+	Transport http.RoundTripper
+}
+
+// App is a running gateway.
+type App struct {
+	Gateway  *gateway.Gateway
+	HTTP     *httpapi.Server
+	HTTPAddr string // the bound address (a configured port 0 resolved)
+	GRPCAddr string
+	Registry *prometheus.Registry
+
+	cfg      *config.Config
+	log      *slog.Logger
+	httpSrv  *http.Server
+	grpcLis  *grpcapi.Listener
+	unwatch  func()
+	serveErr chan error
+}
+
+// Start binds both listeners and starts serving. On error nothing is left running.
+func Start(cfg *config.Config, o Options) (*App, error) {
+	if o.Clock == nil {
+		o.Clock = clock.Real{}
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	g := cfg.Gateway
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	am := actormetrics.New(reg)
+	gw, err := gateway.Start(gateway.Config{
+		Clock: o.Clock, Policy: g.RoutePolicy, LoadFactor: g.AffinityLoadFactor, Routes: g.Routes,
+		HeartbeatInterval: g.HeartbeatInterval, MissLimit: g.HeartbeatMissLimit,
+		Logger: o.Logger, RouterMetrics: router.NewMetrics(reg),
+		Options: func(kind string) []actor.PropsOption {
+			opts := am.Options(kind)
+			if o.ActorOptions != nil {
+				opts = append(opts, o.ActorOptions(kind)...)
+			}
+			return opts
+		},
+	})
+	if err != nil {
+		return nil, err
+	}
+	a := &App{Gateway: gw, Registry: reg, cfg: cfg, log: o.Logger, serveErr: make(chan error, 2)}
+	a.unwatch = am.WatchSystem(gw.System)
+
+	httpLis, err := net.Listen("tcp", g.HTTPListen)
+	if err != nil {
+		a.stopActors()
+		return nil, fmt.Errorf("http_listen %s: %w", g.HTTPListen, err)
+	}
+	grpcLis, err := net.Listen("tcp", g.RegistryListen)
+	if err != nil {
+		_ = httpLis.Close()
+		a.stopActors()
+		return nil, fmt.Errorf("registry_listen %s: %w", g.RegistryListen, err)
+	}
+	a.HTTPAddr, a.GRPCAddr = httpLis.Addr().String(), grpcLis.Addr().String()
+	a.HTTP = httpapi.New(httpapi.Options{
+		Core: gw, Keys: cfg.Auth.Keys, MaxBodyBytes: g.MaxBodyBytes, MaxAttempts: g.MaxAttempts,
+		Transport: o.Transport, Logger: o.Logger, Registerer: reg, Gatherer: reg,
+	})
+	a.httpSrv = &http.Server{Handler: a.HTTP, ReadHeaderTimeout: 10 * time.Second}
+	a.grpcLis = grpcapi.NewListener(gw)
+	go func() {
+		if err := a.httpSrv.Serve(httpLis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			a.serveErr <- fmt.Errorf("http: %w", err)
+		}
+	}()
+	go func() {
+		if err := a.grpcLis.Serve(grpcLis); err != nil && !errors.Is(err, net.ErrClosed) {
+			a.serveErr <- fmt.Errorf("grpc: %w", err)
+		}
+	}()
+	return a, nil
+}
+
+// Err delivers a listener's failure while serving.
+func (a *App) Err() <-chan error { return a.serveErr }
+
+// Shutdown drains: new inference requests get 503 shutting_down at once, in-flight requests
+// and streams may finish until ctx ends (the configured grace period), then everything stops.
+func (a *App) Shutdown(ctx context.Context) error {
+	a.HTTP.SetDraining()
+	err := a.httpSrv.Shutdown(ctx)
+	if err != nil {
+		_ = a.httpSrv.Close() // grace period over: cut what is left
+	}
+	a.grpcLis.Stop()
+	a.stopActors()
+	return err
+}
+
+func (a *App) stopActors() {
+	if a.unwatch != nil {
+		a.unwatch()
+	}
+	a.Gateway.Stop()
+}

@@ -1,0 +1,495 @@
+package config
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/tlgw/tlgw/contracts"
+)
+
+func env(vars map[string]string) func(string) string {
+	return func(name string) string { return vars[name] }
+}
+
+func TestParseEmptyIsDefault(t *testing.T) {
+	for _, src := range []string{"", "\n\n", "# nothing here\n", "[gateway]\n[auth]\n", "[gateway]\nroutes = []\n[auth]\nkeys = []\n"} {
+		cfg, err := Parse([]byte(src), env(nil))
+		if err != nil {
+			t.Fatalf("Parse(%q): %v", src, err)
+		}
+		if diff := cmp.Diff(Default(), cfg); diff != "" {
+			t.Errorf("Parse(%q) differs from Default() (-want +got):\n%s", src, diff)
+		}
+	}
+}
+
+// specExample is the example of SPEC B3 (without [admission], which is not
+// accepted yet), with one more key given by environment variable.
+const specExample = `
+[gateway]
+http_listen = "127.0.0.1:8080"
+registry_listen = "127.0.0.1:9090"          # gRPC: WorkerRegistry, reflection, health
+route_policy = "least_outstanding"          # least_outstanding | weighted | affinity
+affinity_load_factor = 1.25                 # c in R3.4
+heartbeat_interval = "2s"                   # T
+heartbeat_miss_limit = 3                    # k
+max_attempts = 3                            # workers tried before 503 no_capacity
+
+[[gateway.routes]]
+model = "smol"                              # public id
+aliases = ["small"]
+backends = [{ model = "smol-v3", weight = 0.9 }, { model = "smol-v4", weight = 0.1 }]
+targets = ["unified"]                       # or ["disaggregated"]
+
+[[gateway.routes]]
+model = "auto"
+cascade = [{ model = "smol", accept_if = "mean_logprob > -1.2" }, { model = "big" }]
+
+[[gateway.routes]]
+model = "big-split"
+backends = [{ model = "big" }]
+targets = ["disaggregated"]
+
+[[auth.keys]]
+key = "sk-…"                                # or key_env = "TLGW_KEY_OPS"
+scopes = ["inference", "admin", "debug"]
+
+[[auth.keys]]
+key_env = "TLGW_KEY_OPS"
+scopes = ["admin"]
+`
+
+func TestParseSpecExample(t *testing.T) {
+	cfg, err := Parse([]byte(specExample), env(map[string]string{"TLGW_KEY_OPS": "sk-ops"}))
+	if err != nil {
+		t.Fatalf("Parse: %v", err)
+	}
+	want := Default()
+	want.Gateway.Routes = []Route{
+		{
+			Model:    "smol",
+			Aliases:  []string{"small"},
+			Backends: []Backend{{Model: "smol-v3", Weight: 0.9}, {Model: "smol-v4", Weight: 0.1}},
+			Targets:  []string{"unified"},
+		},
+		{
+			Model:   "auto",
+			Cascade: []CascadeStep{{Model: "smol", AcceptIf: "mean_logprob > -1.2"}, {Model: "big"}},
+			Targets: []string{"unified"},
+		},
+		{
+			Model:    "big-split",
+			Backends: []Backend{{Model: "big", Weight: 1}},
+			Targets:  []string{"disaggregated"},
+		},
+	}
+	want.Auth.Keys = []Key{
+		{Key: "sk-…", Scopes: []string{"inference", "admin", "debug"}},
+		{Key: "sk-ops", KeyEnv: "TLGW_KEY_OPS", Scopes: []string{"admin"}},
+	}
+	if diff := cmp.Diff(want, cfg); diff != "" {
+		t.Fatalf("Parse (-want +got):\n%s", diff)
+	}
+
+	// The routes survive the admin API's JSON form unchanged.
+	js, err := json.Marshal(cfg.Gateway.Routes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back []Route
+	if err := json.Unmarshal(js, &back); err != nil {
+		t.Fatal(err)
+	}
+	if err := ValidateRoutes(back); err != nil {
+		t.Fatalf("ValidateRoutes of the round-tripped table: %v", err)
+	}
+	if diff := cmp.Diff(cfg.Gateway.Routes, NormalizeRoutes(back)); diff != "" {
+		t.Fatalf("JSON round trip (-want +got):\n%s", diff)
+	}
+}
+
+func TestParseAllGatewayFields(t *testing.T) {
+	src := `
+[gateway]
+http_listen = "0.0.0.0:80"
+registry_listen = "[::1]:7000"
+route_policy = "affinity"
+affinity_load_factor = 2
+heartbeat_interval = "500ms"
+heartbeat_miss_limit = 5
+max_attempts = 1
+max_body_bytes = 1024
+shutdown_grace = "1m30s"
+`
+	cfg, err := Parse([]byte(src), env(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Gateway{
+		HTTPListen:         "0.0.0.0:80",
+		RegistryListen:     "[::1]:7000",
+		RoutePolicy:        PolicyAffinity,
+		AffinityLoadFactor: 2,
+		HeartbeatInterval:  500 * time.Millisecond,
+		HeartbeatMissLimit: 5,
+		MaxAttempts:        1,
+		MaxBodyBytes:       1024,
+		ShutdownGrace:      90 * time.Second,
+	}
+	if diff := cmp.Diff(want, cfg.Gateway); diff != "" {
+		t.Fatalf("(-want +got):\n%s", diff)
+	}
+}
+
+func TestParseErrors(t *testing.T) {
+	okKey := "\n[[auth.keys]]\nkey = \"sk-a\"\nscopes = [\"inference\"]\n"
+	tests := []struct {
+		name string
+		src  string
+		env  map[string]string
+		path string // the key the error must name
+		msg  string // a fragment of that problem's message
+	}{
+		{"unknown top-level key", "bogus = 1\n", nil, "bogus", "unknown key"},
+		{"unknown top-level table", "[metrics]\nport = 1\n", nil, "metrics", "unknown key"},
+		{"admission not yet accepted", "[admission]\n", nil, "admission", "unknown key"},
+		{"unknown gateway key", "[gateway]\nbogus = true\n", nil, "gateway.bogus", "unknown key"},
+		{"quoted unknown key", "[gateway]\n\"a.b\" = 1\n", nil, `gateway."a.b"`, "unknown key"},
+		{"unknown route key", "[[gateway.routes]]\nmodel = \"m\"\nweight = 1\n", nil, "gateway.routes[0].weight", "unknown key"},
+		{"unknown backend key", "[[gateway.routes]]\nmodel = \"m\"\nbackends = [{model = \"a\", wieght = 1}]\n", nil, "gateway.routes[0].backends[0].wieght", "unknown key"},
+		{"unknown auth key", "[auth]\nkey = \"x\"\n", nil, "auth.key", "unknown key"},
+		{"bad policy", "[gateway]\nroute_policy = \"random\"\n", nil, "gateway.route_policy", `"random" is not one of "least_outstanding", "weighted", "affinity"`},
+		{"wrong type", "[gateway]\nmax_attempts = \"3\"\n", nil, "gateway.max_attempts", "must be an integer, not a string"},
+		{"fractional integer", "[gateway]\nmax_attempts = 2.5\n", nil, "gateway.max_attempts", "must be an integer"},
+		{"table for string", "[gateway.http_listen]\nx = 1\n", nil, "gateway.http_listen", "must be a string, not a table"},
+		{"empty listen address", "[gateway]\nhttp_listen = \"\"\n", nil, "gateway.http_listen", "must not be empty"},
+		{"bad duration", "[gateway]\nheartbeat_interval = \"2 parsecs\"\n", nil, "gateway.heartbeat_interval", `"2 parsecs" is not a duration`},
+		{"duration without unit", "[gateway]\nshutdown_grace = \"30\"\n", nil, "gateway.shutdown_grace", `"30" is not a duration`},
+		{"number for duration", "[gateway]\nshutdown_grace = 30\n", nil, "gateway.shutdown_grace", "30 is not a duration"},
+		{"negative duration", "[gateway]\nshutdown_grace = \"-1s\"\n", nil, "gateway.shutdown_grace", `"-1s" is not a duration`},
+		{"zero duration", "[gateway]\nheartbeat_interval = \"0s\"\n", nil, "gateway.heartbeat_interval", "must be > 0"},
+		{"overflowing duration", "[gateway]\nshutdown_grace = \"9999999999999h\"\n", nil, "gateway.shutdown_grace", "is not a duration"},
+		{"heartbeat below a millisecond", "[gateway]\nheartbeat_interval = \"500us\"\n", nil, "gateway.heartbeat_interval", "at least 1ms"},
+		{"k·T overflows", "[gateway]\nheartbeat_interval = \"1000h\"\nheartbeat_miss_limit = 9000000000000\n", nil, "gateway.heartbeat_miss_limit", "too long"},
+		{"date for duration", "[gateway]\nheartbeat_interval = 1979-05-27\n", nil, "gateway.heartbeat_interval", "date or time"},
+		{"zero miss limit", "[gateway]\nheartbeat_miss_limit = 0\n", nil, "gateway.heartbeat_miss_limit", "must be >= 1"},
+		{"zero attempts", "[gateway]\nmax_attempts = 0\n", nil, "gateway.max_attempts", "must be >= 1"},
+		{"zero body limit", "[gateway]\nmax_body_bytes = 0\n", nil, "gateway.max_body_bytes", "must be >= 1"},
+		{"load factor below one", "[gateway]\naffinity_load_factor = 0.5\n", nil, "gateway.affinity_load_factor", "must be >= 1"},
+		{"load factor nan", "[gateway]\naffinity_load_factor = nan\n", nil, "gateway.affinity_load_factor", "finite"},
+		{"integer out of range", "[gateway]\nmax_body_bytes = 1e30\n", nil, "gateway.max_body_bytes", "out of range"},
+		{"route without model", "[[gateway.routes]]\naliases = [\"x\"]\n", nil, "gateway.routes[0].model", "required"},
+		{"route with empty model", "[[gateway.routes]]\nmodel = \"\"\n", nil, "gateway.routes[0].model", "must not be empty"},
+		{"negative weight", "[[gateway.routes]]\nmodel = \"m\"\nbackends = [{model = \"a\"}, {model = \"b\", weight = -0.5}]\n", nil, "gateway.routes[0].backends[1].weight", "must be >= 0"},
+		{"all weights zero", "[[gateway.routes]]\nmodel = \"m\"\nbackends = [{model = \"a\", weight = 0}]\n", nil, "gateway.routes[0].backends", "positive sum"},
+		{"backend without model", "[[gateway.routes]]\nmodel = \"m\"\nbackends = [{weight = 1.0}]\n", nil, "gateway.routes[0].backends[0].model", "required"},
+		{"empty backends", "[[gateway.routes]]\nmodel = \"m\"\nbackends = []\n", nil, "gateway.routes[0].backends", "must not be empty"},
+		{"empty cascade", "[[gateway.routes]]\nmodel = \"m\"\ncascade = []\n", nil, "gateway.routes[0].cascade", "must not be empty"},
+		{"bad accept_if", "[[gateway.routes]]\nmodel = \"m\"\ncascade = [{model = \"a\", accept_if = \"mean_logprob < -1\"}, {model = \"b\"}]\n", nil, "gateway.routes[0].cascade[0].accept_if", `"mean_logprob < -1": want > or >=`},
+		{"accept_if missing", "[[gateway.routes]]\nmodel = \"m\"\ncascade = [{model = \"a\"}, {model = \"b\"}]\n", nil, "gateway.routes[0].cascade[0].accept_if", "required"},
+		{"accept_if on last step", "[[gateway.routes]]\nmodel = \"m\"\ncascade = [{model = \"a\", accept_if = \"min_logprob >= -2\"}]\n", nil, "gateway.routes[0].cascade[0].accept_if", "last step"},
+		{"duplicate alias", "[[gateway.routes]]\nmodel = \"m\"\naliases = [\"x\"]\n[[gateway.routes]]\nmodel = \"n\"\naliases = [\"x\"]\n", nil, "gateway.routes[1].aliases[0]", `"x" is already an alias of gateway.routes[0]`},
+		{"alias shadows a model", "[[gateway.routes]]\nmodel = \"m\"\n[[gateway.routes]]\nmodel = \"n\"\naliases = [\"m\"]\n", nil, "gateway.routes[1].aliases[0]", `"m" is already the model of gateway.routes[0]`},
+		{"duplicate route", "[[gateway.routes]]\nmodel = \"m\"\n[[gateway.routes]]\nmodel = \"m\"\n", nil, "gateway.routes[1].model", "already"},
+		{"both backends and cascade", "[[gateway.routes]]\nmodel = \"m\"\nbackends = [{model = \"a\"}]\ncascade = [{model = \"b\"}]\n", nil, "gateway.routes[0]", "mutually exclusive"},
+		{"two targets", "[[gateway.routes]]\nmodel = \"m\"\ntargets = [\"unified\", \"disaggregated\"]\n", nil, "gateway.routes[0].targets", "exactly one"},
+		{"no targets", "[[gateway.routes]]\nmodel = \"m\"\ntargets = []\n", nil, "gateway.routes[0].targets", "exactly one"},
+		{"bad target", "[[gateway.routes]]\nmodel = \"m\"\ntargets = [\"split\"]\n", nil, "gateway.routes[0].targets[0]", `"split" is not one of`},
+		{"key and key_env both", "[[auth.keys]]\nkey = \"sk-a\"\nkey_env = \"K\"\nscopes = [\"admin\"]\n", map[string]string{"K": "sk-b"}, "auth.keys[0]", "mutually exclusive"},
+		{"neither key nor key_env", "[[auth.keys]]\nscopes = [\"admin\"]\n", nil, "auth.keys[0]", "one of key or key_env is required"},
+		{"unset key_env", okKey + "[[auth.keys]]\nkey_env = \"TLGW_KEY_OPS\"\nscopes = [\"admin\"]\n", nil, "auth.keys[1].key_env", "TLGW_KEY_OPS is not set"},
+		{"empty key_env value", "[[auth.keys]]\nkey_env = \"K\"\nscopes = [\"admin\"]\n", map[string]string{"K": ""}, "auth.keys[0].key_env", "K is not set or is empty"},
+		{"key_env with a newline", "[[auth.keys]]\nkey_env = \"K\"\nscopes = [\"admin\"]\n", map[string]string{"K": "sk-a\n"}, "auth.keys[0].key_env", "whitespace"},
+		{"bad key_env name", "[[auth.keys]]\nkey_env = \"$HOME\"\nscopes = [\"admin\"]\n", nil, "auth.keys[0].key_env", `"$HOME" is not an environment variable name`},
+		{"empty key", "[[auth.keys]]\nkey = \"\"\nscopes = [\"admin\"]\n", nil, "auth.keys[0].key", "must not be empty"},
+		{"key with a space", "[[auth.keys]]\nkey = \"sk a\"\nscopes = [\"admin\"]\n", nil, "auth.keys[0].key", "whitespace"},
+		{"duplicate key", okKey + okKey, nil, "auth.keys[1].key", "same key as auth.keys[0]"},
+		{"duplicate key via env", okKey + "[[auth.keys]]\nkey_env = \"K\"\nscopes = [\"admin\"]\n", map[string]string{"K": "sk-a"}, "auth.keys[1].key_env", "same key as auth.keys[0]"},
+		{"bad scope", "[[auth.keys]]\nkey = \"sk-a\"\nscopes = [\"inference\", \"root\"]\n", nil, "auth.keys[0].scopes[1]", `"root" is not one of "inference", "admin", "debug"`},
+		{"no scopes", "[[auth.keys]]\nkey = \"sk-a\"\nscopes = []\n", nil, "auth.keys[0].scopes", "must not be empty"},
+		{"scopes missing", "[[auth.keys]]\nkey = \"sk-a\"\n", nil, "auth.keys[0].scopes", "required"},
+		{"garbage TOML", "[gateway\nhttp_listen = \n", nil, "", "invalid TOML: line 1"},
+		{"not TOML at all", "{\"gateway\": {}}", nil, "", "invalid TOML"},
+		{"duplicate TOML key", "[gateway]\nmax_attempts = 1\nmax_attempts = 2\n", nil, "", "invalid TOML: line 3"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, err := Parse([]byte(tc.src), env(tc.env))
+			if err == nil {
+				t.Fatalf("Parse succeeded (%+v); want an error naming %q", cfg, tc.path)
+			}
+			if cfg != nil {
+				t.Errorf("Parse returned a config alongside its error")
+			}
+			var ce *Error
+			if !errors.As(err, &ce) {
+				t.Fatalf("error %v (%T) is not a *config.Error", err, err)
+			}
+			found := false
+			for _, p := range ce.Problems {
+				if p.Path == tc.path && strings.Contains(p.Message, tc.msg) {
+					found = true
+				}
+			}
+			if !found {
+				t.Fatalf("no problem at %q containing %q in:\n%v", tc.path, tc.msg, err)
+			}
+			line := "config: " + tc.path + ": "
+			if tc.path == "" {
+				line = "config: "
+			}
+			if !strings.Contains(err.Error(), line) {
+				t.Errorf("message %q lacks %q", err.Error(), line)
+			}
+			if strings.Contains(err.Error(), "sk-a") || strings.Contains(err.Error(), "sk-b") {
+				t.Errorf("message %q leaks a secret", err.Error())
+			}
+		})
+	}
+}
+
+func TestParseReportsEveryProblemOnePerLine(t *testing.T) {
+	src := "[gateway]\nbogus = 1\nmax_attempts = 0\nroute_policy = \"x\"\n[admission]\n"
+	_, err := Parse([]byte(src), env(nil))
+	if err == nil {
+		t.Fatal("want an error")
+	}
+	want := strings.Join([]string{
+		"config: admission: unknown key",
+		"config: gateway.bogus: unknown key",
+		"config: gateway.max_attempts: must be >= 1",
+		`config: gateway.route_policy: "x" is not one of "least_outstanding", "weighted", "affinity"`,
+	}, "\n")
+	if err.Error() != want {
+		t.Fatalf("got:\n%s\nwant:\n%s", err, want)
+	}
+}
+
+func TestValidateRoutesJSON(t *testing.T) {
+	tests := []struct {
+		name string
+		json string
+		want []string // every problem, as printed; nil = valid
+	}{
+		{"valid table", `[
+			{"model":"smol","aliases":["small"],"backends":[{"model":"smol-v3","weight":0.9},{"model":"smol-v4","weight":0.1}]},
+			{"model":"auto","cascade":[{"model":"smol","accept_if":"min_logprob>=-2"},{"model":"big"}],"targets":["unified"]},
+			{"model":"big","targets":["disaggregated"]}]`, nil},
+		{"empty table", `[]`, nil},
+		{"weight defaults to 1", `[{"model":"m","backends":[{"model":"a"}]}]`, nil},
+		{"null cascade is absent", `[{"model":"m","cascade":null}]`, nil},
+		{"empty cascade", `[{"model":"m"},{"model":"n"},{"model":"o","cascade":[]}]`,
+			[]string{"routes[2].cascade: must not be empty"}},
+		{"empty backends", `[{"model":"m","backends":[]}]`,
+			[]string{"routes[0].backends: must not be empty"}},
+		{"malformed accept_if", `[{"model":"m"},{"model":"n"},{"model":"o","cascade":[{"model":"a","accept_if":"mean_logprob > lots"},{"model":"b"}]}]`,
+			[]string{`routes[2].cascade[0].accept_if: "mean_logprob > lots": want a finite number after mean_logprob >, got "lots"`}},
+		{"negative weight", `[{"model":"m","backends":[{"model":"a","weight":-1},{"model":"b","weight":2}]}]`,
+			[]string{"routes[0].backends[0].weight: must be >= 0"}},
+		{"zero sum", `[{"model":"m","backends":[{"model":"a","weight":0},{"model":"b","weight":0}]}]`,
+			[]string{"routes[0].backends: weights must have a positive sum"}},
+		{"several problems", `[{"model":"","aliases":["x",""]},{"model":"x","backends":[{"model":""}],"cascade":[{"model":"a","accept_if":"min_logprob > 0"}],"targets":["both"]}]`,
+			[]string{
+				"routes[0].aliases[1]: must not be empty",
+				"routes[0].model: must not be empty",
+				"routes[1]: backends and cascade are mutually exclusive; give at most one",
+				"routes[1].backends[0].model: must not be empty",
+				"routes[1].cascade[0].accept_if: must not be set on the last step, whose answer is always kept",
+				`routes[1].model: "x" is already an alias of routes[0]`,
+				`routes[1].targets[0]: "both" is not one of "unified", "disaggregated"`,
+			}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var routes []Route
+			if err := json.Unmarshal([]byte(tc.json), &routes); err != nil {
+				t.Fatal(err)
+			}
+			err := ValidateRoutes(routes)
+			if tc.want == nil {
+				if err != nil {
+					t.Fatalf("ValidateRoutes: %v", err)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatalf("ValidateRoutes succeeded; want %q", tc.want)
+			}
+			if got := strings.Split(err.Error(), "\n"); !cmp.Equal(got, tc.want) {
+				t.Fatalf("(-want +got):\n%s", cmp.Diff(tc.want, got))
+			}
+		})
+	}
+}
+
+func TestValidateRoutesGoValues(t *testing.T) {
+	err := ValidateRoutes([]Route{
+		{Model: "m", Backends: []Backend{{Model: "a", Weight: 1}}, Targets: []string{}},
+		{Model: "n", Backends: []Backend{{Model: "a"}}}, // weight 0 from Go: no default here
+	})
+	want := "routes[0].targets: must have exactly one item\nroutes[1].backends: weights must have a positive sum"
+	if err == nil || err.Error() != want {
+		t.Fatalf("ValidateRoutes = %v, want\n%s", err, want)
+	}
+}
+
+func TestBackendJSON(t *testing.T) {
+	var b Backend
+	if err := json.Unmarshal([]byte(`{"model":"a","weight":0}`), &b); err != nil || b != (Backend{"a", 0}) {
+		t.Fatalf("explicit zero weight: %+v, %v", b, err)
+	}
+	if err := json.Unmarshal([]byte(`{"model":"a"}`), &b); err != nil || b != (Backend{"a", 1}) {
+		t.Fatalf("absent weight: %+v, %v", b, err)
+	}
+	if err := json.Unmarshal([]byte(`{"model":"a","wieght":2}`), &b); err == nil {
+		t.Fatal("unknown field accepted")
+	}
+	if err := json.Unmarshal([]byte(`{"model":"a","weight":"2"}`), &b); err == nil {
+		t.Fatal("string weight accepted")
+	}
+}
+
+func TestNormalizeRoutes(t *testing.T) {
+	if NormalizeRoutes(nil) != nil {
+		t.Fatal("NormalizeRoutes(nil) != nil")
+	}
+	in := []Route{
+		{Model: "m", Aliases: []string{"a"}, Backends: []Backend{{Model: "x", Weight: 0.25}}},
+		{Model: "n", Targets: []string{}},
+		{Model: "o", Targets: []string{TargetDisaggregated}},
+	}
+	out := NormalizeRoutes(in)
+	want := []Route{
+		{Model: "m", Aliases: []string{"a"}, Backends: []Backend{{Model: "x", Weight: 0.25}}, Targets: []string{"unified"}},
+		{Model: "n", Targets: []string{"unified"}},
+		{Model: "o", Targets: []string{"disaggregated"}},
+	}
+	if diff := cmp.Diff(want, out); diff != "" {
+		t.Fatalf("(-want +got):\n%s", diff)
+	}
+	// The copy is deep: changing it leaves the input alone.
+	out[0].Aliases[0] = "changed"
+	out[0].Backends[0].Weight = 9
+	out[2].Targets[0] = "changed"
+	if in[0].Aliases[0] != "a" || in[0].Backends[0].Weight != 0.25 || in[2].Targets[0] != TargetDisaggregated {
+		t.Fatalf("NormalizeRoutes shares memory with its input: %+v", in)
+	}
+	if in[0].Targets != nil {
+		t.Fatal("NormalizeRoutes modified its input")
+	}
+}
+
+// TestSchemaDefaults keeps the defaults written in the schema and Default()
+// in step.
+func TestSchemaDefaults(t *testing.T) {
+	var schema struct {
+		Properties struct {
+			Gateway struct {
+				Properties map[string]struct {
+					Default any `json:"default"`
+				} `json:"properties"`
+			} `json:"gateway"`
+		} `json:"properties"`
+	}
+	if err := json.Unmarshal(contracts.RuntimeSchema, &schema); err != nil {
+		t.Fatal(err)
+	}
+	g := Default().Gateway
+	want := map[string]any{
+		"http_listen":          g.HTTPListen,
+		"registry_listen":      g.RegistryListen,
+		"route_policy":         g.RoutePolicy,
+		"affinity_load_factor": g.AffinityLoadFactor,
+		"heartbeat_interval":   g.HeartbeatInterval.String(),
+		"heartbeat_miss_limit": float64(g.HeartbeatMissLimit),
+		"max_attempts":         float64(g.MaxAttempts),
+		"max_body_bytes":       float64(g.MaxBodyBytes),
+		"shutdown_grace":       g.ShutdownGrace.String(),
+		"routes":               []any{},
+	}
+	got := make(map[string]any)
+	for name, p := range schema.Properties.Gateway.Properties {
+		got[name] = p.Default
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Fatalf("schema defaults differ from Default() (-Default +schema):\n%s", diff)
+	}
+}
+
+func TestLoad(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "tlgw.toml")
+	if err := os.WriteFile(file, []byte("[gateway]\nmax_attempts = 5\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := Load(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Gateway.MaxAttempts != 5 {
+		t.Fatalf("MaxAttempts = %d, want 5", cfg.Gateway.MaxAttempts)
+	}
+	if _, err := Load(filepath.Join(dir, "missing.toml")); err == nil || !strings.HasPrefix(err.Error(), "config: ") {
+		t.Fatalf("Load of a missing file: %v", err)
+	}
+}
+
+func TestKeyStringRedacts(t *testing.T) {
+	cfg, err := Parse([]byte("[[auth.keys]]\nkey = \"sk-secret\"\nscopes = [\"admin\"]\n"), env(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []string{cfg.Auth.Keys[0].String(), sprintV(cfg), sprintV(*cfg)} {
+		if strings.Contains(s, "sk-secret") {
+			t.Fatalf("%q leaks the key", s)
+		}
+	}
+	js, _ := json.Marshal(cfg)
+	if strings.Contains(string(js), "sk-secret") {
+		t.Fatalf("JSON %s leaks the key", js)
+	}
+}
+
+func sprintV(v any) string { return fmt.Sprintf("%v %+v", v, v) }
+
+func FuzzParse(f *testing.F) {
+	for _, s := range []string{
+		"", specExample, "[admission]\n", "[gateway\n", "[gateway]\nheartbeat_interval = \"2 parsecs\"\n",
+		"[[gateway.routes]]\nmodel = \"m\"\ncascade = [{model = \"a\", accept_if = \"mean_logprob > -1\"}, {model = \"b\"}]\n",
+		"[[gateway.routes]]\nmodel = \"m\"\nbackends = [{model = \"a\", weight = -1}]\n",
+		"[[auth.keys]]\nkey_env = \"K\"\nscopes = [\"admin\"]\n",
+		"[gateway]\nheartbeat_interval = 1979-05-27T07:32:00Z\naffinity_load_factor = inf\n",
+		"a.b.c = [[1, 2], {x = 3}]\n",
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		cfg, err := Parse(data, env(map[string]string{"K": "sk-k"}))
+		if err != nil {
+			var ce *Error
+			if !errors.As(err, &ce) || len(ce.Problems) == 0 {
+				t.Fatalf("error %v (%T) is not a *config.Error with problems", err, err)
+			}
+			for _, p := range ce.Problems {
+				if p.Message == "" || strings.ContainsAny(p.String(), "\r\n") {
+					t.Fatalf("problem %q is not one non-empty line", p.String())
+				}
+			}
+			return
+		}
+		if err := ValidateRoutes(cfg.Gateway.Routes); err != nil {
+			t.Fatalf("Parse accepted routes that ValidateRoutes rejects: %v", err)
+		}
+		if cfg.Gateway.HeartbeatInterval <= 0 || cfg.Gateway.ShutdownGrace <= 0 || cfg.Gateway.MaxAttempts < 1 {
+			t.Fatalf("Parse accepted out-of-range values: %+v", cfg.Gateway)
+		}
+	})
+}

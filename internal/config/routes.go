@@ -1,0 +1,214 @@
+package config
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"math"
+	"slices"
+	"strconv"
+
+	"github.com/tlgw/tlgw/internal/cascade"
+)
+
+// Route targets: where a route's requests run (R8).
+const (
+	TargetUnified       = "unified"
+	TargetDisaggregated = "disaggregated"
+)
+
+// Route is one public model id of the route table and how its requests are
+// served (R5, R7, R8). The JSON form is the one the admin API speaks.
+//
+// Backends and Cascade tell "absent" from "explicitly empty" by nil-ness: a
+// nil slice means the field was not given (JSON absent or null), a non-nil
+// empty slice means it was given as [] — which ValidateRoutes rejects.
+// Targets works the same way; NormalizeRoutes fills an absent one.
+type Route struct {
+	Model    string        `json:"model"`
+	Aliases  []string      `json:"aliases,omitempty"`
+	Backends []Backend     `json:"backends,omitempty"`
+	Cascade  []CascadeStep `json:"cascade,omitempty"`
+	Targets  []string      `json:"targets,omitempty"`
+}
+
+// Backend is one branch of a route's weighted split. A weight left out
+// (in TOML or JSON) is 1.
+type Backend struct {
+	Model  string  `json:"model"`
+	Weight float64 `json:"weight"`
+}
+
+// UnmarshalJSON decodes a backend, defaulting an absent weight to 1 and
+// rejecting unknown fields, so JSON routes mean what the same TOML means.
+func (b *Backend) UnmarshalJSON(data []byte) error {
+	if string(bytes.TrimSpace(data)) == "null" {
+		return nil
+	}
+	var raw struct {
+		Model  string   `json:"model"`
+		Weight *float64 `json:"weight"`
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&raw); err != nil {
+		return err
+	}
+	b.Model, b.Weight = raw.Model, 1
+	if raw.Weight != nil {
+		b.Weight = *raw.Weight
+	}
+	return nil
+}
+
+// CascadeStep is one step of a cascade: the model asked, and when its answer
+// is kept (see cascade.ParseAcceptIf). The last step has no AcceptIf.
+type CascadeStep struct {
+	Model    string `json:"model"`
+	AcceptIf string `json:"accept_if,omitempty"`
+}
+
+// ValidateRoutes checks a whole route table: every public id (route model
+// or alias) non-empty and unique across the table; at most one of backends
+// and cascade per route, and neither given as an empty list; backend models
+// non-empty, weights finite and >= 0 with a positive sum; cascade step
+// models non-empty, every step but the last with an accept_if that
+// cascade.ParseAcceptIf accepts, the last step without one; targets absent
+// or exactly one of "unified" and "disaggregated".
+//
+// It returns nil or an *Error whose problem paths are relative to the list,
+// e.g. "routes[2].cascade[0].accept_if".
+func ValidateRoutes(routes []Route) error {
+	var ps problems
+	validateRoutes(routes, nil, &ps)
+	if ps.empty() {
+		return nil
+	}
+	return &Error{Problems: ps.sorted()}
+}
+
+// validateRoutes adds the problems of routes to ps, under base.routes.
+func validateRoutes(routes []Route, base path, ps *problems) {
+	type owner struct {
+		route   int
+		isAlias bool
+	}
+	ids := make(map[string]owner)
+	claim := func(id string, p path, o owner) {
+		if id == "" {
+			ps.add(p, "must not be empty")
+			return
+		}
+		if prev, dup := ids[id]; dup {
+			what := "the model"
+			if prev.isAlias {
+				what = "an alias"
+			}
+			ps.add(p, "%q is already %s of %s", id, what, base.with(key("routes"), index(prev.route)))
+			return
+		}
+		ids[id] = o
+	}
+
+	for i, r := range routes {
+		rp := base.with(key("routes"), index(i))
+		claim(r.Model, rp.with(key("model")), owner{route: i})
+		for j, a := range r.Aliases {
+			claim(a, rp.with(key("aliases"), index(j)), owner{route: i, isAlias: true})
+		}
+
+		if r.Backends != nil && r.Cascade != nil {
+			ps.add(rp, "backends and cascade are mutually exclusive; give at most one")
+		}
+
+		if r.Backends != nil {
+			bp := rp.with(key("backends"))
+			if len(r.Backends) == 0 {
+				ps.add(bp, "must not be empty")
+			}
+			sum, weightsOK := 0.0, true
+			for j, b := range r.Backends {
+				if b.Model == "" {
+					ps.add(bp.with(index(j), key("model")), "must not be empty")
+				}
+				switch w := b.Weight; {
+				case math.IsNaN(w) || math.IsInf(w, 0):
+					ps.add(bp.with(index(j), key("weight")), "must be a finite number")
+					weightsOK = false
+				case w < 0:
+					ps.add(bp.with(index(j), key("weight")), "must be >= 0")
+					weightsOK = false
+				default:
+					sum += w
+				}
+			}
+			if len(r.Backends) > 0 && weightsOK && !(sum > 0) {
+				ps.add(bp, "weights must have a positive sum")
+			}
+		}
+
+		if r.Cascade != nil {
+			cp := rp.with(key("cascade"))
+			if len(r.Cascade) == 0 {
+				ps.add(cp, "must not be empty")
+			}
+			for j, s := range r.Cascade {
+				sp := cp.with(index(j))
+				if s.Model == "" {
+					ps.add(sp.with(key("model")), "must not be empty")
+				}
+				last := j == len(r.Cascade)-1
+				switch {
+				case last && s.AcceptIf != "":
+					ps.add(sp.with(key("accept_if")), "must not be set on the last step, whose answer is always kept")
+				case !last && s.AcceptIf == "":
+					ps.add(sp.with(key("accept_if")), "is required on every step but the last")
+				case !last:
+					if _, err := cascade.ParseAcceptIf(s.AcceptIf); err != nil {
+						var se *cascade.SyntaxError
+						if errors.As(err, &se) {
+							ps.add(sp.with(key("accept_if")), "%s: %s", strconv.Quote(se.Input), se.Reason)
+						} else {
+							ps.add(sp.with(key("accept_if")), "%v", err)
+						}
+					}
+				}
+			}
+		}
+
+		if r.Targets != nil {
+			tp := rp.with(key("targets"))
+			if len(r.Targets) != 1 {
+				ps.add(tp, "must have exactly one item")
+			}
+			for j, t := range r.Targets {
+				if t != TargetUnified && t != TargetDisaggregated {
+					ps.add(tp.with(index(j)), "%q is not one of %q, %q", t, TargetUnified, TargetDisaggregated)
+				}
+			}
+		}
+	}
+}
+
+// NormalizeRoutes returns a deep copy of routes with defaults filled in:
+// an absent or empty Targets becomes ["unified"]. Backend weights are kept
+// as given. A nil table stays nil.
+func NormalizeRoutes(routes []Route) []Route {
+	if routes == nil {
+		return nil
+	}
+	out := make([]Route, len(routes))
+	for i, r := range routes {
+		out[i] = Route{
+			Model:    r.Model,
+			Aliases:  slices.Clone(r.Aliases),
+			Backends: slices.Clone(r.Backends),
+			Cascade:  slices.Clone(r.Cascade),
+			Targets:  slices.Clone(r.Targets),
+		}
+		if len(out[i].Targets) == 0 {
+			out[i].Targets = []string{TargetUnified}
+		}
+	}
+	return out
+}

@@ -1,0 +1,259 @@
+package oai
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+func TestPrefixKey(t *testing.T) {
+	long := strings.Repeat("abcdefghij", 10) // 100 bytes
+	tests := []struct {
+		name string
+		kind Kind
+		body string
+		want string
+	}{
+		{"chat role and content in order", Chat,
+			`{"model":"m","messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"Hi"}]}`,
+			"system\nBe brief.\nuser\nHi\n"},
+		{"chat keys in any order", Chat,
+			`{"messages":[{"content":"Hi","role":"user","name":"bob"}],"model":"m"}`,
+			"user\nHi\n"},
+		{"chat cut at 64 bytes", Chat,
+			`{"model":"m","messages":[{"role":"user","content":"` + long + `"}]}`,
+			("user\n" + long)[:64]},
+		{"chat cut inside a later message", Chat,
+			`{"model":"m","messages":[{"role":"system","content":"` + long[:50] + `"},{"role":"user","content":"xyz"}]}`,
+			("system\n" + long[:50] + "\nuser\nxyz\n")[:64]},
+		{"chat null and missing content", Chat,
+			`{"model":"m","messages":[{"role":"assistant","content":null,"tool_calls":[]},{"role":"tool"}]}`,
+			"assistant\n\ntool\n\n"},
+		{"chat text parts concatenated, other parts skipped", Chat,
+			`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"Look "},{"type":"image_url","image_url":{"url":"x"}},{"type":"text","text":"here"}]}]}`,
+			"user\nLook here\n"},
+		{"chat escapes decoded", Chat,
+			`{"model":"m","messages":[{"r\u006fle":"user","content":"caf\u00e9\n\"q\" \ud83d\ude00"}]}`,
+			"user\ncafé\n\"q\" 😀\n"},
+		{"chat cut may split a UTF-8 sequence", Chat,
+			`{"model":"m","messages":[{"role":"user","content":"` + long[:58] + `é"}]}`,
+			("user\n" + long[:58] + "é")[:64]},
+		{"chat escaped part type", Chat,
+			`{"model":"m","messages":[{"role":"user","content":[{"type":"t\u0065xt","text":"ok"}]}]}`,
+			"user\nok\n"},
+		{"completions string", Completions,
+			`{"model":"m","prompt":"Once upon a time"}`,
+			"Once upon a time"},
+		{"completions string cut", Completions,
+			`{"model":"m","prompt":"` + long + `"}`,
+			long[:64]},
+		{"completions empty string", Completions,
+			`{"model":"m","prompt":""}`,
+			""},
+		{"completions escaped string", Completions,
+			`{"model":"m","prompt":"a\tb\\c\/d"}`,
+			"a\tb\\c/d"},
+		{"completions array of strings takes the first", Completions,
+			`{"model":"m","prompt":["first","second"]}`,
+			"first"},
+		{"completions token ids", Completions,
+			`{"model":"m","prompt":[1, 22 ,333,0,4294967295]}`,
+			"1 22 333 0 4294967295"},
+		{"completions token-id arrays take the first", Completions,
+			`{"model":"m","prompt":[[10,20],[30]]}`,
+			"10 20"},
+		{"completions token ids cut", Completions,
+			`{"model":"m","prompt":[` + strings.Repeat("123456789,", 20) + `1]}`,
+			strings.Repeat("123456789 ", 7)[:64]},
+		{"duplicate prompt: last wins", Completions,
+			`{"model":"m","prompt":"old","prompt":"new"}`,
+			"new"},
+		{"no model needed for the key", Completions,
+			`{"prompt":"p"}`,
+			"p"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := PrefixKey(tc.kind, []byte(tc.body))
+			if err != nil {
+				t.Fatalf("PrefixKey: %v", err)
+			}
+			if string(got) != tc.want {
+				t.Errorf("PrefixKey = %q, want %q", got, tc.want)
+			}
+			if len(got) > PrefixLen {
+				t.Errorf("len = %d > %d", len(got), PrefixLen)
+			}
+			if got == nil {
+				t.Errorf("PrefixKey is nil")
+			}
+			if strings.Contains(tc.body, `"model"`) {
+				r, err := Parse(tc.kind, []byte(tc.body))
+				if err != nil {
+					t.Fatalf("Parse: %v", err)
+				}
+				if string(r.PrefixKey) != tc.want {
+					t.Errorf("Parse PrefixKey = %q, want %q", r.PrefixKey, tc.want)
+				}
+			}
+		})
+	}
+}
+
+func TestParse(t *testing.T) {
+	tests := []struct {
+		name string
+		kind Kind
+		body string
+		want Request
+	}{
+		{"minimal chat", Chat,
+			`{"model":"smol","messages":[{"role":"user","content":"hi"}]}`,
+			Request{Model: "smol", PrefixKey: []byte("user\nhi\n")}},
+		{"stream and user", Completions,
+			` {"user":"u-1","stream":true,"model":"smol","prompt":"x","max_tokens":5} `,
+			Request{Model: "smol", Stream: true, User: "u-1", PrefixKey: []byte("x")}},
+		{"nulls are absent", Completions,
+			`{"model":"smol","stream":null,"user":null,"prompt":"x"}`,
+			Request{Model: "smol", PrefixKey: []byte("x")}},
+		{"stream false", Completions,
+			`{"model":"smol","stream":false,"prompt":"x"}`,
+			Request{Model: "smol", PrefixKey: []byte("x")}},
+		{"escaped model and key", Completions,
+			`{"mod\u0065l":"sm\u006fl\/v1","prompt":"x"}`,
+			Request{Model: "smol/v1", PrefixKey: []byte("x")}},
+		{"last duplicate wins", Completions,
+			`{"model":"a","model":"b","prompt":"x"}`,
+			Request{Model: "b", PrefixKey: []byte("x")}},
+		{"keys are case-sensitive", Completions,
+			`{"Model":"a","model":"b","STREAM":"yes","prompt":"x"}`,
+			Request{Model: "b", PrefixKey: []byte("x")}},
+		{"nested model ignored", Completions,
+			`{"model":"b","metadata":{"model":5},"prompt":"x"}`,
+			Request{Model: "b", PrefixKey: []byte("x")}},
+		{"unknown fields of any shape", Chat,
+			`{"model":"m","messages":[{"role":"user","content":"c"}],"logprobs":true,"seed":-1.5e3,"stop":["\n"],"x":{"y":[[],{}]}}`,
+			Request{Model: "m", PrefixKey: []byte("user\nc\n")}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := Parse(tc.kind, []byte(tc.body))
+			if err != nil {
+				t.Fatalf("Parse: %v", err)
+			}
+			if d := cmp.Diff(tc.want, got); d != "" {
+				t.Errorf("Parse (-want +got):\n%s", d)
+			}
+		})
+	}
+}
+
+func TestParseErrors(t *testing.T) {
+	tests := []struct {
+		name      string
+		kind      Kind
+		body      string
+		msg       string // the exact message, or a prefix ending in "…"
+		wantParam string
+	}{
+		{"empty", Chat, ``, `invalid JSON: empty body`, ""},
+		{"whitespace only", Chat, " \n", `invalid JSON: empty body`, ""},
+		{"truncated", Chat, `{"model":"m"`, `invalid JSON: unexpected end of input`, ""},
+		{"bad token", Chat, `{"model":x}`, `invalid JSON: unexpected character 'x' at offset 9`, ""},
+		{"trailing comma", Chat, `{"model":"m",}`, `invalid JSON: unexpected character '}' at offset 13`, ""},
+		{"trailing data", Chat, `{"model":"m"} {}`, `invalid JSON: unexpected data after the top-level value at offset 14`, ""},
+		{"single quotes", Chat, `{'model':'m'}`, `invalid JSON: unexpected character '\'' at offset 1`, ""},
+		{"bad escape", Chat, `{"model":"\x"}`, `invalid JSON: invalid escape character 'x' at offset 11`, ""},
+		{"bad unicode escape", Chat, `{"model":"\u12g4"}`, `invalid JSON: invalid \u escape at offset 14`, ""},
+		{"raw newline in string", Chat, "{\"model\":\"a\nb\"}", `invalid JSON: control character in string at offset 11`, ""},
+		{"invalid UTF-8", Chat, "{\"model\":\"a\xffb\"}", `invalid JSON: invalid UTF-8 in string at offset 11`, ""},
+		{"bad number", Chat, `{"model":"m","n":01}`, `invalid JSON: unexpected character '1' at offset 18`, ""},
+		{"bad exponent", Chat, `{"model":"m","n":1e}`, `invalid JSON: invalid number at offset 19`, ""},
+		{"error deep in an unknown field", Chat, `{"model":"m","x":[{"a":[tru]}]}`, `invalid JSON: unexpected character ']' at offset 27`, ""},
+		{"too deep", Chat, `{"x":` + strings.Repeat("[", 10000) + strings.Repeat("]", 10000) + `}`, `invalid JSON: nesting too deep at offset 10004`, ""},
+		{"array body", Chat, `[{"model":"m"}]`, `request body must be a JSON object`, ""},
+		{"string body", Chat, `"model"`, `request body must be a JSON object`, ""},
+		{"null body", Chat, `null`, `request body must be a JSON object`, ""},
+		{"model missing", Chat, `{"messages":[{"role":"user","content":"x"}]}`, `"model" is required`, "model"},
+		{"model null", Chat, `{"model":null}`, `"model" is required`, "model"},
+		{"model empty", Chat, `{"model":""}`, `"model" is required`, "model"},
+		{"model number", Chat, `{"model":5}`, `"model" must be a string`, "model"},
+		{"model object", Chat, `{"model":{"id":"m"}}`, `"model" must be a string`, "model"},
+		{"model wrong case only", Chat, `{"Model":"m"}`, `"model" is required`, "model"},
+		{"stream string", Chat, `{"model":"m","stream":"yes"}`, `"stream" must be a boolean`, "stream"},
+		{"stream number", Chat, `{"model":"m","stream":1}`, `"stream" must be a boolean`, "stream"},
+		{"user number", Chat, `{"model":"m","user":7}`, `"user" must be a string`, "user"},
+		{"messages missing", Chat, `{"model":"m"}`, `"messages" is required`, "messages"},
+		{"messages null", Chat, `{"model":"m","messages":null}`, `"messages" is required`, "messages"},
+		{"messages empty", Chat, `{"model":"m","messages":[]}`, `"messages" must be a non-empty array of message objects`, "messages"},
+		{"messages object", Chat, `{"model":"m","messages":{}}`, `"messages" must be a non-empty array of message objects`, "messages"},
+		{"message not object", Chat, `{"model":"m","messages":[{"role":"user"},"hi"]}`, `"messages[1]" must be an object`, "messages[1]"},
+		{"role missing", Chat, `{"model":"m","messages":[{"content":"hi"}]}`, `"messages[0].role" is required`, "messages[0].role"},
+		{"role number", Chat, `{"model":"m","messages":[{"role":1,"content":"hi"}]}`, `"messages[0].role" must be a string`, "messages[0].role"},
+		{"content number", Chat, `{"model":"m","messages":[{"role":"user","content":1}]}`, `"messages[0].content" must be a string, null, or an array of content parts`, "messages[0].content"},
+		{"content object", Chat, `{"model":"m","messages":[{"role":"user","content":{"text":"x"}}]}`, `"messages[0].content" must be a string, null, or an array of content parts`, "messages[0].content"},
+		{"part not object", Chat, `{"model":"m","messages":[{"role":"user","content":["x"]}]}`, `"messages[0].content[0]" must be an object`, "messages[0].content[0]"},
+		{"part type missing", Chat, `{"model":"m","messages":[{"role":"user","content":[{"text":"x"}]}]}`, `"messages[0].content[0].type" is required`, "messages[0].content[0].type"},
+		{"part type number", Chat, `{"model":"m","messages":[{"role":"user","content":[{"type":1}]}]}`, `"messages[0].content[0].type" must be a string`, "messages[0].content[0].type"},
+		{"text part without text", Chat, `{"model":"m","messages":[{"role":"u","content":[{"type":"text","text":"a"},{"type":"text"}]}]}`, `"messages[0].content[1].text" must be a string`, "messages[0].content[1].text"},
+		{"prompt missing", Completions, `{"model":"m"}`, `"prompt" is required`, "prompt"},
+		{"prompt null", Completions, `{"model":"m","prompt":null}`, `"prompt" is required`, "prompt"},
+		{"prompt number", Completions, `{"model":"m","prompt":5}`, `"prompt" must be a string, an array of strings, an array of token ids, or an array of token-id arrays`, "prompt"},
+		{"prompt empty array", Completions, `{"model":"m","prompt":[]}`, `"prompt" must be non-empty`, "prompt"},
+		{"prompt mixed array", Completions, `{"model":"m","prompt":["a",1]}`, `"prompt" must be a string, an array of strings, an array of token ids, or an array of token-id arrays`, "prompt"},
+		{"prompt null element", Completions, `{"model":"m","prompt":["a",null]}`, `"prompt" must be a string, an array of strings, an array of token ids, or an array of token-id arrays`, "prompt"},
+		{"negative token id", Completions, `{"model":"m","prompt":[1,-2]}`, `"prompt[1]" must be a token id (an integer from 0 to 4294967295)`, "prompt[1]"},
+		{"fractional token id", Completions, `{"model":"m","prompt":[1.0]}`, `"prompt[0]" must be a token id (an integer from 0 to 4294967295)`, "prompt[0]"},
+		{"token id too large", Completions, `{"model":"m","prompt":[4294967296]}`, `"prompt[0]" must be a token id (an integer from 0 to 4294967295)`, "prompt[0]"},
+		{"empty token-id array", Completions, `{"model":"m","prompt":[[1],[]]}`, `"prompt[1]" must be non-empty`, "prompt[1]"},
+		{"bad nested token id", Completions, `{"model":"m","prompt":[[1],[2,"3"]]}`, `"prompt[1][1]" must be a token id (an integer from 0 to 4294967295)`, "prompt[1][1]"},
+		{"unknown kind", Kind(0), `{"model":"m"}`, `unknown request kind Kind(0)`, ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Parse(tc.kind, []byte(tc.body))
+			if err == nil {
+				t.Fatal("Parse succeeded, want an error")
+			}
+			if err.Error() != tc.msg {
+				t.Errorf("error = %q, want %q", err, tc.msg)
+			}
+			var e *Error
+			if !errors.As(err, &e) {
+				t.Fatalf("error %T is not *Error", err)
+			}
+			if e.Param != tc.wantParam {
+				t.Errorf("Param = %q, want %q", e.Param, tc.wantParam)
+			}
+		})
+	}
+}
+
+func TestValidRequestID(t *testing.T) {
+	tests := []struct {
+		id   string
+		want bool
+	}{
+		{"a", true},
+		{"req-123_ABC.xyz:9", true},
+		{"with space", true},
+		{"~!@#$%^&*()", true},
+		{strings.Repeat("x", 128), true},
+		{"", false},
+		{strings.Repeat("x", 129), false},
+		{"a\r\nSet-Cookie: x=y", false},
+		{"a\nb", false},
+		{"tab\there", false},
+		{"nul\x00", false},
+		{"del\x7f", false},
+		{"café", false},
+		{"\xff", false},
+	}
+	for _, tc := range tests {
+		if got := ValidRequestID(tc.id); got != tc.want {
+			t.Errorf("ValidRequestID(%q) = %v, want %v", tc.id, got, tc.want)
+		}
+	}
+}

@@ -1,0 +1,186 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	controlv1 "github.com/tlgw/tlgw/contracts/tl/control/v1"
+)
+
+// standIn is an engine stand-in: OpenAI JSON and SSE answers over a real socket.
+func standIn(t *testing.T) *httptest.Server {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		if strings.Contains(string(body), `"stream":true`) {
+			w.Header().Set("Content-Type", "text/event-stream")
+			for _, tok := range []string{"Hello", " there", "!"} {
+				fmt.Fprintf(w, "data: {\"object\":\"text_completion\",\"choices\":[{\"index\":0,\"text\":%q}]}\n\n", tok)
+				w.(http.Flusher).Flush()
+			}
+			fmt.Fprint(w, "data: [DONE]\n\n")
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprintf(w, `{"object":"text_completion","model":"from-engine","echo":%q,"choices":[{"index":0,"text":"Hello there!","finish_reason":"stop"}]}`, body)
+	}))
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+func heartbeat(t *testing.T, grpcAddr string, st *controlv1.WorkerStatus) *controlv1.HeartbeatAck {
+	t.Helper()
+	conn, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	ack, err := controlv1.NewWorkerRegistryClient(conn).Heartbeat(ctx, st)
+	if err != nil {
+		t.Fatalf("heartbeat: %v", err)
+	}
+	return ack
+}
+
+func post(t *testing.T, url, key, body string) (*http.Response, string) {
+	t.Helper()
+	req, _ := http.NewRequest("POST", url, strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp, string(b)
+}
+
+// TestServeProcessEndToEnd: `tlgw serve --config` as a process; an engine registers over gRPC;
+// JSON and SSE complete through it over real sockets; SIGTERM stops it cleanly.
+func TestServeProcessEndToEnd(t *testing.T) {
+	engine := standIn(t)
+	p := startTLGW(t, `
+[gateway]
+http_listen = "127.0.0.1:0"
+registry_listen = "127.0.0.1:0"
+heartbeat_interval = "2s"
+
+[[gateway.routes]]
+model = "smol"
+aliases = ["small"]
+backends = [{ model = "smol-v3", weight = 1 }]
+
+[[auth.keys]]
+key = "sk-e2e"
+scopes = ["inference", "admin", "debug"]
+`)
+	ack := heartbeat(t, p.grpcAddr, &controlv1.WorkerStatus{
+		WorkerId: "engine-1", Model: "smol-v3", Role: controlv1.Role_ROLE_UNIFIED,
+		HttpAddress: strings.TrimPrefix(engine.URL, "http://"), KvTotalBlocks: 64, KvFreeBlocks: 64,
+	})
+	if ack.GetEpoch() != 1 || ack.GetHeartbeatIntervalMs() != 2000 {
+		t.Fatalf("ack %v", ack)
+	}
+	base := "http://" + p.httpAddr
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		resp, err := http.Get(base + "/readyz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("never ready\n%s", p.logs())
+		}
+		tick := time.NewTimer(10 * time.Millisecond)
+		<-tick.C
+	}
+
+	resp, body := post(t, base+"/v1/completions", "sk-e2e", `{"model":"small","prompt":"Say hello","max_tokens":8}`)
+	if resp.StatusCode != 200 || !strings.Contains(body, "Hello there!") || resp.Header.Get("X-TL-Route") != "engine-1" {
+		t.Fatalf("JSON: %d %s %v", resp.StatusCode, body, resp.Header)
+	}
+	if !strings.Contains(body, `\"model\":\"smol-v3\"`) {
+		t.Fatalf("the engine did not receive the served model id: %s", body)
+	}
+
+	req, _ := http.NewRequest("POST", base+"/v1/completions", strings.NewReader(`{"model":"small","prompt":"Say hello","stream":true}`))
+	req.Header.Set("Authorization", "Bearer sk-e2e")
+	sresp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sresp.Body.Close()
+	var text strings.Builder
+	sawDone := false
+	sc := bufio.NewScanner(sresp.Body)
+	for sc.Scan() {
+		line := sc.Text()
+		if line == "data: [DONE]" {
+			sawDone = true
+			continue
+		}
+		if rest, ok := strings.CutPrefix(line, "data: "); ok {
+			i := strings.Index(rest, `"text":"`)
+			j := strings.LastIndex(rest, `"}]}`)
+			text.WriteString(rest[i+len(`"text":"`) : j])
+		}
+	}
+	if sresp.Header.Get("Content-Type") != "text/event-stream" || text.String() != "Hello there!" || !sawDone {
+		t.Fatalf("SSE: %q done=%v", text.String(), sawDone)
+	}
+
+	// Graceful shutdown on SIGTERM: exit code 0.
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-p.done:
+		if err != nil {
+			t.Fatalf("exit: %v\n%s", err, p.logs())
+		}
+		p.done <- nil // for the cleanup
+	case <-time.After(10 * time.Second):
+		t.Fatalf("tlgw did not stop on SIGTERM\n%s", p.logs())
+	}
+}
+
+// TestServeRejectsBadConfig: a bad key or value stops start-up with a message naming the key.
+func TestServeRejectsBadConfig(t *testing.T) {
+	for name, tc := range map[string]struct{ toml, key string }{
+		"unknown key":  {"[gateway]\nhttp_lisen = \"127.0.0.1:0\"\n", "gateway.http_lisen"},
+		"bad duration": {"[gateway]\nheartbeat_interval = \"soon\"\n", "gateway.heartbeat_interval"},
+		"bad policy":   {"[gateway]\nroute_policy = \"random\"\n", "gateway.route_policy"},
+		"bad toml":     {"[gateway\n", "tlgw.toml"},
+	} {
+		cfg := filepath.Join(t.TempDir(), "tlgw.toml")
+		if err := os.WriteFile(cfg, []byte(tc.toml), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		code, out := runTLGW(t, "serve", "--config", cfg)
+		if code == 0 || !strings.Contains(out, tc.key) {
+			t.Errorf("%s: exit %d, output does not name %q:\n%s", name, code, tc.key, out)
+		}
+	}
+	if code, out := runTLGW(t, "version"); code != 0 || !strings.HasPrefix(out, "tlgw ") {
+		t.Fatalf("version: %d %q", code, out)
+	}
+}
