@@ -148,6 +148,26 @@ scopes = ["inference", "admin", "debug"]
 		t.Fatalf("SSE: %q done=%v", text.String(), sawDone)
 	}
 
+	// The actors' own metrics are exported.
+	mresp, err := http.Get(base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mb, _ := io.ReadAll(mresp.Body)
+	mresp.Body.Close()
+	for _, want := range []string{
+		`tlgw_actor_mailbox_length{actor_kind="router"}`,
+		`tlgw_actor_message_seconds_bucket{actor_kind="router",message="Pick"`,
+		`tlgw_actor_message_seconds_bucket{actor_kind="registry",message="Heartbeat"`,
+		`tlgw_requests_total{code="200",model="smol-v3",route="smol"} 2`,
+		`tlgw_routing_decisions_total{policy="least_outstanding",reason="least_load"} 2`,
+		`tlgw_workers{state="routable"} 1`,
+	} {
+		if !strings.Contains(string(mb), want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+
 	// Graceful shutdown on SIGTERM: exit code 0.
 	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
