@@ -79,6 +79,7 @@ type state struct {
 	routes    []config.Route
 	byName    map[string]*route
 	slots     map[string]*slot // by worker id
+	byPID     map[string]*slot // by worker actor id, for Terminated
 	pools     map[poolKey]*pool
 	models    map[string]int // live workers per served model
 	routable  int
@@ -101,6 +102,7 @@ func Props(cfg Config, opts ...actor.PropsOption) (*actor.Props, error) {
 		cfg:       cfg,
 		epoch:     1,
 		slots:     make(map[string]*slot),
+		byPID:     make(map[string]*slot),
 		pools:     make(map[poolKey]*pool),
 		models:    make(map[string]int),
 		decisions: cfg.Metrics.decisionCounters(cfg.Policy),
@@ -216,6 +218,7 @@ func (st *state) workerState(c actor.Context, m *WorkerState) {
 		s.member.ID = m.Info.ID
 		s.member.Ref = s
 		st.slots[m.Info.ID] = s
+		st.byPID[m.PID.Id] = s
 		c.Watch(m.PID)
 	}
 	if s.live && s.info.Model != "" {
@@ -288,14 +291,12 @@ func (st *state) remove(s *slot) {
 		}
 	}
 	delete(st.slots, s.info.ID)
+	delete(st.byPID, s.pid.Id)
 }
 
 func (st *state) removeByPID(pid *actor.PID) {
-	for _, s := range st.slots {
-		if s.pid.Equal(pid) {
-			st.remove(s)
-			return
-		}
+	if s := st.byPID[pid.Id]; s != nil && s.pid.Equal(pid) {
+		st.remove(s)
 	}
 }
 

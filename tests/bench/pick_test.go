@@ -33,10 +33,16 @@ func reportPercentiles(b *testing.B, samples []time.Duration) {
 
 // BenchmarkPolicyPick is the router's own work for one pick: the policy's choice plus the
 // reservation (SetLoad), with requests completing so loads stay in a steady state.
+// Capacities come in three classes (512, 768, 1024 blocks: a mixed fleet); the
+// "weighted-distinct" case gives every worker its own capacity, weighted's worst case.
 func BenchmarkPolicyPick(b *testing.B) {
-	for _, name := range policy.Names() {
+	for _, variant := range append(policy.Names(), "weighted-distinct") {
+		name, capacity := variant, func(i int) int64 { return int64(512 + i%3*256) }
+		if variant == "weighted-distinct" {
+			name, capacity = "weighted", func(i int) int64 { return int64(1000 + i) }
+		}
 		for _, n := range sizes {
-			b.Run(fmt.Sprintf("%s/workers=%d", name, n), func(b *testing.B) {
+			b.Run(fmt.Sprintf("%s/workers=%d", variant, n), func(b *testing.B) {
 				p, err := policy.New(name, policy.Options{})
 				if err != nil {
 					b.Fatal(err)
@@ -44,7 +50,7 @@ func BenchmarkPolicyPick(b *testing.B) {
 				members := make([]policy.Member, n)
 				for i := range members {
 					members[i].ID = fmt.Sprintf("worker-%04d", i)
-					p.Add(&members[i], int64(i%7), int64(512+i%3*256))
+					p.Add(&members[i], int64(i%7), capacity(i))
 				}
 				// A ring of in-flight picks: each pick adds load, the pick 2n earlier completes.
 				inflight := make([]*policy.Member, 2*n)

@@ -48,8 +48,9 @@ type Member struct {
 	load   int64
 	weight int64
 
-	pos     int   // least_outstanding: position in the heap
-	current int64 // weighted: the smooth round robin counter
+	pos   int     // position in the policy's heap; affinity: 1 while on the ring
+	key   int64   // weighted: the lazy round robin counter (see Weighted)
+	class *wclass // weighted: the member's weight class
 }
 
 // Load is the member's load as last set (R2: in flight + reported queue depth).

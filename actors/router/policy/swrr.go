@@ -1,7 +1,6 @@
 package policy
 
 import (
-	"cmp"
 	"math"
 	"slices"
 )
@@ -10,25 +9,55 @@ import (
 // pick adds each member's weight to its counter, takes the largest counter and subtracts the
 // total weight from it. Weights 3 (big) and 1 (small) give big, big, small, big, repeating.
 // Ties go to the larger weight, then the smaller id, so the sequence does not depend on names.
-// A weight below 1 (an engine that reports no capacity) counts as 1, so it still gets a share.
+// Excluded members neither gain nor lose credit in a round. A weight below 1 (an engine that
+// reports no capacity) counts as 1, so it still gets a share.
 //
-// A pick is one pass over the members. The sequence is defined by every member's counter, so
-// no sub-linear index reproduces it exactly; the pass runs over a contiguous array (counter,
-// weight, member) kept in tie-break order, so it compares only integers.
+// The counters are kept lazily so a pick need not touch every member. After R rounds a
+// member's counter is key + w·R, where key changes only when the member is picked (−total)
+// or excluded (−w). Members of equal weight therefore keep their relative order as rounds
+// pass, so each weight class is a max-heap on key, and a pick compares only the class heads:
+// O(d + log n) for d distinct capacities (a fleet has a handful), the exact sequence of the
+// definition.
 type Weighted struct {
-	ents []swrrEntry
+	classes []*wclass // by weight, descending: the tie-break order across classes
+	heads   []head    // classes[i]'s weight and head key, contiguous for the pick's scan
+	byID    map[string]*Member
+	rounds  int64
+	sumW    int64
+	maxW    int64
 }
 
-type swrrEntry struct {
-	cur int64
+type wclass struct {
 	w   int64
-	m   *Member
+	h   mheap
+	idx int // position in classes and heads
+}
+
+type head struct {
+	w, key int64
+}
+
+// syncHead refreshes the cached head key of c after its heap changed.
+func (p *Weighted) syncHead(c *wclass) {
+	if c.h.len() > 0 {
+		p.heads[c.idx] = head{w: c.w, key: c.h.items[0].key}
+	}
+}
+
+// reindex renumbers the classes and rebuilds the head cache (a class came or went).
+func (p *Weighted) reindex() {
+	p.heads = p.heads[:0]
+	for i, c := range p.classes {
+		c.idx = i
+		p.heads = append(p.heads, head{w: c.w})
+		p.syncHead(c)
+	}
 }
 
 var _ Policy = (*Weighted)(nil)
 
 // NewWeighted returns an empty weighted policy.
-func NewWeighted() *Weighted { return &Weighted{} }
+func NewWeighted() *Weighted { return &Weighted{byID: make(map[string]*Member)} }
 
 func effWeight(w int64) int64 {
 	if w < 1 {
@@ -37,88 +66,144 @@ func effWeight(w int64) int64 {
 	return w
 }
 
+// byKey orders a class heap: larger counter first, ties to the smaller id.
+func byKey(a, b *Member) bool {
+	if a.key != b.key {
+		return a.key > b.key
+	}
+	return a.ID < b.ID
+}
+
 // Add implements Policy. A joining member starts with a zero counter.
 func (p *Weighted) Add(m *Member, load, weight int64) {
 	m.load, m.weight = load, weight
-	p.insert(swrrEntry{w: effWeight(weight), m: m})
+	p.insert(m, 0)
 }
 
-// insert keeps ents ordered by (weight desc, id asc), so a pick resolves counter ties by
-// position and compares only integers.
-func (p *Weighted) insert(e swrrEntry) {
-	i, _ := slices.BinarySearchFunc(p.ents, e, func(a, b swrrEntry) int {
-		if a.w != b.w {
-			return cmp.Compare(b.w, a.w)
+// insert files m under its effective weight with counter cur.
+func (p *Weighted) insert(m *Member, cur int64) {
+	w := effWeight(m.weight)
+	i, found := slices.BinarySearchFunc(p.classes, w, func(c *wclass, w int64) int {
+		switch {
+		case c.w > w:
+			return -1
+		case c.w < w:
+			return 1
 		}
-		return cmp.Compare(a.m.ID, b.m.ID)
+		return 0
 	})
-	p.ents = slices.Insert(p.ents, i, e)
-	p.renumber(i)
-}
-
-func (p *Weighted) renumber(from int) {
-	for j := from; j < len(p.ents); j++ {
-		p.ents[j].m.pos = j
+	if !found {
+		p.classes = slices.Insert(p.classes, i, &wclass{w: w, h: mheap{less: byKey}})
+		p.reindex()
 	}
+	c := p.classes[i]
+	if w > p.maxW {
+		p.maxW = w
+		p.renormalizeIfNeeded()
+	}
+	m.class = c
+	m.key = cur - w*p.rounds
+	c.h.push(m)
+	p.syncHead(c)
+	p.sumW += w
+	p.byID[m.ID] = m
 }
 
 // Remove implements Policy.
 func (p *Weighted) Remove(m *Member) {
-	i := m.pos
-	if i < 0 || i >= len(p.ents) || p.ents[i].m != m {
+	c := m.class
+	if c == nil || !c.h.remove(m) {
 		return
 	}
-	p.ents = slices.Delete(p.ents, i, i+1)
-	p.renumber(i)
-	m.pos = -1
+	m.class = nil
+	p.sumW -= c.w
+	delete(p.byID, m.ID)
+	if c.h.len() == 0 {
+		p.classes = slices.Delete(p.classes, c.idx, c.idx+1)
+		p.reindex()
+	} else {
+		p.syncHead(c)
+	}
 }
 
 // SetLoad implements Policy; weighted ignores load.
 func (p *Weighted) SetLoad(m *Member, load int64) { m.load = load }
 
-// SetWeight implements Policy.
+// SetWeight implements Policy. The member keeps its counter.
 func (p *Weighted) SetWeight(m *Member, weight int64) {
-	m.weight = weight
-	if i := m.pos; i >= 0 && i < len(p.ents) && p.ents[i].m == m && p.ents[i].w != effWeight(weight) {
-		e := p.ents[i]
-		p.Remove(m)
-		e.w = effWeight(weight)
-		p.insert(e)
+	c := m.class
+	if c == nil || effWeight(weight) == c.w {
+		m.weight = weight
+		return
 	}
+	cur := m.key + c.w*p.rounds
+	p.Remove(m)
+	m.weight = weight
+	p.insert(m, cur)
 }
 
 // Len implements Policy.
-func (p *Weighted) Len() int { return len(p.ents) }
+func (p *Weighted) Len() int { return len(p.byID) }
 
-// Pick implements Policy. Excluded members neither gain nor lose credit in this round.
+// Pick implements Policy.
 func (p *Weighted) Pick(_ uint64, exclude []string) (*Member, Reason) {
-	ents := p.ents
-	best, bestCur, total := -1, int64(math.MinInt64), int64(0)
-	if len(exclude) == 0 {
-		for i := range ents { // the hot loop: integers only, ties to the earlier entry
-			c := ents[i].cur + ents[i].w
-			ents[i].cur = c
-			total += ents[i].w
-			if c > bestCur {
-				best, bestCur = i, c
-			}
-		}
-	} else {
-		for i := range ents {
-			if excluded(ents[i].m.ID, exclude) {
-				continue
-			}
-			c := ents[i].cur + ents[i].w
-			ents[i].cur = c
-			total += ents[i].w
-			if c > bestCur {
-				best, bestCur = i, c
-			}
-		}
-	}
-	if best < 0 {
+	if len(p.byID) == 0 {
 		return nil, ReasonWeighted
 	}
-	ents[best].cur -= total
-	return ents[best].m, ReasonWeighted
+	p.rounds++
+	total := p.sumW
+	for i, id := range exclude {
+		m := p.byID[id]
+		if m == nil || slices.Contains(exclude[:i], id) {
+			continue
+		}
+		m.key -= m.class.w // no gain this round
+		m.class.h.fix(m.pos)
+		p.syncHead(m.class)
+		total -= m.class.w
+	}
+	var best *Member
+	if len(exclude) == 0 {
+		// The hot path: one contiguous pass over the class heads, integers only.
+		bi, bestCur := -1, int64(0)
+		for i := range p.heads {
+			if cur := p.heads[i].key + p.heads[i].w*p.rounds; bi < 0 || cur > bestCur { // ties: the heavier class
+				bi, bestCur = i, cur
+			}
+		}
+		best = p.classes[bi].h.items[0]
+	} else {
+		var bestCur int64
+		for _, c := range p.classes {
+			m := c.h.best(exclude)
+			if m == nil {
+				continue
+			}
+			if cur := m.key + c.w*p.rounds; best == nil || cur > bestCur {
+				best, bestCur = m, cur
+			}
+		}
+	}
+	if best != nil {
+		best.key -= total
+		best.class.h.fix(best.pos)
+		p.syncHead(best.class)
+	}
+	p.renormalizeIfNeeded()
+	return best, ReasonWeighted
+}
+
+// renormalizeIfNeeded folds the rounds into the keys before w·rounds could overflow: every
+// member's key becomes its counter and rounds restarts at 0 (O(n), once per ~2^60/maxW picks).
+func (p *Weighted) renormalizeIfNeeded() {
+	if p.maxW == 0 || p.rounds < math.MaxInt64/4/p.maxW {
+		return
+	}
+	for _, c := range p.classes {
+		for _, m := range c.h.items {
+			m.key += c.w * p.rounds
+		}
+		p.syncHead(c)
+	}
+	p.rounds = 0
 }
