@@ -68,7 +68,8 @@ type poolKey struct {
 }
 
 type pool struct {
-	p policy.Policy
+	key poolKey
+	p   policy.Policy
 }
 
 // state survives restarts of the router actor: a panic while handling one message must not
@@ -221,10 +222,10 @@ func (st *state) workerState(c actor.Context, m *WorkerState) {
 		st.byPID[m.PID.Id] = s
 		c.Watch(m.PID)
 	}
-	if s.live && s.info.Model != "" {
-		st.models[s.info.Model]--
+	if s.live {
+		st.dropModel(s.info.Model)
 	}
-	st.leavePool(s)
+	prev := s.pool
 	s.info, s.live = m.Info, m.Live
 	if m.AcqSeen >= s.acqSeen {
 		s.reported, s.acqSeen = m.InFlight, m.AcqSeen
@@ -235,6 +236,15 @@ func (st *state) workerState(c actor.Context, m *WorkerState) {
 	if s.live {
 		st.models[s.info.Model]++
 	}
+	if prev != nil && s.routable() && prev.key == (poolKey{model: s.info.Model, role: s.info.Role}) {
+		// Still routable in the same pool (every heartbeat): update in place, so the policy
+		// keeps its state (round robin counters, ring position).
+		prev.p.SetWeight(&s.member, s.info.KVTotalBlocks)
+		prev.p.SetLoad(&s.member, s.load())
+		st.setState(s, s.stateName())
+		return
+	}
+	st.leavePool(s)
 	st.joinPool(s)
 }
 
@@ -248,7 +258,7 @@ func (st *state) joinPool(s *slot) {
 	pl := st.pools[key]
 	if pl == nil {
 		p, _ := policy.New(st.cfg.Policy, policy.Options{LoadFactor: st.cfg.LoadFactor}) // validated in Props
-		pl = &pool{p: p}
+		pl = &pool{key: key, p: p}
 		st.pools[key] = pl
 	}
 	pl.p.Add(&s.member, s.load(), s.info.KVTotalBlocks)
@@ -262,7 +272,7 @@ func (st *state) leavePool(s *slot) {
 	}
 	s.pool.p.Remove(&s.member)
 	if s.pool.p.Len() == 0 {
-		delete(st.pools, poolKey{model: s.info.Model, role: s.info.Role})
+		delete(st.pools, s.pool.key)
 	}
 	s.pool = nil
 	st.routable--
@@ -285,13 +295,18 @@ func (st *state) remove(s *slot) {
 	st.leavePool(s)
 	st.setState(s, stateNone)
 	if s.live {
-		st.models[s.info.Model]--
-		if st.models[s.info.Model] <= 0 {
-			delete(st.models, s.info.Model)
-		}
+		st.dropModel(s.info.Model)
+		s.live = false
 	}
 	delete(st.slots, s.info.ID)
 	delete(st.byPID, s.pid.Id)
+}
+
+// dropModel forgets one live worker of model.
+func (st *state) dropModel(model string) {
+	if st.models[model]--; st.models[model] <= 0 {
+		delete(st.models, model)
+	}
 }
 
 func (st *state) removeByPID(pid *actor.PID) {

@@ -35,7 +35,7 @@ const (
 type Metrics struct {
 	handle      *prometheus.HistogramVec
 	restarts    *prometheus.CounterVec
-	directives  [4]prometheus.Counter // by actor.Directive, resolved once
+	directives  [len(directiveLabels)]prometheus.Counter // by actor.Directive, resolved once
 	deadLetters prometheus.Counter
 
 	mailboxDesc, actorsDesc *prometheus.Desc

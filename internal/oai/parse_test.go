@@ -164,6 +164,7 @@ func TestParseErrors(t *testing.T) {
 		{"bad token", Chat, `{"model":x}`, `invalid JSON: unexpected character 'x' at offset 9`, ""},
 		{"trailing comma", Chat, `{"model":"m",}`, `invalid JSON: unexpected character '}' at offset 13`, ""},
 		{"trailing data", Chat, `{"model":"m"} {}`, `invalid JSON: unexpected data after the top-level value at offset 14`, ""},
+		{"stray byte", Chat, "{\"model\":\"m\"\x01}", `invalid JSON: unexpected byte 0x1 at offset 12`, ""},
 		{"single quotes", Chat, `{'model':'m'}`, `invalid JSON: unexpected character '\'' at offset 1`, ""},
 		{"bad escape", Chat, `{"model":"\x"}`, `invalid JSON: invalid escape character 'x' at offset 11`, ""},
 		{"bad unicode escape", Chat, `{"model":"\u12g4"}`, `invalid JSON: invalid \u escape at offset 14`, ""},

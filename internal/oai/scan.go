@@ -73,6 +73,9 @@ func (s *scanner) unexpected(off int) error {
 	if off >= len(s.data) {
 		return s.fail(off, "")
 	}
+	if c := s.data[off]; c < 0x20 || c >= 0x7f {
+		return s.fail(off, "unexpected byte 0x"+strconv.FormatUint(uint64(c), 16))
+	}
 	return s.fail(off, "unexpected character "+strconv.QuoteRune(rune(s.data[off])))
 }
 
