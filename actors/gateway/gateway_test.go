@@ -77,6 +77,12 @@ func TestWeightedByCapacity(t *testing.T) {
 	var got []string
 	for i := 0; i < 8; i++ {
 		got = append(got, h.MustPick("smol"))
+		if i == 4 {
+			// Heartbeats in the middle of the sequence update the workers in place: the
+			// round robin counters carry on.
+			h.Beat(small)
+			h.Beat(big)
+		}
 	}
 	want := []string{"b-big", "b-big", "a-small", "b-big", "b-big", "b-big", "a-small", "b-big"}
 	if !slices.Equal(got, want) {

@@ -51,6 +51,7 @@ type Member struct {
 	pos   int     // position in the policy's heap; affinity: 1 while on the ring
 	key   int64   // weighted: the lazy round robin counter (see Weighted)
 	class *wclass // weighted: the member's weight class
+	gen   uint32  // affinity: which of its ring points are current
 }
 
 // Load is the member's load as last set (R2: in flight + reported queue depth).

@@ -203,14 +203,16 @@ func TestAffinityMembershipChanges(t *testing.T) {
 	a, b := &Member{ID: "a"}, &Member{ID: "b"}
 	p.Add(a, 2, 1)
 	p.Add(b, 3, 1)
-	if p.Len() != 2 || p.total != 5 || len(p.ring) != 64 {
-		t.Fatalf("len %d total %d ring %d", p.Len(), p.total, len(p.ring))
+	p.settle()
+	if p.Len() != 2 || p.total != 5 || len(p.ring) != 64 || len(p.pending) != 0 {
+		t.Fatalf("len %d total %d ring %d pending %d", p.Len(), p.total, len(p.ring), len(p.pending))
 	}
 	if !slices.IsSortedFunc(p.ring, cmpPoint) {
 		t.Fatal("ring not sorted after merge")
 	}
 	p.Remove(a)
 	p.Remove(a)
+	p.settle()
 	if p.Len() != 1 || p.total != 3 || len(p.ring) != 32 {
 		t.Fatalf("after remove: len %d total %d ring %d", p.Len(), p.total, len(p.ring))
 	}
@@ -219,10 +221,109 @@ func TestAffinityMembershipChanges(t *testing.T) {
 			t.Fatal("only b remains")
 		}
 	}
+	// Removed and re-added before any pick: one set of points, not two.
+	p.Add(a, 0, 1)
+	p.Remove(a)
+	p.Add(a, 0, 1)
+	p.settle()
+	live := 0
+	for _, pt := range p.ring {
+		if pt.live() && pt.m == a {
+			live++
+		}
+	}
+	if live != 32 {
+		t.Fatalf("a has %d live points, want 32", live)
+	}
+	p.Remove(a)
 	p.Remove(b)
 	if m, _ := p.Pick(1, nil); m != nil {
 		t.Fatal("empty ring picked something")
 	}
+}
+
+// refAffinity is R3.3 from scratch: build the ring of the live members, walk it.
+func refAffinity(ms []*Member, in map[*Member]bool, c float64, vnodes int, key uint64, exclude []string) *Member {
+	var ring []point
+	var total int64
+	n := 0
+	for _, m := range ms {
+		if !in[m] {
+			continue
+		}
+		n++
+		total += m.load
+		for i := 0; i < vnodes; i++ {
+			ring = append(ring, point{hash: pointHash(m.ID, i), m: m})
+		}
+	}
+	if n == 0 {
+		return nil
+	}
+	slices.SortFunc(ring, cmpPoint)
+	limit := int64(math.Ceil(c * float64(total+1) / float64(n)))
+	start, _ := slices.BinarySearchFunc(ring, key, func(pt point, k uint64) int { return cmpUint(pt.hash, k) })
+	var fallback *Member
+	for s := 0; s < len(ring); s++ {
+		m := ring[(start+s)%len(ring)].m
+		if excluded(m.ID, exclude) {
+			continue
+		}
+		if m.load < limit {
+			return m
+		}
+		if fallback == nil || less(m, fallback) {
+			fallback = m
+		}
+	}
+	return fallback
+}
+
+func cmpUint(a, b uint64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+func TestAffinityMatchesDefinition(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		n := rapid.IntRange(1, 10).Draw(t, "n")
+		ms := make([]*Member, n)
+		for i := range ms {
+			ms[i] = &Member{ID: fmt.Sprintf("m%d", i)}
+		}
+		p := NewAffinity(1.25, 8)
+		in := map[*Member]bool{}
+		for step := rapid.IntRange(1, 200).Draw(t, "steps"); step > 0; step-- {
+			m := ms[rapid.IntRange(0, n-1).Draw(t, "m")]
+			switch rapid.IntRange(0, 4).Draw(t, "op") {
+			case 0:
+				if !in[m] {
+					p.Add(m, rapid.Int64Range(0, 5).Draw(t, "load"), 1)
+					in[m] = true
+				}
+			case 1:
+				p.Remove(m)
+				delete(in, m)
+			case 2:
+				p.SetLoad(m, rapid.Int64Range(0, 5).Draw(t, "load"))
+			default:
+				var exclude []string
+				if rapid.Bool().Draw(t, "ex") {
+					exclude = append(exclude, ms[rapid.IntRange(0, n-1).Draw(t, "x")].ID)
+				}
+				key := rapid.Uint64().Draw(t, "key")
+				got, _ := p.Pick(key, exclude)
+				if want := refAffinity(ms, in, 1.25, 8, key, exclude); got != want {
+					t.Fatalf("pick = %v, want %v", got, want)
+				}
+			}
+		}
+	})
 }
 
 func TestNewByName(t *testing.T) {
