@@ -90,14 +90,14 @@ backends = [{ model = "smol-v3", weight = 1 }]
 key = "sk-e2e"
 scopes = ["inference", "admin", "debug"]
 `)
-	ack := heartbeat(t, p.grpcAddr, &controlv1.WorkerStatus{
+	ack := heartbeat(t, p.GRPCAddr, &controlv1.WorkerStatus{
 		WorkerId: "engine-1", Model: "smol-v3", Role: controlv1.Role_ROLE_UNIFIED,
 		HttpAddress: strings.TrimPrefix(engine.URL, "http://"), KvTotalBlocks: 64, KvFreeBlocks: 64,
 	})
 	if ack.GetEpoch() != 1 || ack.GetHeartbeatIntervalMs() != 2000 {
 		t.Fatalf("ack %v", ack)
 	}
-	base := "http://" + p.httpAddr
+	base := "http://" + p.HTTPAddr
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		resp, err := http.Get(base + "/readyz")
@@ -108,7 +108,7 @@ scopes = ["inference", "admin", "debug"]
 			}
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("never ready\n%s", p.logs())
+			t.Fatalf("never ready\n%s", p.Logs())
 		}
 		tick := time.NewTimer(10 * time.Millisecond)
 		<-tick.C
@@ -169,17 +169,16 @@ scopes = ["inference", "admin", "debug"]
 	}
 
 	// Graceful shutdown on SIGTERM: exit code 0.
-	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+	if err := p.Cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
 	select {
-	case err := <-p.done:
-		if err != nil {
-			t.Fatalf("exit: %v\n%s", err, p.logs())
+	case <-p.Exited():
+		if err := p.Err(); err != nil {
+			t.Fatalf("exit: %v\n%s", err, p.Logs())
 		}
-		p.done <- nil // for the cleanup
 	case <-time.After(10 * time.Second):
-		t.Fatalf("tlgw did not stop on SIGTERM\n%s", p.logs())
+		t.Fatalf("tlgw did not stop on SIGTERM\n%s", p.Logs())
 	}
 }
 

@@ -1,0 +1,144 @@
+// Package proctest runs tlgw binaries as processes for end-to-end tests and benchmarks:
+// build once, start with a config, wait for the listening line, stop on cleanup.
+package proctest
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Build compiles the main package pkg into dir and returns the binary's path.
+func Build(dir, pkg string) (string, error) {
+	bin := filepath.Join(dir, filepath.Base(pkg))
+	cmd := exec.Command("go", "build", "-o", bin, pkg)
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Run(); err != nil {
+		return "", fmt.Errorf("building %s: %w", pkg, err)
+	}
+	return bin, nil
+}
+
+// Proc is a running tlgw process.
+type Proc struct {
+	Cmd      *exec.Cmd
+	HTTPAddr string
+	GRPCAddr string
+
+	exited  chan struct{} // closed when the process has exited
+	exitErr error         // set before exited is closed
+
+	mu     sync.Mutex
+	stderr strings.Builder
+}
+
+// Exited is closed once the process has exited; Err then tells how.
+func (p *Proc) Exited() <-chan struct{} { return p.exited }
+
+// Err is the process's exit error (nil for exit code 0), valid once Exited is closed.
+func (p *Proc) Err() error { return p.exitErr }
+
+// Logs returns what the process wrote to stderr so far.
+func (p *Proc) Logs() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.stderr.String()
+}
+
+var listening = regexp.MustCompile(`^tlgw listening http=(\S+) registry=(\S+)$`)
+
+// StartTLGW runs `bin serve --config` with the given TOML and waits for its listening line.
+// The process is stopped (SIGTERM, then SIGKILL after 10 s) when the test ends.
+func StartTLGW(t testing.TB, bin, toml string) *Proc {
+	t.Helper()
+	cfg := filepath.Join(t.TempDir(), "tlgw.toml")
+	if err := os.WriteFile(cfg, []byte(toml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p := &Proc{Cmd: exec.Command(bin, "serve", "--config", cfg), exited: make(chan struct{})}
+	stdout, err := p.Cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stderr, err := p.Cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		b, _ := io.ReadAll(stderr)
+		p.mu.Lock()
+		p.stderr.Write(b)
+		p.mu.Unlock()
+	}()
+	addrs := make(chan [2]string, 1)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			if m := listening.FindStringSubmatch(sc.Text()); m != nil {
+				addrs <- [2]string{m[1], m[2]}
+			}
+		}
+	}()
+	go func() {
+		p.exitErr = p.Cmd.Wait()
+		close(p.exited)
+	}()
+	waitExit := func(d time.Duration) bool {
+		select {
+		case <-p.exited:
+			return true
+		case <-time.After(d):
+			return false
+		}
+	}
+	t.Cleanup(func() {
+		_ = p.Cmd.Process.Signal(syscall.SIGTERM)
+		if !waitExit(10 * time.Second) {
+			_ = p.Cmd.Process.Kill()
+			waitExit(10 * time.Second)
+		}
+	})
+	select {
+	case a := <-addrs:
+		p.HTTPAddr, p.GRPCAddr = a[0], a[1]
+	case <-p.exited:
+		t.Fatalf("tlgw exited before listening: %v\n%s", p.exitErr, p.Logs())
+	case <-time.After(20 * time.Second):
+		t.Fatalf("tlgw did not print its listening line\n%s", p.Logs())
+	}
+	return p
+}
+
+// CPUTime is the user+system CPU time the process has used, from /proc (Linux).
+func (p *Proc) CPUTime() (time.Duration, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.Cmd.Process.Pid))
+	if err != nil {
+		return 0, err
+	}
+	// Fields after the command name, which is in parentheses and may contain spaces.
+	s := string(b)
+	fields := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	if len(fields) < 13 {
+		return 0, fmt.Errorf("short /proc stat: %q", s)
+	}
+	utime, err1 := strconv.ParseInt(fields[11], 10, 64)
+	stime, err2 := strconv.ParseInt(fields[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0, fmt.Errorf("parsing /proc stat: %q", s)
+	}
+	const ticksPerSecond = 100 // USER_HZ on Linux
+	return time.Duration(utime+stime) * time.Second / ticksPerSecond, nil
+}
