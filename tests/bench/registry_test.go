@@ -106,4 +106,31 @@ func BenchmarkHeartbeatIngest(b *testing.B) {
 	per := (c1 - c0) / time.Duration(b.N)
 	b.ReportMetric(float64(per.Nanoseconds())/1000, "gateway-cpu-µs/heartbeat")
 	b.ReportMetric(float64(per)*5000/float64(time.Second)*100, "%core@10k-workers")
+
+	// The target's own scenario: every worker once per T = 2 s, paced (5,000/s) for 4 s, and
+	// the gateway's CPU over that wall time.
+	const rate, seconds = workers / 2, 4
+	c0, _ = p.CPUTime()
+	start := time.Now()
+	var wg sync.WaitGroup
+	const senders = 50 // each paces rate/senders heartbeats a second
+	for g := 0; g < senders; g++ {
+		wg.Add(1)
+		go func(g int) {
+			defer wg.Done()
+			tick := time.NewTicker(time.Second * senders / rate)
+			defer tick.Stop()
+			for i := g; i < rate*seconds; i += senders {
+				<-tick.C
+				if _, err := clients[g%conns].Heartbeat(context.Background(), status(i%workers)); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		}(g)
+	}
+	wg.Wait()
+	wall := time.Since(start)
+	c1, _ = p.CPUTime()
+	b.ReportMetric(float64(c1-c0)/float64(wall)*100, "%core-paced@5000/s")
 }
