@@ -13,10 +13,40 @@ import (
 	"os/signal"
 	"runtime/debug"
 	"syscall"
+	"time"
 
 	"github.com/tlgw/tlgw/internal/app"
 	"github.com/tlgw/tlgw/internal/config"
+	"github.com/tlgw/tlgw/internal/demo"
 )
+
+func runDemo(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	listen := fs.String("http-listen", "127.0.0.1:8080", "the gateway's HTTP address")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	d, err := demo.Start(ctx, demo.Options{HTTPListen: *listen, Logger: log})
+	if err != nil {
+		fmt.Fprintf(stderr, "tlgw demo: %v\n", err)
+		return 1
+	}
+	fmt.Fprintf(stdout, "tlgw listening http=%s registry=%s\n\n", d.App.HTTPAddr, d.App.GRPCAddr)
+	fmt.Fprint(stdout, demo.Banner(d.App.HTTPAddr))
+	select {
+	case <-ctx.Done():
+	case err := <-d.App.Err():
+		log.Error("listener failed", "err", err)
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	d.Stop(sctx)
+	return 0
+}
 
 // version is set at build time with -ldflags "-X main.version=…"; otherwise the module
 // version recorded in the binary, or "devel".
@@ -27,8 +57,9 @@ func main() {
 }
 
 const usage = `usage:
-  tlgw serve --config FILE   run the gateway
-  tlgw version               print the version
+  tlgw demo [--http-listen ADDR]   the gateway plus simulated engines on loopback (default 127.0.0.1:8080)
+  tlgw serve --config FILE         run the gateway
+  tlgw version                     print the version
 `
 
 func run(args []string, stdout, stderr io.Writer) int {
@@ -39,6 +70,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	switch args[0] {
 	case "serve":
 		return serve(args[1:], stdout, stderr)
+	case "demo":
+		return runDemo(args[1:], stdout, stderr)
 	case "version":
 		fmt.Fprintln(stdout, "tlgw", versionString())
 		return 0

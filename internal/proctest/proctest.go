@@ -1,4 +1,4 @@
-// Package proctest runs tlgw binaries as processes for end-to-end tests and benchmarks:
+// Package proctest runs tlgw and tlengine binaries as processes for end-to-end tests and benchmarks:
 // build once, start with a config, wait for the listening line, stop on cleanup.
 package proctest
 
@@ -29,11 +29,12 @@ func Build(dir, pkg string) (string, error) {
 	return bin, nil
 }
 
-// Proc is a running tlgw process.
+// Proc is a running tlgw or tlengine process.
 type Proc struct {
 	Cmd      *exec.Cmd
 	HTTPAddr string
-	GRPCAddr string
+	GRPCAddr string // tlgw: the registry; tlengine: EngineControl
+	KVAddr   string // tlengine only
 
 	exited  chan struct{} // closed when the process has exited
 	exitErr error         // set before exited is closed
@@ -55,7 +56,10 @@ func (p *Proc) Logs() string {
 	return p.stderr.String()
 }
 
-var listening = regexp.MustCompile(`^tlgw listening http=(\S+) registry=(\S+)$`)
+var (
+	tlgwLine     = regexp.MustCompile(`^tlgw listening http=(\S+) registry=(\S+)$`)
+	tlengineLine = regexp.MustCompile(`^tlengine listening http=(\S+) grpc=(\S+) kv=(\S+)$`)
+)
 
 // StartTLGW runs `bin serve --config` with the given TOML and waits for its listening line.
 // The process is stopped (SIGTERM, then SIGKILL after 10 s) when the test ends.
@@ -65,7 +69,20 @@ func StartTLGW(t testing.TB, bin, toml string) *Proc {
 	if err := os.WriteFile(cfg, []byte(toml), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	p := &Proc{Cmd: exec.Command(bin, "serve", "--config", cfg), exited: make(chan struct{})}
+	return Start(t, bin, []string{"serve", "--config", cfg})
+}
+
+// StartEngine runs tlengine with args and waits for its listening line.
+func StartEngine(t testing.TB, bin string, args ...string) *Proc {
+	t.Helper()
+	return Start(t, bin, args)
+}
+
+// Start runs bin with args and waits for a tlgw or tlengine listening line on stdout, whose
+// addresses it records. The process is stopped (SIGTERM, then SIGKILL) when the test ends.
+func Start(t testing.TB, bin string, args []string) *Proc {
+	t.Helper()
+	p := &Proc{Cmd: exec.Command(bin, args...), exited: make(chan struct{})}
 	stdout, err := p.Cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -83,12 +100,14 @@ func StartTLGW(t testing.TB, bin, toml string) *Proc {
 		p.stderr.Write(b)
 		p.mu.Unlock()
 	}()
-	addrs := make(chan [2]string, 1)
+	addrs := make(chan []string, 1)
 	go func() {
 		sc := bufio.NewScanner(stdout)
 		for sc.Scan() {
-			if m := listening.FindStringSubmatch(sc.Text()); m != nil {
-				addrs <- [2]string{m[1], m[2]}
+			if m := tlgwLine.FindStringSubmatch(sc.Text()); m != nil {
+				addrs <- append(m[1:], "")
+			} else if m := tlengineLine.FindStringSubmatch(sc.Text()); m != nil {
+				addrs <- m[1:]
 			}
 		}
 	}()
@@ -113,11 +132,11 @@ func StartTLGW(t testing.TB, bin, toml string) *Proc {
 	})
 	select {
 	case a := <-addrs:
-		p.HTTPAddr, p.GRPCAddr = a[0], a[1]
+		p.HTTPAddr, p.GRPCAddr, p.KVAddr = a[0], a[1], a[2]
 	case <-p.exited:
-		t.Fatalf("tlgw exited before listening: %v\n%s", p.exitErr, p.Logs())
+		t.Fatalf("process exited before listening: %v\n%s", p.exitErr, p.Logs())
 	case <-time.After(20 * time.Second):
-		t.Fatalf("tlgw did not print its listening line\n%s", p.Logs())
+		t.Fatalf("process did not print its listening line\n%s", p.Logs())
 	}
 	return p
 }

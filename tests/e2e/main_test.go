@@ -12,7 +12,7 @@ import (
 	"github.com/tlgw/tlgw/internal/proctest"
 )
 
-var tlgwBin string
+var tlgwBin, tlengineBin string
 
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "tlgw-e2e-")
@@ -21,6 +21,9 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	tlgwBin, err = proctest.Build(dir, "github.com/tlgw/tlgw/cmd/tlgw")
+	if err == nil {
+		tlengineBin, err = proctest.Build(dir, "github.com/tlgw/tlgw/cmd/tlengine")
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.RemoveAll(dir)

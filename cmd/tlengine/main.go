@@ -1,0 +1,76 @@
+// Command tlengine is the engine simulator (SPEC R12). It only wires flags to sim/engine.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/tlgw/tlgw/sim/engine"
+	"github.com/tlgw/tlgw/sim/faults"
+)
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("tlengine", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var cfg engine.Config
+	var role, gateways, fault, logLevel string
+	fs.StringVar(&cfg.ID, "id", "", "worker id (required)")
+	fs.StringVar(&cfg.Model, "model", "", "the model id this engine serves (required)")
+	fs.StringVar(&role, "role", "unified", "unified, prefill or decode")
+	fs.StringVar(&cfg.HTTPListen, "http-listen", "127.0.0.1:0", "OpenAI HTTP address (port 0: any)")
+	fs.StringVar(&cfg.GRPCListen, "grpc-listen", "127.0.0.1:0", "EngineControl gRPC address (port 0: any)")
+	fs.StringVar(&cfg.KVListen, "kv-listen", "127.0.0.1:0", "KV transfer gRPC address (port 0: any)")
+	fs.StringVar(&gateways, "gateway", "", "gateway registry addresses to heartbeat, comma-separated (empty: none)")
+	fs.IntVar(&cfg.KVBlocks, "kv-blocks", 1024, "KV blocks in the pool")
+	fs.IntVar(&cfg.BlockSize, "block-size", 16, "tokens per KV block")
+	fs.IntVar(&cfg.MaxRunning, "max-running", 256, "requests running at once; more wait in the queue")
+	fs.DurationVar(&cfg.PrefillPerToken, "prefill-per-token", 0, "prefill cost per uncached prompt token")
+	fs.DurationVar(&cfg.DecodePerToken, "decode-per-token", 0, "decode cost per generated token")
+	fs.StringVar(&fault, "fault", "none", faults.Usage)
+	fs.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	f, err := faults.Parse(fault)
+	if err != nil {
+		fmt.Fprintln(stderr, "tlengine: --fault:", err)
+		return 2
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(logLevel)); err != nil {
+		fmt.Fprintln(stderr, "tlengine: --log-level:", err)
+		return 2
+	}
+	cfg.Fault, cfg.Role = f, engine.Role(role)
+	for _, g := range strings.Split(gateways, ",") {
+		if g = strings.TrimSpace(g); g != "" {
+			cfg.Gateways = append(cfg.Gateways, g)
+		}
+	}
+	cfg.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	e, err := engine.Start(cfg)
+	if err != nil {
+		fmt.Fprintln(stderr, "tlengine:", err)
+		return 1
+	}
+	// One machine-readable line with the real addresses (port 0 resolved).
+	fmt.Fprintf(stdout, "tlengine listening http=%s grpc=%s kv=%s\n", e.HTTPAddr, e.GRPCAddr, e.KVAddr)
+	cfg.Logger.Info("tlengine serving", "id", cfg.ID, "model", cfg.Model, "role", role, "fault", f.String(),
+		"gateways", cfg.Gateways)
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	<-ctx.Done()
+	e.Close()
+	return 0
+}

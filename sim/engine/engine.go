@@ -1,0 +1,233 @@
+// Package engine is tlengine, the simulated inference engine (SPEC R12): OpenAI completions
+// and chat over HTTP with deterministic sampling, a paged KV pool with a prefix cache, a
+// running set with a queue behind it, a timing model, heartbeats to gateways, Prometheus
+// metrics, and fault switches. It behaves like an engine for the gateway's purposes; it is
+// what `tlgw demo`, the end-to-end tests and the benchmarks run.
+//
+// Concurrency: each request runs on its HTTP handler goroutine; the shared state (KV pool,
+// running set, queue) sits behind one mutex in the scheduler. The simulator is a stand-in for
+// a GPU process, not part of the gateway's actor system.
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/tlgw/tlgw/internal/clock"
+	"github.com/tlgw/tlgw/sim/faults"
+	"github.com/tlgw/tlgw/sim/kv"
+)
+
+// Role is the engine's serving role.
+type Role string
+
+// Roles (SPEC B1).
+const (
+	RoleUnified Role = "unified"
+	RolePrefill Role = "prefill"
+	RoleDecode  Role = "decode"
+)
+
+// Config is one engine's configuration (tlengine's flags).
+type Config struct {
+	ID, Model       string
+	Role            Role
+	HTTPListen      string // each accepts port 0
+	GRPCListen      string
+	KVListen        string
+	Gateways        []string // registry addresses to heartbeat; empty = none
+	KVBlocks        int      // default 1024
+	BlockSize       int      // default 16
+	MaxRunning      int      // default 256
+	PrefillPerToken time.Duration
+	DecodePerToken  time.Duration
+	Fault           faults.Fault
+	// HeartbeatInterval is T until a gateway's ack says otherwise (default 2 s).
+	HeartbeatInterval time.Duration
+	Clock             clock.Clock
+	Logger            *slog.Logger
+	// Exit ends the process for the crash-after fault (default os.Exit).
+	Exit func(code int)
+}
+
+// Engine is a running simulated engine.
+type Engine struct {
+	cfg   Config
+	sched *scheduler
+	met   *metrics
+	log   *slog.Logger
+
+	HTTPAddr string // the real bound addresses
+	GRPCAddr string
+	KVAddr   string
+	// advertisedHTTP is what heartbeats report: HTTPAddr, or a dead address under --fault refuse.
+	advertisedHTTP string
+
+	httpSrv  *http.Server
+	grpcSrv  *grpc.Server
+	kvSrv    *grpc.Server
+	draining atomic.Bool // a gateway's ack asked us to drain
+	sent     atomic.Int64
+	stop     chan struct{}
+	wg       sync.WaitGroup
+	closeMu  sync.Once
+}
+
+func (c *Config) defaults() error {
+	if c.ID == "" || c.Model == "" {
+		return errors.New("engine: --id and --model are required")
+	}
+	switch c.Role {
+	case "":
+		c.Role = RoleUnified
+	case RoleUnified, RolePrefill, RoleDecode:
+	default:
+		return fmt.Errorf("engine: --role %q: want unified, prefill or decode", c.Role)
+	}
+	if c.KVBlocks == 0 {
+		c.KVBlocks = 1024
+	}
+	if c.BlockSize == 0 {
+		c.BlockSize = 16
+	}
+	if c.MaxRunning == 0 {
+		c.MaxRunning = 256
+	}
+	if c.KVBlocks < 1 || c.BlockSize < 1 || c.MaxRunning < 1 {
+		return errors.New("engine: --kv-blocks, --block-size and --max-running must be positive")
+	}
+	if c.PrefillPerToken < 0 || c.DecodePerToken < 0 {
+		return errors.New("engine: per-token costs must not be negative")
+	}
+	if c.HeartbeatInterval <= 0 {
+		c.HeartbeatInterval = 2 * time.Second
+	}
+	if c.HTTPListen == "" {
+		c.HTTPListen = "127.0.0.1:0"
+	}
+	if c.GRPCListen == "" {
+		c.GRPCListen = "127.0.0.1:0"
+	}
+	if c.KVListen == "" {
+		c.KVListen = "127.0.0.1:0"
+	}
+	if c.Clock == nil {
+		c.Clock = clock.Real{}
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if c.Exit == nil {
+		c.Exit = os.Exit
+	}
+	return nil
+}
+
+// Start binds the three listeners, starts serving and heartbeating.
+func Start(cfg Config) (*Engine, error) {
+	if err := cfg.defaults(); err != nil {
+		return nil, err
+	}
+	e := &Engine{
+		cfg:   cfg,
+		sched: newScheduler(kv.NewPool(cfg.KVBlocks, cfg.BlockSize), cfg.MaxRunning),
+		log:   cfg.Logger.With("engine", cfg.ID),
+		stop:  make(chan struct{}),
+	}
+	e.met = newMetrics(e)
+	var lis [3]net.Listener
+	for i, addr := range []string{cfg.HTTPListen, cfg.GRPCListen, cfg.KVListen} {
+		l, err := net.Listen("tcp", addr)
+		if err != nil {
+			for _, open := range lis[:i] {
+				open.Close()
+			}
+			return nil, fmt.Errorf("engine: listen %s: %w", addr, err)
+		}
+		lis[i] = l
+	}
+	e.HTTPAddr, e.GRPCAddr, e.KVAddr = lis[0].Addr().String(), lis[1].Addr().String(), lis[2].Addr().String()
+	e.advertisedHTTP = e.HTTPAddr
+	if cfg.Fault.Kind == faults.Refuse {
+		dead, err := deadAddress()
+		if err != nil {
+			for _, l := range lis {
+				l.Close()
+			}
+			return nil, err
+		}
+		e.advertisedHTTP = dead
+	}
+
+	e.httpSrv = &http.Server{Handler: e.routes(), ReadHeaderTimeout: 10 * time.Second}
+	// EngineControl (Prefill) and KvTransferService (Push, Release) arrive with disaggregated
+	// serving; until then both gRPC listeners serve the health service, so the addresses the
+	// heartbeats advertise are real and answer.
+	e.grpcSrv, e.kvSrv = grpc.NewServer(), grpc.NewServer()
+	for _, s := range []*grpc.Server{e.grpcSrv, e.kvSrv} {
+		hs := health.NewServer()
+		healthpb.RegisterHealthServer(s, hs)
+	}
+	e.wg.Add(3)
+	go func() { defer e.wg.Done(); _ = e.httpSrv.Serve(lis[0]) }()
+	go func() { defer e.wg.Done(); _ = e.grpcSrv.Serve(lis[1]) }()
+	go func() { defer e.wg.Done(); _ = e.kvSrv.Serve(lis[2]) }()
+	if len(cfg.Gateways) > 0 && cfg.Fault.Kind != faults.NoHeartbeat {
+		e.startHeartbeats()
+	}
+	return e, nil
+}
+
+// deadAddress returns a loopback address nobody listens on (bound, then closed).
+func deadAddress() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	addr := l.Addr().String()
+	return addr, l.Close()
+}
+
+// Close stops heartbeating and serving; in-flight requests are cut.
+func (e *Engine) Close() {
+	e.closeMu.Do(func() {
+		close(e.stop)
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		defer cancel()
+		if err := e.httpSrv.Shutdown(ctx); err != nil {
+			_ = e.httpSrv.Close()
+		}
+		e.grpcSrv.Stop()
+		e.kvSrv.Stop()
+		e.wg.Wait()
+	})
+}
+
+// Status is what the engine reports in a heartbeat.
+type Status struct {
+	QueueDepth, Running, KVFreeBlocks, KVTotalBlocks int
+	Draining                                         bool
+}
+
+// Status reads the live values.
+func (e *Engine) Status() Status {
+	st := e.sched.status()
+	return Status{
+		QueueDepth: st.queued, Running: st.running, KVFreeBlocks: st.kv.FreeBlocks,
+		KVTotalBlocks: st.kv.TotalBlocks,
+		Draining:      e.cfg.Fault.Kind == faults.Draining || e.draining.Load(),
+	}
+}

@@ -1,0 +1,409 @@
+package engine
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/tlgw/tlgw/sim/faults"
+	"github.com/tlgw/tlgw/sim/sampler"
+)
+
+// maxBody bounds a request body the engine reads.
+const maxBody = 8 << 20
+
+var reqSeq atomic.Uint64
+
+func (e *Engine) routes() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/completions", func(w http.ResponseWriter, r *http.Request) { e.serveInference(w, r, false) })
+	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { e.serveInference(w, r, true) })
+	mux.HandleFunc("POST /v1/tokenize", e.serveTokenize)
+	mux.HandleFunc("GET /v1/models", e.serveModels)
+	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
+	mux.Handle("GET /metrics", e.met.handler())
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeAPIError(w, &apiError{status: 404, typ: "invalid_request_error", code: "not_found", msg: "no route for " + r.Method + " " + r.URL.Path})
+	})
+	return mux
+}
+
+func writeAPIError(w http.ResponseWriter, err error) {
+	var ae *apiError
+	if !errors.As(err, &ae) {
+		ae = &apiError{status: 500, typ: "server_error", code: "internal_error", msg: err.Error()}
+	}
+	body, _ := json.Marshal(map[string]any{"error": map[string]string{"message": ae.msg, "type": ae.typ, "code": ae.code}})
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(ae.status)
+	_, _ = w.Write(body)
+}
+
+func readBody(r *http.Request) ([]byte, error) {
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
+	if err != nil {
+		return nil, badRequest("reading the body: %v", err)
+	}
+	if len(body) > maxBody {
+		return nil, &apiError{status: 413, typ: "invalid_request_error", code: "request_too_large", msg: "the request body is too large"}
+	}
+	return body, nil
+}
+
+func (e *Engine) serveModels(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(map[string]any{"object": "list", "data": []map[string]any{
+		{"id": e.cfg.Model, "object": "model", "created": 0, "owned_by": "tlengine"},
+	}})
+}
+
+// serveTokenize answers POST /v1/tokenize like vLLM: {"count","max_model_len","tokens"}.
+// The body has "prompt" (completions) or "messages" (chat, rendered through the template).
+func (e *Engine) serveTokenize(w http.ResponseWriter, r *http.Request) {
+	body, err := readBody(r)
+	if err != nil {
+		e.met.request("tokenize", err)
+		writeAPIError(w, err)
+		return
+	}
+	var probe struct {
+		Messages json.RawMessage `json:"messages"`
+	}
+	_ = json.Unmarshal(body, &probe)
+	// A tokenize body is a completions or chat body without sampling fields; the same parser
+	// checks it (model, prompt or messages) with the sampling defaults.
+	req, err := parseRequest(body, len(bytes.TrimSpace(probe.Messages)) > 0, e.cfg.Model)
+	if err != nil {
+		e.met.request("tokenize", err)
+		writeAPIError(w, err)
+		return
+	}
+	ids := sampler.Tokenize(req.prompt)
+	e.met.request("tokenize", nil)
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(map[string]any{
+		"count": len(ids), "max_model_len": e.cfg.KVBlocks * e.cfg.BlockSize, "tokens": ids,
+	})
+}
+
+func randomSeed() uint64 {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return binary.LittleEndian.Uint64(b[:]) >> 1 // non-negative as a JSON int64
+}
+
+// serveInference runs one completions or chat request through the scheduler.
+func (e *Engine) serveInference(w http.ResponseWriter, r *http.Request, chat bool) {
+	endpoint := "completions"
+	if chat {
+		endpoint = "chat"
+	}
+	body, err := readBody(r)
+	if err == nil && e.cfg.Fault.Kind == faults.Unavailable {
+		err = &apiError{status: 503, typ: "service_unavailable", code: "engine_unavailable", msg: "the engine is unavailable (fault 503)"}
+	}
+	var req *request
+	if err == nil {
+		req, err = parseRequest(body, chat, e.cfg.Model)
+	}
+	if err == nil {
+		if h := r.Header.Get("X-TL-KV-Handle"); h != "" {
+			// Disaggregated decode resumes from pushed KV; no handle is held until that lands.
+			err = &apiError{status: 404, typ: "invalid_request_error", code: "kv_handle_not_found",
+				msg: fmt.Sprintf("no KV handle %q is held on this engine", h)}
+		}
+	}
+	if err != nil {
+		e.met.request(endpoint, err)
+		writeAPIError(w, err)
+		return
+	}
+	if !req.seeded {
+		req.params.Seed = randomSeed()
+	}
+	if e.cfg.Fault.Kind == faults.Stall {
+		select { // accepted, never answered
+		case <-r.Context().Done():
+		case <-e.stop:
+		}
+		e.met.request(endpoint, context.Canceled)
+		return
+	}
+	run := &run{e: e, w: w, r: r, req: req, id: fmt.Sprintf("%s-%s-%d", endpoint, e.cfg.ID, reqSeq.Add(1)), created: time.Now().Unix()}
+	err = run.execute()
+	e.met.request(endpoint, err)
+}
+
+// run is one request being served.
+type run struct {
+	e       *Engine
+	w       http.ResponseWriter
+	r       *http.Request
+	req     *request
+	id      string
+	created int64
+
+	promptTokens int
+	cached       int
+	tokens       []sampler.Token
+	finish       string
+	streamed     int // tokens written to the client
+}
+
+// wait sleeps d on the engine's clock, or returns early when the client leaves.
+func (x *run) wait(d time.Duration) error {
+	if d <= 0 {
+		return nil
+	}
+	done := make(chan struct{})
+	t := x.e.cfg.Clock.AfterFunc(d, func() { close(done) })
+	select {
+	case <-done:
+		return nil
+	case <-x.r.Context().Done():
+		t.Stop()
+		return x.r.Context().Err()
+	case <-x.e.stop:
+		t.Stop()
+		return errors.New("engine stopping")
+	}
+}
+
+func (x *run) execute() error {
+	e, ctx := x.e, x.r.Context()
+	prompt := sampler.Tokenize(x.req.prompt)
+	x.promptTokens = len(prompt)
+	seq, cached, err := e.sched.admit(ctx, prompt, e.cfg.BlockSize)
+	if err != nil {
+		if errors.Is(err, errTooLong) {
+			err = badRequest("%v (%d tokens)", err, len(prompt))
+		}
+		if ctx.Err() == nil {
+			writeAPIError(x.w, err)
+		}
+		return err
+	}
+	defer e.sched.release(seq)
+	x.cached = cached
+	if err := x.wait(time.Duration(len(prompt)-cached) * e.cfg.PrefillPerToken); err != nil {
+		return err
+	}
+	gen := sampler.NewGenerator(x.req.model, prompt, x.req.params)
+	if x.req.stream {
+		x.startStream()
+	}
+	for {
+		tok, finish, ok := gen.Next()
+		if !ok {
+			x.finish = finish
+			break
+		}
+		if err := e.sched.appendToken(seq, tok.ID); err != nil {
+			x.finish = "length" // the KV pool is full: stop here, as an engine out of blocks would
+			break
+		}
+		x.tokens = append(x.tokens, tok)
+		if x.req.stream {
+			if err := x.streamToken(tok); err != nil {
+				return err
+			}
+		}
+		if err := x.faultAfterToken(); err != nil {
+			return err
+		}
+		if err := x.wait(e.cfg.DecodePerToken); err != nil {
+			return err
+		}
+	}
+	if x.req.stream {
+		return x.endStream()
+	}
+	return x.writeJSON()
+}
+
+// errCut marks a response the cut-after fault broke off.
+var errCut = errors.New("response cut by fault")
+
+// faultAfterToken applies cut-after and crash-after once a token is produced.
+func (x *run) faultAfterToken() error {
+	f := x.e.cfg.Fault
+	switch f.Kind {
+	case faults.CutAfter:
+		if len(x.tokens) >= f.N {
+			x.cut()
+			return errCut
+		}
+	case faults.CrashAfter:
+		if x.e.sent.Add(1) >= int64(f.N) {
+			if x.req.stream {
+				_ = http.NewResponseController(x.w).Flush()
+			}
+			x.e.log.Error("crash-after fault: exiting", "tokens", f.N)
+			x.e.cfg.Exit(3)
+		}
+	}
+	return nil
+}
+
+// cut breaks the connection off mid-answer: a streamed answer after the tokens sent so far,
+// a JSON answer after its headers and part of its body.
+func (x *run) cut() {
+	rc := http.NewResponseController(x.w)
+	if !x.req.stream {
+		x.w.Header().Set("Content-Type", "application/json")
+		x.w.Header().Set("Content-Length", "4096")
+		x.w.WriteHeader(http.StatusOK)
+		_, _ = x.w.Write([]byte(`{"id":"` + x.id + `","choices":[`))
+	}
+	_ = rc.Flush()
+	if conn, _, err := rc.Hijack(); err == nil {
+		_ = conn.Close()
+	}
+}
+
+func (x *run) usage() map[string]int {
+	return map[string]int{"prompt_tokens": x.promptTokens, "completion_tokens": len(x.tokens),
+		"total_tokens": x.promptTokens + len(x.tokens)}
+}
+
+func (x *run) text() string {
+	var b bytes.Buffer
+	for _, t := range x.tokens {
+		b.WriteString(t.Text)
+	}
+	return b.String()
+}
+
+func (x *run) startStream() {
+	h := x.w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-cache")
+	x.w.WriteHeader(http.StatusOK)
+	if x.req.chat {
+		_ = x.event(x.chatChunk(map[string]any{"role": "assistant", "content": ""}, nil, nil))
+		return
+	}
+	_ = http.NewResponseController(x.w).Flush()
+}
+
+func (x *run) event(v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	buf := make([]byte, 0, len(b)+8)
+	buf = append(append(append(buf, "data: "...), b...), "\n\n"...)
+	if _, err := x.w.Write(buf); err != nil {
+		return err
+	}
+	return http.NewResponseController(x.w).Flush()
+}
+
+func (x *run) chatChunk(delta map[string]any, lp any, finish any) map[string]any {
+	return map[string]any{"id": x.id, "object": "chat.completion.chunk", "created": x.created, "model": x.req.model,
+		"choices": []map[string]any{{"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}}}
+}
+
+func (x *run) completionChunk(text string, lp any, finish any) map[string]any {
+	return map[string]any{"id": x.id, "object": "text_completion", "created": x.created, "model": x.req.model,
+		"choices": []map[string]any{{"index": 0, "text": text, "logprobs": lp, "finish_reason": finish}}}
+}
+
+func (x *run) streamToken(tok sampler.Token) error {
+	x.streamed++
+	if x.req.chat {
+		var lp any
+		if x.req.logprobs {
+			lp = map[string]any{"content": []any{chatLogprob(tok)}}
+		}
+		return x.event(x.chatChunk(map[string]any{"content": tok.Text}, lp, nil))
+	}
+	var lp any
+	if x.req.logprobs {
+		lp = completionLogprobs([]sampler.Token{tok}, 0)
+	}
+	return x.event(x.completionChunk(tok.Text, lp, nil))
+}
+
+func (x *run) endStream() error {
+	var last map[string]any
+	if x.req.chat {
+		last = x.chatChunk(map[string]any{}, nil, x.finish)
+	} else {
+		last = x.completionChunk("", nil, x.finish)
+	}
+	if err := x.event(last); err != nil {
+		return err
+	}
+	if x.req.includeUsage {
+		u := map[string]any{"id": x.id, "object": last["object"], "created": x.created, "model": x.req.model,
+			"choices": []any{}, "usage": x.usage()}
+		if err := x.event(u); err != nil {
+			return err
+		}
+	}
+	if _, err := x.w.Write([]byte("data: [DONE]\n\n")); err != nil {
+		return err
+	}
+	return http.NewResponseController(x.w).Flush()
+}
+
+func chatLogprob(t sampler.Token) map[string]any {
+	return map[string]any{"token": t.Text, "logprob": t.Logprob, "bytes": []byte(t.Text), "top_logprobs": []any{}}
+}
+
+// completionLogprobs is the legacy completions logprobs object.
+func completionLogprobs(toks []sampler.Token, offset int) map[string]any {
+	tokens := make([]string, len(toks))
+	lps := make([]float64, len(toks))
+	offs := make([]int, len(toks))
+	for i, t := range toks {
+		tokens[i], lps[i], offs[i] = t.Text, t.Logprob, offset
+		offset += len(t.Text)
+	}
+	return map[string]any{"tokens": tokens, "token_logprobs": lps, "top_logprobs": nil, "text_offset": offs}
+}
+
+func (x *run) writeJSON() error {
+	var resp map[string]any
+	if x.req.chat {
+		var lp any
+		if x.req.logprobs {
+			content := make([]any, len(x.tokens))
+			for i, t := range x.tokens {
+				content[i] = chatLogprob(t)
+			}
+			lp = map[string]any{"content": content}
+		}
+		resp = map[string]any{"id": x.id, "object": "chat.completion", "created": x.created, "model": x.req.model,
+			"choices": []map[string]any{{"index": 0, "message": map[string]any{"role": "assistant", "content": x.text()},
+				"logprobs": lp, "finish_reason": x.finish}},
+			"usage": x.usage()}
+	} else {
+		var lp any
+		if x.req.logprobs {
+			lp = completionLogprobs(x.tokens, 0)
+		}
+		resp = map[string]any{"id": x.id, "object": "text_completion", "created": x.created, "model": x.req.model,
+			"choices": []map[string]any{{"index": 0, "text": x.text(), "logprobs": lp, "finish_reason": x.finish}},
+			"usage":   x.usage()}
+	}
+	b, err := json.Marshal(resp)
+	if err != nil {
+		return err
+	}
+	x.w.Header().Set("Content-Type", "application/json")
+	x.w.Header().Set("Content-Length", strconv.Itoa(len(b)))
+	x.w.WriteHeader(http.StatusOK)
+	_, err = x.w.Write(b)
+	return err
+}
