@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -290,5 +291,53 @@ func TestDemoComesUp(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("demo did not stop on Ctrl-C")
+	}
+}
+
+// TestNoTruncatedStreamsUnderLoad: 64 concurrent clients stream through tlgw for a while; every
+// stream ends with data: [DONE] and carries every token (the standard ReverseProxy is known to
+// cut a fraction of POST streams; the gateway must cut none).
+func TestNoTruncatedStreamsUnderLoad(t *testing.T) {
+	f := startFleet(t, fastHeartbeats,
+		[]string{"s1", "--model", "smol", "--max-running", "1024"}, []string{"s2", "--model", "smol", "--max-running", "1024"})
+	const clients, perClient, maxTokens = 64, 8, 32
+	tr := &http.Transport{MaxIdleConnsPerHost: clients}
+	defer tr.CloseIdleConnections()
+	hc := &http.Client{Transport: tr, Timeout: 30 * time.Second}
+	var mu sync.Mutex
+	var streams, truncated, short int
+	var wg sync.WaitGroup
+	for c := 0; c < clients; c++ {
+		wg.Add(1)
+		go func(c int) {
+			defer wg.Done()
+			for i := 0; i < perClient; i++ {
+				body := fmt.Sprintf(`{"model":"smol","prompt":"client %d request %d","max_tokens":%d,"stream":true}`, c, i, maxTokens)
+				resp, err := hc.Post(f.base+"/v1/completions", "application/json", strings.NewReader(body))
+				if err != nil {
+					mu.Lock()
+					truncated++
+					mu.Unlock()
+					continue
+				}
+				b, err := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				done := err == nil && strings.HasSuffix(string(b), "data: [DONE]\n\n")
+				// maxTokens token events plus the final finish_reason chunk, unless EOS came first.
+				events := strings.Count(string(b), "data: {")
+				mu.Lock()
+				streams++
+				if !done {
+					truncated++
+				} else if events < 2 {
+					short++
+				}
+				mu.Unlock()
+			}
+		}(c)
+	}
+	wg.Wait()
+	if truncated != 0 || short != 0 || streams != clients*perClient {
+		t.Fatalf("%d streams: %d truncated, %d without tokens", streams, truncated, short)
 	}
 }
