@@ -6,6 +6,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 
 	"github.com/tlgw/tlgw/actors/router/policy"
+	"github.com/tlgw/tlgw/internal/cascade"
 	"github.com/tlgw/tlgw/internal/config"
 )
 
@@ -67,24 +68,46 @@ type LoadReport struct {
 	AcqSeen  uint64
 }
 
+// LastStep asks for a cascade route's last step (streams go straight there, R7).
+const LastStep = -1
+
 // Pick asks the router for a worker. The reply is *Picked.
 type Pick struct {
 	Model      string   // the model id the client sent (a route id, an alias or a served id)
 	RequestID  string   // draws the canary backend (R5)
 	PrefixHash uint64   // Hash64 of the prefix key (R4), for affinity
 	Exclude    []string // worker ids already tried (R6)
+	Step       int      // cascade step (0 = first; LastStep); ignored by other routes
 }
 
-// Picked answers Pick. On success the router has reserved one in-flight slot on Worker, and the
-// requester must send it Acquire at once and Release when the attempt ends (every path).
+// Picked answers Pick. On success the router has reserved one in-flight slot on Worker (and on
+// Prefill.Worker for a disaggregated route), and the requester must send each Acquire at once
+// and Release when the attempt ends (every path).
 type Picked struct {
 	Err         error // ErrModelNotFound or ErrNoCapacity (package errs)
 	Worker      *actor.PID
 	WorkerID    string
 	HTTPAddress string
+	GRPCAddress string
+	KVAddress   string
 	Route       string // the public route id the request resolved to
 	ServedModel string // the model id the engine serves; the body's model is rewritten to it
 	Reason      policy.Reason
+	// Step and Steps: the cascade step served and how many the route has (1 without a
+	// cascade). Accept is the step's accept rule; nil on the last step.
+	Step, Steps int
+	Accept      *cascade.Accept
+	// Prefill is the prefill worker of a disaggregated route (Worker is then the decode
+	// worker); nil otherwise.
+	Prefill *PickedWorker
+}
+
+// PickedWorker is a second worker reserved by a pick.
+type PickedWorker struct {
+	Worker      *actor.PID
+	WorkerID    string
+	HTTPAddress string
+	GRPCAddress string
 }
 
 // ListWorkers asks for every registered worker; the reply is *WorkerList.

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tlgw/tlgw/actors/router/policy"
+	"github.com/tlgw/tlgw/internal/cascade"
 	"github.com/tlgw/tlgw/internal/config"
 	"github.com/tlgw/tlgw/internal/errs"
 )
@@ -153,39 +154,67 @@ func (r *routerActor) Receive(c actor.Context) {
 func (st *state) setRoutes(routes []config.Route) {
 	st.routes = slices.Clone(routes)
 	st.byName = compileRoutes(st.routes)
-	for _, rt := range st.routes {
-		if len(rt.Targets) == 1 && rt.Targets[0] == "disaggregated" {
-			st.cfg.Logger.Warn("disaggregated orchestration is not available yet; the route is served by unified workers of its model",
-				"route", rt.Model)
-		}
-	}
 }
 
 // pick answers one Pick. Nothing here blocks or allocates except the reply.
 func (st *state) pick(m *Pick) *Picked {
 	var served, routeID string
+	stepIdx, steps := 0, 1
+	var accept *cascade.Accept
+	disagg := false
 	if rt := st.byName[m.Model]; rt != nil {
-		served, routeID = rt.servedModel(m.RequestID), rt.id
+		routeID = rt.id
+		served, stepIdx, steps, accept = rt.target(m.RequestID, m.Step)
+		disagg = rt.disaggregated
 	} else if st.models[m.Model] > 0 {
 		served, routeID = m.Model, m.Model // a model with no route is its own route
 	} else {
 		return &Picked{Err: fmt.Errorf("the model %q does not exist: %w", m.Model, errs.ErrModelNotFound)}
 	}
-	pl := st.pools[poolKey{model: served, role: RoleUnified}]
-	if pl == nil {
-		return &Picked{Err: fmt.Errorf("no routable worker serves %q: %w", served, errs.ErrNoCapacity), Route: routeID, ServedModel: served}
+	out := &Picked{Route: routeID, ServedModel: served, Step: stepIdx, Steps: steps, Accept: accept}
+	role := RoleUnified
+	if disagg {
+		role = RoleDecode
 	}
-	mem, reason := pl.p.Pick(m.PrefixHash, m.Exclude)
-	if mem == nil {
-		return &Picked{Err: fmt.Errorf("no routable worker serves %q: %w", served, errs.ErrNoCapacity), Route: routeID, ServedModel: served}
+	s, reason := st.pickIn(poolKey{model: served, role: role}, m.PrefixHash, m.Exclude)
+	if s == nil {
+		out.Err = fmt.Errorf("no routable %s worker serves %q: %w", role, served, errs.ErrNoCapacity)
+		return out
 	}
-	s := mem.Ref.(*slot)
-	s.acqSent++ // the optimistic reservation; the requester's Acquire reconciles it
-	pl.p.SetLoad(&s.member, s.load())
+	if disagg {
+		// R8: the prefill worker is the least loaded one (prefill pools are least_outstanding).
+		p, _ := st.pickIn(poolKey{model: served, role: RolePrefill}, 0, m.Exclude)
+		if p == nil {
+			out.Err = fmt.Errorf("no routable prefill worker serves %q: %w", served, errs.ErrNoCapacity)
+			return out
+		}
+		st.reserve(p)
+		out.Prefill = &PickedWorker{Worker: p.pid, WorkerID: p.info.ID, HTTPAddress: p.info.HTTPAddress, GRPCAddress: p.info.GRPCAddress}
+	}
+	st.reserve(s)
 	st.decisions[reason].Inc()
-	return &Picked{
-		Worker: s.pid, WorkerID: s.info.ID, HTTPAddress: s.info.HTTPAddress,
-		Route: routeID, ServedModel: served, Reason: reason,
+	out.Worker, out.WorkerID, out.HTTPAddress = s.pid, s.info.ID, s.info.HTTPAddress
+	out.GRPCAddress, out.KVAddress, out.Reason = s.info.GRPCAddress, s.info.KVAddress, reason
+	return out
+}
+
+func (st *state) pickIn(key poolKey, prefixHash uint64, exclude []string) (*slot, policy.Reason) {
+	pl := st.pools[key]
+	if pl == nil {
+		return nil, 0
+	}
+	mem, reason := pl.p.Pick(prefixHash, exclude)
+	if mem == nil {
+		return nil, reason
+	}
+	return mem.Ref.(*slot), reason
+}
+
+// reserve counts a pick on s before its Acquire arrives (the optimistic reservation).
+func (st *state) reserve(s *slot) {
+	s.acqSent++
+	if s.pool != nil {
+		s.pool.p.SetLoad(&s.member, s.load())
 	}
 }
 
@@ -257,7 +286,11 @@ func (st *state) joinPool(s *slot) {
 	key := poolKey{model: s.info.Model, role: s.info.Role}
 	pl := st.pools[key]
 	if pl == nil {
-		p, _ := policy.New(st.cfg.Policy, policy.Options{LoadFactor: st.cfg.LoadFactor}) // validated in Props
+		name := st.cfg.Policy
+		if key.role == RolePrefill {
+			name = "least_outstanding" // R8: the least loaded prefill worker
+		}
+		p, _ := policy.New(name, policy.Options{LoadFactor: st.cfg.LoadFactor}) // validated in Props
 		pl = &pool{key: key, p: p}
 		st.pools[key] = pl
 	}

@@ -3,15 +3,23 @@ package router
 import (
 	"github.com/cespare/xxhash/v2"
 
+	"github.com/tlgw/tlgw/internal/cascade"
 	"github.com/tlgw/tlgw/internal/config"
 )
 
 // route is a compiled entry of the route table (R5).
 type route struct {
-	id       string
-	cfg      config.Route
-	backends []backend // cumulative weights, for the canary draw
-	total    float64
+	id            string
+	cfg           config.Route
+	backends      []backend // cumulative weights, for the canary draw
+	total         float64
+	steps         []step // a cascade's steps (R7); empty otherwise
+	disaggregated bool   // targets = ["disaggregated"] (R8)
+}
+
+type step struct {
+	model  string
+	accept *cascade.Accept // nil on the last step
 }
 
 type backend struct {
@@ -24,6 +32,17 @@ func compileRoutes(routes []config.Route) map[string]*route {
 	byName := make(map[string]*route, 2*len(routes))
 	for _, rc := range routes {
 		r := &route{id: rc.Model, cfg: rc}
+		r.disaggregated = len(rc.Targets) == 1 && rc.Targets[0] == config.TargetDisaggregated
+		for i, cs := range rc.Cascade {
+			st := step{model: cs.Model}
+			if i < len(rc.Cascade)-1 {
+				a, err := cascade.ParseAcceptIf(cs.AcceptIf)
+				if err == nil { // validated before it got here (config.ValidateRoutes)
+					st.accept = &a
+				}
+			}
+			r.steps = append(r.steps, st)
+		}
 		for _, b := range rc.Backends {
 			r.total += b.Weight
 			r.backends = append(r.backends, backend{model: b.Model, cum: r.total})
@@ -42,9 +61,21 @@ func CanaryDraw(requestID string) float64 {
 	return float64(xxhash.Sum64String(requestID)>>11) / (1 << 53)
 }
 
-// servedModel is the model id an attempt of this route sends to the engine: a backend drawn
-// by the request id, the last cascade step (cascade steps arrive with the request actor; until
-// then a cascade route serves its final, most capable step), or the route's own id.
+// target resolves a cascade step: the model served, the step index, the number of steps and
+// the step's accept rule (nil on the last step). Other routes have one step.
+func (r *route) target(requestID string, stepAsked int) (served string, stepIdx, steps int, accept *cascade.Accept) {
+	if len(r.steps) == 0 {
+		return r.servedModel(requestID), 0, 1, nil
+	}
+	i := stepAsked
+	if i < 0 || i >= len(r.steps) {
+		i = len(r.steps) - 1
+	}
+	return r.steps[i].model, i, len(r.steps), r.steps[i].accept
+}
+
+// servedModel is the model id an attempt of a non-cascade route sends to the engine: a
+// backend drawn by the request id, or the route's own id.
 func (r *route) servedModel(requestID string) string {
 	if len(r.backends) > 0 {
 		x := CanaryDraw(requestID) * r.total
@@ -59,9 +90,6 @@ func (r *route) servedModel(requestID string) string {
 				return r.backends[i].model
 			}
 		}
-	}
-	if n := len(r.cfg.Cascade); n > 0 {
-		return r.cfg.Cascade[n-1].Model
 	}
 	return r.id
 }

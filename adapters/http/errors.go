@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 
+	"github.com/tlgw/tlgw/actors/request"
 	"github.com/tlgw/tlgw/internal/errs"
 )
 
@@ -88,3 +89,14 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.WriteHeader(status)
 	_, _ = w.Write(append(body, '\n'))
 }
+
+// ErrorWriter answers errors through the one mapping above; request actors use it.
+type ErrorWriter struct{}
+
+var _ request.ErrorWriter = ErrorWriter{}
+
+// Error implements request.ErrorWriter.
+func (ErrorWriter) Error(w http.ResponseWriter, err error) int { return writeError(w, err) }
+
+// SSEError implements request.ErrorWriter.
+func (ErrorWriter) SSEError(w http.ResponseWriter, message string) { _, _ = w.Write(sseError(message)) }

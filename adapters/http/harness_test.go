@@ -14,6 +14,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tlgw/tlgw/actors/request"
 	"github.com/tlgw/tlgw/actors/router"
 	httpapi "github.com/tlgw/tlgw/adapters/http"
 	"github.com/tlgw/tlgw/internal/config"
@@ -32,14 +33,21 @@ type stackOpt struct {
 	keys    []config.Key
 	routes  []config.Route
 	maxBody int64
+	engines request.Engines
 }
 
 func newStack(t *testing.T, o stackOpt) *stack {
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	h := gwtest.New(t, gwtest.WithRoutes(o.routes...), gwtest.WithRouterMetrics(reg))
+	deps := &request.Deps{
+		Router: h.GW.Router, Transport: httpapi.NewTransport(), MaxAttempts: 3,
+		Metrics: request.NewMetrics(reg), Logger: quietLogger(), Errors: httpapi.ErrorWriter{},
+		Engines: o.engines,
+	}
 	api := httpapi.New(httpapi.Options{
-		Core: h.GW, Keys: o.keys, MaxBodyBytes: o.maxBody, MaxAttempts: 3,
+		Core: h.GW, Keys: o.keys, MaxBodyBytes: o.maxBody,
+		Serve:      func(x *request.Exchange) { request.Spawn(h.GW.System, deps, x) },
 		Registerer: reg, Gatherer: reg, Logger: quietLogger(),
 	})
 	srv := httptest.NewServer(api)

@@ -15,11 +15,11 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/asynkron/protoactor-go/actor"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/tlgw/tlgw/actors/registry"
+	"github.com/tlgw/tlgw/actors/request"
 	"github.com/tlgw/tlgw/actors/router"
 	"github.com/tlgw/tlgw/internal/config"
 	"github.com/tlgw/tlgw/internal/errs"
@@ -28,9 +28,6 @@ import (
 
 // Core is what the HTTP surface needs of the actor tree (*gateway.Gateway implements it).
 type Core interface {
-	Pick(*router.Pick) (*router.Picked, error)
-	Acquire(*actor.PID)
-	Release(*actor.PID)
 	Workers() (*router.WorkerList, error)
 	Routes() (*router.RouteTable, error)
 	PutRoutes(ifMatch uint64, routes []config.Route) (*router.RouteTable, error)
@@ -41,13 +38,12 @@ type Core interface {
 
 // Options configure the HTTP surface.
 type Options struct {
-	Core         Core
+	Core Core
+	// Serve hands an inference exchange to a request actor (the composition root spawns it).
+	Serve        func(*request.Exchange)
 	Keys         []config.Key
 	MaxBodyBytes int64 // request body limit (413 above it); default 4 MiB
-	MaxAttempts  int   // workers tried before 503 no_capacity (R6); default 3
-	// Transport carries attempts to engines; default: keep-alive pool sized for a fleet.
-	Transport http.RoundTripper
-	Logger    *slog.Logger
+	Logger       *slog.Logger
 	// Registerer receives the HTTP metrics; Gatherer serves /metrics. Either may be nil.
 	Registerer prometheus.Registerer
 	Gatherer   prometheus.Gatherer
@@ -55,17 +51,16 @@ type Options struct {
 
 // Server is the gateway's http.Handler.
 type Server struct {
-	core        Core
-	keys        *keyring
-	maxBody     int64
-	maxAttempts int
-	transport   http.RoundTripper
-	log         *slog.Logger
-	metrics     *httpMetrics
-	metricsH    http.Handler
-	draining    atomic.Bool
-	idPrefix    string
-	idSeq       atomic.Uint64
+	core     Core
+	serve    func(*request.Exchange)
+	keys     *keyring
+	maxBody  int64
+	log      *slog.Logger
+	metrics  *httpMetrics
+	metricsH http.Handler
+	draining atomic.Bool
+	idPrefix string
+	idSeq    atomic.Uint64
 }
 
 // New builds the HTTP surface.
@@ -73,20 +68,14 @@ func New(o Options) *Server {
 	if o.MaxBodyBytes <= 0 {
 		o.MaxBodyBytes = 4 << 20
 	}
-	if o.MaxAttempts <= 0 {
-		o.MaxAttempts = 3
-	}
-	if o.Transport == nil {
-		o.Transport = NewTransport()
-	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
 	var prefix [6]byte
 	_, _ = rand.Read(prefix[:])
 	s := &Server{
-		core: o.Core, keys: newKeyring(o.Keys), maxBody: o.MaxBodyBytes, maxAttempts: o.MaxAttempts,
-		transport: o.Transport, log: o.Logger, metrics: newHTTPMetrics(o.Registerer),
+		core: o.Core, serve: o.Serve, keys: newKeyring(o.Keys), maxBody: o.MaxBodyBytes,
+		log: o.Logger, metrics: newHTTPMetrics(o.Registerer),
 		idPrefix: "req-" + hex.EncodeToString(prefix[:]) + "-",
 	}
 	if o.Gatherer != nil {

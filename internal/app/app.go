@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/tlgw/tlgw/actors/gateway"
+	"github.com/tlgw/tlgw/actors/request"
 	"github.com/tlgw/tlgw/actors/router"
 	grpcapi "github.com/tlgw/tlgw/adapters/grpc"
 	httpapi "github.com/tlgw/tlgw/adapters/http"
@@ -48,6 +49,7 @@ type App struct {
 	log      *slog.Logger
 	httpSrv  *http.Server
 	grpcLis  *grpcapi.Listener
+	engines  *grpcapi.Engines
 	unwatch  func()
 	serveErr chan error
 }
@@ -94,9 +96,22 @@ func Start(cfg *config.Config, o Options) (*App, error) {
 		return nil, fmt.Errorf("registry_listen %s: %w", g.RegistryListen, err)
 	}
 	a.HTTPAddr, a.GRPCAddr = httpLis.Addr().String(), grpcLis.Addr().String()
+	if o.Transport == nil {
+		o.Transport = httpapi.NewTransport()
+	}
+	a.engines = grpcapi.NewEngines()
+	deps := &request.Deps{
+		Router: gw.Router, Transport: o.Transport, Engines: a.engines, MaxAttempts: g.MaxAttempts,
+		Metrics: request.NewMetrics(reg), Logger: o.Logger, Errors: httpapi.ErrorWriter{},
+	}
+	reqOpts := am.Options("request")
+	if o.ActorOptions != nil {
+		reqOpts = append(reqOpts, o.ActorOptions("request")...)
+	}
 	a.HTTP = httpapi.New(httpapi.Options{
-		Core: gw, Keys: cfg.Auth.Keys, MaxBodyBytes: g.MaxBodyBytes, MaxAttempts: g.MaxAttempts,
-		Transport: o.Transport, Logger: o.Logger, Registerer: reg, Gatherer: reg,
+		Core: gw, Keys: cfg.Auth.Keys, MaxBodyBytes: g.MaxBodyBytes, Logger: o.Logger,
+		Serve:      func(x *request.Exchange) { request.Spawn(gw.System, deps, x, reqOpts...) },
+		Registerer: reg, Gatherer: reg,
 	})
 	a.httpSrv = &http.Server{Handler: a.HTTP, ReadHeaderTimeout: 10 * time.Second}
 	a.grpcLis = grpcapi.NewListener(gw)
@@ -126,6 +141,7 @@ func (a *App) Shutdown(ctx context.Context) error {
 	}
 	a.grpcLis.Stop()
 	a.stopActors()
+	a.engines.Close()
 	return err
 }
 

@@ -10,6 +10,19 @@ package oai
 // a panic: malformed JSON, a non-object, or an object without a top-level
 // "model". body is not modified; the result is one allocation.
 func RewriteModel(body []byte, model string) ([]byte, error) {
+	var qBuf [128]byte
+	return setField(body, "model", quote(qBuf[:0], model), true)
+}
+
+// SetField returns a new body in which the value of every top-level key is the raw JSON value
+// (which the caller guarantees is valid JSON), or, when the body has no such key, the pair is
+// added as the object's first member. Every other byte is the input's. The gateway uses it to
+// force logprobs on for a cascade step and to fix the seed of a disaggregated request.
+func SetField(body []byte, key string, value []byte) ([]byte, error) {
+	return setField(body, key, value, false)
+}
+
+func setField(body []byte, name string, q []byte, mustExist bool) ([]byte, error) {
 	var spanBuf [4]span
 	spans := spanBuf[:0]
 	s := scanner{data: body}
@@ -30,7 +43,7 @@ func RewriteModel(body []byte, model string) ([]byte, error) {
 		if err := s.value(1); err != nil {
 			return nil, err
 		}
-		if string(keyName(body, k, &buf)) == "model" {
+		if string(keyName(body, k, &buf)) == name {
 			spans = append(spans, span{start, s.pos})
 		}
 	}
@@ -38,11 +51,11 @@ func RewriteModel(body []byte, model string) ([]byte, error) {
 		return nil, err
 	}
 	if len(spans) == 0 {
-		return nil, required("model")
+		if mustExist {
+			return nil, required(name)
+		}
+		return insertFirst(body, name, q), nil
 	}
-
-	var qBuf [128]byte
-	q := quote(qBuf[:0], model)
 	size := len(body)
 	for _, sp := range spans {
 		size += len(q) - (sp.end - sp.start)
@@ -55,4 +68,27 @@ func RewriteModel(body []byte, model string) ([]byte, error) {
 		prev = sp.end
 	}
 	return append(out, body[prev:]...), nil
+}
+
+// insertFirst adds "name":value as the first member of the (valid) top-level object.
+func insertFirst(body []byte, name string, value []byte) []byte {
+	open := 0
+	for body[open] != '{' {
+		open++
+	}
+	rest := open + 1
+	for rest < len(body) && (body[rest] == ' ' || body[rest] == '\t' || body[rest] == '\n' || body[rest] == '\r') {
+		rest++
+	}
+	var kBuf [64]byte
+	k := quote(kBuf[:0], name)
+	out := make([]byte, 0, len(body)+len(k)+len(value)+2)
+	out = append(out, body[:open+1]...)
+	out = append(out, k...)
+	out = append(out, ':')
+	out = append(out, value...)
+	if body[rest] != '}' {
+		out = append(out, ',')
+	}
+	return append(out, body[open+1:]...)
 }

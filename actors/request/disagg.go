@@ -1,0 +1,177 @@
+package request
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/tlgw/tlgw/internal/oai"
+)
+
+// samplingWire reads the sampling fields of a client's body for the Prefill call.
+type samplingWire struct {
+	MaxTokens           *int            `json:"max_tokens"`
+	MaxCompletionTokens *int            `json:"max_completion_tokens"`
+	Temperature         *float64        `json:"temperature"`
+	TopP                *float64        `json:"top_p"`
+	TopK                *int            `json:"top_k"`
+	Seed                *int64          `json:"seed"`
+	Logprobs            json.RawMessage `json:"logprobs"`
+	Stop                json.RawMessage `json:"stop"`
+}
+
+// ParseSampling reads every sampling field, with the contract's defaults for the omitted ones
+// (R8.3: max_tokens 16, temperature 1.0, top_p 1.0, top_k 0 = off, logprobs false, stop none),
+// and whether the client gave a seed.
+func ParseSampling(body []byte) (Sampling, bool, error) {
+	var w samplingWire
+	if err := json.Unmarshal(body, &w); err != nil {
+		return Sampling{}, false, err
+	}
+	s := Sampling{MaxTokens: 16, Temperature: 1, TopP: 1}
+	switch {
+	case w.MaxCompletionTokens != nil:
+		s.MaxTokens = uint32(max(*w.MaxCompletionTokens, 0))
+	case w.MaxTokens != nil:
+		s.MaxTokens = uint32(max(*w.MaxTokens, 0))
+	}
+	if w.Temperature != nil {
+		s.Temperature = *w.Temperature
+	}
+	if w.TopP != nil {
+		s.TopP = *w.TopP
+	}
+	if w.TopK != nil && *w.TopK > 0 {
+		s.TopK = int32(*w.TopK)
+	}
+	seeded := w.Seed != nil
+	if seeded {
+		s.Seed = uint64(*w.Seed)
+	}
+	lp := string(bytes.TrimSpace(w.Logprobs))
+	s.Logprobs = lp != "" && lp != "null" && lp != "false"
+	if st := bytes.TrimSpace(w.Stop); len(st) > 0 && string(st) != "null" {
+		var one string
+		if json.Unmarshal(st, &one) == nil {
+			if one != "" {
+				s.Stop = []string{one}
+			}
+		} else if err := json.Unmarshal(st, &s.Stop); err != nil {
+			return Sampling{}, false, fmt.Errorf(`"stop" must be a string or an array of strings`)
+		}
+	}
+	return s, seeded, nil
+}
+
+// drawSeed draws a seed for a client that sent none (R8.2), in int64 range so JSON engines
+// read it back.
+func drawSeed() uint64 {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return binary.LittleEndian.Uint64(b[:]) >> 1
+}
+
+// tokenize asks the prefill worker for the prompt's token ids (Tokenizing).
+func (r *requestActor) tokenize(c actor.Context) {
+	if !r.seedFixed && r.promptIDs == nil {
+		s, seeded, err := ParseSampling(r.x.Body)
+		if err != nil {
+			r.fail(c, fmt.Errorf("%v: %w", err, errInvalid))
+			return
+		}
+		if !seeded {
+			s.Seed = drawSeed()
+		}
+		r.sampling, r.seed, r.seedFixed = s, s.Seed, true
+	}
+	p := r.picked
+	body, err := oai.RewriteModel(r.x.Body, p.ServedModel)
+	if err != nil {
+		r.fail(c, fmt.Errorf("%v: %w", err, errInvalid))
+		return
+	}
+	url, tr := "http://"+p.Prefill.HTTPAddress+"/v1/tokenize", r.d.Transport
+	r.runIO(c, func(ctx context.Context, gen int) any {
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+		if err != nil {
+			return tokenized{gen: gen, err: err}
+		}
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := tr.RoundTrip(req)
+		if err != nil {
+			return tokenized{gen: gen, err: err}
+		}
+		defer resp.Body.Close()
+		raw, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+		if err != nil {
+			return tokenized{gen: gen, err: err}
+		}
+		if resp.StatusCode != http.StatusOK {
+			return tokenized{gen: gen, err: fmt.Errorf("tokenize answered %d: %s", resp.StatusCode, bytes.TrimSpace(raw))}
+		}
+		var out struct {
+			Tokens []uint32 `json:"tokens"`
+		}
+		if err := json.Unmarshal(raw, &out); err != nil {
+			return tokenized{gen: gen, err: fmt.Errorf("tokenize answer: %v", err)}
+		}
+		return tokenized{gen: gen, ids: out.Tokens}
+	})
+}
+
+func (r *requestActor) stepTokenizing(c actor.Context, msg any) {
+	m, ok := msg.(tokenized)
+	if !ok || m.gen != r.gen {
+		return
+	}
+	p := r.picked
+	if r.x.Ctx.Err() != nil {
+		r.endIO()
+		r.finish(c, statusClientGone)
+		return
+	}
+	if m.err != nil {
+		r.failover(c, p.Prefill.WorkerID, fmt.Errorf("prefill worker %s: %w", p.Prefill.WorkerID, m.err))
+		return
+	}
+	r.promptIDs = m.ids
+	r.become(Prefilling, r.stepPrefilling)
+	call := PrefillCall{RequestID: r.x.ID, Model: p.ServedModel, PromptIDs: m.ids, Sampling: r.sampling,
+		DecodeTarget: p.KVAddress}
+	addr, engines := p.Prefill.GRPCAddress, r.d.Engines
+	r.runIO(c, func(ctx context.Context, gen int) any {
+		res, err := engines.Prefill(ctx, addr, call)
+		return prefilled{gen: gen, res: res, err: err}
+	})
+}
+
+func (r *requestActor) stepPrefilling(c actor.Context, msg any) {
+	m, ok := msg.(prefilled)
+	if !ok || m.gen != r.gen {
+		return
+	}
+	p := r.picked
+	if m.err == nil {
+		r.kvHandle, r.kvAddr = m.res.HandleID, p.KVAddress
+	}
+	if r.x.Ctx.Err() != nil {
+		r.endIO()
+		r.releaseAll(c.Send)
+		r.abandon(c)
+		return
+	}
+	if m.err != nil {
+		r.failover(c, p.Prefill.WorkerID, fmt.Errorf("prefill on %s: %w", p.Prefill.WorkerID, m.err))
+		return
+	}
+	r.releaseWorker(c, p.Prefill.Worker) // the prefill worker's part is done
+	r.become(Attempting, r.stepAttempting)
+	r.attempt(c)
+}

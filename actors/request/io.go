@@ -1,0 +1,230 @@
+package request
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/tlgw/tlgw/internal/errs"
+	"github.com/tlgw/tlgw/internal/oai"
+)
+
+// maxUpstreamJSON bounds a non-streamed engine answer the gateway buffers (it buffers so that
+// a body cut mid-way becomes a clean 502 instead of a truncated 200).
+const maxUpstreamJSON = 64 << 20
+
+var bufPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
+func timeSince(t time.Time) time.Duration { return time.Since(t) }
+
+// clientAskedLogprobs reports whether the client's body asks for logprobs (a non-null,
+// non-false "logprobs").
+func (r *requestActor) clientAskedLogprobs() bool {
+	var probe struct {
+		Logprobs json.RawMessage `json:"logprobs"`
+	}
+	if json.Unmarshal(r.x.Body, &probe) != nil {
+		return false
+	}
+	v := string(bytes.TrimSpace(probe.Logprobs))
+	return v != "" && v != "null" && v != "false"
+}
+
+// upstreamBody is the body an attempt sends: the served model id, logprobs forced on for a
+// non-final cascade step (R7), the fixed seed of a disaggregated request (R8). Every other byte
+// is the client's.
+func (r *requestActor) upstreamBody() ([]byte, error) {
+	p := r.picked
+	key := p.ServedModel
+	nonFinal := r.nonFinalStep()
+	if nonFinal {
+		key += "|lp"
+	}
+	if r.seedFixed {
+		key += "|seed"
+	}
+	if r.upBody != nil && r.upBodyFor == key {
+		return r.upBody, nil
+	}
+	b := r.x.Body
+	var err error
+	if p.ServedModel != r.x.Req.Model {
+		if b, err = oai.RewriteModel(b, p.ServedModel); err != nil {
+			return nil, err
+		}
+	}
+	if nonFinal && !r.clientAskedLogprobs() {
+		forced := []byte("1") // completions: logprobs is a count
+		if r.x.Kind == oai.Chat {
+			forced = []byte("true")
+		}
+		if b, err = oai.SetField(b, "logprobs", forced); err != nil {
+			return nil, err
+		}
+	}
+	if r.seedFixed {
+		if b, err = oai.SetField(b, "seed", []byte(strconv.FormatUint(r.seed, 10))); err != nil {
+			return nil, err
+		}
+	}
+	r.upBody, r.upBodyFor = b, key
+	return b, nil
+}
+
+// attempt sends the request to the picked engine (Attempting).
+func (r *requestActor) attempt(c actor.Context) {
+	body, err := r.upstreamBody()
+	if err != nil {
+		r.fail(c, fmt.Errorf("%v: %w", err, errs.ErrInvalidRequest))
+		return
+	}
+	url := "http://" + r.picked.HTTPAddress + r.x.Path
+	accept, id, handle, tr := "", r.x.ID, r.kvHandle, r.d.Transport
+	if r.x.Req.Stream {
+		accept = "text/event-stream"
+	}
+	r.runIO(c, func(ctx context.Context, gen int) any {
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+		if err != nil {
+			return attemptResult{gen: gen, err: err}
+		}
+		req.ContentLength = int64(len(body))
+		req.Header.Set("Content-Type", "application/json")
+		if accept != "" {
+			req.Header.Set("Accept", accept)
+		}
+		req.Header.Set("X-Request-ID", id)
+		if handle != "" {
+			req.Header.Set("X-TL-KV-Handle", handle)
+		}
+		resp, err := tr.RoundTrip(req)
+		return attemptResult{gen: gen, resp: resp, err: err}
+	})
+}
+
+// readAll reads a whole answer (a non-final cascade step).
+func readAll(gen int, resp *http.Response) bufferedResult {
+	defer resp.Body.Close()
+	var buf bytes.Buffer
+	_, err := buf.ReadFrom(io.LimitReader(resp.Body, maxUpstreamJSON+1))
+	if err == nil && buf.Len() > maxUpstreamJSON {
+		err = fmt.Errorf("answer larger than %d bytes", maxUpstreamJSON)
+	}
+	return bufferedResult{gen: gen, status: resp.StatusCode, header: resp.Header, body: buf.Bytes(), err: err}
+}
+
+// hop-by-hop and framing headers are not copied from the engine's response.
+var skipHeader = map[string]bool{
+	"Connection": true, "Keep-Alive": true, "Proxy-Authenticate": true, "Proxy-Authorization": true,
+	"Te": true, "Trailer": true, "Transfer-Encoding": true, "Upgrade": true, "Content-Length": true,
+	"X-Request-Id": true,
+}
+
+// writeHeaders copies the engine's headers and adds the debug ones (SPEC B2, R7).
+func (r *requestActor) writeHeaders(from http.Header) {
+	h := r.x.W.Header()
+	for k, vs := range from {
+		if !skipHeader[k] {
+			h[k] = vs
+		}
+	}
+	if r.x.Debug {
+		h.Set("X-TL-Route", r.picked.WorkerID)
+		if r.picked.Steps > 1 {
+			h.Set("X-TL-Cascade-Step", strconv.Itoa(r.picked.Step))
+		}
+	}
+}
+
+// relayer is the relay goroutine's view (Relaying): values copied from the actor before the
+// goroutine starts, and the response writer, which nothing else writes to while it runs.
+type relayer struct {
+	w        http.ResponseWriter
+	ctx      context.Context
+	resp     *http.Response
+	workerID string
+	errs     ErrorWriter
+	onCut    func()
+}
+
+// run relays and reports the status the client saw and whether the answer reached its end.
+func (rl relayer) run(gen int) relayResult {
+	defer rl.resp.Body.Close()
+	if strings.HasPrefix(rl.resp.Header.Get("Content-Type"), "text/event-stream") {
+		return rl.sse(gen)
+	}
+	return rl.json(gen)
+}
+
+// json buffers a non-streamed answer, so a body cut mid-way is a 502, never a truncated 200.
+func (rl relayer) json(gen int) relayResult {
+	var buf bytes.Buffer
+	if n := rl.resp.ContentLength; n > 0 && n <= maxUpstreamJSON {
+		buf.Grow(int(n))
+	}
+	_, err := buf.ReadFrom(io.LimitReader(rl.resp.Body, maxUpstreamJSON+1))
+	if err == nil && buf.Len() > maxUpstreamJSON {
+		err = fmt.Errorf("answer larger than %d bytes", maxUpstreamJSON)
+	}
+	if err != nil {
+		if rl.ctx.Err() != nil {
+			return relayResult{gen: gen, code: statusClientGone}
+		}
+		for k := range rl.w.Header() {
+			if k != "X-Request-Id" {
+				rl.w.Header().Del(k)
+			}
+		}
+		code := rl.errs.Error(rl.w, fmt.Errorf("worker %s broke off its answer: %v: %w", rl.workerID, err, errs.ErrUpstream))
+		return relayResult{gen: gen, code: code}
+	}
+	rl.w.Header().Set("Content-Length", strconv.Itoa(buf.Len()))
+	rl.w.WriteHeader(rl.resp.StatusCode)
+	_, _ = rl.w.Write(buf.Bytes())
+	return relayResult{gen: gen, code: rl.resp.StatusCode, finished: true}
+}
+
+// sse forwards the stream as it arrives: every read from the engine is written and flushed at
+// once, so each event reaches the client when the engine sent it. If the engine breaks off,
+// the client keeps what it got and then an SSE error event, with no [DONE] (R6).
+func (rl relayer) sse(gen int) relayResult {
+	rc := http.NewResponseController(rl.w)
+	rl.w.WriteHeader(rl.resp.StatusCode)
+	_ = rc.Flush()
+	bp := bufPool.Get().(*[]byte)
+	defer bufPool.Put(bp)
+	buf := *bp
+	for {
+		n, err := rl.resp.Body.Read(buf)
+		if n > 0 {
+			if _, werr := rl.w.Write(buf[:n]); werr != nil {
+				return relayResult{gen: gen, code: statusClientGone}
+			}
+			if rc.Flush() != nil {
+				return relayResult{gen: gen, code: statusClientGone}
+			}
+		}
+		if err == io.EOF {
+			return relayResult{gen: gen, code: rl.resp.StatusCode, finished: true}
+		}
+		if err != nil {
+			if rl.ctx.Err() != nil || errors.Is(err, context.Canceled) {
+				return relayResult{gen: gen, code: statusClientGone}
+			}
+			rl.errs.SSEError(rl.w, fmt.Sprintf("worker %s broke off the stream: %v", rl.workerID, err))
+			_ = rc.Flush()
+			rl.onCut()
+			return relayResult{gen: gen, code: rl.resp.StatusCode}
+		}
+	}
+}

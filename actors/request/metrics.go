@@ -1,0 +1,70 @@
+package request
+
+import (
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Metrics are the request-level series of R11.
+type Metrics struct {
+	requests    *prometheus.CounterVec
+	transitions *prometheus.CounterVec
+	failovers   *prometheus.CounterVec
+	interrupts  *prometheus.CounterVec
+	firstByte   *prometheus.HistogramVec
+	cascade     *prometheus.CounterVec
+	crashes     prometheus.Counter
+}
+
+// NewMetrics registers the series on reg (nil: unregistered).
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tlgw_requests_total",
+			Help: "Inference requests by public route, served model and HTTP status (499: the client left).",
+		}, []string{"route", "model", "code"}),
+		transitions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tlgw_request_transitions_total",
+			Help: "Request state machine transitions.",
+		}, []string{"from", "to"}),
+		failovers: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tlgw_failovers_total",
+			Help: "Attempts that failed before the first byte and were routed again.",
+		}, []string{"route"}),
+		interrupts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tlgw_streams_interrupted_total",
+			Help: "Streams an engine broke off after the first byte (ended with an SSE error event).",
+		}, []string{"route"}),
+		firstByte: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "tlgw_time_to_first_byte_seconds",
+			Help:    "From request arrival to the engine's response headers.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
+		}, []string{"route"}),
+		cascade: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tlgw_cascade_steps_total",
+			Help: "Cascade steps judged: accepted or escalated.",
+		}, []string{"route", "outcome"}),
+		crashes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tlgw_request_actor_crashes_total",
+			Help: "Request actors that panicked (the client got 502 or an SSE error; everything held was released).",
+		}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.requests, m.transitions, m.failovers, m.interrupts, m.firstByte, m.cascade, m.crashes)
+	}
+	return m
+}
+
+func (m *Metrics) done(route, model string, code int) {
+	m.requests.WithLabelValues(route, model, strconv.Itoa(code)).Inc()
+}
+
+func (m *Metrics) transition(from, to State) {
+	m.transitions.WithLabelValues(from.String(), to.String()).Inc()
+}
+
+func (m *Metrics) ttfb(route string, d time.Duration) {
+	m.firstByte.WithLabelValues(route).Observe(d.Seconds())
+}

@@ -1,0 +1,314 @@
+// Package request is the request actor: one short-lived actor per inference request, driving
+// an explicit state machine (state.go) — route → attempt → relay → done, with failover before
+// the first byte and never after it (R6), the cascade step (R7) and the disaggregated
+// sub-states tokenize → prefill → decode → release (R8). Network I/O runs on goroutines that
+// report back as messages, so the actor never blocks; every path releases what it holds
+// (in-flight counts, KV handles), including a crash of the actor itself.
+package request
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/tlgw/tlgw/actors/router"
+	"github.com/tlgw/tlgw/actors/worker"
+	"github.com/tlgw/tlgw/internal/errs"
+	"github.com/tlgw/tlgw/internal/oai"
+)
+
+// Exchange is the client side of one request: what the HTTP adapter parsed, and the writer the
+// actor answers on. The adapter's handler blocks on Done until the actor has answered.
+type Exchange struct {
+	W     http.ResponseWriter
+	Ctx   context.Context // the client's: cancelled when the client leaves
+	Path  string          // /v1/completions or /v1/chat/completions, sent upstream as is
+	Kind  oai.Kind
+	ID    string // the request id (SPEC B2)
+	Debug bool   // the key has the debug scope: X-TL-Route and X-TL-Cascade-Step
+	Body  []byte
+	Req   oai.Request
+	Start time.Time
+
+	done chan struct{}
+}
+
+// NewExchange prepares an exchange.
+func NewExchange(w http.ResponseWriter, ctx context.Context, path string, kind oai.Kind, id string,
+	debug bool, body []byte, req oai.Request, start time.Time) *Exchange {
+	return &Exchange{W: w, Ctx: ctx, Path: path, Kind: kind, ID: id, Debug: debug, Body: body, Req: req,
+		Start: start, done: make(chan struct{})}
+}
+
+// Done is closed once the client has its terminal outcome and nothing writes to W any more.
+func (x *Exchange) Done() <-chan struct{} { return x.done }
+
+// Engines is what the actor needs of the engines' gRPC surfaces (adapters/grpc implements it).
+type Engines interface {
+	Prefill(ctx context.Context, grpcAddr string, call PrefillCall) (PrefillResult, error)
+	Release(ctx context.Context, kvAddr, handleID string) error
+}
+
+// Sampling is every sampling field of a Prefill call, defaults filled in (R8.3).
+type Sampling struct {
+	MaxTokens   uint32
+	Temperature float64
+	TopP        float64
+	TopK        int32
+	Seed        uint64
+	Logprobs    bool
+	Stop        []string
+}
+
+// PrefillCall is EngineControl/Prefill's request.
+type PrefillCall struct {
+	RequestID    string
+	Model        string
+	PromptIDs    []uint32
+	Sampling     Sampling
+	DecodeTarget string // the decode worker's KV address
+}
+
+// PrefillResult is EngineControl/Prefill's answer.
+type PrefillResult struct {
+	HandleID             string
+	NumBlocks, NumTokens uint32
+	FirstToken           uint32
+	FirstLogprob         float32
+	DrawsConsumed        uint64
+}
+
+// ErrorWriter answers errors in the API's shape; adapters/http's single mapping implements it.
+type ErrorWriter interface {
+	// Error writes err as a complete error response and returns its status.
+	Error(w http.ResponseWriter, err error) int
+	// SSEError writes the event that ends an interrupted stream (R6).
+	SSEError(w http.ResponseWriter, message string)
+}
+
+// Deps is what every request actor shares.
+type Deps struct {
+	Errors      ErrorWriter
+	Router      *actor.PID
+	Transport   http.RoundTripper
+	Engines     Engines
+	MaxAttempts int
+	Metrics     *Metrics
+	Logger      *slog.Logger
+	// ReleaseTimeout bounds a KV Release call (default 5 s).
+	ReleaseTimeout time.Duration
+}
+
+// stepFunc handles one message in one state.
+type stepFunc func(c actor.Context, msg any)
+
+// requestActor is one request's state machine.
+type requestActor struct {
+	d *Deps
+	x *Exchange
+
+	state State
+	step  stepFunc
+
+	// Routing.
+	cascadeStep int // the cascade step asked for (router.LastStep: the last)
+	exclude     []string
+	attempts    int
+	lastErr     error
+	picked      *router.Picked
+	route       string
+	served      string
+
+	// What the actor holds and must release on every path.
+	held     []*actor.PID // workers Acquired and not yet Released
+	kvHandle string       // a pushed KV handle on the decode worker, until consumed or released
+	kvAddr   string
+
+	// The current I/O goroutine: gen tags its results (stale ones are ignored), cancel stops it,
+	// ioDone is closed when it has returned (so a crash never writes concurrently with it).
+	gen    int
+	cancel context.CancelFunc
+	ioCtx  context.Context
+	ioDone chan struct{}
+
+	committed bool // bytes have gone to the client
+	seed      uint64
+	seedFixed bool // the gateway drew the seed (disaggregated, R8.2)
+	sampling  Sampling
+	promptIDs []uint32
+	upBody    []byte
+	upBodyFor string
+	finished  bool
+	code      int
+	log       *slog.Logger
+}
+
+// Props returns the props of the actor serving x. Request actors are top-level with a guardian
+// that stops (never restarts) them when they panic: a crashed request answers its client and
+// releases what it held in its *actor.Stopping handler.
+func Props(d *Deps, x *Exchange, opts ...actor.PropsOption) *actor.Props {
+	all := append([]actor.PropsOption{actor.WithGuardian(stopOnPanic)}, opts...)
+	return actor.PropsFromProducer(func() actor.Actor {
+		return &requestActor{d: d, x: x, cascadeStep: router.LastStep}
+	}, all...)
+}
+
+var stopOnPanic = actor.NewOneForOneStrategy(0, 0, func(any) actor.Directive { return actor.StopDirective })
+
+// Receive dispatches to the current state's step function.
+func (r *requestActor) Receive(c actor.Context) {
+	switch c.Message().(type) {
+	case *actor.Started:
+		r.start(c)
+		return
+	case *actor.Stopping:
+		r.stopping(c)
+		return
+	case *actor.Stopped, *actor.Restarting:
+		return
+	}
+	if r.step != nil {
+		r.step(c, c.Message())
+	}
+}
+
+// become moves to state to; a transition the table does not allow panics.
+func (r *requestActor) become(to State, step stepFunc) {
+	if !allowed(r.state, to) {
+		panic(IllegalTransition{From: r.state, To: to})
+	}
+	r.log.Debug("request transition", "from", r.state.String(), "to", to.String())
+	r.d.Metrics.transition(r.state, to)
+	r.state, r.step = to, step
+}
+
+func (r *requestActor) start(c actor.Context) {
+	r.log = r.d.Logger.With("request_id", r.x.ID)
+	r.route, r.served = r.x.Req.Model, r.x.Req.Model
+	if !r.x.Req.Stream {
+		r.cascadeStep = 0 // a cascade route starts at its first step; other routes ignore it
+	}
+	r.state, r.step = Routing, r.stepRouting
+	r.pick(c)
+}
+
+// pick asks the router (Routing).
+func (r *requestActor) pick(c actor.Context) {
+	c.Request(r.d.Router, &router.Pick{
+		Model: r.x.Req.Model, RequestID: r.x.ID, PrefixHash: prefixHash(r.x.Req.PrefixKey),
+		Exclude: r.exclude, Step: r.cascadeStep,
+	})
+}
+
+// acquire counts the attempt on the worker(s) the router reserved.
+func (r *requestActor) acquire(c actor.Context, p *router.Picked) {
+	c.Send(p.Worker, worker.Acquire{})
+	r.held = append(r.held, p.Worker)
+	if p.Prefill != nil {
+		c.Send(p.Prefill.Worker, worker.Acquire{})
+		r.held = append(r.held, p.Prefill.Worker)
+	}
+}
+
+// releaseWorker ends one in-flight count.
+func (r *requestActor) releaseWorker(c actor.Context, pid *actor.PID) {
+	for i, h := range r.held {
+		if h == pid {
+			c.Send(pid, worker.Release{})
+			r.held = append(r.held[:i], r.held[i+1:]...)
+			return
+		}
+	}
+}
+
+func (r *requestActor) releaseAll(send func(*actor.PID, any)) {
+	for _, pid := range r.held {
+		send(pid, worker.Release{})
+	}
+	r.held = nil
+}
+
+// finish ends the request with its terminal outcome already written (code is its status).
+func (r *requestActor) finish(c actor.Context, code int) {
+	r.become(Done, nil)
+	r.releaseAll(c.Send)
+	r.code = code
+	r.d.Metrics.done(r.route, r.served, code)
+	r.finished = true
+	close(r.x.done)
+	c.Stop(c.Self())
+}
+
+// fail answers an error to a client that has received nothing yet and finishes.
+func (r *requestActor) fail(c actor.Context, err error) {
+	if r.x.Ctx.Err() != nil {
+		r.finish(c, statusClientGone)
+		return
+	}
+	r.finish(c, r.d.Errors.Error(r.x.W, err))
+}
+
+// statusClientGone is recorded (never sent) when the client left first.
+const statusClientGone = 499
+
+// stopping runs on every stop. After a normal finish there is nothing left; after a crash the
+// actor answers the client (502, or an SSE error event once committed) and releases what it
+// held, once the I/O goroutine it may have running has returned.
+func (r *requestActor) stopping(c actor.Context) {
+	if r.finished {
+		return
+	}
+	r.d.Metrics.crashes.Inc()
+	if r.log != nil {
+		r.log.Error("request actor stopped before finishing: answering the client and releasing", "state", r.state.String())
+	}
+	if r.cancel != nil {
+		r.cancel()
+	}
+	r.releaseAll(c.Send)
+	ioDone, x, committed, stream, ew := r.ioDone, r.x, r.committed, r.x.Req.Stream, r.d.Errors
+	kvHandle, kvAddr, engines, timeout := r.kvHandle, r.kvAddr, r.d.Engines, r.releaseTimeout()
+	route, served, metrics := r.route, r.served, r.d.Metrics
+	go func() {
+		if ioDone != nil {
+			<-ioDone
+		}
+		if kvHandle != "" && engines != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), timeout)
+			_ = engines.Release(ctx, kvAddr, kvHandle)
+			cancel()
+		}
+		code := 502
+		switch {
+		case x.Ctx.Err() != nil:
+			code = statusClientGone
+		case committed && stream:
+			ew.SSEError(x.W, "the gateway failed while relaying the stream")
+		case committed:
+			// Headers are out; the body is cut short, which the client sees as an error.
+		default:
+			code = ew.Error(x.W, fmt.Errorf("the gateway failed while serving the request: %w", errs.ErrUpstream))
+		}
+		metrics.done(route, served, code)
+		close(x.done)
+	}()
+}
+
+func (r *requestActor) releaseTimeout() time.Duration {
+	if r.d.ReleaseTimeout > 0 {
+		return r.d.ReleaseTimeout
+	}
+	return 5 * time.Second
+}
+
+// Spawn starts the actor serving x on sys.
+func Spawn(sys *actor.ActorSystem, d *Deps, x *Exchange, opts ...actor.PropsOption) {
+	sys.Root.Spawn(Props(d, x, opts...))
+}
+
+// errInvalid wraps client input the actor finds malformed late (the adapter checked the rest).
+var errInvalid = errs.ErrInvalidRequest

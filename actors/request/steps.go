@@ -1,0 +1,321 @@
+package request
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/cespare/xxhash/v2"
+
+	"github.com/tlgw/tlgw/actors/router"
+	"github.com/tlgw/tlgw/internal/cascade"
+	"github.com/tlgw/tlgw/internal/errs"
+)
+
+func prefixHash(key []byte) uint64 { return xxhash.Sum64(key) }
+
+// Results of the I/O goroutines. gen ties a result to the attempt that asked for it.
+type (
+	attemptResult struct {
+		gen  int
+		resp *http.Response
+		err  error
+	}
+	bufferedResult struct {
+		gen    int
+		status int
+		header http.Header
+		body   []byte
+		err    error
+	}
+	relayResult struct {
+		gen      int
+		code     int
+		finished bool // the engine's answer reached its end
+	}
+	tokenized struct {
+		gen int
+		ids []uint32
+		err error
+	}
+	prefilled struct {
+		gen int
+		res PrefillResult
+		err error
+	}
+	releasedKV struct{ gen int }
+)
+
+// IgnoreDeadLetterLogging: a result can outlive its (finished) actor; that is not news.
+func (attemptResult) IgnoreDeadLetterLogging()  {}
+func (bufferedResult) IgnoreDeadLetterLogging() {}
+func (relayResult) IgnoreDeadLetterLogging()    {}
+func (tokenized) IgnoreDeadLetterLogging()      {}
+func (prefilled) IgnoreDeadLetterLogging()      {}
+func (releasedKV) IgnoreDeadLetterLogging()     {}
+
+// runIO starts fn on a goroutine under a context derived from the client's; its result comes
+// back as a message. One I/O goroutine runs at a time.
+func (r *requestActor) runIO(c actor.Context, fn func(ctx context.Context, gen int) any) {
+	r.gen++
+	gen := r.gen
+	if r.cancel == nil {
+		ctx, cancel := context.WithCancel(r.x.Ctx)
+		r.cancel = cancel
+		r.ioCtx = ctx
+	}
+	ctx := r.ioCtx
+	done := make(chan struct{})
+	r.ioDone = done
+	self, root := c.Self(), c.ActorSystem().Root
+	go func() {
+		defer close(done)
+		root.Send(self, fn(ctx, gen))
+	}()
+}
+
+// endIO cancels the attempt's context (after its answer was relayed or abandoned).
+func (r *requestActor) endIO() {
+	if r.cancel != nil {
+		r.cancel()
+		r.cancel, r.ioCtx = nil, nil
+	}
+}
+
+func (r *requestActor) nonFinalStep() bool {
+	p := r.picked
+	return p != nil && p.Steps > 1 && p.Step < p.Steps-1
+}
+
+// stepRouting handles the router's answer.
+func (r *requestActor) stepRouting(c actor.Context, msg any) {
+	p, ok := msg.(*router.Picked)
+	if !ok {
+		return
+	}
+	if p.Route != "" {
+		r.route, r.served = p.Route, p.ServedModel
+	}
+	if p.Err != nil {
+		if p.Steps > 1 && p.Step < p.Steps-1 && errors.Is(p.Err, errs.ErrNoCapacity) {
+			r.escalate(c, p.Step) // nobody serves this step: the next one may
+			return
+		}
+		err := p.Err
+		if r.attempts > 0 && r.lastErr != nil && errors.Is(err, errs.ErrNoCapacity) {
+			err = fmt.Errorf("%d workers tried, none answered (last: %v): %w", r.attempts, r.lastErr, errs.ErrNoCapacity)
+		}
+		r.fail(c, err)
+		return
+	}
+	r.picked = p
+	r.acquire(c, p)
+	if r.x.Ctx.Err() != nil {
+		r.finish(c, statusClientGone) // a routing request just ends
+		return
+	}
+	if p.Prefill != nil {
+		r.become(Tokenizing, r.stepTokenizing)
+		r.tokenize(c)
+		return
+	}
+	r.become(Attempting, r.stepAttempting)
+	r.attempt(c)
+}
+
+// escalate moves a cascade to the step after `from`.
+func (r *requestActor) escalate(c actor.Context, from int) {
+	r.d.Metrics.cascade.WithLabelValues(r.route, "escalated").Inc()
+	r.cascadeStep = from + 1
+	r.exclude, r.attempts, r.lastErr, r.picked = nil, 0, nil, nil
+	r.become(Routing, r.stepRouting)
+	r.pick(c)
+}
+
+// failover gives up on the current worker(s) before the first byte (R6) and routes again, or
+// ends with 503 no_capacity after max_attempts workers.
+func (r *requestActor) failover(c actor.Context, excludeID string, err error) {
+	r.endIO()
+	r.releaseAll(c.Send)
+	r.releaseKVAsync()
+	r.log.Info("attempt failed before the first byte", "worker", excludeID, "err", err)
+	r.d.Metrics.failovers.WithLabelValues(r.route).Inc()
+	r.lastErr = err
+	r.attempts++
+	r.exclude = append(r.exclude, excludeID)
+	if r.x.Ctx.Err() != nil {
+		r.finish(c, statusClientGone)
+		return
+	}
+	if r.nonFinalStep() && r.attempts >= r.d.MaxAttempts {
+		r.escalate(c, r.picked.Step)
+		return
+	}
+	if r.attempts >= r.d.MaxAttempts {
+		r.fail(c, fmt.Errorf("%d workers tried, none answered (last: %v): %w", r.attempts, err, errs.ErrNoCapacity))
+		return
+	}
+	r.picked = nil
+	r.become(Routing, r.stepRouting)
+	r.pick(c)
+}
+
+// releaseKVAsync releases a pushed KV handle that will not be consumed, off the actor.
+func (r *requestActor) releaseKVAsync() {
+	if r.kvHandle == "" || r.d.Engines == nil {
+		return
+	}
+	h, addr, engines, timeout := r.kvHandle, r.kvAddr, r.d.Engines, r.releaseTimeout()
+	r.kvHandle = ""
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		defer cancel()
+		_ = engines.Release(ctx, addr, h)
+	}()
+}
+
+// stepAttempting handles the engine's response headers (or failure to get them).
+func (r *requestActor) stepAttempting(c actor.Context, msg any) {
+	m, ok := msg.(attemptResult)
+	if !ok || m.gen != r.gen {
+		if ok && m.resp != nil {
+			m.resp.Body.Close()
+		}
+		return
+	}
+	p := r.picked
+	if r.x.Ctx.Err() != nil {
+		if m.resp != nil {
+			m.resp.Body.Close()
+		}
+		r.endIO()
+		r.abandon(c)
+		return
+	}
+	if m.err != nil || m.resp.StatusCode == http.StatusServiceUnavailable {
+		err := m.err
+		if m.resp != nil {
+			_, _ = io.Copy(io.Discard, io.LimitReader(m.resp.Body, 64<<10))
+			m.resp.Body.Close()
+			err = fmt.Errorf("worker %s answered 503", p.WorkerID)
+		}
+		r.failover(c, p.WorkerID, err)
+		return
+	}
+	r.d.Metrics.ttfb(r.route, timeSince(r.x.Start))
+	if r.nonFinalStep() {
+		resp := m.resp
+		r.become(CascadeStep, r.stepCascade)
+		r.runIO(c, func(ctx context.Context, gen int) any { return readAll(gen, resp) })
+		return
+	}
+	r.committed = true
+	r.writeHeaders(m.resp.Header)
+	route, metrics := r.route, r.d.Metrics
+	rl := relayer{w: r.x.W, resp: m.resp, workerID: p.WorkerID, errs: r.d.Errors,
+		onCut: func() { metrics.interrupts.WithLabelValues(route).Inc() }}
+	r.become(Relaying, r.stepRelaying)
+	r.runIO(c, func(ctx context.Context, gen int) any { rl.ctx = ctx; return rl.run(gen) })
+}
+
+// abandon ends a request whose client left, releasing a KV handle on the way.
+func (r *requestActor) abandon(c actor.Context) {
+	if r.kvHandle != "" {
+		r.become(Releasing, r.stepReleasing)
+		r.releaseKV(c)
+		return
+	}
+	r.finish(c, statusClientGone)
+}
+
+// stepCascade judges a non-final cascade step's answer (R7): kept when the accept rule holds
+// on its token logprobs (an answer with no tokens never is), else escalated.
+func (r *requestActor) stepCascade(c actor.Context, msg any) {
+	m, ok := msg.(bufferedResult)
+	if !ok || m.gen != r.gen {
+		return
+	}
+	r.endIO()
+	r.releaseAll(c.Send)
+	r.kvHandle = "" // a decode worker that answered in full consumed its handle
+	p := r.picked
+	if r.x.Ctx.Err() != nil {
+		r.finish(c, statusClientGone)
+		return
+	}
+	if m.err != nil || m.status != http.StatusOK {
+		r.log.Info("cascade step failed; escalating", "step", p.Step, "status", m.status, "err", m.err)
+		r.escalate(c, p.Step)
+		return
+	}
+	lps, err := cascade.LogprobsOf(m.body)
+	if err != nil || p.Accept == nil || !p.Accept.Holds(lps) {
+		r.escalate(c, p.Step)
+		return
+	}
+	r.d.Metrics.cascade.WithLabelValues(r.route, "accepted").Inc()
+	body := m.body
+	if !r.clientAskedLogprobs() {
+		if stripped, err := cascade.StripLogprobs(body); err == nil {
+			body = stripped
+		}
+	}
+	r.committed = true
+	r.writeHeaders(m.header)
+	r.x.W.Header().Set("Content-Length", strconv.Itoa(len(body)))
+	r.x.W.WriteHeader(m.status)
+	_, _ = r.x.W.Write(body)
+	r.finish(c, m.status)
+}
+
+// stepRelaying ends a committed request.
+func (r *requestActor) stepRelaying(c actor.Context, msg any) {
+	m, ok := msg.(relayResult)
+	if !ok || m.gen != r.gen {
+		return
+	}
+	r.endIO()
+	if m.finished {
+		r.kvHandle = "" // consumed by the decode worker
+	}
+	if r.kvHandle != "" {
+		// R8: the decode stream did not finish; give the KV blocks back now.
+		r.releaseAll(c.Send)
+		r.code = m.code
+		r.become(Releasing, r.stepReleasing)
+		r.releaseKV(c)
+		return
+	}
+	r.finish(c, m.code)
+}
+
+// releaseKV calls Release on the decode worker (Releasing).
+func (r *requestActor) releaseKV(c actor.Context) {
+	h, addr, engines, timeout := r.kvHandle, r.kvAddr, r.d.Engines, r.releaseTimeout()
+	r.runIO(c, func(_ context.Context, gen int) any {
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		defer cancel()
+		if err := engines.Release(ctx, addr, h); err != nil {
+			r.log.Warn("KV release failed; the engine's lease will free it", "handle", h, "err", err)
+		}
+		return releasedKV{gen: gen}
+	})
+}
+
+func (r *requestActor) stepReleasing(c actor.Context, msg any) {
+	m, ok := msg.(releasedKV)
+	if !ok || m.gen != r.gen {
+		return
+	}
+	r.endIO()
+	r.kvHandle = ""
+	code := r.code
+	if code == 0 {
+		code = statusClientGone
+	}
+	r.finish(c, code)
+}

@@ -1,0 +1,84 @@
+package grpcapi
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/tlgw/tlgw/actors/request"
+	enginev1 "github.com/tlgw/tlgw/contracts/tl/engine/v1"
+	kvv1 "github.com/tlgw/tlgw/contracts/tl/kv/v1"
+)
+
+// Engines is the gateway's client of the engines' EngineControl and KvTransferService (R8),
+// with one lazily dialled connection per address, kept for reuse.
+type Engines struct {
+	mu    sync.Mutex
+	conns map[string]*grpc.ClientConn
+}
+
+var _ request.Engines = (*Engines)(nil)
+
+// NewEngines returns an empty client set.
+func NewEngines() *Engines { return &Engines{conns: make(map[string]*grpc.ClientConn)} }
+
+func (e *Engines) conn(addr string) (*grpc.ClientConn, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if c := e.conns[addr]; c != nil {
+		return c, nil
+	}
+	c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, fmt.Errorf("engine address %q: %w", addr, err)
+	}
+	e.conns[addr] = c
+	return c, nil
+}
+
+// Close closes every connection.
+func (e *Engines) Close() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for addr, c := range e.conns {
+		_ = c.Close()
+		delete(e.conns, addr)
+	}
+}
+
+// Prefill implements request.Engines: EngineControl/Prefill on the prefill worker.
+func (e *Engines) Prefill(ctx context.Context, grpcAddr string, call request.PrefillCall) (request.PrefillResult, error) {
+	c, err := e.conn(grpcAddr)
+	if err != nil {
+		return request.PrefillResult{}, err
+	}
+	s := call.Sampling
+	resp, err := enginev1.NewEngineControlClient(c).Prefill(ctx, &enginev1.PrefillRequest{
+		RequestId: call.RequestID, Model: call.Model, PromptIds: call.PromptIDs, DecodeTarget: call.DecodeTarget,
+		Sampling: &enginev1.SamplingParams{
+			MaxTokens: s.MaxTokens, Temperature: s.Temperature, TopP: s.TopP, TopK: s.TopK,
+			Seed: s.Seed, Logprobs: s.Logprobs, Stop: s.Stop,
+		},
+	})
+	if err != nil {
+		return request.PrefillResult{}, err
+	}
+	h := resp.GetHandle()
+	return request.PrefillResult{
+		HandleID: h.GetHandleId(), NumBlocks: h.GetNumBlocks(), NumTokens: h.GetNumTokens(),
+		FirstToken: resp.GetFirstToken(), FirstLogprob: resp.GetFirstLogprob(), DrawsConsumed: resp.GetRngDrawsConsumed(),
+	}, nil
+}
+
+// Release implements request.Engines: KvTransferService/Release on the decode worker.
+func (e *Engines) Release(ctx context.Context, kvAddr, handleID string) error {
+	c, err := e.conn(kvAddr)
+	if err != nil {
+		return err
+	}
+	_, err = kvv1.NewKvTransferServiceClient(c).Release(ctx, &kvv1.KvHandle{HandleId: handleID})
+	return err
+}
