@@ -58,6 +58,8 @@ func main() {
 
 const usage = `usage:
   tlgw demo [--http-listen ADDR]   the gateway plus simulated engines on loopback (default 127.0.0.1:8080)
+  tlgw cascade sweep --fixture F [--small-cost S] [--accept-if 'mean_logprob > tau']
+                                   print a cascade's cost and quality curve as JSON
   tlgw serve --config FILE         run the gateway
   tlgw version                     print the version
 `
@@ -72,6 +74,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return serve(args[1:], stdout, stderr)
 	case "demo":
 		return runDemo(args[1:], stdout, stderr)
+	case "cascade":
+		return runCascade(args[1:], stdout, stderr)
 	case "version":
 		fmt.Fprintln(stdout, "tlgw", versionString())
 		return 0

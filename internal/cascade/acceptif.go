@@ -1,6 +1,8 @@
 // Package cascade holds the plain-Go parts of model cascades (R7) that more
 // than one user needs: the accept_if rule that decides whether a step's
-// answer is kept.
+// answer is kept, the offline threshold sweep (cost and quality curve) over
+// an evaluation fixture, and reading logprobs and text out of OpenAI
+// response bodies.
 package cascade
 
 import (
