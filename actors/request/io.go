@@ -194,9 +194,10 @@ func (rl relayer) json(gen int) relayResult {
 	return relayResult{gen: gen, code: rl.resp.StatusCode, finished: true}
 }
 
-// sse forwards the stream as it arrives: every read from the engine is written and flushed at
-// once, so each event reaches the client when the engine sent it. If the engine breaks off,
-// the client keeps what it got and then an SSE error event, with no [DONE] (R6).
+// sse forwards the stream as it arrives: each read from the engine is written and flushed at
+// once, cut at event boundaries (framing.go), so every event reaches the client when the engine
+// sent it. If the engine breaks off, the client keeps the whole events it got and then an SSE
+// error event, with no [DONE] (R6).
 func (rl relayer) sse(gen int) relayResult {
 	rc := http.NewResponseController(rl.w)
 	rl.w.WriteHeader(rl.resp.StatusCode)
@@ -204,17 +205,25 @@ func (rl relayer) sse(gen int) relayResult {
 	bp := bufPool.Get().(*[]byte)
 	defer bufPool.Put(bp)
 	buf := *bp
+	var framer eventFramer
+	write := func(b []byte) bool {
+		if len(b) == 0 {
+			return true
+		}
+		if _, err := rl.w.Write(b); err != nil {
+			return false
+		}
+		return rc.Flush() == nil
+	}
 	for {
 		n, err := rl.resp.Body.Read(buf)
-		if n > 0 {
-			if _, werr := rl.w.Write(buf[:n]); werr != nil {
-				return relayResult{gen: gen, code: statusClientGone}
-			}
-			if rc.Flush() != nil {
-				return relayResult{gen: gen, code: statusClientGone}
-			}
+		if n > 0 && !write(framer.feed(buf[:n])) {
+			return relayResult{gen: gen, code: statusClientGone}
 		}
 		if err == io.EOF {
+			if !write(framer.rest()) { // a clean end: whatever the engine sent is whole
+				return relayResult{gen: gen, code: statusClientGone}
+			}
 			return relayResult{gen: gen, code: rl.resp.StatusCode, finished: true}
 		}
 		if err != nil {

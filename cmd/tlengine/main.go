@@ -11,6 +11,7 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/tlgw/tlgw/sim/engine"
 	"github.com/tlgw/tlgw/sim/faults"
@@ -37,6 +38,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&cfg.MaxRunning, "max-running", 256, "requests running at once; more wait in the queue")
 	fs.DurationVar(&cfg.PrefillPerToken, "prefill-per-token", 0, "prefill cost per uncached prompt token")
 	fs.DurationVar(&cfg.DecodePerToken, "decode-per-token", 0, "decode cost per generated token")
+	fs.DurationVar(&cfg.KVLease, "kv-lease", 60*time.Second, "how long pushed KV is held for a request that has not used it (decode role)")
 	fs.StringVar(&fault, "fault", "none", faults.Usage)
 	fs.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {

@@ -4,8 +4,14 @@
 // metrics, and fault switches. It behaves like an engine for the gateway's purposes; it is
 // what `tlgw demo`, the end-to-end tests and the benchmarks run.
 //
-// Concurrency: each request runs on its HTTP handler goroutine; the shared state (KV pool,
-// running set, queue) sits behind one mutex in the scheduler. The simulator is a stand-in for
+// Disaggregated serving (SPEC R8): a prefill (or unified) engine serves EngineControl.Prefill
+// on its gRPC address and pushes the prompt's KV to a decode worker; a decode (or unified)
+// engine serves KvTransferService (Push, Release) on its KV address, holds pushed KV under
+// leased handles, and resumes a request that names one in X-TL-KV-Handle.
+//
+// Concurrency: each request runs on its HTTP handler (or gRPC) goroutine; the shared state (KV
+// pool, running set, queue) sits behind one mutex in the scheduler; KV handles sit behind their
+// own mutex, taken before the scheduler's, never inside it. The simulator is a stand-in for
 // a GPU process, not part of the gateway's actor system.
 package engine
 
@@ -26,6 +32,8 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	enginev1 "github.com/tlgw/tlgw/contracts/tl/engine/v1"
+	kvv1 "github.com/tlgw/tlgw/contracts/tl/kv/v1"
 	"github.com/tlgw/tlgw/internal/clock"
 	"github.com/tlgw/tlgw/sim/faults"
 	"github.com/tlgw/tlgw/sim/kv"
@@ -57,8 +65,11 @@ type Config struct {
 	Fault           faults.Fault
 	// HeartbeatInterval is T until a gateway's ack says otherwise (default 2 s).
 	HeartbeatInterval time.Duration
-	Clock             clock.Clock
-	Logger            *slog.Logger
+	// KVLease is how long a decode engine holds pushed KV that no request has consumed and
+	// nobody has released (--kv-lease, default 60 s, on Clock); then the handle is freed.
+	KVLease time.Duration
+	Clock   clock.Clock
+	Logger  *slog.Logger
 	// Exit ends the process for the crash-after fault (default os.Exit).
 	Exit func(code int)
 }
@@ -80,6 +91,7 @@ type Engine struct {
 	grpcSrv  *grpc.Server
 	kvSrv    *grpc.Server
 	draining atomic.Bool // a gateway's ack asked us to drain
+	handles  handles     // pushed KV held for disaggregated decode
 	sent     atomic.Int64
 	stop     chan struct{}
 	wg       sync.WaitGroup
@@ -115,6 +127,12 @@ func (c *Config) defaults() error {
 	if c.HeartbeatInterval <= 0 {
 		c.HeartbeatInterval = 2 * time.Second
 	}
+	switch {
+	case c.KVLease == 0:
+		c.KVLease = 60 * time.Second
+	case c.KVLease < 0:
+		return errors.New("engine: --kv-lease must be positive")
+	}
 	if c.HTTPListen == "" {
 		c.HTTPListen = "127.0.0.1:0"
 	}
@@ -142,10 +160,11 @@ func Start(cfg Config) (*Engine, error) {
 		return nil, err
 	}
 	e := &Engine{
-		cfg:   cfg,
-		sched: newScheduler(kv.NewPool(cfg.KVBlocks, cfg.BlockSize), cfg.MaxRunning),
-		log:   cfg.Logger.With("engine", cfg.ID),
-		stop:  make(chan struct{}),
+		cfg:     cfg,
+		sched:   newScheduler(kv.NewPool(cfg.KVBlocks, cfg.BlockSize), cfg.MaxRunning),
+		log:     cfg.Logger.With("engine", cfg.ID),
+		stop:    make(chan struct{}),
+		handles: handles{m: make(map[string]*kvHandle)},
 	}
 	e.met = newMetrics(e)
 	var lis [3]net.Listener
@@ -173,13 +192,19 @@ func Start(cfg Config) (*Engine, error) {
 	}
 
 	e.httpSrv = &http.Server{Handler: e.routes(), ReadHeaderTimeout: 10 * time.Second}
-	// EngineControl (Prefill) and KvTransferService (Push, Release) arrive with disaggregated
-	// serving; until then both gRPC listeners serve the health service, so the addresses the
-	// heartbeats advertise are real and answer.
+	// Both gRPC listeners serve the health service. EngineControl runs on prefill and unified
+	// engines, KvTransferService on decode and unified ones; the other role's calls answer
+	// Unimplemented.
 	e.grpcSrv, e.kvSrv = grpc.NewServer(), grpc.NewServer()
 	for _, s := range []*grpc.Server{e.grpcSrv, e.kvSrv} {
 		hs := health.NewServer()
 		healthpb.RegisterHealthServer(s, hs)
+	}
+	if cfg.Role != RoleDecode {
+		enginev1.RegisterEngineControlServer(e.grpcSrv, controlServer{e: e})
+	}
+	if cfg.Role != RolePrefill {
+		kvv1.RegisterKvTransferServiceServer(e.kvSrv, kvServer{e: e})
 	}
 	e.wg.Add(3)
 	go func() { defer e.wg.Done(); _ = e.httpSrv.Serve(lis[0]) }()
@@ -213,6 +238,7 @@ func (e *Engine) Close() {
 		e.grpcSrv.Stop()
 		e.kvSrv.Stop()
 		e.wg.Wait()
+		e.dropHandles()
 	})
 }
 

@@ -68,7 +68,7 @@ func (e *Engine) workerStatus() *controlv1.WorkerStatus {
 	st := e.Status()
 	return &controlv1.WorkerStatus{
 		WorkerId: e.cfg.ID, HttpAddress: e.advertisedHTTP, GrpcAddress: e.GRPCAddr, KvAddress: e.KVAddr,
-		Role: roles[e.cfg.Role], Model: e.cfg.Model,
+		Role: roles[e.cfg.Role], Model: e.cfg.Model, KvFormat: kvFormat,
 		QueueDepth: int32(st.QueueDepth), Running: int32(st.Running),
 		KvFreeBlocks: int32(st.KVFreeBlocks), KvTotalBlocks: int32(st.KVTotalBlocks),
 		Draining: st.Draining,

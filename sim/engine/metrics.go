@@ -8,13 +8,16 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc/status"
 )
 
 // metrics are tlengine's Prometheus series (issue: tlengine_*). Gauges and the cache counters
 // are read from the scheduler at scrape time, so they are the real values, never a copy.
 type metrics struct {
-	reg      *prometheus.Registry
-	requests *prometheus.CounterVec
+	reg         *prometheus.Registry
+	requests    *prometheus.CounterVec
+	grpcCalls   *prometheus.CounterVec
+	expirations prometheus.Counter
 }
 
 func newMetrics(e *Engine) *metrics {
@@ -23,10 +26,18 @@ func newMetrics(e *Engine) *metrics {
 		Name: "tlengine_requests_total",
 		Help: "Requests by endpoint and HTTP status (499: the client left).",
 	}, []string{"endpoint", "code"})
+	m.grpcCalls = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tlengine_grpc_requests_total",
+		Help: "EngineControl and KvTransferService calls by method (Prefill, Push, Release) and gRPC status code.",
+	}, []string{"method", "code"})
+	m.expirations = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "tlengine_kv_handle_expirations_total",
+		Help: "KV handles freed because their lease ran out before a request used them or they were released.",
+	})
 	status := func(f func(schedStatus) float64) func() float64 {
 		return func() float64 { return f(e.sched.status()) }
 	}
-	m.reg.MustRegister(m.requests,
+	m.reg.MustRegister(m.requests, m.grpcCalls, m.expirations,
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "tlengine_prefix_cache_hit_tokens_total",
 			Help: "Prompt tokens found in the prefix cache.",
@@ -42,7 +53,7 @@ func newMetrics(e *Engine) *metrics {
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "tlengine_kv_handles_held",
 			Help: "KV handles held for disaggregated decode (pushed, not yet released).",
-		}, func() float64 { return 0 }),
+		}, func() float64 { return float64(e.handles.count()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "tlengine_queue_depth",
 			Help: "Requests waiting for a running slot.",
@@ -57,6 +68,11 @@ func newMetrics(e *Engine) *metrics {
 
 func (m *metrics) handler() http.Handler {
 	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{})
+}
+
+// grpc counts one finished gRPC call by its status code.
+func (m *metrics) grpc(method string, err error) {
+	m.grpcCalls.WithLabelValues(method, status.Code(err).String()).Inc()
 }
 
 // request counts one finished request by its outcome.

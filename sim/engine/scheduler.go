@@ -21,6 +21,7 @@ type scheduler struct {
 
 type waiter struct {
 	prompt []uint32
+	held   *kv.Seq       // adopt: the sequence that already holds its KV (nothing to allocate)
 	ready  chan struct{} // closed when admitted (or failed)
 	seq    *kv.Seq
 	cached int
@@ -69,6 +70,29 @@ func (s *scheduler) admit(ctx context.Context, prompt []uint32, blockSize int) (
 	w := &waiter{prompt: prompt, ready: make(chan struct{})}
 	s.queue = append(s.queue, w)
 	s.mu.Unlock()
+	return s.await(ctx, w)
+}
+
+// adopt makes seq, whose KV the pool already holds (an imported KV handle), a running sequence:
+// at once when a slot is free and nobody queues, else in FIFO order behind the waiting
+// requests. The scheduler owns seq from the call on: on success the caller releases it like an
+// admitted sequence; on failure (the caller left while queued) it is already freed.
+func (s *scheduler) adopt(ctx context.Context, seq *kv.Seq) error {
+	s.mu.Lock()
+	if s.running < s.maxRunning && len(s.queue) == 0 {
+		s.running++
+		s.mu.Unlock()
+		return nil
+	}
+	w := &waiter{held: seq, ready: make(chan struct{})}
+	s.queue = append(s.queue, w)
+	s.mu.Unlock()
+	_, _, err := s.await(ctx, w)
+	return err
+}
+
+// await waits for a queued waiter's turn, or takes it out of the queue when ctx ends first.
+func (s *scheduler) await(ctx context.Context, w *waiter) (*kv.Seq, int, error) {
 	select {
 	case <-w.ready:
 		return w.seq, w.cached, w.err
@@ -87,9 +111,29 @@ func (s *scheduler) admit(ctx context.Context, prompt []uint32, blockSize int) (
 					break
 				}
 			}
+			if w.held != nil {
+				s.pool.Free(w.held)
+			}
+			s.dispatchLocked() // a head that left may have blocked the rest
 		}
 		return nil, 0, ctx.Err()
 	}
+}
+
+// importSeq creates a sequence holding pushed KV (not running: a held KV handle).
+func (s *scheduler) importSeq(tokens []uint32) (*kv.Seq, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.pool.Import(tokens)
+}
+
+// freeHeld frees a sequence that is not running (a KV handle released or expired) and lets the
+// queue move.
+func (s *scheduler) freeHeld(seq *kv.Seq) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.pool.Free(seq)
+	s.dispatchLocked()
 }
 
 // release frees a running sequence's KV and lets the queue move.
@@ -108,6 +152,13 @@ func (s *scheduler) releaseLocked(seq *kv.Seq) {
 func (s *scheduler) dispatchLocked() {
 	for len(s.queue) > 0 && s.running < s.maxRunning {
 		w := s.queue[0]
+		if w.held != nil {
+			s.queue = s.queue[1:]
+			s.running++
+			w.seq = w.held
+			close(w.ready)
+			continue
+		}
 		seq, cached, err := s.pool.Allocate(w.prompt)
 		if errors.Is(err, kv.ErrNoSpace) {
 			return // wait for KV to free up

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/tlgw/tlgw/sim/faults"
+	"github.com/tlgw/tlgw/sim/kv"
 	"github.com/tlgw/tlgw/sim/sampler"
 )
 
@@ -115,11 +116,13 @@ func (e *Engine) serveInference(w http.ResponseWriter, r *http.Request, chat boo
 	if err == nil {
 		req, err = parseRequest(body, chat, e.cfg.Model)
 	}
+	var prompt []uint32
+	var handle *kvHandle
 	if err == nil {
-		if h := r.Header.Get("X-TL-KV-Handle"); h != "" {
-			// Disaggregated decode resumes from pushed KV; no handle is held until that lands.
-			err = &apiError{status: 404, typ: "invalid_request_error", code: "kv_handle_not_found",
-				msg: fmt.Sprintf("no KV handle %q is held on this engine", h)}
+		prompt = sampler.Tokenize(req.prompt)
+		if id := r.Header.Get("X-TL-KV-Handle"); id != "" {
+			// Disaggregated decode: the pushed KV becomes this request's sequence.
+			handle, err = e.takeHandle(id, prompt)
 		}
 	}
 	if err != nil {
@@ -135,10 +138,14 @@ func (e *Engine) serveInference(w http.ResponseWriter, r *http.Request, chat boo
 		case <-r.Context().Done():
 		case <-e.stop:
 		}
+		if handle != nil {
+			e.sched.freeHeld(handle.seq)
+		}
 		e.met.request(endpoint, context.Canceled)
 		return
 	}
-	run := &run{e: e, w: w, r: r, req: req, id: fmt.Sprintf("%s-%s-%d", endpoint, e.cfg.ID, reqSeq.Add(1)), created: time.Now().Unix()}
+	run := &run{e: e, w: w, r: r, req: req, prompt: prompt, handle: handle,
+		id: fmt.Sprintf("%s-%s-%d", endpoint, e.cfg.ID, reqSeq.Add(1)), created: time.Now().Unix()}
 	err = run.execute()
 	e.met.request(endpoint, err)
 }
@@ -149,6 +156,8 @@ type run struct {
 	w       http.ResponseWriter
 	r       *http.Request
 	req     *request
+	prompt  []uint32  // the tokenized prompt
+	handle  *kvHandle // resuming from pushed KV (X-TL-KV-Handle), or nil
 	id      string
 	created int64
 
@@ -161,27 +170,20 @@ type run struct {
 
 // wait sleeps d on the engine's clock, or returns early when the client leaves.
 func (x *run) wait(d time.Duration) error {
-	if d <= 0 {
-		return nil
-	}
-	done := make(chan struct{})
-	t := x.e.cfg.Clock.AfterFunc(d, func() { close(done) })
-	select {
-	case <-done:
-		return nil
-	case <-x.r.Context().Done():
-		t.Stop()
-		return x.r.Context().Err()
-	case <-x.e.stop:
-		t.Stop()
-		return errors.New("engine stopping")
-	}
+	return x.e.sleep(x.r.Context(), d)
 }
 
-func (x *run) execute() error {
-	e, ctx := x.e, x.r.Context()
-	prompt := sampler.Tokenize(x.req.prompt)
-	x.promptTokens = len(prompt)
+// admit makes the run's sequence a running one: the prompt admitted and prefilled, or the KV
+// handle's imported sequence adopted (its prefill ran on the prefill worker).
+func (x *run) admit() (*kv.Seq, error) {
+	e, ctx, prompt := x.e, x.r.Context(), x.prompt
+	if x.handle != nil {
+		if err := e.sched.adopt(ctx, x.handle.seq); err != nil {
+			return nil, err
+		}
+		x.cached = len(prompt)
+		return x.handle.seq, nil
+	}
 	seq, cached, err := e.sched.admit(ctx, prompt, e.cfg.BlockSize)
 	if err != nil {
 		if errors.Is(err, errTooLong) {
@@ -190,14 +192,30 @@ func (x *run) execute() error {
 		if ctx.Err() == nil {
 			writeAPIError(x.w, err)
 		}
+		return nil, err
+	}
+	x.cached = cached
+	if err := x.wait(time.Duration(len(prompt)-cached) * e.cfg.PrefillPerToken); err != nil {
+		e.sched.release(seq)
+		return nil, err
+	}
+	return seq, nil
+}
+
+func (x *run) execute() error {
+	e, prompt := x.e, x.prompt
+	x.promptTokens = len(prompt)
+	seq, err := x.admit()
+	if err != nil {
 		return err
 	}
 	defer e.sched.release(seq)
-	x.cached = cached
-	if err := x.wait(time.Duration(len(prompt)-cached) * e.cfg.PrefillPerToken); err != nil {
-		return err
+	var gen tokenSource
+	if x.handle != nil {
+		gen = resume(x.req.model, prompt, x.req.params, x.handle)
+	} else {
+		gen = sampler.NewGenerator(x.req.model, prompt, x.req.params)
 	}
-	gen := sampler.NewGenerator(x.req.model, prompt, x.req.params)
 	if x.req.stream {
 		x.startStream()
 	}
