@@ -76,7 +76,6 @@ func Start(ctx context.Context, o Options) (*Demo, error) {
 		}
 		d.Engines = append(d.Engines, e)
 	}
-	o.Logger.Warn("demo: smol-pd is served by smol's unified workers until disaggregated orchestration lands; its prefill and decode engines register but take no traffic yet")
 	tick := time.NewTicker(5 * time.Millisecond)
 	defer tick.Stop()
 	for {

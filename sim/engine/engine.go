@@ -246,6 +246,7 @@ func (e *Engine) Close() {
 type Status struct {
 	QueueDepth, Running, KVFreeBlocks, KVTotalBlocks int
 	Draining                                         bool
+	KVHandlesHeld                                    int // pushed KV not yet consumed or released
 }
 
 // Status reads the live values.
@@ -255,5 +256,6 @@ func (e *Engine) Status() Status {
 		QueueDepth: st.queued, Running: st.running, KVFreeBlocks: st.kv.FreeBlocks,
 		KVTotalBlocks: st.kv.TotalBlocks,
 		Draining:      e.cfg.Fault.Kind == faults.Draining || e.draining.Load(),
+		KVHandlesHeld: e.handles.count(),
 	}
 }
