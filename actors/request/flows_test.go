@@ -16,7 +16,7 @@ func completion(w http.ResponseWriter, text []string, logprobs []float64) {
 	lp := map[string]any{"tokens": text, "token_logprobs": logprobs, "top_logprobs": nil, "text_offset": make([]int, len(text))}
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(map[string]any{
-		"object": "text_completion",
+		"object":  "text_completion",
 		"choices": []map[string]any{{"index": 0, "text": strings.Join(text, ""), "logprobs": lp, "finish_reason": "stop"}},
 	})
 }

@@ -66,8 +66,8 @@ func (t *transcript) golden(tb testing.TB, name string) {
 type transitionHandler struct{ t *transcript }
 
 func (h transitionHandler) Enabled(context.Context, slog.Level) bool { return true }
-func (h transitionHandler) WithAttrs([]slog.Attr) slog.Handler      { return h }
-func (h transitionHandler) WithGroup(string) slog.Handler           { return h }
+func (h transitionHandler) WithAttrs([]slog.Attr) slog.Handler       { return h }
+func (h transitionHandler) WithGroup(string) slog.Handler            { return h }
 func (h transitionHandler) Handle(_ context.Context, r slog.Record) error {
 	if r.Message != "request transition" {
 		return nil
