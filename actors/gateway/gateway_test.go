@@ -142,17 +142,18 @@ func TestAffinityKeepsPrefixTogether(t *testing.T) {
 		t.Fatalf("40 distinct prefixes used only %d of 4 workers: %v", len(spread), spread)
 	}
 
-	// Overload the owner as in the seed: 3 in flight on it, none elsewhere. The cap is
+	// Overload the owner as in the seed: load 3 on it, none elsewhere (R2: load is in-flight
+	// plus queue depth; here the owner's engine reports 3 queued). The cap is
 	// ⌈1.25·(3+1)/4⌉ = 2, so the owner is skipped and the next worker clockwise takes it.
 	key := prefixHash(t, system, "another")
 	first, err := h.GW.Pick(&router.Pick{Model: "smol", RequestID: "o", PrefixHash: key})
 	if err != nil || first.WorkerID != owner {
 		t.Fatalf("idle pool: got %v, %v; want owner %s", first, err, owner)
 	}
-	for i := 0; i < 3; i++ {
-		h.GW.Acquire(first.Worker)
-	}
-	h.InFlight(owner, 3)
+	h.GW.Acquire(first.Worker)
+	h.GW.Release(first.Worker)
+	h.InFlight(owner, 0)
+	h.Beat(gwtest.Worker(owner, "smol", 3))
 	res, err := h.GW.Pick(&router.Pick{Model: "smol", RequestID: "over", PrefixHash: key})
 	if err != nil {
 		t.Fatal(err)

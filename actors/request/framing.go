@@ -18,6 +18,12 @@ func (f *eventFramer) feed(chunk []byte) []byte {
 	if !f.started {
 		f.started, f.lineStart = true, true
 	}
+	if n := len(chunk); len(f.pending) == 0 && n >= 2 && chunk[n-1] == '\n' && chunk[n-2] == '\n' {
+		// The common case: the engine flushed whole events. A chunk ending in a blank line
+		// ends on a boundary whatever came before it, so there is nothing to scan.
+		f.lineStart, f.lastCR = true, false
+		return chunk
+	}
 	end := -1 // boundary within chunk, exclusive
 	for i, c := range chunk {
 		switch {

@@ -91,9 +91,10 @@ func (w *workerActor) Receive(c actor.Context) {
 		w.arm(c)
 		w.report(c)
 	case Acquire:
+		// No report: the router counted this request when it picked (its reservation), and
+		// the next report carries InFlight and AcqSeen together, which reconciles it exactly.
 		st.inFlight++
 		st.acqSeen++
-		c.Send(st.cfg.Router, &router.LoadReport{ID: st.info.ID, InFlight: st.inFlight, AcqSeen: st.acqSeen})
 	case Release:
 		if st.inFlight > 0 {
 			st.inFlight--
