@@ -299,3 +299,32 @@ func TestSupervisionKeepsRegistry(t *testing.T) {
 	h.Clock.Advance(6 * time.Second)
 	h.WaitIDs()
 }
+
+// TestLostReservationIsDropped: a pick whose requester never sends Acquire (it crashed in
+// between) stops counting once a heartbeat interval has passed without it.
+func TestLostReservationIsDropped(t *testing.T) {
+	h := gwtest.New(t)
+	h.Beat(gwtest.Worker("a", "smol", 0))
+	if _, err := h.GW.Pick(&router.Pick{Model: "smol", RequestID: "lost"}); err != nil {
+		t.Fatal(err)
+	}
+	h.InFlight("a", 1) // reserved
+	h.Clock.Advance(2 * time.Second)
+	h.Beat(gwtest.Worker("a", "smol", 0)) // the pick is older than this heartbeat
+	h.InFlight("a", 1)
+	h.Clock.Advance(2 * time.Second)
+	h.Beat(gwtest.Worker("a", "smol", 0)) // a whole interval later, still no Acquire
+	h.InFlight("a", 0)
+	// A pick that is acquired is never dropped.
+	res, err := h.Pick(router.Pick{Model: "smol", RequestID: "kept"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 2; i++ {
+		h.Clock.Advance(2 * time.Second)
+		h.Beat(gwtest.Worker("a", "smol", 0))
+	}
+	h.InFlight("a", 1)
+	h.GW.Release(res.Worker)
+	h.InFlight("a", 0)
+}

@@ -155,15 +155,22 @@ type relayer struct {
 	workerID string
 	errs     ErrorWriter
 	onCut    func()
+	// out receives the result before the goroutine ends, so a crashed actor can tell (after
+	// waiting for the goroutine) whether the client already has its terminal outcome.
+	out *relayResult
 }
 
 // run relays and reports the status the client saw and whether the answer reached its end.
 func (rl relayer) run(gen int) relayResult {
 	defer rl.resp.Body.Close()
+	var res relayResult
 	if strings.HasPrefix(rl.resp.Header.Get("Content-Type"), "text/event-stream") {
-		return rl.sse(gen)
+		res = rl.sse(gen)
+	} else {
+		res = rl.json(gen)
 	}
-	return rl.json(gen)
+	*rl.out = res
+	return res
 }
 
 // json buffers a non-streamed answer, so a body cut mid-way is a 502, never a truncated 200.
@@ -186,12 +193,12 @@ func (rl relayer) json(gen int) relayResult {
 			}
 		}
 		code := rl.errs.Error(rl.w, fmt.Errorf("worker %s broke off its answer: %v: %w", rl.workerID, err, errs.ErrUpstream))
-		return relayResult{gen: gen, code: code}
+		return relayResult{gen: gen, code: code, ended: true}
 	}
 	rl.w.Header().Set("Content-Length", strconv.Itoa(buf.Len()))
 	rl.w.WriteHeader(rl.resp.StatusCode)
 	_, _ = rl.w.Write(buf.Bytes())
-	return relayResult{gen: gen, code: rl.resp.StatusCode, finished: true}
+	return relayResult{gen: gen, code: rl.resp.StatusCode, finished: true, ended: true}
 }
 
 // sse forwards the stream as it arrives: each read from the engine is written and flushed at
@@ -206,14 +213,22 @@ func (rl relayer) sse(gen int) relayResult {
 	defer bufPool.Put(bp)
 	buf := *bp
 	var framer eventFramer
+	var tail doneTail
 	write := func(b []byte) bool {
 		if len(b) == 0 {
 			return true
 		}
+		tail.add(b)
 		if _, err := rl.w.Write(b); err != nil {
 			return false
 		}
 		return rc.Flush() == nil
+	}
+	interrupted := func(why string) relayResult {
+		rl.errs.SSEError(rl.w, fmt.Sprintf("worker %s broke off the stream: %s", rl.workerID, why))
+		_ = rc.Flush()
+		rl.onCut()
+		return relayResult{gen: gen, code: rl.resp.StatusCode, ended: true}
 	}
 	for {
 		n, err := rl.resp.Body.Read(buf)
@@ -221,19 +236,42 @@ func (rl relayer) sse(gen int) relayResult {
 			return relayResult{gen: gen, code: statusClientGone}
 		}
 		if err == io.EOF {
-			if !write(framer.rest()) { // a clean end: whatever the engine sent is whole
+			if !write(framer.rest()) {
 				return relayResult{gen: gen, code: statusClientGone}
 			}
-			return relayResult{gen: gen, code: rl.resp.StatusCode, finished: true}
+			if rl.resp.StatusCode == http.StatusOK && !tail.done() {
+				// A stream that ends without [DONE] did not finish, however cleanly the
+				// connection closed: the client must not take it for a whole answer.
+				return interrupted("the stream ended without [DONE]")
+			}
+			return relayResult{gen: gen, code: rl.resp.StatusCode, finished: true, ended: true}
 		}
 		if err != nil {
 			if rl.ctx.Err() != nil || errors.Is(err, context.Canceled) {
 				return relayResult{gen: gen, code: statusClientGone}
 			}
-			rl.errs.SSEError(rl.w, fmt.Sprintf("worker %s broke off the stream: %v", rl.workerID, err))
-			_ = rc.Flush()
-			rl.onCut()
-			return relayResult{gen: gen, code: rl.resp.StatusCode}
+			return interrupted(err.Error())
 		}
 	}
+}
+
+// doneTail keeps the last bytes forwarded, to tell whether a stream's last event was
+// "data: [DONE]".
+type doneTail struct {
+	b [32]byte
+	n int
+}
+
+func (t *doneTail) add(p []byte) {
+	if len(p) >= len(t.b) {
+		t.n = copy(t.b[:], p[len(p)-len(t.b):])
+		return
+	}
+	keep := min(t.n, len(t.b)-len(p))
+	copy(t.b[:keep], t.b[t.n-keep:t.n])
+	t.n = keep + copy(t.b[keep:], p)
+}
+
+func (t *doneTail) done() bool {
+	return bytes.HasSuffix(bytes.TrimRight(t.b[:t.n], "\r\n"), []byte("data: [DONE]"))
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/tlgw/tlgw/actors/router"
 	"github.com/tlgw/tlgw/actors/worker"
+	"github.com/tlgw/tlgw/internal/clock"
 	"github.com/tlgw/tlgw/internal/errs"
 	"github.com/tlgw/tlgw/internal/oai"
 )
@@ -101,6 +102,12 @@ type Deps struct {
 	Logger      *slog.Logger
 	// ReleaseTimeout bounds a KV Release call (default 5 s).
 	ReleaseTimeout time.Duration
+	// PickTimeout is how long the actor waits for the router before asking again (default
+	// 1 s). The router answers in microseconds; only a router that panicked on this very pick
+	// (and was restarted without it) is silent.
+	PickTimeout time.Duration
+	// Clock times the pick timeout (default the real clock).
+	Clock clock.Clock
 }
 
 // stepFunc handles one message in one state.
@@ -115,6 +122,9 @@ type requestActor struct {
 	step  stepFunc
 
 	// Routing.
+	pickTag     uint64 // the current Pick's tag; answers with another tag are stale
+	pickTimer   clock.Timer
+	pickRetries int
 	cascadeStep int // the cascade step asked for (router.LastStep: the last)
 	exclude     []string
 	attempts    int
@@ -136,6 +146,7 @@ type requestActor struct {
 	ioDone chan struct{}
 
 	committed bool // bytes have gone to the client
+	relayOut  *relayResult // the relay goroutine's result, readable once ioDone is closed
 	seed      uint64
 	seedFixed bool // the gateway drew the seed (disaggregated, R8.2)
 	sampling  Sampling
@@ -196,12 +207,65 @@ func (r *requestActor) start(c actor.Context) {
 	r.pick(c)
 }
 
-// pick asks the router (Routing).
+// pick asks the router (Routing), with a timeout after which it asks again.
 func (r *requestActor) pick(c actor.Context) {
+	r.pickTag++
+	tag := r.pickTag
 	c.Request(r.d.Router, &router.Pick{
 		Model: r.x.Req.Model, RequestID: r.x.ID, PrefixHash: prefixHash(r.x.Req.PrefixKey),
-		Exclude: r.exclude, Step: r.cascadeStep,
+		Exclude: r.exclude, Step: r.cascadeStep, Tag: tag,
 	})
+	self, root := c.Self(), c.ActorSystem().Root
+	r.pickTimer = r.clock().AfterFunc(r.pickTimeout(), func() { root.Send(self, pickTimeout{tag: tag}) })
+}
+
+// pickTimeout is the pick timer firing.
+type pickTimeout struct{ tag uint64 }
+
+// IgnoreDeadLetterLogging: the timer may fire after the request ended.
+func (pickTimeout) IgnoreDeadLetterLogging() {}
+
+func (r *requestActor) clock() clock.Clock {
+	if r.d.Clock != nil {
+		return r.d.Clock
+	}
+	return clock.Real{}
+}
+
+func (r *requestActor) pickTimeout() time.Duration {
+	if r.d.PickTimeout > 0 {
+		return r.d.PickTimeout
+	}
+	return time.Second
+}
+
+// stopPickTimer cancels the pending pick timeout.
+func (r *requestActor) stopPickTimer() {
+	if r.pickTimer != nil {
+		r.pickTimer.Stop()
+		r.pickTimer = nil
+	}
+}
+
+// giveBack returns a reservation the actor will not use: Acquire and Release reconcile the
+// router's count through the worker's next report.
+func giveBack(c actor.Context, p *router.Picked) {
+	if p == nil || p.Err != nil || p.Worker == nil {
+		return
+	}
+	c.Send(p.Worker, worker.Acquire{})
+	c.Send(p.Worker, worker.Release{})
+	if p.Prefill != nil {
+		c.Send(p.Prefill.Worker, worker.Acquire{})
+		c.Send(p.Prefill.Worker, worker.Release{})
+	}
+}
+
+// giveBackPick: on a crash while a pick is outstanding the router may have reserved for it;
+// the timer is stopped and the router's safety net (reservations unacquired for a heartbeat
+// interval are dropped) reconciles the count.
+func (r *requestActor) giveBackPick(c actor.Context) {
+	r.stopPickTimer()
 }
 
 // acquire counts the attempt on the worker(s) the router reserved.
@@ -235,6 +299,7 @@ func (r *requestActor) releaseAll(send func(*actor.PID, any)) {
 // finish ends the request with its terminal outcome already written (code is its status).
 func (r *requestActor) finish(c actor.Context, code int) {
 	r.become(Done, nil)
+	r.stopPickTimer()
 	r.releaseAll(c.Send)
 	r.code = code
 	r.d.Metrics.done(r.route, r.served, code)
@@ -266,16 +331,20 @@ func (r *requestActor) stopping(c actor.Context) {
 	if r.log != nil {
 		r.log.Error("request actor stopped before finishing: answering the client and releasing", "state", r.state.String())
 	}
-	if r.cancel != nil {
-		r.cancel()
+	if r.cancel != nil && !r.committed {
+		r.cancel() // an attempt not yet committed is abandoned; a relay runs to its end
 	}
 	r.releaseAll(c.Send)
-	ioDone, x, committed, stream, ew := r.ioDone, r.x, r.committed, r.x.Req.Stream, r.d.Errors
+	r.giveBackPick(c)
+	ioDone, x, committed, stream, ew, out := r.ioDone, r.x, r.committed, r.x.Req.Stream, r.d.Errors, r.relayOut
 	kvHandle, kvAddr, engines, timeout := r.kvHandle, r.kvAddr, r.d.Engines, r.releaseTimeout()
 	route, served, metrics := r.route, r.served, r.d.Metrics
 	go func() {
 		if ioDone != nil {
 			<-ioDone
+		}
+		if out != nil && out.finished {
+			kvHandle = "" // the decode worker consumed it
 		}
 		if kvHandle != "" && engines != nil {
 			ctx, cancel := context.WithTimeout(context.Background(), timeout)
@@ -284,6 +353,8 @@ func (r *requestActor) stopping(c actor.Context) {
 		}
 		code := 502
 		switch {
+		case out != nil && out.ended:
+			code = out.code // the relay finished: the client already has its outcome
 		case x.Ctx.Err() != nil:
 			code = statusClientGone
 		case committed && stream:

@@ -36,6 +36,7 @@ type (
 		gen      int
 		code     int
 		finished bool // the engine's answer reached its end
+		ended    bool // the client has its terminal outcome (a whole answer, 502, or an error event)
 	}
 	tokenized struct {
 		gen int
@@ -93,10 +94,28 @@ func (r *requestActor) nonFinalStep() bool {
 
 // stepRouting handles the router's answer.
 func (r *requestActor) stepRouting(c actor.Context, msg any) {
+	if t, ok := msg.(pickTimeout); ok {
+		if t.tag != r.pickTag {
+			return
+		}
+		r.pickRetries++
+		if r.pickRetries > 3 {
+			r.fail(c, fmt.Errorf("the router did not answer %d picks: %w", r.pickRetries, errs.ErrInternal))
+			return
+		}
+		r.log.Warn("the router did not answer a pick in time; asking again", "timeout", r.pickTimeout())
+		r.pick(c)
+		return
+	}
 	p, ok := msg.(*router.Picked)
 	if !ok {
 		return
 	}
+	if p.Tag != r.pickTag {
+		giveBack(c, p) // a late answer to a pick the actor already asked again
+		return
+	}
+	r.stopPickTimer()
 	if p.Route != "" {
 		r.route, r.served = p.Route, p.ServedModel
 	}
@@ -216,7 +235,8 @@ func (r *requestActor) stepAttempting(c actor.Context, msg any) {
 	r.committed = true
 	r.writeHeaders(m.resp.Header)
 	route, metrics := r.route, r.d.Metrics
-	rl := relayer{w: r.x.W, resp: m.resp, workerID: p.WorkerID, errs: r.d.Errors,
+	r.relayOut = &relayResult{}
+	rl := relayer{w: r.x.W, resp: m.resp, workerID: p.WorkerID, errs: r.d.Errors, out: r.relayOut,
 		onCut: func() { metrics.interrupts.WithLabelValues(route).Inc() }}
 	r.become(Relaying, r.stepRelaying)
 	r.runIO(c, func(ctx context.Context, gen int) any { rl.ctx = ctx; return rl.run(gen) })

@@ -59,6 +59,9 @@ type WorkerState struct {
 	// InFlight and AcqSeen: the worker's in-flight count and how many Acquires it has processed.
 	InFlight int64
 	AcqSeen  uint64
+	// Heartbeat marks the report a heartbeat caused; reports come a heartbeat interval apart,
+	// which times the router's reservation safety net.
+	Heartbeat bool
 }
 
 // LoadReport is a worker's in-flight change after an Acquire or Release.
@@ -78,12 +81,14 @@ type Pick struct {
 	PrefixHash uint64   // Hash64 of the prefix key (R4), for affinity
 	Exclude    []string // worker ids already tried (R6)
 	Step       int      // cascade step (0 = first; LastStep); ignored by other routes
+	Tag        uint64   // echoed in Picked, so a requester can tell a late answer from a current one
 }
 
 // Picked answers Pick. On success the router has reserved one in-flight slot on Worker (and on
 // Prefill.Worker for a disaggregated route), and the requester must send each Acquire at once
 // and Release when the attempt ends (every path).
 type Picked struct {
+	Tag         uint64
 	Err         error // ErrModelNotFound or ErrNoCapacity (package errs)
 	Worker      *actor.PID
 	WorkerID    string

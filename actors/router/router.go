@@ -38,6 +38,10 @@ type slot struct {
 	reported int64
 	acqSeen  uint64
 	acqSent  uint64
+	// acqSentAtBeat is acqSent at the previous heartbeat report: a reservation older than a
+	// heartbeat interval whose Acquire never came (its requester crashed between the pick and
+	// the Acquire) is dropped at the next one, so a lost reservation never inflates the load.
+	acqSentAtBeat uint64
 	member   policy.Member
 	pool     *pool // the pool the member is in while routable, else nil
 	state    string
@@ -121,7 +125,9 @@ func (r *routerActor) Receive(c actor.Context) {
 	st := r.st
 	switch m := c.Message().(type) {
 	case *Pick:
-		c.Respond(st.pick(m))
+		p := st.pick(m)
+		p.Tag = m.Tag
+		c.Respond(p)
 	case *LoadReport:
 		st.loadReport(m)
 	case *WorkerState:
@@ -260,6 +266,13 @@ func (st *state) workerState(c actor.Context, m *WorkerState) {
 		s.reported, s.acqSeen = m.InFlight, m.AcqSeen
 		if s.acqSent < s.acqSeen {
 			s.acqSent = s.acqSeen
+		}
+		if m.Heartbeat {
+			if lost := int64(s.acqSentAtBeat) - int64(s.acqSeen); lost > 0 {
+				st.cfg.Logger.Warn("dropping reservations never acquired", "worker", s.info.ID, "count", lost)
+				s.acqSent -= uint64(lost)
+			}
+			s.acqSentAtBeat = s.acqSent
 		}
 	}
 	if s.live {

@@ -89,7 +89,7 @@ func (w *workerActor) Receive(c actor.Context) {
 		st.seq = m.Seq
 		st.live = true
 		w.arm(c)
-		w.report(c)
+		w.reportBeat(c, true)
 	case Acquire:
 		// No report: the router counted this request when it picked (its reservation), and
 		// the next report carries InFlight and AcqSeen together, which reconciles it exactly.
@@ -138,9 +138,12 @@ func (w *workerActor) arm(c actor.Context) {
 	st.timer = st.cfg.Clock.AfterFunc(d, func() { root.Send(self, deadline{gen: gen}) })
 }
 
-func (w *workerActor) report(c actor.Context) {
+func (w *workerActor) report(c actor.Context) { w.reportBeat(c, false) }
+
+func (w *workerActor) reportBeat(c actor.Context, heartbeat bool) {
 	st := w.st
 	c.Send(st.cfg.Router, &router.WorkerState{
 		PID: c.Self(), Info: st.info, Live: st.live, InFlight: st.inFlight, AcqSeen: st.acqSeen,
+		Heartbeat: heartbeat,
 	})
 }

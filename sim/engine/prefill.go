@@ -176,6 +176,10 @@ func (e *Engine) sleep(ctx context.Context, d time.Duration) error {
 		return ctx.Err()
 	case <-e.stop:
 		t.Stop()
-		return errors.New("engine stopping")
+		return errStopping
 	}
 }
+
+// errStopping: the engine is shutting down mid-request; like a dying process, it cuts the
+// connection instead of finishing the answer.
+var errStopping = errors.New("engine stopping")

@@ -147,6 +147,9 @@ func (e *Engine) serveInference(w http.ResponseWriter, r *http.Request, chat boo
 	run := &run{e: e, w: w, r: r, req: req, prompt: prompt, handle: handle,
 		id: fmt.Sprintf("%s-%s-%d", endpoint, e.cfg.ID, reqSeq.Add(1)), created: time.Now().Unix()}
 	err = run.execute()
+	if errors.Is(err, errStopping) {
+		run.cut() // a dying engine breaks its connections off
+	}
 	e.met.request(endpoint, err)
 }
 
