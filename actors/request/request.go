@@ -145,7 +145,7 @@ type requestActor struct {
 	ioCtx  context.Context
 	ioDone chan struct{}
 
-	committed bool // bytes have gone to the client
+	committed bool         // bytes have gone to the client
 	relayOut  *relayResult // the relay goroutine's result, readable once ioDone is closed
 	seed      uint64
 	seedFixed bool // the gateway drew the seed (disaggregated, R8.2)

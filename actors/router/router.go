@@ -42,9 +42,9 @@ type slot struct {
 	// heartbeat interval whose Acquire never came (its requester crashed between the pick and
 	// the Acquire) is dropped at the next one, so a lost reservation never inflates the load.
 	acqSentAtBeat uint64
-	member   policy.Member
-	pool     *pool // the pool the member is in while routable, else nil
-	state    string
+	member        policy.Member
+	pool          *pool // the pool the member is in while routable, else nil
+	state         string
 }
 
 func (s *slot) load() int64 {
