@@ -1,11 +1,15 @@
 package request_test
 
 import (
+	"bufio"
+	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/tlgw/tlgw/actors/router"
 	grpcapi "github.com/tlgw/tlgw/adapters/grpc"
@@ -160,5 +164,42 @@ func TestDisaggregatedReleaseOnAbort(t *testing.T) {
 	})
 	for _, id := range []string{"p", "d"} {
 		p.InFlight(id, 0)
+	}
+}
+
+// TestDisaggregatedClientLeaves: a client that leaves mid-stream cancels the decode request
+// at once; the handle is released and D holds nothing.
+func TestDisaggregatedClientLeaves(t *testing.T) {
+	clients := grpcapi.NewEngines()
+	t.Cleanup(clients.Close)
+	r := newRig(t, rigOpt{engines: clients, routes: []config.Route{
+		{Model: "smol-pd", Backends: []config.Backend{{Model: "smol", Weight: 1}}, Targets: []string{config.TargetDisaggregated}},
+	}})
+	pe := startEngine(t, engine.Config{ID: "p", Model: "smol", Role: engine.RolePrefill})
+	de := startEngine(t, engine.Config{ID: "d", Model: "smol", Role: engine.RoleDecode, DecodePerToken: 20 * time.Millisecond})
+	r.beatRole("p", "smol", router.RolePrefill, pe.HTTPAddr, pe.GRPCAddr, pe.KVAddr)
+	r.beatRole("d", "smol", router.RoleDecode, de.HTTPAddr, de.GRPCAddr, de.KVAddr)
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, "POST", r.srv.URL+"/v1/completions",
+		strings.NewReader(`{"model":"smol-pd","prompt":"a long answer please","max_tokens":200,"stream":true}`))
+	resp, err := r.srv.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bufio.NewReader(resp.Body).ReadString('\n'); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	resp.Body.Close()
+	gwtest.Eventually(t, "D holds nothing and runs nothing", func() bool {
+		st := de.Status()
+		return st.KVHandlesHeld == 0 && st.Running == 0 && st.KVFreeBlocks == st.KVTotalBlocks
+	})
+	r.InFlight("p", 0)
+	r.InFlight("d", 0)
+	r.engines.mu.Lock()
+	defer r.engines.mu.Unlock()
+	if len(r.engines.handles) != 1 || !slices.Equal(r.engines.releases, r.engines.handles) {
+		t.Fatalf("handles %v, releases %v", r.engines.handles, r.engines.releases)
 	}
 }
