@@ -12,6 +12,7 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 
+	"github.com/tlgw/tlgw/internal/errs"
 	"github.com/tlgw/tlgw/internal/oai"
 )
 
@@ -83,7 +84,7 @@ func (r *requestActor) tokenize(c actor.Context) {
 	if !r.seedFixed && r.promptIDs == nil {
 		s, seeded, err := ParseSampling(r.x.Body)
 		if err != nil {
-			r.fail(c, fmt.Errorf("%v: %w", err, errInvalid))
+			r.fail(c, fmt.Errorf("%v: %w", err, errs.ErrInvalidRequest))
 			return
 		}
 		if !seeded {
@@ -94,7 +95,7 @@ func (r *requestActor) tokenize(c actor.Context) {
 	p := r.picked
 	body, err := oai.RewriteModel(r.x.Body, p.ServedModel)
 	if err != nil {
-		r.fail(c, fmt.Errorf("%v: %w", err, errInvalid))
+		r.fail(c, fmt.Errorf("%v: %w", err, errs.ErrInvalidRequest))
 		return
 	}
 	url, tr := "http://"+p.Prefill.HTTPAddress+"/v1/tokenize", r.d.Transport

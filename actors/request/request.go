@@ -39,7 +39,7 @@ type Exchange struct {
 }
 
 // NewExchange prepares an exchange.
-func NewExchange(w http.ResponseWriter, ctx context.Context, path string, kind oai.Kind, id string,
+func NewExchange(ctx context.Context, w http.ResponseWriter, path string, kind oai.Kind, id string,
 	debug bool, body []byte, req oai.Request, start time.Time) *Exchange {
 	return &Exchange{W: w, Ctx: ctx, Path: path, Kind: kind, ID: id, Debug: debug, Body: body, Req: req,
 		Start: start, done: make(chan struct{})}
@@ -261,12 +261,7 @@ func giveBack(c actor.Context, p *router.Picked) {
 	}
 }
 
-// giveBackPick: on a crash while a pick is outstanding the router may have reserved for it;
-// the timer is stopped and the router's safety net (reservations unacquired for a heartbeat
-// interval are dropped) reconciles the count.
-func (r *requestActor) giveBackPick(c actor.Context) {
-	r.stopPickTimer()
-}
+
 
 // acquire counts the attempt on the worker(s) the router reserved.
 func (r *requestActor) acquire(c actor.Context, p *router.Picked) {
@@ -335,7 +330,9 @@ func (r *requestActor) stopping(c actor.Context) {
 		r.cancel() // an attempt not yet committed is abandoned; a relay runs to its end
 	}
 	r.releaseAll(c.Send)
-	r.giveBackPick(c)
+	// A pick still outstanding may hold a reservation on the router; its safety net drops
+	// reservations never acquired within a heartbeat interval.
+	r.stopPickTimer()
 	ioDone, x, committed, stream, ew, out := r.ioDone, r.x, r.committed, r.x.Req.Stream, r.d.Errors, r.relayOut
 	kvHandle, kvAddr, engines, timeout := r.kvHandle, r.kvAddr, r.d.Engines, r.releaseTimeout()
 	route, served, metrics := r.route, r.served, r.d.Metrics
@@ -380,6 +377,3 @@ func (r *requestActor) releaseTimeout() time.Duration {
 func Spawn(sys *actor.ActorSystem, d *Deps, x *Exchange, opts ...actor.PropsOption) {
 	sys.Root.Spawn(Props(d, x, opts...))
 }
-
-// errInvalid wraps client input the actor finds malformed late (the adapter checked the rest).
-var errInvalid = errs.ErrInvalidRequest

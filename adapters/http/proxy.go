@@ -32,7 +32,7 @@ func (s *Server) inference(w http.ResponseWriter, r *http.Request, kind oai.Kind
 		s.metrics.reject(writeError(w, fmt.Errorf("%v: %w", err, errs.ErrInvalidRequest)))
 		return
 	}
-	x := request.NewExchange(w, r.Context(), r.URL.Path, kind, id, sc&scopeDebug != 0, body, req, start)
+	x := request.NewExchange(r.Context(), w, r.URL.Path, kind, id, sc&scopeDebug != 0, body, req, start)
 	s.serve(x)
 	<-x.Done()
 }

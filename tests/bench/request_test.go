@@ -38,7 +38,7 @@ func BenchmarkRequestActorLifecycle(b *testing.B) {
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		w := httptest.NewRecorder()
-		x := request.NewExchange(w, context.Background(), "/v1/completions", oai.Completions, "id", false, body, req, time.Now())
+		x := request.NewExchange(context.Background(), w, "/v1/completions", oai.Completions, "id", false, body, req, time.Now())
 		request.Spawn(h.GW.System, deps, x, opts...)
 		<-x.Done()
 		if w.Code != 404 {
