@@ -261,8 +261,6 @@ func giveBack(c actor.Context, p *router.Picked) {
 	}
 }
 
-
-
 // acquire counts the attempt on the worker(s) the router reserved.
 func (r *requestActor) acquire(c actor.Context, p *router.Picked) {
 	c.Send(p.Worker, worker.Acquire{})
