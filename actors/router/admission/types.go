@@ -1,0 +1,108 @@
+// Package admission is tlgw's admission queue and dispatch gate (SPEC R10), pure Go, owned by
+// the router actor: classes served by deficit round robin, lanes (one shared lane per class,
+// one per session, classifier-named lanes) where a held or blocked head blocks only its own
+// lane, a DispatchGate that policies use to hold or steer a lane head, and every wait — order,
+// class budget, expiry, wake-ups — owned by the queue. Classifiers never park a request.
+package admission
+
+import "time"
+
+// Request is what the queue and its policies know of one request.
+type Request struct {
+	ID        string // the request id
+	Class     string // set by Classify: the class name (default class when empty)
+	Lane      string // set by Classify: a classifier-named lane ("" = shared or session lane)
+	SessionID string // from X-Session-ID or the body's user; "" = none
+	// Allowed narrows the workers the request may go to (nil = the route's). Classify sets it
+	// by intersection with the route's set; an empty intersection keeps the route's.
+	Allowed []string
+	// PromptTokens is the prompt's size estimate (bytes/4 of the rendered prompt; the gateway
+	// has no tokenizer). CachedTokens is the best matched prefix, in tokens, over the allowed
+	// workers, from the prefix index.
+	PromptTokens int
+	CachedTokens int
+	// Tag is the policy's own mark (e.g. cold_pool's "warm"/"cold"); shown in the admin view.
+	Tag string
+}
+
+// Worker is one candidate worker as the queue and gates see it.
+type Worker struct {
+	ID   string
+	Load int64 // R2: in flight + reported queue depth
+	Full bool  // load ≥ the admission busy_threshold (never when none is configured)
+}
+
+// View is the gate's read-only view of the pool a head would go to.
+type View interface {
+	// Workers lists the head's candidate workers (route ∩ allowed), in id order.
+	Workers() []Worker
+	// Now is the injected clock's time.
+	Now() time.Time
+}
+
+// Decision is a gate's answer about a lane head.
+type Decision struct {
+	// Go dispatches the head; Target, when set and allowed and not full, is where it goes
+	// (a soft target: the picker falls back to its policy otherwise).
+	Go     bool
+	Target string
+	// Until (with Go false) holds the head until that time at the latest; the zero time holds
+	// it until the next wake (a capacity change, a worker arriving or leaving, the gate's own
+	// recheck). A time not in the future arms no timer and means "ask again at the next wake".
+	Until time.Time
+	// Reason says why a head is held, for the admin view and the gate metric.
+	Reason string
+	// SessionOnly says only the end of a turn of the head's own session (besides its Hold
+	// time, the gate's recheck and workers coming or going) can change this answer, so a
+	// capacity free elsewhere need not ask again. By default a held head is asked again on
+	// every capacity free (GATE-PITFALLS 8).
+	SessionOnly bool
+}
+
+// Gate is a policy's dispatch gate. Every method is called on the router actor's goroutine and
+// must return at once.
+type Gate interface {
+	// Check is asked about a lane head before the capacity check.
+	Check(head *Request, v View) Decision
+	// Dispatched is called exactly once per request, when it leaves the queue for worker
+	// (also for requests that never waited).
+	Dispatched(r *Request, worker string)
+	// Completed is called once when a dispatched request ends, whatever its outcome.
+	Completed(r *Request, worker string)
+	// Recheck is how often held heads are asked again with no other wake (0 = never).
+	Recheck() time.Duration
+}
+
+// Classifier assigns class, lane and allowed workers, and may read cached tokens.
+type Classifier interface {
+	// Classify returns at once; it never parks a request. cached gives the best matched
+	// prefix (tokens) over a set of workers.
+	Classify(r *Request, route []string, cached func(workers []string) int)
+}
+
+// Policy is a registered admission policy: a classifier and, optionally, a gate.
+type Policy interface {
+	Classifier
+	Gate() Gate // nil: no gate (every head is Go)
+}
+
+// Intersect narrows allowed to the route's workers; an empty intersection keeps route (R10.1).
+func Intersect(route, allowed []string) []string {
+	if allowed == nil {
+		return route
+	}
+	set := make(map[string]bool, len(allowed))
+	for _, w := range allowed {
+		set[w] = true
+	}
+	var out []string
+	for _, w := range route {
+		if set[w] {
+			out = append(out, w)
+		}
+	}
+	if len(out) == 0 {
+		return route
+	}
+	return out
+}
