@@ -34,6 +34,11 @@ type Exchange struct {
 	Body  []byte
 	Req   oai.Request
 	Start time.Time
+	// Admission inputs (R10): the class from the key or X-TL-Class, the session id from
+	// X-Session-ID or the body's user, and a prompt-size estimate in tokens.
+	Class        string
+	SessionID    string
+	PromptTokens int
 
 	done chan struct{}
 }
@@ -108,6 +113,8 @@ type Deps struct {
 	PickTimeout time.Duration
 	// Clock times the pick timeout (default the real clock).
 	Clock clock.Clock
+	// Admission: a request's first pick passes the router's admission queue (R10).
+	Admission bool
 }
 
 // stepFunc handles one message in one state.
@@ -125,6 +132,9 @@ type requestActor struct {
 	pickTag     uint64 // the current Pick's tag; answers with another tag are stale
 	pickTimer   clock.Timer
 	pickRetries int
+	queued      bool // the router queued the first pick (no pick timeout then)
+	admitted    bool // the router admitted the request: tell it when it ends
+	stopWatch   chan struct{}
 	cascadeStep int // the cascade step asked for (router.LastStep: the last)
 	exclude     []string
 	attempts    int
@@ -204,17 +214,51 @@ func (r *requestActor) start(c actor.Context) {
 		r.cascadeStep = 0 // a cascade route starts at its first step; other routes ignore it
 	}
 	r.state, r.step = Routing, r.stepRouting
+	if r.d.Admission {
+		// While the request may wait in the queue, a client that leaves must leave it at once.
+		r.stopWatch = make(chan struct{})
+		ctx, stop, self, root := r.x.Ctx, r.stopWatch, c.Self(), c.ActorSystem().Root
+		go func() {
+			select {
+			case <-ctx.Done():
+				root.Send(self, clientGone{})
+			case <-stop:
+			}
+		}()
+	}
 	r.pick(c)
+}
+
+// clientGone is the client leaving while the request is still routing or queued.
+type clientGone struct{}
+
+// IgnoreDeadLetterLogging: the request may have ended already.
+func (clientGone) IgnoreDeadLetterLogging() {}
+
+// endWatch stops the client watcher and tells the router an admitted request ended.
+func (r *requestActor) endWatch(c actor.Context) {
+	if r.stopWatch != nil {
+		close(r.stopWatch)
+		r.stopWatch = nil
+	}
+	if r.admitted {
+		r.admitted = false
+		c.Send(r.d.Router, &router.Finished{RequestID: r.x.ID})
+	}
 }
 
 // pick asks the router (Routing), with a timeout after which it asks again.
 func (r *requestActor) pick(c actor.Context) {
 	r.pickTag++
 	tag := r.pickTag
-	c.Request(r.d.Router, &router.Pick{
+	p := &router.Pick{
 		Model: r.x.Req.Model, RequestID: r.x.ID, PrefixHash: prefixHash(r.x.Req.PrefixKey),
 		Exclude: r.exclude, Step: r.cascadeStep, Tag: tag,
-	})
+	}
+	if r.d.Admission && tag == 1 {
+		p.Admit = &router.AdmitInfo{Class: r.x.Class, SessionID: r.x.SessionID, PromptTokens: r.x.PromptTokens}
+	}
+	c.Request(r.d.Router, p)
 	self, root := c.Self(), c.ActorSystem().Root
 	r.pickTimer = r.clock().AfterFunc(r.pickTimeout(), func() { root.Send(self, pickTimeout{tag: tag}) })
 }
@@ -293,6 +337,7 @@ func (r *requestActor) releaseAll(send func(*actor.PID, any)) {
 func (r *requestActor) finish(c actor.Context, code int) {
 	r.become(Done, nil)
 	r.stopPickTimer()
+	r.endWatch(c)
 	r.releaseAll(c.Send)
 	r.code = code
 	r.d.Metrics.done(r.route, r.served, code)
@@ -329,8 +374,12 @@ func (r *requestActor) stopping(c actor.Context) {
 	}
 	r.releaseAll(c.Send)
 	// A pick still outstanding may hold a reservation on the router; its safety net drops
-	// reservations never acquired within a heartbeat interval.
+	// reservations never acquired within a heartbeat interval. A queued one is withdrawn.
 	r.stopPickTimer()
+	if r.queued && r.picked == nil {
+		c.Send(r.d.Router, &router.CancelPick{RequestID: r.x.ID})
+	}
+	r.endWatch(c)
 	ioDone, x, committed, stream, ew, out := r.ioDone, r.x, r.committed, r.x.Req.Stream, r.d.Errors, r.relayOut
 	kvHandle, kvAddr, engines, timeout := r.kvHandle, r.kvAddr, r.d.Engines, r.releaseTimeout()
 	route, served, metrics := r.route, r.served, r.d.Metrics

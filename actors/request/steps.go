@@ -94,6 +94,20 @@ func (r *requestActor) nonFinalStep() bool {
 
 // stepRouting handles the router's answer.
 func (r *requestActor) stepRouting(c actor.Context, msg any) {
+	switch m := msg.(type) {
+	case *router.Queued:
+		if m.Tag == r.pickTag {
+			r.queued = true
+			r.stopPickTimer() // the queue owns the wait now (max_wait)
+		}
+		return
+	case clientGone:
+		if r.queued && r.picked == nil {
+			c.Send(r.d.Router, &router.CancelPick{RequestID: r.x.ID})
+		}
+		r.finish(c, statusClientGone)
+		return
+	}
 	if t, ok := msg.(pickTimeout); ok {
 		if t.tag != r.pickTag {
 			return
@@ -116,6 +130,9 @@ func (r *requestActor) stepRouting(c actor.Context, msg any) {
 		return
 	}
 	r.stopPickTimer()
+	if p.Admitted {
+		r.admitted = true
+	}
 	if p.Route != "" {
 		r.route, r.served = p.Route, p.ServedModel
 	}

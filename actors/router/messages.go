@@ -82,6 +82,35 @@ type Pick struct {
 	Exclude    []string // worker ids already tried (R6)
 	Step       int      // cascade step (0 = first; LastStep); ignored by other routes
 	Tag        uint64   // echoed in Picked, so a requester can tell a late answer from a current one
+	// Admit is set on a request's first pick when it must pass the admission queue (R10);
+	// the router then answers *Queued at once if it waits, and *Picked when it leaves.
+	Admit *AdmitInfo
+}
+
+// AdmitInfo is what the admission classifier reads of a request.
+type AdmitInfo struct {
+	Class        string // from the API key or X-TL-Class ("" = the default class)
+	SessionID    string // X-Session-ID or the body's user ("" = none)
+	PromptTokens int    // an estimate (rendered prompt bytes / 4)
+}
+
+// Queued answers an admitted Pick that waits in the queue; *Picked follows when it leaves.
+type Queued struct{ Tag uint64 }
+
+// Finished tells the router an admitted request has ended (any outcome), for the gate's
+// bookkeeping (R10.4).
+type Finished struct{ RequestID string }
+
+// CancelPick withdraws an admitted request whose client left while it waited (R10.5).
+type CancelPick struct{ RequestID string }
+
+// GetQueue asks for the admission queue's admin view; the reply is *QueueView.
+type GetQueue struct{}
+
+// QueueView answers GetQueue.
+type QueueView struct {
+	Enabled  bool
+	Snapshot any // admission.Snapshot
 }
 
 // Picked answers Pick. On success the router has reserved one in-flight slot on Worker (and on
@@ -105,6 +134,9 @@ type Picked struct {
 	// Prefill is the prefill worker of a disaggregated route (Worker is then the decode
 	// worker); nil otherwise.
 	Prefill *PickedWorker
+	// Admitted: the request went through the admission queue; the requester sends Finished
+	// when it ends.
+	Admitted bool
 }
 
 // PickedWorker is a second worker reserved by a pick.

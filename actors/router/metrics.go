@@ -10,6 +10,7 @@ import (
 type Metrics struct {
 	decisions *prometheus.CounterVec
 	workers   *prometheus.GaugeVec
+	admission admissionMetrics
 }
 
 // NewMetrics registers the router's series on reg.
@@ -24,8 +25,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Registered workers by state: routable, draining (engine-reported), drained (admin).",
 		}, []string{"state"}),
 	}
+	m.admission = newAdmissionMetrics()
 	if reg != nil {
-		reg.MustRegister(m.decisions, m.workers)
+		a := m.admission
+		reg.MustRegister(m.decisions, m.workers, a.queueLength, a.queueWait, a.gateDecisions, a.queueRejections)
 	}
 	return m
 }
@@ -40,13 +43,18 @@ const (
 
 // decisionCounters caches the counter of every reason for one policy, so a pick does no label
 // lookup.
-func (m *Metrics) decisionCounters(policyName string) [4]prometheus.Counter {
-	var out [4]prometheus.Counter
-	for r := policy.ReasonLeastLoad; r <= policy.ReasonLoad; r++ {
-		out[r] = m.decisions.WithLabelValues(policyName, r.String())
+func (m *Metrics) decisionCounters(policyName string) [maxReasons]prometheus.Counter {
+	var out [maxReasons]prometheus.Counter
+	for r := range policy.Reason(maxReasons) {
+		if name := r.String(); name != "unknown" {
+			out[r] = m.decisions.WithLabelValues(policyName, name)
+		}
 	}
 	return out
 }
+
+// maxReasons bounds the policy.Reason values the decision counters cover.
+const maxReasons = 8
 
 func (m *Metrics) workerGauges() map[string]prometheus.Gauge {
 	return map[string]prometheus.Gauge{

@@ -14,6 +14,7 @@ import (
 
 	"github.com/tlgw/tlgw/actors/router/policy"
 	"github.com/tlgw/tlgw/internal/cascade"
+	"github.com/tlgw/tlgw/internal/clock"
 	"github.com/tlgw/tlgw/internal/config"
 	"github.com/tlgw/tlgw/internal/errs"
 )
@@ -25,6 +26,10 @@ type Config struct {
 	Routes     []config.Route
 	Metrics    *Metrics
 	Logger     *slog.Logger
+	// Admission turns the admission queue on (nil: every pick is answered at once).
+	Admission *AdmissionConfig
+	// Clock times the queue (default the real clock).
+	Clock clock.Clock
 }
 
 // slot is the router's record of one registered worker.
@@ -73,8 +78,9 @@ type poolKey struct {
 }
 
 type pool struct {
-	key poolKey
-	p   policy.Policy
+	key     poolKey
+	p       policy.Policy
+	members map[string]*slot // by worker id
 }
 
 // state survives restarts of the router actor: a panic while handling one message must not
@@ -89,8 +95,9 @@ type state struct {
 	pools     map[poolKey]*pool
 	models    map[string]int // live workers per served model
 	routable  int
-	decisions [4]prometheus.Counter
+	decisions [maxReasons]prometheus.Counter
 	gauges    map[string]prometheus.Gauge
+	adm       *admissionState // nil without [admission]
 }
 
 // Props returns the router actor's props. The route table starts at epoch 1.
@@ -115,6 +122,13 @@ func Props(cfg Config, opts ...actor.PropsOption) (*actor.Props, error) {
 		gauges:    cfg.Metrics.workerGauges(),
 	}
 	st.setRoutes(cfg.Routes)
+	if cfg.Admission != nil {
+		clk := cfg.Clock
+		if clk == nil {
+			clk = clock.Real{}
+		}
+		st.adm = newAdmission(cfg.Admission, clk, cfg.Metrics.admission)
+	}
 	return actor.PropsFromProducer(func() actor.Actor { return &routerActor{st: st} }, opts...), nil
 }
 
@@ -123,17 +137,31 @@ type routerActor struct{ st *state }
 // Receive handles the router's messages.
 func (r *routerActor) Receive(c actor.Context) {
 	st := r.st
+	if st.admissionMessage(c, c.Message()) {
+		return
+	}
 	switch m := c.Message().(type) {
+	case *GetQueue:
+		c.Respond(&QueueView{})
 	case *Pick:
-		p := st.pick(m)
-		p.Tag = m.Tag
-		c.Respond(p)
+		if m.Admit != nil && st.adm != nil {
+			st.admit(c, m)
+			return
+		}
+		c.Respond(st.pick(m))
 	case *LoadReport:
-		st.loadReport(m)
+		if st.loadReport(m) {
+			st.wakeCapacity(c)
+		}
 	case *WorkerState:
-		st.workerState(c, m)
+		if st.workerState(c, m) {
+			st.wakeAll(c)
+		} else {
+			st.wakeCapacity(c) // a heartbeat may report a shorter queue
+		}
 	case *actor.Terminated:
 		st.removeByPID(m.Who)
+		st.wakeAll(c)
 	case *ListWorkers:
 		c.Respond(st.listWorkers())
 	case *GetRoutes:
@@ -162,8 +190,15 @@ func (st *state) setRoutes(routes []config.Route) {
 	st.byName = compileRoutes(st.routes)
 }
 
-// pick answers one Pick. Nothing here blocks or allocates except the reply.
-func (st *state) pick(m *Pick) *Picked {
+// target is a resolved Pick: the route, the served model and pool, the cascade step.
+type target struct {
+	out    *Picked // the answer's template (route, model, step)
+	key    poolKey
+	disagg bool
+}
+
+// resolve finds what a Pick asks for (R5); out.Err is set for an unknown model.
+func (st *state) resolve(m *Pick) target {
 	var served, routeID string
 	stepIdx, steps := 0, 1
 	var accept *cascade.Accept
@@ -175,23 +210,52 @@ func (st *state) pick(m *Pick) *Picked {
 	} else if st.models[m.Model] > 0 {
 		served, routeID = m.Model, m.Model // a model with no route is its own route
 	} else {
-		return &Picked{Err: fmt.Errorf("the model %q does not exist: %w", m.Model, errs.ErrModelNotFound)}
+		return target{out: &Picked{Tag: m.Tag, Err: fmt.Errorf("the model %q does not exist: %w", m.Model, errs.ErrModelNotFound)}}
 	}
-	out := &Picked{Route: routeID, ServedModel: served, Step: stepIdx, Steps: steps, Accept: accept}
 	role := RoleUnified
 	if disagg {
 		role = RoleDecode
 	}
-	s, reason := st.pickIn(poolKey{model: served, role: role}, m.PrefixHash, m.Exclude)
+	return target{
+		out: &Picked{Tag: m.Tag, Route: routeID, ServedModel: served, Step: stepIdx, Steps: steps, Accept: accept},
+		key: poolKey{model: served, role: role}, disagg: disagg,
+	}
+}
+
+// pick answers one Pick that needs no admission. Nothing here blocks or allocates except the
+// reply.
+func (st *state) pick(m *Pick) *Picked {
+	t := st.resolve(m)
+	if t.out.Err != nil {
+		return t.out
+	}
+	return st.choose(t, m.PrefixHash, m.Exclude, "")
+}
+
+// choose picks (and reserves) the worker(s) for a resolved pick: the soft target when it is in
+// the pool and not excluded, else the pool's policy; plus the least loaded prefill worker of a
+// disaggregated route.
+func (st *state) choose(t target, prefixHash uint64, exclude []string, soft string) *Picked {
+	out := t.out
+	var s *slot
+	reason := policy.ReasonLeastLoad
+	if soft != "" {
+		if ts := st.slots[soft]; ts != nil && ts.pool != nil && ts.pool.key == t.key && !slices.Contains(exclude, soft) {
+			s = ts
+		}
+	}
 	if s == nil {
-		out.Err = fmt.Errorf("no routable %s worker serves %q: %w", role, served, errs.ErrNoCapacity)
+		s, reason = st.pickIn(t.key, prefixHash, exclude)
+	}
+	if s == nil {
+		out.Err = fmt.Errorf("no routable %s worker serves %q: %w", t.key.role, t.key.model, errs.ErrNoCapacity)
 		return out
 	}
-	if disagg {
+	if t.disagg {
 		// R8: the prefill worker is the least loaded one (prefill pools are least_outstanding).
-		p, _ := st.pickIn(poolKey{model: served, role: RolePrefill}, 0, m.Exclude)
+		p, _ := st.pickIn(poolKey{model: t.key.model, role: RolePrefill}, 0, exclude)
 		if p == nil {
-			out.Err = fmt.Errorf("no routable prefill worker serves %q: %w", served, errs.ErrNoCapacity)
+			out.Err = fmt.Errorf("no routable prefill worker serves %q: %w", t.key.model, errs.ErrNoCapacity)
 			return out
 		}
 		st.reserve(p)
@@ -224,11 +288,14 @@ func (st *state) reserve(s *slot) {
 	}
 }
 
-func (st *state) loadReport(m *LoadReport) {
+// loadReport applies a worker's in-flight change; it reports whether the load fell (room may
+// have freed: a wake for the admission queue).
+func (st *state) loadReport(m *LoadReport) bool {
 	s := st.slots[m.ID]
 	if s == nil || m.AcqSeen < s.acqSeen {
-		return // stale: a newer report has been applied
+		return false // stale: a newer report has been applied
 	}
+	before := s.load()
 	s.reported, s.acqSeen = m.InFlight, m.AcqSeen
 	if s.acqSent < s.acqSeen {
 		s.acqSent = s.acqSeen // Acquires that did not come from this router's picks
@@ -236,9 +303,12 @@ func (st *state) loadReport(m *LoadReport) {
 	if s.pool != nil {
 		s.pool.p.SetLoad(&s.member, s.load())
 	}
+	return s.load() < before
 }
 
-func (st *state) workerState(c actor.Context, m *WorkerState) {
+// workerState applies a worker's report; it reports whether the worker's membership of a pool
+// changed (it joined, left or changed pool: a wake for the admission queue).
+func (st *state) workerState(c actor.Context, m *WorkerState) bool {
 	s := st.slots[m.Info.ID]
 	if s != nil && !s.pid.Equal(m.PID) {
 		// A new actor for the same id (the old one was evicted and its Terminated is still on
@@ -248,7 +318,7 @@ func (st *state) workerState(c actor.Context, m *WorkerState) {
 	}
 	if s == nil {
 		if !m.Live {
-			return
+			return false
 		}
 		s = &slot{pid: m.PID}
 		s.member.ID = m.Info.ID
@@ -284,10 +354,12 @@ func (st *state) workerState(c actor.Context, m *WorkerState) {
 		prev.p.SetWeight(&s.member, s.info.KVTotalBlocks)
 		prev.p.SetLoad(&s.member, s.load())
 		st.setState(s, s.stateName())
-		return
+		return false
 	}
+	was := s.pool != nil
 	st.leavePool(s)
 	st.joinPool(s)
+	return was || s.pool != nil
 }
 
 // joinPool puts a routable slot into its pool and updates the state gauges.
@@ -304,10 +376,11 @@ func (st *state) joinPool(s *slot) {
 			name = "least_outstanding" // R8: the least loaded prefill worker
 		}
 		p, _ := policy.New(name, policy.Options{LoadFactor: st.cfg.LoadFactor}) // validated in Props
-		pl = &pool{key: key, p: p}
+		pl = &pool{key: key, p: p, members: make(map[string]*slot)}
 		st.pools[key] = pl
 	}
 	pl.p.Add(&s.member, s.load(), s.info.KVTotalBlocks)
+	pl.members[s.info.ID] = s
 	s.pool = pl
 	st.routable++
 }
@@ -317,6 +390,7 @@ func (st *state) leavePool(s *slot) {
 		return
 	}
 	s.pool.p.Remove(&s.member)
+	delete(s.pool.members, s.info.ID)
 	if s.pool.p.Len() == 0 {
 		delete(st.pools, s.pool.key)
 	}

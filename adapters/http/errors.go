@@ -28,6 +28,10 @@ func mapError(err error) (status int, typ, code string) {
 		return http.StatusNotFound, "invalid_request_error", "model_not_found"
 	case errors.Is(err, errs.ErrNoCapacity):
 		return http.StatusServiceUnavailable, "service_unavailable", "no_capacity"
+	case errors.Is(err, errs.ErrQueueFull):
+		return http.StatusTooManyRequests, "rate_limit_exceeded", "queue_full"
+	case errors.Is(err, errs.ErrQueueTimeout):
+		return http.StatusServiceUnavailable, "service_unavailable", "queue_timeout"
 	case errors.Is(err, errs.ErrShuttingDown):
 		return http.StatusServiceUnavailable, "service_unavailable", "shutting_down"
 	case errors.Is(err, errs.ErrInvalidRequest):

@@ -33,6 +33,11 @@ var (
 	ErrNotFound = errors.New("not found")
 	// ErrMethodNotAllowed: the path exists but not with this method (405).
 	ErrMethodNotAllowed = errors.New("method not allowed")
+	// ErrQueueFull: the request's class (or lane) is at its queue limit, or never queues and
+	// nothing has room (429 queue_full).
+	ErrQueueFull = errors.New("queue full")
+	// ErrQueueTimeout: the request waited its class's max_wait (503 queue_timeout).
+	ErrQueueTimeout = errors.New("queue timeout")
 	// ErrInternal: an actor did not answer in time or an invariant broke (500).
 	ErrInternal = errors.New("internal error")
 )

@@ -55,6 +55,14 @@ type Config struct {
 	Lanes        map[string]LaneLimit
 	Policy       Policy // nil: the default classifier and no gate
 	Now          func() time.Time
+	// Recheck wakes held heads periodically while anything is queued, whatever the policy
+	// (GATE-PITFALLS 2, 11); the gate's own Recheck applies when shorter. 0 = only the gate's.
+	Recheck time.Duration
+	// Unbounded: no busy threshold is configured, so no worker is ever full and the capacity
+	// check is skipped (the gate is still asked first, GATE-PITFALLS 1).
+	Unbounded bool
+	// OnDecision observes every gate answer (metrics); may be nil.
+	OnDecision func(d Decision)
 }
 
 type entryState uint8
@@ -143,6 +151,7 @@ type class struct {
 	capWait laneHeap           // lanes blocked on capacity, oldest head first
 	held    map[*lane]struct{} // lanes the gate holds
 	queued  int
+	byKind  [3]int // queued per lane kind
 	index   int
 	// capFull: in this pump, an unrestricted head found every worker full, so other
 	// unrestricted capacity-blocked heads would too; they are not asked again until capacity
@@ -261,6 +270,7 @@ func (q *Queue) Admit(e *Entry, h Host, cached func([]string) int) {
 	e.seq, e.enqueued, e.deadline, e.lane = q.seq, now, now.Add(maxWait), l
 	l.entries = append(l.entries, e)
 	c.queued++
+	c.byKind[l.kind]++
 	heap.Push(&q.expiry, e)
 	if q.observer != nil {
 		q.observer.Enqueued(r)
@@ -270,6 +280,9 @@ func (q *Queue) Admit(e *Entry, h Host, cached func([]string) int) {
 		q.block(l, e, h)
 	}
 	q.arm(h, e.deadline)
+	if r := q.recheck(); r > 0 {
+		q.arm(h, now.Add(r))
+	}
 }
 
 // laneFor finds (or opens) the request's lane: its classifier-named lane, else its session's,
@@ -323,6 +336,9 @@ func (q *Queue) ask(e *Entry, h Host) (Decision, bool) {
 	if q.gate != nil {
 		q.asks++
 		d = q.gate.Check(e.Req, v)
+		if q.cfg.OnDecision != nil {
+			q.cfg.OnDecision(d)
+		}
 	}
 	if !d.Go {
 		e.HoldReason, e.HoldUntil, e.sessionOnly = d.Reason, d.Until, d.SessionOnly
@@ -330,6 +346,10 @@ func (q *Queue) ask(e *Entry, h Host) (Decision, bool) {
 			e.HoldReason = "held"
 		}
 		return d, false
+	}
+	if q.cfg.Unbounded {
+		e.HoldReason, e.HoldUntil = "", time.Time{}
+		return d, true
 	}
 	for _, w := range v.Workers() {
 		if !w.Full {
@@ -503,6 +523,7 @@ func (q *Queue) pop(e *Entry) {
 	l.entries[0] = nil
 	l.entries = l.entries[1:]
 	l.cls.queued--
+	l.cls.byKind[l.kind]--
 	if e.dlIdx >= 0 && e.dlIdx < q.expiry.Len() && q.expiry[e.dlIdx] == e {
 		heap.Remove(&q.expiry, e.dlIdx)
 	}
@@ -576,6 +597,7 @@ func (q *Queue) remove(e *Entry) {
 		}
 	}
 	l.cls.queued--
+	l.cls.byKind[l.kind]--
 	e.state = left
 	if e.dlIdx >= 0 && e.dlIdx < q.expiry.Len() && q.expiry[e.dlIdx] == e {
 		heap.Remove(&q.expiry, e.dlIdx)
@@ -611,12 +633,23 @@ func (q *Queue) Tick(h Host) {
 			}
 		}
 	}
-	if q.gate != nil && q.gate.Recheck() > 0 && q.Len() > 0 {
+	if q.recheck() > 0 && q.Len() > 0 {
 		q.Wake(h)
 	} else {
 		q.Pump(h)
 	}
 	q.rearm(h)
+}
+
+// recheck is the periodic wake interval: the shorter of the queue's and the gate's.
+func (q *Queue) recheck() time.Duration {
+	r := q.cfg.Recheck
+	if q.gate != nil {
+		if g := q.gate.Recheck(); g > 0 && (r == 0 || g < r) {
+			r = g
+		}
+	}
+	return r
 }
 
 // rearm asks for the earliest future time the queue must act at.
@@ -636,8 +669,8 @@ func (q *Queue) rearm(h Host) {
 			consider(l.holdUntil)
 		}
 	}
-	if q.gate != nil && q.gate.Recheck() > 0 && q.Len() > 0 {
-		consider(now.Add(q.gate.Recheck()))
+	if r := q.recheck(); r > 0 && q.Len() > 0 {
+		consider(now.Add(r))
 	}
 	if !next.IsZero() {
 		q.arm(h, next)

@@ -157,7 +157,7 @@ func (g *holdSessions) Check(r *Request, v View) Decision {
 }
 func (g *holdSessions) Dispatched(r *Request, _ string) { g.dispatched[r.ID]++ }
 func (g *holdSessions) Completed(r *Request, _ string)  { g.completed[r.ID]++ }
-func (g *holdSessions) Recheck() time.Duration         { return g.recheck }
+func (g *holdSessions) Recheck() time.Duration          { return g.recheck }
 
 type gatePolicy struct {
 	g    Gate
