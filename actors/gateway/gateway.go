@@ -36,6 +36,8 @@ type Config struct {
 	// AskTimeout bounds every request/reply with the tree (default 5 s). The actors answer in
 	// microseconds; a timeout means an actor panicked while handling that very message.
 	AskTimeout time.Duration
+	// Admission turns the router's admission queue on (R10); nil: no queueing.
+	Admission *router.AdmissionConfig
 }
 
 // Gateway is the running actor tree.
@@ -73,9 +75,13 @@ func Start(cfg Config) (*Gateway, error) {
 		}
 		return cfg.Options(kind)
 	}
+	if cfg.RouterMetrics == nil {
+		cfg.RouterMetrics = router.NewMetrics(nil)
+	}
 	routerProps, err := router.Props(router.Config{
 		Policy: cfg.Policy, LoadFactor: cfg.LoadFactor, Routes: cfg.Routes,
 		Metrics: cfg.RouterMetrics, Logger: cfg.Logger.With("actor", "router"),
+		Admission: cfg.Admission, Clock: cfg.Clock,
 	}, opts("router")...)
 	if err != nil {
 		return nil, err
@@ -202,4 +208,9 @@ func (g *Gateway) Routable() (int, error) {
 // Drain drains (or undrains) every worker of a served model.
 func (g *Gateway) Drain(model string, drained bool) (*registry.DrainResult, error) {
 	return ask[*registry.DrainResult](g, g.Registry, &registry.DrainModel{Model: model, Drained: drained})
+}
+
+// Queue returns the admission queue's admin view.
+func (g *Gateway) Queue() (*router.QueueView, error) {
+	return ask[*router.QueueView](g, g.Router, &router.GetQueue{})
 }

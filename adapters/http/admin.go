@@ -213,3 +213,17 @@ func (s *Server) getModel(w http.ResponseWriter, r *http.Request) {
 	}
 	writeError(w, fmt.Errorf("the model %q does not exist: %w", id, errs.ErrModelNotFound))
 }
+
+// getQueue serves GET /admin/v1/queue: classes, lanes, heads, held heads with reason and until.
+func (s *Server) getQueue(w http.ResponseWriter, _ *http.Request) {
+	v, err := s.core.Queue()
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	if !v.Enabled {
+		writeJSON(w, http.StatusOK, map[string]any{"enabled": false, "classes": []any{}})
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"enabled": true, "classes": v.Snapshot})
+}

@@ -35,6 +35,7 @@ func parseScope(s string) scope {
 type apiKey struct {
 	digest [sha256.Size]byte
 	scopes scope
+	class  string // the admission class of the key's requests ("" = the default class)
 }
 
 // keyring checks bearer keys. Keys are compared as SHA-256 digests with
@@ -51,7 +52,7 @@ func newKeyring(keys []config.Key) *keyring {
 		for _, s := range k.Scopes {
 			sc |= parseScope(s)
 		}
-		kr.keys = append(kr.keys, apiKey{digest: sha256.Sum256([]byte(k.Key)), scopes: sc})
+		kr.keys = append(kr.keys, apiKey{digest: sha256.Sum256([]byte(k.Key)), scopes: sc, class: k.Class})
 	}
 	return kr
 }
@@ -59,31 +60,36 @@ func newKeyring(keys []config.Key) *keyring {
 // open reports whether the gateway runs without auth (no keys configured).
 func (kr *keyring) open() bool { return len(kr.keys) == 0 }
 
-// authorize returns the scopes of the request's key, or an error naming what is wrong.
-func (kr *keyring) authorize(r *http.Request, need scope) (scope, error) {
+// authorize returns the scopes and class of the request's key, or an error naming what is
+// wrong.
+func (kr *keyring) authorize(r *http.Request, need scope) (scope, string, error) {
 	if kr.open() {
-		return scopeInference | scopeAdmin, nil
+		return scopeInference | scopeAdmin, "", nil
 	}
 	h := r.Header.Get("Authorization")
 	token, ok := strings.CutPrefix(h, "Bearer ")
 	if !ok || token == "" {
-		return 0, fmt.Errorf("missing bearer API key in the Authorization header: %w", errs.ErrInvalidAPIKey)
+		return 0, "", fmt.Errorf("missing bearer API key in the Authorization header: %w", errs.ErrInvalidAPIKey)
 	}
 	d := sha256.Sum256([]byte(token))
 	var found scope
+	class := ""
 	matched := 0
 	for i := range kr.keys {
 		eq := subtle.ConstantTimeCompare(d[:], kr.keys[i].digest[:])
 		matched |= eq
 		found |= kr.keys[i].scopes & scope(-eq) // eq is 0 or 1: mask is 0x00 or 0xff
+		if eq == 1 {
+			class = kr.keys[i].class
+		}
 	}
 	if matched == 0 {
-		return 0, fmt.Errorf("the API key is not valid: %w", errs.ErrInvalidAPIKey)
+		return 0, "", fmt.Errorf("the API key is not valid: %w", errs.ErrInvalidAPIKey)
 	}
 	if found&need == 0 {
-		return found, fmt.Errorf("the API key lacks the %q scope: %w", scopeName(need), errs.ErrInsufficientScope)
+		return found, "", fmt.Errorf("the API key lacks the %q scope: %w", scopeName(need), errs.ErrInsufficientScope)
 	}
-	return found, nil
+	return found, class, nil
 }
 
 func scopeName(s scope) string {

@@ -15,7 +15,7 @@ import (
 // inference parses and checks a request, then hands it to a request actor (actors/request),
 // which routes, attempts, fails over, runs cascades and disaggregation, and answers; the handler
 // waits until it has.
-func (s *Server) inference(w http.ResponseWriter, r *http.Request, kind oai.Kind, id string, sc scope) {
+func (s *Server) inference(w http.ResponseWriter, r *http.Request, kind oai.Kind, id string, sc scope, keyClass string) {
 	start := time.Now()
 	if s.draining.Load() {
 		w.Header().Set("Connection", "close")
@@ -33,6 +33,18 @@ func (s *Server) inference(w http.ResponseWriter, r *http.Request, kind oai.Kind
 		return
 	}
 	x := request.NewExchange(r.Context(), w, r.URL.Path, kind, id, sc&scopeDebug != 0, body, req, start)
+	if s.admission.Enabled {
+		class, err := s.admissionClass(keyClass, r.Header.Get("X-TL-Class"))
+		if err != nil {
+			s.metrics.reject(writeError(w, err))
+			return
+		}
+		x.Class, x.SessionID = class, r.Header.Get("X-Session-ID")
+		if x.SessionID == "" {
+			x.SessionID = req.User
+		}
+		x.PromptTokens = len(body) / 4 // an estimate: the gateway has no tokenizer
+	}
 	s.serve(x)
 	<-x.Done()
 }
@@ -55,4 +67,21 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error
 		return nil, fmt.Errorf("reading the request body: %v: %w", err, errs.ErrInvalidRequest)
 	}
 	return buf.Bytes(), nil
+}
+
+// admissionClass resolves a request's class: its key's class (or the default), or the class
+// X-TL-Class names when the key's class allows the header. A header naming no configured
+// class is a client error.
+func (s *Server) admissionClass(keyClass, header string) (string, error) {
+	class := keyClass
+	if class == "" {
+		class = s.admission.DefaultClass
+	}
+	if header == "" || !s.admission.AllowHeader[class] {
+		return class, nil
+	}
+	if _, ok := s.admission.AllowHeader[header]; !ok {
+		return "", fmt.Errorf("X-TL-Class names no configured class %q: %w", header, errs.ErrInvalidRequest)
+	}
+	return header, nil
 }

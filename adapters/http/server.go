@@ -34,6 +34,15 @@ type Core interface {
 	Models() (*router.ModelList, error)
 	Routable() (int, error)
 	Drain(model string, drained bool) (*registry.DrainResult, error)
+	Queue() (*router.QueueView, error)
+}
+
+// Admission is what the HTTP surface needs to know of the admission classes (R10): the
+// default class and, per class, whether its requests may pick another class with X-TL-Class.
+type Admission struct {
+	Enabled      bool
+	DefaultClass string
+	AllowHeader  map[string]bool // every configured class, with its allow_header
 }
 
 // Options configure the HTTP surface.
@@ -44,6 +53,7 @@ type Options struct {
 	Keys         []config.Key
 	MaxBodyBytes int64 // request body limit (413 above it); default 4 MiB
 	Logger       *slog.Logger
+	Admission    Admission
 	// Registerer receives the HTTP metrics; Gatherer serves /metrics. Either may be nil.
 	Registerer prometheus.Registerer
 	Gatherer   prometheus.Gatherer
@@ -51,16 +61,17 @@ type Options struct {
 
 // Server is the gateway's http.Handler.
 type Server struct {
-	core     Core
-	serve    func(*request.Exchange)
-	keys     *keyring
-	maxBody  int64
-	log      *slog.Logger
-	metrics  *httpMetrics
-	metricsH http.Handler
-	draining atomic.Bool
-	idPrefix string
-	idSeq    atomic.Uint64
+	core      Core
+	serve     func(*request.Exchange)
+	keys      *keyring
+	maxBody   int64
+	log       *slog.Logger
+	metrics   *httpMetrics
+	metricsH  http.Handler
+	draining  atomic.Bool
+	admission Admission
+	idPrefix  string
+	idSeq     atomic.Uint64
 }
 
 // New builds the HTTP surface.
@@ -74,7 +85,7 @@ func New(o Options) *Server {
 	var prefix [6]byte
 	_, _ = rand.Read(prefix[:])
 	s := &Server{
-		core: o.Core, serve: o.Serve, keys: newKeyring(o.Keys), maxBody: o.MaxBodyBytes,
+		core: o.Core, serve: o.Serve, keys: newKeyring(o.Keys), maxBody: o.MaxBodyBytes, admission: o.Admission,
 		log: o.Logger, metrics: newHTTPMetrics(o.Registerer),
 		idPrefix: "req-" + hex.EncodeToString(prefix[:]) + "-",
 	}
@@ -137,14 +148,14 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case path == "/metrics":
 		s.only(w, r, http.MethodGet, s.serveMetrics)
 	case strings.HasPrefix(path, "/v1/"):
-		sc, err := s.keys.authorize(r, scopeInference)
+		sc, class, err := s.keys.authorize(r, scopeInference)
 		if err != nil {
 			s.metrics.reject(writeError(w, err))
 			return
 		}
-		s.serveV1(w, r, id, sc)
+		s.serveV1(w, r, id, sc, class)
 	case strings.HasPrefix(path, "/admin/"):
-		if _, err := s.keys.authorize(r, scopeAdmin); err != nil {
+		if _, _, err := s.keys.authorize(r, scopeAdmin); err != nil {
 			writeError(w, err)
 			return
 		}
@@ -163,15 +174,15 @@ func (s *Server) only(w http.ResponseWriter, r *http.Request, method string, h f
 	h(w, r)
 }
 
-func (s *Server) serveV1(w http.ResponseWriter, r *http.Request, id string, sc scope) {
+func (s *Server) serveV1(w http.ResponseWriter, r *http.Request, id string, sc scope, class string) {
 	switch path := r.URL.Path; {
 	case path == "/v1/completions":
 		s.only(w, r, http.MethodPost, func(w http.ResponseWriter, r *http.Request) {
-			s.inference(w, r, oai.Completions, id, sc)
+			s.inference(w, r, oai.Completions, id, sc, class)
 		})
 	case path == "/v1/chat/completions":
 		s.only(w, r, http.MethodPost, func(w http.ResponseWriter, r *http.Request) {
-			s.inference(w, r, oai.Chat, id, sc)
+			s.inference(w, r, oai.Chat, id, sc, class)
 		})
 	case path == "/v1/models":
 		s.only(w, r, http.MethodGet, s.listModels)
@@ -186,6 +197,8 @@ func (s *Server) serveAdmin(w http.ResponseWriter, r *http.Request) {
 	switch path := r.URL.Path; {
 	case path == "/admin/v1/workers":
 		s.only(w, r, http.MethodGet, s.listWorkers)
+	case path == "/admin/v1/queue":
+		s.only(w, r, http.MethodGet, s.getQueue)
 	case path == "/admin/v1/routes":
 		switch r.Method {
 		case http.MethodGet, http.MethodHead:

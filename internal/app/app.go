@@ -18,6 +18,7 @@ import (
 
 	"github.com/tlgw/tlgw/actors/gateway"
 	"github.com/tlgw/tlgw/actors/request"
+	"github.com/tlgw/tlgw/actors/router/admission"
 	"github.com/tlgw/tlgw/actors/router"
 	grpcapi "github.com/tlgw/tlgw/adapters/grpc"
 	httpapi "github.com/tlgw/tlgw/adapters/http"
@@ -66,7 +67,12 @@ func Start(cfg *config.Config, o Options) (*App, error) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	am := actormetrics.New(reg)
+	admCfg, err := admissionConfig(cfg, o.Clock)
+	if err != nil {
+		return nil, err
+	}
 	gw, err := gateway.Start(gateway.Config{
+		Admission: admCfg,
 		Clock: o.Clock, Policy: g.RoutePolicy, LoadFactor: g.AffinityLoadFactor, Routes: g.Routes,
 		HeartbeatInterval: g.HeartbeatInterval, MissLimit: g.HeartbeatMissLimit,
 		Logger: o.Logger, RouterMetrics: router.NewMetrics(reg),
@@ -103,6 +109,7 @@ func Start(cfg *config.Config, o Options) (*App, error) {
 	deps := &request.Deps{
 		Router: gw.Router, Transport: o.Transport, Engines: a.engines, MaxAttempts: g.MaxAttempts,
 		Metrics: request.NewMetrics(reg), Logger: o.Logger, Errors: httpapi.ErrorWriter{},
+		Admission: admCfg != nil, Clock: o.Clock,
 	}
 	reqOpts := am.Options("request")
 	if o.ActorOptions != nil {
@@ -110,6 +117,7 @@ func Start(cfg *config.Config, o Options) (*App, error) {
 	}
 	a.HTTP = httpapi.New(httpapi.Options{
 		Core: gw, Keys: cfg.Auth.Keys, MaxBodyBytes: g.MaxBodyBytes, Logger: o.Logger,
+		Admission:  httpAdmission(cfg),
 		Serve:      func(x *request.Exchange) { request.Spawn(gw.System, deps, x, reqOpts...) },
 		Registerer: reg, Gatherer: reg,
 	})
@@ -150,4 +158,43 @@ func (a *App) stopActors() {
 		a.unwatch()
 	}
 	a.Gateway.Stop()
+}
+
+// admissionConfig turns [admission] into the router's queue configuration (nil when absent).
+func admissionConfig(cfg *config.Config, clk clock.Clock) (*router.AdmissionConfig, error) {
+	a := cfg.Admission
+	if !a.Enabled {
+		return nil, nil
+	}
+	c := a.Classifier
+	pol, err := admission.NewPolicy(c.Type, admission.PolicyOptions{
+		ColdPool: admission.ColdPoolConfig{
+			ColdThresholdTokens: c.ColdThresholdTokens, Workers: c.Workers,
+			SoftDrainTimeout: c.SoftDrainTimeout, SteerWarm: c.SteerWarm,
+			QueueLimit: c.ColdQueueLimit, MaxWait: c.ColdMaxWait,
+		},
+		Now: clk.Now,
+	})
+	if err != nil {
+		return nil, err
+	}
+	q := admission.Config{DefaultClass: a.DefaultClass, Policy: pol, Recheck: a.Recheck}
+	for _, cl := range a.Classes {
+		q.Classes = append(q.Classes, admission.ClassConfig{
+			Name: cl.Name, Quantum: cl.Quantum, QueueLimit: cl.QueueLimit, MaxWait: cl.MaxWait,
+		})
+	}
+	if c.Type == config.ClassifierColdPool {
+		q.Lanes = map[string]admission.LaneLimit{"cold": {QueueLimit: c.ColdQueueLimit, MaxWait: c.ColdMaxWait}}
+	}
+	return &router.AdmissionConfig{Queue: q, BusyThreshold: a.BusyThreshold, PolicyName: c.Type}, nil
+}
+
+func httpAdmission(cfg *config.Config) httpapi.Admission {
+	a := cfg.Admission
+	out := httpapi.Admission{Enabled: a.Enabled, DefaultClass: a.DefaultClass, AllowHeader: map[string]bool{}}
+	for _, cl := range a.Classes {
+		out.AllowHeader[cl.Name] = cl.Header
+	}
+	return out
 }

@@ -3,9 +3,9 @@
 //
 // Parse reads TOML, checks it against contracts/runtime.schema.json, fills
 // defaults, resolves API keys given by environment variable and runs the
-// checks a schema cannot express (unique public ids, accept_if syntax,
-// duplicate keys). Every problem found is reported, one line each, naming
-// its key in TOML terms:
+// checks a schema cannot express (unique public ids and class names,
+// accept_if syntax, duplicate keys, classes that keys name). Every problem
+// found is reported, one line each, naming its key in TOML terms:
 //
 //	config: gateway.heartbeat_interval: "2 parsecs" is not a duration
 //	config: gateway.bogus: unknown key
@@ -20,6 +20,7 @@ import (
 	"math"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 	"unicode"
@@ -33,6 +34,14 @@ const (
 	PolicyLeastOutstanding = "least_outstanding"
 	PolicyWeighted         = "weighted"
 	PolicyAffinity         = "affinity"
+	PolicyPrefixAware      = "prefix_aware"
+)
+
+// Admission classifier types (R10).
+const (
+	ClassifierDefault       = "default"
+	ClassifierColdPool      = "cold_pool"
+	ClassifierSessionSerial = "session_serial"
 )
 
 // API key scopes (B2).
@@ -44,8 +53,9 @@ const (
 
 // Config is the gateway's whole configuration.
 type Config struct {
-	Gateway Gateway `json:"gateway"`
-	Auth    Auth    `json:"auth"`
+	Gateway   Gateway   `json:"gateway"`
+	Auth      Auth      `json:"auth"`
+	Admission Admission `json:"admission"`
 }
 
 // Gateway is the [gateway] table.
@@ -76,6 +86,9 @@ type Key struct {
 	KeyEnv string
 	// Scopes is a non-empty list of the Scope constants.
 	Scopes []string
+	// Class is the admission class of the key's requests (the name of one of
+	// Admission.Classes), or "" for Admission.DefaultClass.
+	Class string
 }
 
 // String describes the key without its secret, so that a logged Config
@@ -85,7 +98,106 @@ func (k Key) String() string {
 	if k.KeyEnv != "" {
 		src = "$" + k.KeyEnv
 	}
+	if k.Class != "" {
+		return fmt.Sprintf("{key: <redacted, %s> scopes: %v class: %s}", src, k.Scopes, k.Class)
+	}
 	return fmt.Sprintf("{key: <redacted, %s> scopes: %v}", src, k.Scopes)
+}
+
+// Admission is the [admission] table (R10): the admission queue, its
+// classes and its classifier. Without the table Enabled is false and every
+// request is dispatched at once with no queueing; the other fields then
+// hold their defaults (PrefixIndex is still read by route_policy =
+// "prefix_aware").
+//
+// How a request gets its class: its API key's Class, else DefaultClass.
+// When that class has Header set, an X-TL-Class header naming another
+// configured class picks that class instead (a header naming no class is a
+// client error; the header is ignored for classes without Header).
+type Admission struct {
+	// Enabled is true when the [admission] table is present.
+	Enabled bool
+	// BusyThreshold is the per-worker load (R2: in flight + queue depth) at
+	// which a worker counts as full; 0 = no threshold (never full).
+	BusyThreshold int64
+	// DefaultClass names the class of requests that name none.
+	DefaultClass string
+	// Classes are the request classes, in file order; never empty. With no
+	// [[admission.classes]] there is one, DefaultAdmissionClass().
+	Classes []Class
+	// Classifier is the classifier and gate policy.
+	Classifier Classifier
+	// PrefixIndex sizes the approximate prefix index.
+	PrefixIndex PrefixIndexConfig
+	// Recheck is how often held queue heads are asked again with no other
+	// wake; > 0.
+	Recheck time.Duration
+}
+
+// Class is one [[admission.classes]] entry.
+type Class struct {
+	Name string // name: unique, matching ^[A-Za-z0-9_.-]+$
+	// Quantum is the class's deficit-round-robin weight, >= 1.
+	Quantum int
+	// QueueLimit is how many requests of the class may wait, >= 0; 0 = the
+	// class never queues (dispatched when capacity exists, else 429).
+	QueueLimit int
+	// MaxWait is how long a request may wait before 503 queue_timeout; > 0.
+	MaxWait time.Duration
+	// Header (allow_header) lets a request whose class is this one pick
+	// another configured class with X-TL-Class.
+	Header bool
+}
+
+// Classifier is admission.classifier. Every field but Type belongs to
+// cold_pool (R10.6); for other types they hold their defaults.
+type Classifier struct {
+	// Type is one of the Classifier constants.
+	Type string
+	// ColdThresholdTokens is the Warm/Cold boundary in prompt tokens; > 0
+	// with cold_pool (required there), 0 otherwise.
+	ColdThresholdTokens int
+	// Workers is the wanted pool size, >= 0; 0 = no containment (baseline).
+	Workers int
+	// SoftDrainTimeout is how long after enqueue a Cold request may take any
+	// non-busy pool member; >= 0 (0 = at once).
+	SoftDrainTimeout time.Duration
+	// SteerWarm keeps Warm requests off the pool while Cold is pending.
+	SteerWarm bool
+	// ColdQueueLimit is how many Cold requests may wait, >= 0.
+	ColdQueueLimit int
+	// ColdMaxWait is how long a Cold request may wait; > 0.
+	ColdMaxWait time.Duration
+}
+
+// PrefixIndexConfig is admission.prefix_index.
+type PrefixIndexConfig struct {
+	// BlocksPerWorker bounds the chunk hashes remembered per worker (each
+	// stands for 64 prompt bytes); 1 to 1048576.
+	BlocksPerWorker int
+}
+
+// DefaultAdmissionClass is the class that exists when [admission] names
+// none.
+func DefaultAdmissionClass() Class {
+	return Class{Name: "default", Quantum: 1, QueueLimit: 1024, MaxWait: 30 * time.Second}
+}
+
+// defaultAdmission is the [admission] table's defaults, with Enabled false.
+func defaultAdmission() Admission {
+	return Admission{
+		DefaultClass: "default",
+		Classes:      []Class{DefaultAdmissionClass()},
+		Classifier: Classifier{
+			Type:           ClassifierDefault,
+			Workers:        1,
+			SteerWarm:      true,
+			ColdQueueLimit: 256,
+			ColdMaxWait:    60 * time.Second,
+		},
+		PrefixIndex: PrefixIndexConfig{BlocksPerWorker: 4096},
+		Recheck:     time.Second,
+	}
 }
 
 // Default returns the configuration an empty file gives.
@@ -102,6 +214,7 @@ func Default() *Config {
 			MaxBodyBytes:       4 << 20,
 			ShutdownGrace:      30 * time.Second,
 		},
+		Admission: defaultAdmission(),
 	}
 }
 
@@ -167,7 +280,8 @@ func Parse(data []byte, getenv func(string) string) (*Config, error) {
 	}
 	cfg := Default()
 	fc.Gateway.apply(&cfg.Gateway, &ps)
-	fc.Auth.apply(&cfg.Auth, getenv, &ps)
+	fc.Admission.apply(&cfg.Admission, &ps)
+	fc.Auth.apply(&cfg.Auth, &cfg.Admission, getenv, &ps)
 	if !ps.empty() {
 		return fail(ps.sorted())
 	}
@@ -198,8 +312,9 @@ func decodeProblem(err error) Problem {
 // fileConfig mirrors the file; pointers tell absent fields (default) from
 // given ones.
 type fileConfig struct {
-	Gateway *fileGateway `json:"gateway"`
-	Auth    *fileAuth    `json:"auth"`
+	Gateway   *fileGateway   `json:"gateway"`
+	Auth      *fileAuth      `json:"auth"`
+	Admission *fileAdmission `json:"admission"`
 }
 
 type fileGateway struct {
@@ -223,6 +338,38 @@ type fileKey struct {
 	Key    *string  `json:"key"`
 	KeyEnv *string  `json:"key_env"`
 	Scopes []string `json:"scopes"`
+	Class  *string  `json:"class"`
+}
+
+type fileAdmission struct {
+	BusyThreshold *int64          `json:"busy_threshold"`
+	DefaultClass  *string         `json:"default_class"`
+	Classes       []fileClass     `json:"classes"`
+	Classifier    *fileClassifier `json:"classifier"`
+	PrefixIndex   *filePrefix     `json:"prefix_index"`
+	Recheck       *string         `json:"recheck"`
+}
+
+type fileClass struct {
+	Name       string  `json:"name"`
+	Quantum    *int    `json:"quantum"`
+	QueueLimit *int    `json:"queue_limit"`
+	MaxWait    *string `json:"max_wait"`
+	Header     *bool   `json:"allow_header"`
+}
+
+type fileClassifier struct {
+	Type                string  `json:"type"`
+	ColdThresholdTokens *int    `json:"cold_threshold_tokens"`
+	Workers             *int    `json:"workers"`
+	SoftDrainTimeout    *string `json:"soft_drain_timeout"`
+	SteerWarm           *bool   `json:"steer_warm"`
+	ColdQueueLimit      *int    `json:"cold_queue_limit"`
+	ColdMaxWait         *string `json:"cold_max_wait"`
+}
+
+type filePrefix struct {
+	BlocksPerWorker *int `json:"blocks_per_worker"`
 }
 
 func setIf[T any](dst *T, src *T) {
@@ -280,7 +427,96 @@ func duration(dst *time.Duration, src *string, p path, ps *problems) {
 	}
 }
 
-func (fa *fileAuth) apply(a *Auth, getenv func(string) string, ps *problems) {
+// durationOrZero parses a duration field that may be zero.
+func durationOrZero(dst *time.Duration, src *string, p path, ps *problems) {
+	if src == nil {
+		return
+	}
+	d, err := time.ParseDuration(*src)
+	switch {
+	case err != nil:
+		ps.add(p, "%q is not a duration", *src)
+	case d < 0:
+		ps.add(p, "must be >= 0")
+	default:
+		*dst = d
+	}
+}
+
+func (fa *fileAdmission) apply(a *Admission, ps *problems) {
+	if fa == nil {
+		return
+	}
+	base := path{key("admission")}
+	a.Enabled = true
+	setIf(&a.BusyThreshold, fa.BusyThreshold)
+	setIf(&a.DefaultClass, fa.DefaultClass)
+	duration(&a.Recheck, fa.Recheck, base.with(key("recheck")), ps)
+	if fa.PrefixIndex != nil {
+		setIf(&a.PrefixIndex.BlocksPerWorker, fa.PrefixIndex.BlocksPerWorker)
+	}
+
+	if len(fa.Classes) > 0 {
+		a.Classes = make([]Class, 0, len(fa.Classes))
+		byName := make(map[string]int) // name -> index of its first class
+		for i, fc := range fa.Classes {
+			cp := base.with(key("classes"), index(i))
+			c := DefaultAdmissionClass()
+			c.Name = fc.Name
+			if prev, dup := byName[c.Name]; dup {
+				ps.add(cp.with(key("name")), "%q is already the name of %s", c.Name, base.with(key("classes"), index(prev)))
+			} else {
+				byName[c.Name] = i
+			}
+			setIf(&c.Quantum, fc.Quantum)
+			setIf(&c.QueueLimit, fc.QueueLimit)
+			setIf(&c.Header, fc.Header)
+			duration(&c.MaxWait, fc.MaxWait, cp.with(key("max_wait")), ps)
+			a.Classes = append(a.Classes, c)
+		}
+	}
+	if a.ClassIndex(a.DefaultClass) < 0 {
+		if fa.DefaultClass != nil {
+			ps.add(base.with(key("default_class")), "%q is not one of the classes %s", a.DefaultClass, a.classList())
+		} else {
+			// The implicit "default" goes missing only when classes are given.
+			ps.add(base.with(key("default_class")), "must name one of the classes %s when none is called %q", a.classList(), a.DefaultClass)
+		}
+	}
+
+	if fc := fa.Classifier; fc != nil {
+		cp := base.with(key("classifier"))
+		c := &a.Classifier
+		c.Type = fc.Type
+		setIf(&c.ColdThresholdTokens, fc.ColdThresholdTokens)
+		setIf(&c.Workers, fc.Workers)
+		setIf(&c.SteerWarm, fc.SteerWarm)
+		setIf(&c.ColdQueueLimit, fc.ColdQueueLimit)
+		durationOrZero(&c.SoftDrainTimeout, fc.SoftDrainTimeout, cp.with(key("soft_drain_timeout")), ps)
+		duration(&c.ColdMaxWait, fc.ColdMaxWait, cp.with(key("cold_max_wait")), ps)
+	}
+}
+
+// ClassIndex returns the index of the class called name in a.Classes, or
+// -1.
+func (a *Admission) ClassIndex(name string) int {
+	return slices.IndexFunc(a.Classes, func(c Class) bool { return c.Name == name })
+}
+
+// classList renders the class names for a message: "a", "b".
+func (a *Admission) classList() string {
+	var names []string
+	for _, c := range a.Classes {
+		if q := strconv.Quote(c.Name); !slices.Contains(names, q) {
+			names = append(names, q)
+		}
+	}
+	return strings.Join(names, ", ")
+}
+
+// apply fills a from fa; adm is the parsed admission table, against which
+// key classes are checked.
+func (fa *fileAuth) apply(a *Auth, adm *Admission, getenv func(string) string, ps *problems) {
 	if fa == nil || len(fa.Keys) == 0 {
 		return
 	}
@@ -333,6 +569,15 @@ func (fa *fileAuth) apply(a *Auth, getenv func(string) string, ps *problems) {
 			}
 		}
 		k.Scopes = slices.Clone(fk.Scopes)
+		if fk.Class != nil {
+			k.Class = *fk.Class
+			switch {
+			case !adm.Enabled:
+				ps.add(kp.with(key("class")), "%q names an admission class, but there is no [admission] table", k.Class)
+			case adm.ClassIndex(k.Class) < 0:
+				ps.add(kp.with(key("class")), "%q is not one of the classes %s", k.Class, adm.classList())
+			}
+		}
 		a.Keys = append(a.Keys, k)
 	}
 }

@@ -31,8 +31,8 @@ func TestParseEmptyIsDefault(t *testing.T) {
 	}
 }
 
-// specExample is the example of SPEC B3 (without [admission], which is not
-// accepted yet), with one more key given by environment variable.
+// specExample is the example of SPEC B3, with one more key given by
+// environment variable.
 const specExample = `
 [gateway]
 http_listen = "127.0.0.1:8080"
@@ -65,6 +65,8 @@ scopes = ["inference", "admin", "debug"]
 [[auth.keys]]
 key_env = "TLGW_KEY_OPS"
 scopes = ["admin"]
+
+[admission]                                  # R10; absent = dispatch at once, no queueing
 `
 
 func TestParseSpecExample(t *testing.T) {
@@ -95,6 +97,7 @@ func TestParseSpecExample(t *testing.T) {
 		{Key: "sk-…", Scopes: []string{"inference", "admin", "debug"}},
 		{Key: "sk-ops", KeyEnv: "TLGW_KEY_OPS", Scopes: []string{"admin"}},
 	}
+	want.Admission.Enabled = true
 	if diff := cmp.Diff(want, cfg); diff != "" {
 		t.Fatalf("Parse (-want +got):\n%s", diff)
 	}
@@ -160,13 +163,12 @@ func TestParseErrors(t *testing.T) {
 	}{
 		{"unknown top-level key", "bogus = 1\n", nil, "bogus", "unknown key"},
 		{"unknown top-level table", "[metrics]\nport = 1\n", nil, "metrics", "unknown key"},
-		{"admission not yet accepted", "[admission]\n", nil, "admission", "unknown key"},
 		{"unknown gateway key", "[gateway]\nbogus = true\n", nil, "gateway.bogus", "unknown key"},
 		{"quoted unknown key", "[gateway]\n\"a.b\" = 1\n", nil, `gateway."a.b"`, "unknown key"},
 		{"unknown route key", "[[gateway.routes]]\nmodel = \"m\"\nweight = 1\n", nil, "gateway.routes[0].weight", "unknown key"},
 		{"unknown backend key", "[[gateway.routes]]\nmodel = \"m\"\nbackends = [{model = \"a\", wieght = 1}]\n", nil, "gateway.routes[0].backends[0].wieght", "unknown key"},
 		{"unknown auth key", "[auth]\nkey = \"x\"\n", nil, "auth.key", "unknown key"},
-		{"bad policy", "[gateway]\nroute_policy = \"random\"\n", nil, "gateway.route_policy", `"random" is not one of "least_outstanding", "weighted", "affinity"`},
+		{"bad policy", "[gateway]\nroute_policy = \"random\"\n", nil, "gateway.route_policy", `"random" is not one of "least_outstanding", "weighted", "affinity", "prefix_aware"`},
 		{"wrong type", "[gateway]\nmax_attempts = \"3\"\n", nil, "gateway.max_attempts", "must be an integer, not a string"},
 		{"fractional integer", "[gateway]\nmax_attempts = 2.5\n", nil, "gateway.max_attempts", "must be an integer"},
 		{"table for string", "[gateway.http_listen]\nx = 1\n", nil, "gateway.http_listen", "must be a string, not a table"},
@@ -216,6 +218,46 @@ func TestParseErrors(t *testing.T) {
 		{"bad scope", "[[auth.keys]]\nkey = \"sk-a\"\nscopes = [\"inference\", \"root\"]\n", nil, "auth.keys[0].scopes[1]", `"root" is not one of "inference", "admin", "debug"`},
 		{"no scopes", "[[auth.keys]]\nkey = \"sk-a\"\nscopes = []\n", nil, "auth.keys[0].scopes", "must not be empty"},
 		{"scopes missing", "[[auth.keys]]\nkey = \"sk-a\"\n", nil, "auth.keys[0].scopes", "required"},
+		{"prefix_aware accepted, bad policy still named", "[gateway]\nroute_policy = \"prefix\"\n", nil, "gateway.route_policy", `"prefix_aware"`},
+		{"unknown admission key", "[admission]\nqueue_limit = 5\n", nil, "admission.queue_limit", "unknown key"},
+		{"admission not a table", "admission = 1\n", nil, "admission", "must be a table, not a number"},
+		{"negative busy threshold", "[admission]\nbusy_threshold = -1\n", nil, "admission.busy_threshold", "must be >= 0"},
+		{"busy threshold a string", "[admission]\nbusy_threshold = \"4\"\n", nil, "admission.busy_threshold", "must be an integer, not a string"},
+		{"empty default class", "[admission]\ndefault_class = \"\"\n", nil, "admission.default_class", `"" does not match`},
+		{"default class not configured", "[admission]\ndefault_class = \"gold\"\n", nil, "admission.default_class", `"gold" is not one of the classes "default"`},
+		{"implicit default class missing", "[[admission.classes]]\nname = \"batch\"\n", nil, "admission.default_class", `must name one of the classes "batch" when none is called "default"`},
+		{"bad recheck", "[admission]\nrecheck = \"soon\"\n", nil, "admission.recheck", `"soon" is not a duration`},
+		{"zero recheck", "[admission]\nrecheck = \"0s\"\n", nil, "admission.recheck", "must be > 0"},
+		{"classes not an array", "[admission]\nclasses = \"default\"\n", nil, "admission.classes", "must be an array, not a string"},
+		{"unknown class key", "[[admission.classes]]\nname = \"default\"\npriority = 1\n", nil, "admission.classes[0].priority", "unknown key"},
+		{"class without name", "[[admission.classes]]\nquantum = 2\n", nil, "admission.classes[0].name", "required key is missing"},
+		{"bad class name", "[[admission.classes]]\nname = \"gold class\"\n", nil, "admission.classes[0].name", `"gold class" does not match ^[A-Za-z0-9_.-]+$`},
+		{"empty class name", "[[admission.classes]]\nname = \"\"\n", nil, "admission.classes[0].name", "does not match"},
+		{"duplicate class name", "[[admission.classes]]\nname = \"default\"\n[[admission.classes]]\nname = \"default\"\n", nil, "admission.classes[1].name", `"default" is already the name of admission.classes[0]`},
+		{"zero quantum", "[[admission.classes]]\nname = \"default\"\nquantum = 0\n", nil, "admission.classes[0].quantum", "must be >= 1"},
+		{"fractional quantum", "[[admission.classes]]\nname = \"default\"\nquantum = 1.5\n", nil, "admission.classes[0].quantum", "must be an integer"},
+		{"negative queue limit", "[[admission.classes]]\nname = \"default\"\nqueue_limit = -1\n", nil, "admission.classes[0].queue_limit", "must be >= 0"},
+		{"bad max_wait", "[[admission.classes]]\nname = \"default\"\nmax_wait = \"30\"\n", nil, "admission.classes[0].max_wait", `"30" is not a duration`},
+		{"zero max_wait", "[[admission.classes]]\nname = \"default\"\nmax_wait = \"0ms\"\n", nil, "admission.classes[0].max_wait", "must be > 0"},
+		{"allow_header not a bool", "[[admission.classes]]\nname = \"default\"\nallow_header = \"yes\"\n", nil, "admission.classes[0].allow_header", "must be a boolean, not a string"},
+		{"classifier without type", "[admission]\nclassifier = { workers = 2 }\n", nil, "admission.classifier.type", "required key is missing"},
+		{"bad classifier type", "[admission]\nclassifier = { type = \"fifo\" }\n", nil, "admission.classifier.type", `"fifo" is not one of "default", "cold_pool", "session_serial"`},
+		{"unknown classifier key", "[admission]\nclassifier = { type = \"cold_pool\", cold_threshold_tokens = 8, pool = 2 }\n", nil, "admission.classifier.pool", "unknown key"},
+		{"cold pool without threshold", "[admission]\nclassifier = { type = \"cold_pool\" }\n", nil, "admission.classifier.cold_threshold_tokens", `required with type = "cold_pool"`},
+		{"zero cold threshold", "[admission]\nclassifier = { type = \"cold_pool\", cold_threshold_tokens = 0 }\n", nil, "admission.classifier.cold_threshold_tokens", "must be >= 1"},
+		{"negative pool workers", "[admission]\nclassifier = { type = \"cold_pool\", cold_threshold_tokens = 8, workers = -1 }\n", nil, "admission.classifier.workers", "must be >= 0"},
+		{"bad soft drain timeout", "[admission]\nclassifier = { type = \"cold_pool\", cold_threshold_tokens = 8, soft_drain_timeout = \"-1s\" }\n", nil, "admission.classifier.soft_drain_timeout", `"-1s" is not a duration`},
+		{"steer_warm not a bool", "[admission]\nclassifier = { type = \"cold_pool\", cold_threshold_tokens = 8, steer_warm = 1 }\n", nil, "admission.classifier.steer_warm", "must be a boolean, not a number"},
+		{"negative cold queue limit", "[admission]\nclassifier = { type = \"cold_pool\", cold_threshold_tokens = 8, cold_queue_limit = -3 }\n", nil, "admission.classifier.cold_queue_limit", "must be >= 0"},
+		{"zero cold max wait", "[admission]\nclassifier = { type = \"cold_pool\", cold_threshold_tokens = 8, cold_max_wait = \"0s\" }\n", nil, "admission.classifier.cold_max_wait", "must be > 0"},
+		{"cold pool option on another type", "[admission]\nclassifier = { type = \"session_serial\", workers = 2 }\n", nil, "admission.classifier.workers", `only valid with type = "cold_pool"`},
+		{"cold threshold on the default type", "[admission]\nclassifier = { type = \"default\", cold_threshold_tokens = 8 }\n", nil, "admission.classifier.cold_threshold_tokens", `only valid with type = "cold_pool"`},
+		{"unknown prefix index key", "[admission]\nprefix_index = { blocks = 10 }\n", nil, "admission.prefix_index.blocks", "unknown key"},
+		{"zero prefix blocks", "[admission]\nprefix_index = { blocks_per_worker = 0 }\n", nil, "admission.prefix_index.blocks_per_worker", "must be >= 1"},
+		{"huge prefix blocks", "[admission]\nprefix_index = { blocks_per_worker = 2000000 }\n", nil, "admission.prefix_index.blocks_per_worker", "must be <= 1048576"},
+		{"key class without admission", "[[auth.keys]]\nkey = \"sk-a\"\nscopes = [\"inference\"]\nclass = \"default\"\n", nil, "auth.keys[0].class", "no [admission] table"},
+		{"key class not configured", okKey + "[[auth.keys]]\nkey = \"sk-b\"\nscopes = [\"inference\"]\nclass = \"gold\"\n[admission]\n", nil, "auth.keys[1].class", `"gold" is not one of the classes "default"`},
+		{"bad key class", "[[auth.keys]]\nkey = \"sk-a\"\nscopes = [\"inference\"]\nclass = \"a/b\"\n[admission]\n", nil, "auth.keys[0].class", `"a/b" does not match`},
 		{"garbage TOML", "[gateway\nhttp_listen = \n", nil, "", "invalid TOML: line 1"},
 		{"not TOML at all", "{\"gateway\": {}}", nil, "", "invalid TOML"},
 		{"duplicate TOML key", "[gateway]\nmax_attempts = 1\nmax_attempts = 2\n", nil, "", "invalid TOML: line 3"},
@@ -257,16 +299,16 @@ func TestParseErrors(t *testing.T) {
 }
 
 func TestParseReportsEveryProblemOnePerLine(t *testing.T) {
-	src := "[gateway]\nbogus = 1\nmax_attempts = 0\nroute_policy = \"x\"\n[admission]\n"
+	src := "[gateway]\nbogus = 1\nmax_attempts = 0\nroute_policy = \"x\"\n[admission]\nbogus = 2\n"
 	_, err := Parse([]byte(src), env(nil))
 	if err == nil {
 		t.Fatal("want an error")
 	}
 	want := strings.Join([]string{
-		"config: admission: unknown key",
+		"config: admission.bogus: unknown key",
 		"config: gateway.bogus: unknown key",
 		"config: gateway.max_attempts: must be >= 1",
-		`config: gateway.route_policy: "x" is not one of "least_outstanding", "weighted", "affinity"`,
+		`config: gateway.route_policy: "x" is not one of "least_outstanding", "weighted", "affinity", "prefix_aware"`,
 	}, "\n")
 	if err.Error() != want {
 		t.Fatalf("got:\n%s\nwant:\n%s", err, want)
@@ -468,6 +510,8 @@ func FuzzParse(f *testing.F) {
 		"[[auth.keys]]\nkey_env = \"K\"\nscopes = [\"admin\"]\n",
 		"[gateway]\nheartbeat_interval = 1979-05-27T07:32:00Z\naffinity_load_factor = inf\n",
 		"a.b.c = [[1, 2], {x = 3}]\n",
+		admissionExample,
+		"[admission]\nclassifier = { type = \"cold_pool\", cold_threshold_tokens = 1, soft_drain_timeout = \"0s\" }\n",
 	} {
 		f.Add([]byte(s))
 	}
@@ -490,6 +534,21 @@ func FuzzParse(f *testing.F) {
 		}
 		if cfg.Gateway.HeartbeatInterval <= 0 || cfg.Gateway.ShutdownGrace <= 0 || cfg.Gateway.MaxAttempts < 1 {
 			t.Fatalf("Parse accepted out-of-range values: %+v", cfg.Gateway)
+		}
+		a := cfg.Admission
+		if len(a.Classes) == 0 || a.ClassIndex(a.DefaultClass) < 0 || a.Recheck <= 0 || a.PrefixIndex.BlocksPerWorker < 1 ||
+			a.Classifier.ColdMaxWait <= 0 || a.Classifier.SoftDrainTimeout < 0 {
+			t.Fatalf("Parse accepted an inconsistent admission table: %+v", a)
+		}
+		for _, c := range a.Classes {
+			if c.Quantum < 1 || c.QueueLimit < 0 || c.MaxWait <= 0 {
+				t.Fatalf("Parse accepted an out-of-range class: %+v", c)
+			}
+		}
+		for _, k := range cfg.Auth.Keys {
+			if k.Class != "" && (!a.Enabled || a.ClassIndex(k.Class) < 0) {
+				t.Fatalf("Parse accepted key class %q", k.Class)
+			}
 		}
 	})
 }

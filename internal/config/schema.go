@@ -129,10 +129,19 @@ func collect(ve *jsonschema.ValidationError, doc any, placeholder map[string]str
 		}
 		return
 	case *kind.Required:
+		msg := "required key is missing"
+		if strings.HasPrefix(frag, "/$defs/classifier/allOf/") {
+			msg = `required with type = "cold_pool"`
+		}
 		for _, name := range k.Missing {
-			ps.add(p.with(key(name)), "required key is missing")
+			ps.add(p.with(key(name)), "%s", msg)
 		}
 		return
+	case *kind.FalseSchema:
+		if strings.HasPrefix(frag, "/$defs/classifier/allOf/") {
+			ps.add(p, `only valid with type = "cold_pool"`)
+			return
+		}
 	}
 
 	// Messages for particular places in the schema.
@@ -274,5 +283,5 @@ func typeName(t string) string {
 
 func ratString(r interface{ Float64() (float64, bool) }) string {
 	f, _ := r.Float64()
-	return strconv.FormatFloat(f, 'g', -1, 64)
+	return strconv.FormatFloat(f, 'f', -1, 64)
 }

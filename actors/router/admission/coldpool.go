@@ -1,0 +1,486 @@
+package admission
+
+import (
+	"cmp"
+	"slices"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+)
+
+// ColdLane is the classifier-named lane Cold requests wait in; the queue's per-lane limits for
+// it come from ColdPool.ColdLaneLimits.
+const ColdLane = "cold"
+
+// Cold Pool tags (Request.Tag). An unclassified request has no tag.
+const (
+	TagWarm = "warm"
+	TagCold = "cold"
+)
+
+// Hold reasons of the Cold Pool gate.
+const (
+	// A Cold head waits for a pool member with no active Warm work, at most until its soft
+	// drain timeout.
+	reasonColdWaiting = "cold_waiting_for_clean_member"
+	// A Cold head may go to some member, but every such member is full.
+	reasonColdBusy = "cold_pool_busy"
+	// A Warm head's workers outside the pool are all full while a pool member has room.
+	reasonWarmSteered = "warm_steered_off_pool"
+)
+
+const (
+	// coldRecheck is the gate's periodic recheck: upstream caps the Cold Pool's at 100 ms.
+	coldRecheck = 100 * time.Millisecond
+	// coldRecordTTL: a Cold request classified this long ago and never enqueued nor dispatched
+	// was turned away (e.g. over its lane's limit); its record is dropped at the next sweep.
+	coldRecordTTL = time.Minute
+	// coldSweepMin is the record count below which no sweep runs.
+	coldSweepMin = 256
+)
+
+// ColdPoolConfig configures the Cold Pool policy (R10.6). The config loader validates it; the
+// policy only treats negative durations and worker counts as zero.
+type ColdPoolConfig struct {
+	// ColdThresholdTokens: a prompt under it is Warm; a prompt whose uncached part (prompt
+	// minus the best cached prefix) reaches it is Cold; anything else is unclassified.
+	ColdThresholdTokens int
+	// Workers is the wanted pool size, clamped to [1, max(⌊n/3⌋, 1)] for n ≥ 2 workers (no pool
+	// below 2). 0 is the baseline: Warm/Cold tags and the Cold lane, no containment, no holds.
+	Workers int
+	// SoftDrainTimeout: once this long has passed since a Cold request was enqueued
+	// (inclusive; 0 = at once), any non-full member may take it, Warm work or not.
+	SoftDrainTimeout time.Duration
+	// SteerWarm keeps Warm off the pool while Cold is pending, and off the workers running
+	// Cold otherwise.
+	SteerWarm bool
+	// MaxWait and QueueLimit are the Cold lane's own limits (GATE-PITFALLS 15); the queue
+	// applies them through ColdLaneLimits.
+	MaxWait    time.Duration
+	QueueLimit int
+}
+
+// ColdPool is the Cold Pool policy (R10.6; COLD-POOL.md §1): a classifier that tags requests
+// Warm or Cold by their uncached prompt size, and a gate that keeps long cache-missing (Cold)
+// prefills on a small, stable pool of workers, each Cold request waiting until a member has no
+// Warm work, while Warm work is steered off the pool.
+//
+// Containment. A Cold request gets its own lane (ColdLane) and its allowed workers narrowed to
+// the pool members of its route (∩ the caller's allowed set). When that leaves no member — a
+// route of fewer than 2 workers, or a caller's set with no member — or in the baseline
+// (Workers = 0), it keeps the tag and the lane but its allowed set is left alone and the gate
+// treats it as ordinary work: it is never held and counts as non-Cold work on its worker.
+//
+// Ledger. Updated in the same actor turn as the event (GATE-PITFALLS 14):
+//   - active Cold per worker and active non-Cold ("Warm work": Warm, unclassified and uncontained
+//     Cold) per worker, from Dispatched and Completed;
+//   - pending Cold: contained Cold requests in the queue, from Enqueued, and down again at
+//     Dispatched or Left. Each pending request also marks every member of its route's pool,
+//     which is the Warm avoid set while it waits.
+//
+// The queue calls Enqueued and Left (ColdPool is a QueueObserver). The request carries no
+// enqueue time, so the policy keeps one per Cold request: Classify records the arrival time
+// (the gate may be asked at arrival, before the request is queued), Enqueued replaces it with
+// the enqueue time, and Dispatched or Left drop the record. A request the queue turns away
+// after Classify gets none of those calls; its record is dropped by a sweep, run from Classify
+// once the records have doubled since the last one, of records older than a minute that were
+// never enqueued. So memory follows the Cold requests queued or in flight.
+//
+// Every method is called on the router actor's goroutine; ColdPool is not safe for concurrent
+// use.
+type ColdPool struct {
+	cfg ColdPoolConfig
+	now func() time.Time
+
+	cold    map[string]*coldRecord // Cold requests classified, not yet dispatched nor gone
+	sweepAt int                    // len(cold) that triggers the next sweep
+
+	active     map[string]coldActive // request id → where it runs and what it counts as
+	activeCold map[string]int        // worker → contained Cold in flight
+	activeWarm map[string]int        // worker → other work in flight
+	pending    int                   // contained Cold requests queued
+	pendingOn  map[string]int        // worker → queued contained Cold whose pool holds it
+}
+
+// coldRecord is what the policy keeps of one Cold request until it is dispatched or leaves.
+type coldRecord struct {
+	contained bool
+	pool      []string  // the full pool of its route: Warm avoids it while this waits
+	since     time.Time // arrival, then enqueue time: the soft drain counts from it
+	enqueued  bool      // counted in pending
+}
+
+// coldActive is one dispatched request in the ledger.
+type coldActive struct {
+	worker string
+	cold   bool
+}
+
+var (
+	_ Policy        = (*ColdPool)(nil)
+	_ Gate          = (*ColdPool)(nil)
+	_ QueueObserver = (*ColdPool)(nil)
+)
+
+// NewColdPool returns a Cold Pool policy reading time from now (time.Now when nil).
+func NewColdPool(cfg ColdPoolConfig, now func() time.Time) *ColdPool {
+	if now == nil {
+		now = time.Now
+	}
+	cfg.Workers = max(cfg.Workers, 0)
+	cfg.SoftDrainTimeout = max(cfg.SoftDrainTimeout, 0)
+	return &ColdPool{
+		cfg:        cfg,
+		now:        now,
+		cold:       make(map[string]*coldRecord),
+		sweepAt:    coldSweepMin,
+		active:     make(map[string]coldActive),
+		activeCold: make(map[string]int),
+		activeWarm: make(map[string]int),
+		pendingOn:  make(map[string]int),
+	}
+}
+
+// Gate returns the policy itself.
+func (p *ColdPool) Gate() Gate { return p }
+
+// ColdLaneLimits is the Cold lane's own queue limit and max wait, for the queue's limits of
+// ColdLane.
+func (p *ColdPool) ColdLaneLimits() (queueLimit int, maxWait time.Duration) {
+	return p.cfg.QueueLimit, p.cfg.MaxWait
+}
+
+// PoolSize is the pool size for n distinct workers: 0 when n < 2 or workers ≤ 0 (the
+// baseline), else clamp(workers, 1, max(⌊n/3⌋, 1)). "A third" is the floor (R10.6): with
+// workers = 10, n = 0…9 gives 0 0 1 1 1 1 2 2 2 3.
+func PoolSize(n, workers int) int {
+	if n < 2 || workers <= 0 {
+		return 0
+	}
+	return min(workers, max(n/3, 1))
+}
+
+// PoolMembers is the pool of size members among workers, by rendezvous hashing on the workers'
+// stable ids: each distinct id gets a fixed score (coldScore), the size highest scores win,
+// equal scores going to the lower id. It returns the members in id order (nil for size ≤ 0).
+//
+// A member's place depends only on its own id, never on the others, so removing a non-member
+// never changes the members while the size stays, adding a worker changes at most one, and a
+// worker that restarts under the same id keeps its place (GATE-PITFALLS 13).
+func PoolMembers(workers []string, size int) []string {
+	if size <= 0 {
+		return nil
+	}
+	return coldTop(coldRank(workers, coldScore), size)
+}
+
+// coldTop is the first size ids of a ranking, in id order.
+func coldTop(ranked []string, size int) []string {
+	out := ranked[:min(max(size, 0), len(ranked))]
+	slices.Sort(out)
+	return out
+}
+
+// coldScore is a worker id's rendezvous score: the id's xxHash64, plus the golden-ratio
+// increment 0x9e3779b97f4a7c15, through the SplitMix64 finalizer (shifts 30/27/31), as upstream
+// scores its worker ids. It has no per-process key on purpose: membership must be the same in
+// every gateway and after every restart, and a client cannot choose worker ids.
+func coldScore(id string) uint64 {
+	z := xxhash.Sum64String(id) + 0x9e3779b97f4a7c15
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
+	z = (z ^ (z >> 27)) * 0x94d049bb133111eb
+	return z ^ (z >> 31)
+}
+
+// coldRank returns the distinct ids, highest score first, equal scores by lower id.
+func coldRank(ids []string, score func(string) uint64) []string {
+	type scored struct {
+		id string
+		s  uint64
+	}
+	all := make([]scored, 0, len(ids))
+	seen := make(map[string]bool, len(ids))
+	for _, id := range ids {
+		if !seen[id] {
+			seen[id] = true
+			all = append(all, scored{id, score(id)})
+		}
+	}
+	slices.SortFunc(all, func(a, b scored) int {
+		if c := cmp.Compare(b.s, a.s); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.id, b.id)
+	})
+	out := make([]string, len(all))
+	for i, x := range all {
+		out[i] = x.id
+	}
+	return out
+}
+
+// coldPoolOf is the pool of a route's workers under the configured size.
+func (p *ColdPool) coldPoolOf(route []string) []string {
+	ranked := coldRank(route, coldScore) // distinct ids: n counts each worker once
+	return coldTop(ranked, PoolSize(len(ranked), p.cfg.Workers))
+}
+
+// Classify tags the request (R10.6): Warm when its prompt is under the threshold (the cache is
+// not read); otherwise Cold when prompt − best cached prefix over its allowed workers (route ∩
+// Allowed) reaches the threshold, and unclassified (no tag) when it does not — a long prompt
+// that is mostly cached routes normally. A Cold request gets ColdLane and, when its route has a
+// pool with a member it may use, Allowed = those members. Class is never changed.
+func (p *ColdPool) Classify(r *Request, route []string, cached func(workers []string) int) {
+	r.Tag = ""
+	if r.PromptTokens < p.cfg.ColdThresholdTokens {
+		r.Tag = TagWarm
+		return
+	}
+	allowed := Intersect(route, r.Allowed)
+	best := 0
+	if cached != nil {
+		best = cached(allowed)
+	}
+	if r.PromptTokens-best < p.cfg.ColdThresholdTokens {
+		return
+	}
+	r.Tag, r.Lane = TagCold, ColdLane
+	if p.cfg.Workers == 0 {
+		return // baseline: no containment, no state
+	}
+	now := p.now()
+	if len(p.cold) >= p.sweepAt {
+		p.sweep(now)
+	}
+	if old := p.cold[r.ID]; old != nil {
+		p.forget(r.ID, old) // classified again: the new answer replaces the old
+	}
+	rec := &coldRecord{pool: p.coldPoolOf(route), since: now}
+	var members []string
+	for _, w := range allowed {
+		if _, ok := slices.BinarySearch(rec.pool, w); ok {
+			members = append(members, w)
+		}
+	}
+	if len(members) > 0 {
+		r.Allowed, rec.contained = members, true
+	}
+	p.cold[r.ID] = rec
+}
+
+// sweep drops the records of Cold requests that were classified long ago and never enqueued
+// nor dispatched (turned away after Classify). They never counted as pending.
+func (p *ColdPool) sweep(now time.Time) {
+	for id, rec := range p.cold {
+		if !rec.enqueued && now.Sub(rec.since) >= coldRecordTTL {
+			delete(p.cold, id)
+		}
+	}
+	p.sweepAt = max(2*len(p.cold), coldSweepMin)
+}
+
+// Enqueued records a Cold request's enqueue time and counts it as pending (QueueObserver).
+func (p *ColdPool) Enqueued(r *Request) {
+	if r.Tag != TagCold || p.cfg.Workers == 0 {
+		return
+	}
+	rec := p.cold[r.ID]
+	if rec == nil {
+		// Not classified here (or swept): assume it was contained to its allowed set.
+		rec = &coldRecord{contained: true, pool: slices.Clone(r.Allowed)}
+		p.cold[r.ID] = rec
+	}
+	if rec.enqueued {
+		return
+	}
+	rec.since, rec.enqueued = p.now(), true
+	if rec.contained {
+		p.pending++
+		for _, w := range rec.pool {
+			p.pendingOn[w]++
+		}
+	}
+}
+
+// Left forgets a queued request that leaves without being dispatched (cancelled or expired);
+// the queue may call it for a request it turned away after Classify too (QueueObserver).
+func (p *ColdPool) Left(r *Request) {
+	if rec := p.cold[r.ID]; rec != nil {
+		p.forget(r.ID, rec)
+	}
+}
+
+// forget drops a Cold request's record and its pending count.
+func (p *ColdPool) forget(id string, rec *coldRecord) {
+	if rec.enqueued && rec.contained {
+		p.pending--
+		for _, w := range rec.pool {
+			coldDec(p.pendingOn, w)
+		}
+	}
+	delete(p.cold, id)
+}
+
+// Dispatched moves the request from pending (if it was queued) to the worker's active Cold or
+// active Warm work.
+func (p *ColdPool) Dispatched(r *Request, worker string) {
+	if p.cfg.Workers == 0 {
+		return
+	}
+	isCold := false
+	if rec := p.cold[r.ID]; rec != nil {
+		isCold = rec.contained
+		p.forget(r.ID, rec)
+	} else {
+		isCold = r.Tag == TagCold
+	}
+	if prev, ok := p.active[r.ID]; ok {
+		p.release(prev) // dispatched again: the last worker counts
+	}
+	p.active[r.ID] = coldActive{worker: worker, cold: isCold}
+	if isCold {
+		p.activeCold[worker]++
+	} else {
+		p.activeWarm[worker]++
+	}
+}
+
+// Completed takes a dispatched request off its worker. An unknown request (never dispatched,
+// or already completed) changes nothing.
+func (p *ColdPool) Completed(r *Request, _ string) {
+	a, ok := p.active[r.ID]
+	if !ok {
+		return
+	}
+	delete(p.active, r.ID)
+	p.release(a)
+}
+
+func (p *ColdPool) release(a coldActive) {
+	if a.cold {
+		coldDec(p.activeCold, a.worker)
+	} else {
+		coldDec(p.activeWarm, a.worker)
+	}
+}
+
+// coldDec decrements m[k], deleting it at zero (never below).
+func coldDec(m map[string]int, k string) {
+	if m[k] <= 1 {
+		delete(m, k)
+		return
+	}
+	m[k]--
+}
+
+// Recheck is 100 ms, upstream's cap for the Cold Pool (a Warm head held off the pool is
+// released when Cold stops pending, which is no capacity change); 0 in the baseline, which
+// never holds.
+func (p *ColdPool) Recheck() time.Duration {
+	if p.cfg.Workers == 0 {
+		return 0
+	}
+	return coldRecheck
+}
+
+// Check answers for a lane head: Cold by checkCold, Warm by checkWarm, anything else Go.
+func (p *ColdPool) Check(head *Request, v View) Decision {
+	if p.cfg.Workers == 0 {
+		return Decision{Go: true}
+	}
+	switch head.Tag {
+	case TagCold:
+		return p.checkCold(head, v)
+	case TagWarm:
+		return p.checkWarm(v)
+	}
+	return Decision{Go: true}
+}
+
+// checkCold: the candidates are the head's pool members. It goes to a clean member (no active
+// Warm work) that is not full, the least loaded (ties to the lower id). Once the soft drain
+// timeout has passed since enqueue (inclusive) it goes to any non-full member, least loaded
+// first. Otherwise it is held: until the timeout when that is still ahead, or, past it with
+// every member full, until capacity frees. An uncontained Cold request always goes.
+func (p *ColdPool) checkCold(head *Request, v View) Decision {
+	now := v.Now()
+	since := now // asked before the queue has it: the wait starts now
+	if rec := p.cold[head.ID]; rec != nil {
+		if !rec.contained {
+			return Decision{Go: true}
+		}
+		since = rec.since
+	}
+	cands := v.Workers()
+	if len(cands) == 0 {
+		return Decision{Go: true} // nothing to choose among: the queue's capacity check decides
+	}
+	clean := func(w Worker) bool { return p.activeWarm[w.ID] == 0 }
+	if w, ok := coldLeast(cands, clean); ok {
+		return Decision{Go: true, Target: w}
+	}
+	deadline := since.Add(p.cfg.SoftDrainTimeout)
+	if !now.Before(deadline) {
+		if w, ok := coldLeast(cands, nil); ok {
+			return Decision{Go: true, Target: w}
+		}
+		return Decision{Reason: reasonColdBusy}
+	}
+	reason := reasonColdWaiting
+	if slices.ContainsFunc(cands, clean) {
+		reason = reasonColdBusy // clean members exist, but all of them are full
+	}
+	return Decision{Until: deadline, Reason: reason}
+}
+
+// checkWarm steers a Warm head (SteerWarm) off the avoid set: every pool member a pending Cold
+// request waits for, and every worker running Cold. With no candidate in that set, or none
+// outside it, the head goes untouched (the picker's own policy). Otherwise it goes with a soft
+// target, the least-loaded non-full candidate outside the set; when all of those are full but
+// an avoided one has room, it is held (until capacity frees or the recheck finds Cold gone) —
+// the upstream rule: Warm waits for its preferred workers rather than landing on the pool.
+// When every candidate is full it goes, and the queue's capacity check holds it.
+func (p *ColdPool) checkWarm(v View) Decision {
+	if !p.cfg.SteerWarm {
+		return Decision{Go: true}
+	}
+	var outside []Worker
+	avoided, avoidedFree := 0, false
+	for _, w := range v.Workers() {
+		if p.pendingOn[w.ID] > 0 || p.activeCold[w.ID] > 0 {
+			avoided++
+			avoidedFree = avoidedFree || !w.Full
+			continue
+		}
+		outside = append(outside, w)
+	}
+	if avoided == 0 || len(outside) == 0 {
+		return Decision{Go: true}
+	}
+	if w, ok := coldLeast(outside, nil); ok {
+		return Decision{Go: true, Target: w}
+	}
+	if avoidedFree {
+		return Decision{Reason: reasonWarmSteered}
+	}
+	return Decision{Go: true}
+}
+
+// coldLeast is the least-loaded non-full worker of ws that keep accepts (all when keep is nil),
+// ties to the lower id.
+func coldLeast(ws []Worker, keep func(Worker) bool) (string, bool) {
+	var best *Worker
+	for i := range ws {
+		w := &ws[i]
+		if w.Full || (keep != nil && !keep(*w)) {
+			continue
+		}
+		if best == nil || w.Load < best.Load || (w.Load == best.Load && w.ID < best.ID) {
+			best = w
+		}
+	}
+	if best == nil {
+		return "", false
+	}
+	return best.ID, true
+}

@@ -1,0 +1,80 @@
+package admission
+
+import "time"
+
+// reasonSessionBusy is the Hold reason of a session head whose previous turn is still running.
+const reasonSessionBusy = "session_busy"
+
+// SessionSerial is the one-turn-per-session policy: a request of a session is not dispatched
+// while an earlier request of the same session is dispatched and not yet completed. Requests
+// without a session are never held.
+//
+// Its Classify leaves class, lane and allowed workers alone: the queue itself puts a request
+// with a session id in that session's lane (R10.3), which is what makes a held turn block only
+// its own session. The gate's ledger is a per-session in-flight count, updated in Dispatched
+// and Completed (the same actor turn that dispatches or completes, GATE-PITFALLS 14); an entry
+// is deleted when its count reaches zero, so memory follows the requests in flight.
+//
+// Like every gate, it is used from the router actor's goroutine only.
+type SessionSerial struct {
+	inFlight map[string]int    // session id → dispatched, not yet completed
+	bySID    map[string]string // request id → session id, for the requests counted above
+}
+
+var (
+	_ Policy = (*SessionSerial)(nil)
+	_ Gate   = (*SessionSerial)(nil)
+)
+
+// NewSessionSerial returns an empty one-turn-per-session policy.
+func NewSessionSerial() *SessionSerial {
+	return &SessionSerial{inFlight: make(map[string]int), bySID: make(map[string]string)}
+}
+
+// Classify leaves the request as it is (see the type's comment).
+func (s *SessionSerial) Classify(*Request, []string, func([]string) int) {}
+
+// Gate returns the policy itself.
+func (s *SessionSerial) Gate() Gate { return s }
+
+// Check holds a head whose session has a turn in flight, until the next wake (no time: only a
+// completion can release it). The hold is SessionOnly: the queue asks again when a turn of
+// that session completes, not on every capacity free elsewhere.
+func (s *SessionSerial) Check(head *Request, _ View) Decision {
+	if head.SessionID != "" && s.inFlight[head.SessionID] > 0 {
+		return Decision{Reason: reasonSessionBusy, SessionOnly: true}
+	}
+	return Decision{Go: true}
+}
+
+// Dispatched counts the request against its session. A second Dispatched for a request already
+// counted is ignored, so one request never holds its session twice.
+func (s *SessionSerial) Dispatched(r *Request, _ string) {
+	if r.SessionID == "" {
+		return
+	}
+	if _, ok := s.bySID[r.ID]; ok {
+		return
+	}
+	s.bySID[r.ID] = r.SessionID
+	s.inFlight[r.SessionID]++
+}
+
+// Completed ends the request's turn. A request that was never counted (no session, unknown, or
+// already completed) changes nothing, so counts never go negative.
+func (s *SessionSerial) Completed(r *Request, _ string) {
+	sid, ok := s.bySID[r.ID]
+	if !ok {
+		return
+	}
+	delete(s.bySID, r.ID)
+	if s.inFlight[sid] <= 1 {
+		delete(s.inFlight, sid)
+		return
+	}
+	s.inFlight[sid]--
+}
+
+// Recheck is 0: a held turn is released only by its session's completion, which is a wake the
+// queue delivers, so a periodic recheck would never change an answer.
+func (s *SessionSerial) Recheck() time.Duration { return 0 }

@@ -1,0 +1,325 @@
+// Package prefixindex is tlgw's approximate prefix index (R10): for every worker, which 64-byte
+// chunks of rendered prompts it has recently been sent, so the router can estimate how much of a
+// new prompt each worker already holds in its prefix cache without asking it.
+//
+// A prompt is cut into whole 64-byte chunks and each chunk is named by a chained hash, so one
+// hash stands for the whole prefix up to and including its chunk (Hashes). When a request is
+// dispatched to a worker, its hashes are recorded there (Record); a worker's matched prefix for a
+// new prompt is the number of its leading chunk hashes the worker holds (Match), and Best finds
+// the worker with the longest match. 64 bytes are about 16 tokens, one KV block of tlengine.
+//
+// Each worker keeps at most blocksPerWorker hashes, least recently used forgotten first, so
+// memory is bounded by workers × blocksPerWorker entries. Record touches a prompt's hashes from
+// the last chunk to the first, so a prefix is always more recent than any longer prefix built on
+// it, and eviction drops the ends of prompts before their beginnings, as an engine's prefix
+// cache does. As a result the chunks a worker holds of any prompt are always a leading run,
+// which lets Match binary-search instead of scanning.
+//
+// The index is approximate: it models what the gateway sent, not what the engine kept (an
+// engine under memory pressure may have evicted more, a restarted one holds nothing until
+// Forget is called), and two different prefixes share a hash with probability 2⁻⁶⁴.
+//
+// An Index is not safe for concurrent use: the router actor that owns it is its only user.
+package prefixindex
+
+import (
+	"encoding/binary"
+	"math"
+	"math/rand/v2"
+
+	"github.com/cespare/xxhash/v2"
+)
+
+// ChunkBytes is the size of one hashed chunk of a rendered prompt.
+const ChunkBytes = 64
+
+// DefaultBlocksPerWorker is the per-worker bound New uses when given none.
+const DefaultBlocksPerWorker = 4096
+
+// Hashes returns the chained hashes of rendered's whole 64-byte chunks, reusing dst's storage
+// (its contents are overwritten, from dst[:0]); it allocates only when dst lacks the capacity.
+// A trailing partial chunk is not hashed, so a prompt shorter than 64 bytes has no hashes.
+//
+//	h₁ = xxHash64(chunk₁)
+//	hᵢ = xxHash64(hᵢ₋₁ as 8 little-endian bytes ‖ chunkᵢ)   for i > 1
+//
+// h₁ is the R3.4 Hash64 of the R4 prefix key of a prompt of at least 64 bytes. Two prompts
+// whose first k·64 bytes agree share their first k hashes, and (up to hash collisions) no more
+// after they diverge.
+func Hashes(dst []uint64, rendered []byte) []uint64 {
+	dst = dst[:0]
+	if len(rendered) < ChunkBytes {
+		return dst
+	}
+	h := xxhash.Sum64(rendered[:ChunkBytes])
+	dst = append(dst, h)
+	var buf [8 + ChunkBytes]byte
+	for off := ChunkBytes; off+ChunkBytes <= len(rendered); off += ChunkBytes {
+		binary.LittleEndian.PutUint64(buf[:8], h)
+		copy(buf[8:], rendered[off:off+ChunkBytes])
+		h = xxhash.Sum64(buf[:])
+		dst = append(dst, h)
+	}
+	return dst
+}
+
+// Index is the approximate prefix index over all workers. The zero value is not usable; call
+// New.
+type Index struct {
+	limit   int
+	seed    uint64
+	workers map[string]*lru
+}
+
+// New returns an empty index that keeps at most blocksPerWorker chunk hashes per worker
+// (DefaultBlocksPerWorker when blocksPerWorker < 1).
+func New(blocksPerWorker int) *Index {
+	if blocksPerWorker < 1 {
+		blocksPerWorker = DefaultBlocksPerWorker
+	}
+	blocksPerWorker = min(blocksPerWorker, math.MaxInt32) // nodes link by int32
+	return &Index{limit: blocksPerWorker, seed: rand.Uint64(), workers: make(map[string]*lru)}
+}
+
+// BlocksPerWorker is the per-worker bound the index was built with.
+func (x *Index) BlocksPerWorker() int { return x.limit }
+
+// Record notes that a prompt with these chunk hashes was dispatched to worker: each becomes
+// worker's most recently used entry, the first chunk most recent of all, and the least
+// recently used entries beyond the bound are forgotten. A prompt longer than the bound keeps
+// only its first blocksPerWorker chunks.
+func (x *Index) Record(worker string, hashes []uint64) {
+	if len(hashes) == 0 {
+		return
+	}
+	w := x.workers[worker]
+	if w == nil {
+		w = newLRU(x.seed)
+		x.workers[worker] = w
+	}
+	hashes = hashes[:min(len(hashes), x.limit)]
+	for i := len(hashes) - 1; i >= 0; i-- {
+		w.touch(hashes[i], x.limit)
+	}
+}
+
+// Match returns how many leading chunks of hashes worker holds: its matched prefix length in
+// chunks (multiply by ChunkBytes for bytes, about 16 tokens a chunk). An unknown worker
+// matches 0. Match does not count as a use: it refreshes nothing.
+func (x *Index) Match(worker string, hashes []uint64) int {
+	w := x.workers[worker]
+	if w == nil {
+		return 0
+	}
+	return w.match(hashes, 0)
+}
+
+// Best returns the worker among workers with the longest match for hashes and that match in
+// chunks; ties go to the smallest id. When no worker matches even one chunk it returns ("", 0).
+// It costs about one or two lookups per worker beyond the first match plus a binary search
+// for each improvement, and allocates nothing.
+func (x *Index) Best(workers []string, hashes []uint64) (worker string, chunks int) {
+	for _, id := range workers {
+		w := x.workers[id]
+		if w == nil {
+			continue
+		}
+		m := 0
+		if chunks > 0 {
+			// Only a worker that holds the current best prefix can tie or beat it.
+			if !w.has(hashes[chunks-1]) {
+				continue
+			}
+			m = w.match(hashes, chunks)
+		} else {
+			m = w.match(hashes, 0)
+		}
+		if m > chunks || (m == chunks && m > 0 && id < worker) {
+			worker, chunks = id, m
+		}
+	}
+	return worker, chunks
+}
+
+// Forget drops everything recorded for worker, e.g. when it leaves the fleet or restarts.
+func (x *Index) Forget(worker string) { delete(x.workers, worker) }
+
+// Len returns how many chunk hashes the index holds for worker (at most BlocksPerWorker).
+func (x *Index) Len(worker string) int {
+	if w := x.workers[worker]; w != nil {
+		return w.len()
+	}
+	return 0
+}
+
+// Workers returns how many workers have entries.
+func (x *Index) Workers() int { return len(x.workers) }
+
+// lru is one worker's hashes: nodes in a doubly linked list by recency (head most recent), and
+// an open-addressing table from hash to node. Nodes live in one slice and link by index, and an
+// evicted node is reused in place. The table uses linear probing with backward-shift deletion,
+// so it holds no tombstones and grows only with the number of live entries: a worker's memory
+// is at most limit nodes plus a table of the next power of two ≥ 2·limit slots, however much
+// churn it sees. (Go maps are avoided here because deleting under churn may grow them.)
+type lru struct {
+	seed  uint64  // the index's; spreads hashes over the table unpredictably to clients
+	table []int32 // node index per slot, or nilNode; len is a power of two
+	nodes []node
+	head  int32
+	tail  int32
+}
+
+type node struct {
+	hash       uint64
+	prev, next int32
+}
+
+const nilNode = -1
+
+func newLRU(seed uint64) *lru {
+	w := &lru{seed: seed, table: make([]int32, 16), head: nilNode, tail: nilNode}
+	for i := range w.table {
+		w.table[i] = nilNode
+	}
+	return w
+}
+
+// home is h's first slot. The seed keeps a client that can compute chunk hashes from chosen
+// prompts from aiming them all at one slot; the finalizer (SplitMix64's) spreads every bit.
+func (w *lru) home(h uint64) int {
+	z := h ^ w.seed
+	z = (z ^ z>>30) * 0xbf58476d1ce4e5b9
+	z = (z ^ z>>27) * 0x94d049bb133111eb
+	z ^= z >> 31
+	return int(z & uint64(len(w.table)-1))
+}
+
+// find returns h's slot, or -1.
+func (w *lru) find(h uint64) int {
+	mask := len(w.table) - 1
+	for i := w.home(h); ; i = (i + 1) & mask {
+		n := w.table[i]
+		if n == nilNode {
+			return -1
+		}
+		if w.nodes[n].hash == h {
+			return i
+		}
+	}
+}
+
+func (w *lru) has(h uint64) bool { return w.find(h) >= 0 }
+
+// insert puts node n (whose hash is not in the table) into the table.
+func (w *lru) insert(n int32) {
+	mask := len(w.table) - 1
+	i := w.home(w.nodes[n].hash)
+	for w.table[i] != nilNode {
+		i = (i + 1) & mask
+	}
+	w.table[i] = n
+}
+
+// remove empties slot i and shifts back the entries after it that probed past it.
+func (w *lru) remove(i int) {
+	mask := len(w.table) - 1
+	for j := (i + 1) & mask; w.table[j] != nilNode; j = (j + 1) & mask {
+		// The entry at j may move to i unless its home lies cyclically in (i, j].
+		k := w.home(w.nodes[w.table[j]].hash)
+		if (j-k)&mask >= (j-i)&mask {
+			w.table[i] = w.table[j]
+			i = j
+		}
+	}
+	w.table[i] = nilNode
+}
+
+// match returns the number of leading hashes w holds, given that it holds at least the first
+// from of them. The chunks held of one prompt are a leading run (see the package comment), so
+// presence is monotone along hashes and a binary search finds its end.
+func (w *lru) match(hashes []uint64, from int) int {
+	lo, hi := from, len(hashes) // invariant: hashes[:lo] held; hashes[hi:] not
+	for lo < hi {
+		mid := int(uint(lo+hi) >> 1)
+		if w.has(hashes[mid]) {
+			lo = mid + 1
+		} else {
+			hi = mid
+		}
+	}
+	return lo
+}
+
+// touch makes h the most recently used entry, evicting the least recently used one when a new
+// entry would exceed limit.
+func (w *lru) touch(h uint64, limit int) {
+	if i := w.find(h); i >= 0 {
+		if n := w.table[i]; n != w.head {
+			w.unlink(n)
+			w.pushFront(n)
+		}
+		return
+	}
+	var n int32
+	if len(w.nodes) < limit {
+		if len(w.nodes) == cap(w.nodes) {
+			// Grow by doubling but never past limit, so a full worker holds exactly limit nodes.
+			grown := make([]node, len(w.nodes), min(max(2*cap(w.nodes), 16), limit))
+			copy(grown, w.nodes)
+			w.nodes = grown
+		}
+		n = int32(len(w.nodes))
+		w.nodes = append(w.nodes, node{})
+		if 2*len(w.nodes) > len(w.table) {
+			w.grow()
+		}
+	} else {
+		n = w.tail
+		w.unlink(n)
+		w.remove(w.find(w.nodes[n].hash))
+	}
+	w.nodes[n].hash = h
+	w.insert(n)
+	w.pushFront(n)
+}
+
+// grow doubles the table, keeping its load at most one half. The node being added (the last)
+// has no hash yet and is inserted by the caller.
+func (w *lru) grow() {
+	w.table = make([]int32, 2*len(w.table))
+	for i := range w.table {
+		w.table[i] = nilNode
+	}
+	for n := range len(w.nodes) - 1 {
+		w.insert(int32(n))
+	}
+}
+
+// Len is the number of hashes held.
+func (w *lru) len() int { return len(w.nodes) }
+
+func (w *lru) unlink(i int32) {
+	n := &w.nodes[i]
+	if n.prev != nilNode {
+		w.nodes[n.prev].next = n.next
+	} else {
+		w.head = n.next
+	}
+	if n.next != nilNode {
+		w.nodes[n.next].prev = n.prev
+	} else {
+		w.tail = n.prev
+	}
+	n.prev, n.next = nilNode, nilNode
+}
+
+func (w *lru) pushFront(i int32) {
+	n := &w.nodes[i]
+	n.prev, n.next = nilNode, w.head
+	if w.head != nilNode {
+		w.nodes[w.head].prev = i
+	} else {
+		w.tail = i
+	}
+	w.head = i
+}
