@@ -376,9 +376,15 @@ func BenchmarkMatchAll(b *testing.B) {
 // BenchmarkRecord is the dispatch-time cost: 32 chunks into a full worker.
 func BenchmarkRecord(b *testing.B) {
 	x, workers, _ := benchIndex(1)
-	hs := make([][]uint64, 64)
+	hs := make([][]uint64, 256)
 	for i := range hs {
-		hs[i] = Hashes(nil, prompt(byte(100+i), 64*32))
+		hs[i] = Hashes(nil, prompt(byte(i), 64*32))
+	}
+	for _, h := range hs { // 8192 distinct chunks: the worker is full and evicting
+		x.Record(workers[0], h)
+	}
+	if x.Len(workers[0]) != DefaultBlocksPerWorker {
+		b.Fatalf("Len = %d", x.Len(workers[0]))
 	}
 	b.ReportAllocs()
 	i := 0

@@ -25,6 +25,7 @@ type fleet struct {
 	gw      *proctest.Proc
 	engines map[string]*proctest.Proc
 	base    string
+	key     string // an admin key, when the config has keys
 }
 
 const fastHeartbeats = `
@@ -37,7 +38,12 @@ heartbeat_miss_limit = 3
 
 func startFleet(t *testing.T, toml string, engines ...[]string) *fleet {
 	t.Helper()
-	f := &fleet{gw: startTLGW(t, toml), engines: map[string]*proctest.Proc{}}
+	return startFleetWithKey(t, "", toml, engines...)
+}
+
+func startFleetWithKey(t *testing.T, adminKey, toml string, engines ...[]string) *fleet {
+	t.Helper()
+	f := &fleet{gw: startTLGW(t, toml), engines: map[string]*proctest.Proc{}, key: adminKey}
 	f.base = "http://" + f.gw.HTTPAddr
 	var ids []string
 	for _, args := range engines {
@@ -61,7 +67,11 @@ type workerRow struct {
 
 func (f *fleet) workers(t *testing.T) []workerRow {
 	t.Helper()
-	resp, err := http.Get(f.base + "/admin/v1/workers")
+	req, _ := http.NewRequest("GET", f.base+"/admin/v1/workers", nil)
+	if f.key != "" {
+		req.Header.Set("Authorization", "Bearer "+f.key)
+	}
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -174,9 +174,13 @@ func PoolMembers(workers []string, size int) []string {
 	return coldTop(coldRank(workers, coldScore), size)
 }
 
-// coldTop is the first size ids of a ranking, in id order.
+// coldTop is the first size ids of a ranking, in id order (nil when none).
 func coldTop(ranked []string, size int) []string {
-	out := ranked[:min(max(size, 0), len(ranked))]
+	n := min(max(size, 0), len(ranked))
+	if n == 0 {
+		return nil
+	}
+	out := ranked[:n:n]
 	slices.Sort(out)
 	return out
 }
@@ -401,10 +405,14 @@ func (p *ColdPool) Check(head *Request, v View) Decision {
 // Warm work) that is not full, the least loaded (ties to the lower id). Once the soft drain
 // timeout has passed since enqueue (inclusive) it goes to any non-full member, least loaded
 // first. Otherwise it is held: until the timeout when that is still ahead, or, past it with
-// every member full, until capacity frees. An uncontained Cold request always goes.
+// every member full, until capacity frees. An uncontained Cold request always goes. The wait
+// counts from the record's time: arrival when asked before the queue has the request, then
+// its enqueue time.
 func (p *ColdPool) checkCold(head *Request, v View) Decision {
 	now := v.Now()
-	since := now // asked before the queue has it: the wait starts now
+	// With no record (never classified here, or swept as turned away) the wait's start is
+	// unknown: it counts as over, so such a head is never held for long.
+	var since time.Time
 	if rec := p.cold[head.ID]; rec != nil {
 		if !rec.contained {
 			return Decision{Go: true}

@@ -147,7 +147,7 @@ func TestPoolMembersBasics(t *testing.T) {
 	}
 	// Membership is a pure function of the ids: a restart, another gateway, another build all
 	// agree. The value below pins the score function so a change to it is deliberate.
-	if got, want := PoolMembers(ws, 3), []string{"w3", "w5", "w8"}; !slices.Equal(got, want) {
+	if got, want := PoolMembers(ws, 3), []string{"w1", "w6", "w7"}; !slices.Equal(got, want) {
 		t.Fatalf("PoolMembers(w1..w9, 3) = %v, want %v", got, want)
 	}
 }
@@ -279,7 +279,7 @@ func TestColdPoolClassify(t *testing.T) {
 		{"at threshold, nothing cached", cpThreshold, 0, TagCold},
 		{"uncached part exactly the threshold", 3 * cpThreshold, 2 * cpThreshold, TagCold},
 		{"uncached part one under", 3 * cpThreshold, 2*cpThreshold + 1, ""},
-		{"long but cached", 100 * cpThreshold, 99 * cpThreshold, ""},
+		{"long but mostly cached", 100 * cpThreshold, 99*cpThreshold + 1, ""},
 		{"cache above the prompt", cpThreshold, 5 * cpThreshold, ""},
 	} {
 		r := &Request{ID: c.name, Class: "k", PromptTokens: c.prompt}
@@ -608,5 +608,13 @@ func TestColdPoolShape(t *testing.T) {
 	r := &Request{ID: "x", Tag: "other"}
 	if d := p.Check(r, cpView{now: cpT0}); d != (Decision{Go: true}) {
 		t.Fatalf("untagged head: %+v", d)
+	}
+	// A Cold head the policy has no record of is not held for its soft drain: its wait is
+	// taken as over.
+	p = NewColdPool(ColdPoolConfig{Workers: 1, SoftDrainTimeout: time.Hour}, func() time.Time { return cpT0 })
+	p.Dispatched(&Request{ID: "busy", Tag: TagWarm}, "w1")
+	v := cpView{now: cpT0, ws: []Worker{{ID: "w1"}}}
+	if d := p.Check(&Request{ID: "stranger", Tag: TagCold, Lane: ColdLane}, v); d != (Decision{Go: true, Target: "w1"}) {
+		t.Fatalf("unknown cold head: %+v", d)
 	}
 }

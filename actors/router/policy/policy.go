@@ -22,6 +22,9 @@ const (
 	ReasonAffinity
 	// ReasonLoad: the owner was at its bounded-load cap and a later member took it (R3.3).
 	ReasonLoad
+	// ReasonPrefix: the member with the longest matched prompt prefix under the bounded-load
+	// cap (prefix_aware).
+	ReasonPrefix
 )
 
 func (r Reason) String() string {
@@ -34,6 +37,8 @@ func (r Reason) String() string {
 		return "affinity"
 	case ReasonLoad:
 		return "load"
+	case ReasonPrefix:
+		return "prefix"
 	}
 	return "unknown"
 }
@@ -84,6 +89,7 @@ var registry = map[string]func(Options) Policy{
 	"least_outstanding": func(Options) Policy { return NewLeastOutstanding() },
 	"weighted":          func(Options) Policy { return NewWeighted() },
 	"affinity":          func(o Options) Policy { return NewAffinity(o.LoadFactor, o.VirtualNodes) },
+	"prefix_aware":      func(o Options) Policy { return NewPrefixAware(o.LoadFactor) },
 }
 
 // Options parameterise policy construction.

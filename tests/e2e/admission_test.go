@@ -1,0 +1,134 @@
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// TestAdmissionBurst: two tlengine workers with a decode cost, a burst larger than their
+// capacity from two classes. No request is lost; only the class with a small queue limit gets
+// 429; the queue drains to 0 and every in-flight count returns to 0.
+func TestAdmissionBurst(t *testing.T) {
+	f := startFleetWithKey(t, "sk-interactive", fastHeartbeats+`
+[admission]
+busy_threshold = 2
+default_class = "interactive"
+classes = [
+  { name = "interactive", quantum = 3, queue_limit = 200, max_wait = "30s" },
+  { name = "batch", quantum = 1, queue_limit = 4, max_wait = "30s" },
+]
+
+[[auth.keys]]
+key = "sk-interactive"
+scopes = ["inference", "admin"]
+
+[[auth.keys]]
+key = "sk-batch"
+scopes = ["inference"]
+class = "batch"
+`,
+		[]string{"q1", "--model", "smol", "--decode-per-token", "5ms"},
+		[]string{"q2", "--model", "smol", "--decode-per-token", "5ms"})
+	const interactive, batch = 40, 24
+	type result struct {
+		class string
+		code  int
+	}
+	results := make(chan result, interactive+batch)
+	hc := &http.Client{Timeout: 60 * time.Second}
+	var wg sync.WaitGroup
+	send := func(key, class string, i int) {
+		defer wg.Done()
+		req, _ := http.NewRequest("POST", f.base+"/v1/completions",
+			strings.NewReader(fmt.Sprintf(`{"model":"smol","prompt":"burst %s %d","max_tokens":8}`, class, i)))
+		req.Header.Set("Authorization", "Bearer "+key)
+		resp, err := hc.Do(req)
+		if err != nil {
+			t.Errorf("%s %d: %v", class, i, err)
+			return
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 && resp.StatusCode != 429 {
+			t.Errorf("%s %d: %d %s", class, i, resp.StatusCode, b)
+		}
+		if resp.StatusCode == 429 && !strings.Contains(string(b), "queue_full") {
+			t.Errorf("429 without queue_full: %s", b)
+		}
+		results <- result{class, resp.StatusCode}
+	}
+	for i := 0; i < interactive; i++ {
+		wg.Add(1)
+		go send("sk-interactive", "interactive", i)
+	}
+	for i := 0; i < batch; i++ {
+		wg.Add(1)
+		go send("sk-batch", "batch", i)
+	}
+	wg.Wait()
+	close(results)
+	counts := map[string]int{}
+	for r := range results {
+		counts[fmt.Sprint(r.class, " ", r.code)]++
+	}
+	t.Logf("outcomes %v", counts)
+	if counts["interactive 200"] != interactive {
+		t.Fatalf("interactive requests lost or rejected: %v", counts)
+	}
+	if counts["batch 200"]+counts["batch 429"] != batch || counts["batch 429"] == 0 {
+		t.Fatalf("batch outcomes %v: want every request answered and some 429 (queue_limit 4)", counts)
+	}
+	// The queue drains to 0, in-flight counts to 0.
+	eventually(t, "queue empty and nothing in flight", 10*time.Second, func() bool {
+		req, _ := http.NewRequest("GET", f.base+"/admin/v1/queue", nil)
+		req.Header.Set("Authorization", "Bearer sk-interactive")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		var q struct {
+			Enabled bool `json:"enabled"`
+			Classes struct {
+				Classes []struct {
+					Queued int `json:"queued"`
+				} `json:"classes"`
+			} `json:"classes"`
+		}
+		if json.NewDecoder(resp.Body).Decode(&q) != nil || !q.Enabled {
+			return false
+		}
+		for _, c := range q.Classes.Classes {
+			if c.Queued != 0 {
+				return false
+			}
+		}
+		req, _ = http.NewRequest("GET", f.base+"/admin/v1/workers", nil)
+		req.Header.Set("Authorization", "Bearer sk-interactive")
+		wr, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return false
+		}
+		defer wr.Body.Close()
+		var ws struct {
+			Workers []struct {
+				InFlight int `json:"in_flight"`
+			} `json:"workers"`
+		}
+		if json.NewDecoder(wr.Body).Decode(&ws) != nil {
+			return false
+		}
+		for _, w := range ws.Workers {
+			if w.InFlight != 0 {
+				return false
+			}
+		}
+		return true
+	})
+}
