@@ -38,6 +38,8 @@ type Config struct {
 	AskTimeout time.Duration
 	// Admission turns the router's admission queue on (R10); nil: no queueing.
 	Admission *router.AdmissionConfig
+	// PrefixIndexBlocks turns the router's approximate prefix index on (0 = off).
+	PrefixIndexBlocks int
 }
 
 // Gateway is the running actor tree.
@@ -81,7 +83,7 @@ func Start(cfg Config) (*Gateway, error) {
 	routerProps, err := router.Props(router.Config{
 		Policy: cfg.Policy, LoadFactor: cfg.LoadFactor, Routes: cfg.Routes,
 		Metrics: cfg.RouterMetrics, Logger: cfg.Logger.With("actor", "router"),
-		Admission: cfg.Admission, Clock: cfg.Clock,
+		Admission: cfg.Admission, Clock: cfg.Clock, PrefixIndexBlocks: cfg.PrefixIndexBlocks,
 	}, opts("router")...)
 	if err != nil {
 		return nil, err

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -16,6 +17,7 @@ import (
 	"github.com/tlgw/tlgw/internal/errs"
 	"github.com/tlgw/tlgw/internal/gwtest"
 	"github.com/tlgw/tlgw/internal/oai"
+	"github.com/tlgw/tlgw/internal/prefixindex"
 
 	"github.com/cespare/xxhash/v2"
 )
@@ -327,4 +329,37 @@ func TestLostReservationIsDropped(t *testing.T) {
 	h.InFlight("a", 1)
 	h.GW.Release(res.Worker)
 	h.InFlight("a", 0)
+}
+
+// TestPrefixAwareFollowsThePrefixIndex: prefix_aware sends a prompt back to the worker that
+// served its prefix (reason prefix), while that worker is under the bounded-load cap.
+func TestPrefixAwareFollowsThePrefixIndex(t *testing.T) {
+	h := gwtest.New(t, gwtest.WithPolicy("prefix_aware"), gwtest.WithPrefixIndex(1024))
+	for _, id := range []string{"w1", "w2", "w3", "w4"} {
+		h.Beat(gwtest.Worker(id, "smol", 0))
+	}
+	prompt := []byte(strings.Repeat("You are a careful assistant. ", 20))
+	hashes := prefixindex.Hashes(nil, prompt)
+	first, err := h.Pick(router.Pick{Model: "smol", RequestID: "1", PrefixHashes: hashes})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.GW.Release(first.Worker)
+	h.InFlight(first.WorkerID, 0)
+	for i := 0; i < 5; i++ {
+		res, err := h.Pick(router.Pick{Model: "smol", RequestID: fmt.Sprint("r", i), PrefixHashes: hashes[:len(hashes)-1]})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.WorkerID != first.WorkerID || res.Reason.String() != "prefix" {
+			t.Fatalf("request %d went to %s (%v), want %s (prefix)", i, res.WorkerID, res.Reason, first.WorkerID)
+		}
+		h.GW.Release(res.Worker)
+		h.InFlight(res.WorkerID, 0)
+	}
+	// A prompt nobody has seen goes by least load.
+	other := prefixindex.Hashes(nil, []byte(strings.Repeat("Entirely different words here. ", 20)))
+	if res, _ := h.Pick(router.Pick{Model: "smol", RequestID: "x", PrefixHashes: other}); res.Reason.String() != "least_load" {
+		t.Fatalf("unseen prompt: reason %v", res.Reason)
+	}
 }

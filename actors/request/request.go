@@ -20,6 +20,7 @@ import (
 	"github.com/tlgw/tlgw/internal/clock"
 	"github.com/tlgw/tlgw/internal/errs"
 	"github.com/tlgw/tlgw/internal/oai"
+	"github.com/tlgw/tlgw/internal/prefixindex"
 )
 
 // Exchange is the client side of one request: what the HTTP adapter parsed, and the writer the
@@ -115,6 +116,8 @@ type Deps struct {
 	Clock clock.Clock
 	// Admission: a request's first pick passes the router's admission queue (R10).
 	Admission bool
+	// PrefixHashes: picks carry the prompt's chunk hashes for the prefix index (R10 item 5).
+	PrefixHashes bool
 }
 
 // stepFunc handles one message in one state.
@@ -132,8 +135,9 @@ type requestActor struct {
 	pickTag     uint64 // the current Pick's tag; answers with another tag are stale
 	pickTimer   clock.Timer
 	pickRetries int
-	queued      bool // the router queued the first pick (no pick timeout then)
-	admitted    bool // the router admitted the request: tell it when it ends
+	hashes      []uint64 // the prompt's chunk hashes, when the prefix index is on
+	queued      bool     // the router queued the first pick (no pick timeout then)
+	admitted    bool     // the router admitted the request: tell it when it ends
 	stopWatch   chan struct{}
 	cascadeStep int // the cascade step asked for (router.LastStep: the last)
 	exclude     []string
@@ -251,9 +255,12 @@ func (r *requestActor) endWatch(c actor.Context) {
 func (r *requestActor) pick(c actor.Context) {
 	r.pickTag++
 	tag := r.pickTag
+	if r.d.PrefixHashes && r.hashes == nil {
+		r.hashes = prefixindex.Hashes(nil, oai.RenderPrompt(r.x.Kind, r.x.Body, maxRenderedPrompt))
+	}
 	p := &router.Pick{
 		Model: r.x.Req.Model, RequestID: r.x.ID, PrefixHash: prefixHash(r.x.Req.PrefixKey),
-		Exclude: r.exclude, Step: r.cascadeStep, Tag: tag,
+		PrefixHashes: r.hashes, Exclude: r.exclude, Step: r.cascadeStep, Tag: tag,
 	}
 	if r.d.Admission && tag == 1 {
 		p.Admit = &router.AdmitInfo{Class: r.x.Class, SessionID: r.x.SessionID, PromptTokens: r.x.PromptTokens}
@@ -262,6 +269,9 @@ func (r *requestActor) pick(c actor.Context) {
 	self, root := c.Self(), c.ActorSystem().Root
 	r.pickTimer = r.clock().AfterFunc(r.pickTimeout(), func() { root.Send(self, pickTimeout{tag: tag}) })
 }
+
+// maxRenderedPrompt bounds the prompt bytes hashed for the prefix index (128 chunks).
+const maxRenderedPrompt = 8192
 
 // pickTimeout is the pick timer firing.
 type pickTimeout struct{ tag uint64 }

@@ -12,6 +12,7 @@ import (
 	"github.com/tlgw/tlgw/actors/router/admission"
 	"github.com/tlgw/tlgw/internal/clock"
 	"github.com/tlgw/tlgw/internal/errs"
+	"github.com/tlgw/tlgw/internal/prefixindex"
 )
 
 // AdmissionConfig turns the admission queue on (R10).
@@ -121,7 +122,7 @@ func (h host) Dispatch(e *admission.Entry, soft string) (string, bool) {
 			}
 		}
 	}
-	out := st.choose(p.target, p.pick.PrefixHash, exclude, soft)
+	out := st.choose(p.target, p.pick.PrefixHash, p.pick.PrefixHashes, exclude, soft)
 	if out.Err != nil {
 		return "", false
 	}
@@ -184,7 +185,13 @@ func (st *state) admit(c actor.Context, m *Pick) {
 	}
 	h := host{st: st, c: c}
 	st.adm.entries[m.RequestID] = e // Reject forgets it again
-	st.adm.q.Admit(e, h, func([]string) int { return 0 })
+	st.adm.q.Admit(e, h, func(workers []string) int {
+		if st.pidx == nil || len(m.PrefixHashes) == 0 {
+			return 0
+		}
+		_, chunks := st.pidx.Best(workers, m.PrefixHashes)
+		return chunks * prefixindex.ChunkBytes / 4 // tokens, at ~4 bytes a token
+	})
 	if waiting := e.Worker() == "" && st.adm.entries[m.RequestID] == e; waiting {
 		c.Respond(&Queued{Tag: m.Tag}) // the requester waits without a pick timeout
 	}

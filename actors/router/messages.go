@@ -76,12 +76,15 @@ const LastStep = -1
 
 // Pick asks the router for a worker. The reply is *Picked.
 type Pick struct {
-	Model      string   // the model id the client sent (a route id, an alias or a served id)
-	RequestID  string   // draws the canary backend (R5)
-	PrefixHash uint64   // Hash64 of the prefix key (R4), for affinity
-	Exclude    []string // worker ids already tried (R6)
-	Step       int      // cascade step (0 = first; LastStep); ignored by other routes
-	Tag        uint64   // echoed in Picked, so a requester can tell a late answer from a current one
+	Model      string // the model id the client sent (a route id, an alias or a served id)
+	RequestID  string // draws the canary backend (R5)
+	PrefixHash uint64 // Hash64 of the prefix key (R4), for affinity
+	// PrefixHashes are the chained 64-byte chunk hashes of the rendered prompt (R10 item 5),
+	// for prefix_aware routing and the classifier's cached tokens; nil when neither is on.
+	PrefixHashes []uint64
+	Exclude      []string // worker ids already tried (R6)
+	Step         int      // cascade step (0 = first; LastStep); ignored by other routes
+	Tag          uint64   // echoed in Picked, so a requester can tell a late answer from a current one
 	// Admit is set on a request's first pick when it must pass the admission queue (R10);
 	// the router then answers *Queued at once if it waits, and *Picked when it leaves.
 	Admit *AdmitInfo

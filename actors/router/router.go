@@ -17,6 +17,7 @@ import (
 	"github.com/tlgw/tlgw/internal/clock"
 	"github.com/tlgw/tlgw/internal/config"
 	"github.com/tlgw/tlgw/internal/errs"
+	"github.com/tlgw/tlgw/internal/prefixindex"
 )
 
 // Config is what the router needs.
@@ -30,6 +31,9 @@ type Config struct {
 	Admission *AdmissionConfig
 	// Clock times the queue (default the real clock).
 	Clock clock.Clock
+	// PrefixIndexBlocks turns the approximate prefix index on (chunk hashes remembered per
+	// worker); 0 = off.
+	PrefixIndexBlocks int
 }
 
 // slot is the router's record of one registered worker.
@@ -98,6 +102,11 @@ type state struct {
 	decisions [maxReasons]prometheus.Counter
 	gauges    map[string]prometheus.Gauge
 	adm       *admissionState // nil without [admission]
+	// The approximate prefix index (nil when off) and the one scoring function prefix_aware
+	// pools use, reading the hashes of the pick at hand.
+	pidx        *prefixindex.Index
+	scoreHashes []uint64
+	scoreFn     func(id string) int
 }
 
 // Props returns the router actor's props. The route table starts at epoch 1.
@@ -122,6 +131,10 @@ func Props(cfg Config, opts ...actor.PropsOption) (*actor.Props, error) {
 		gauges:    cfg.Metrics.workerGauges(),
 	}
 	st.setRoutes(cfg.Routes)
+	if cfg.PrefixIndexBlocks > 0 {
+		st.pidx = prefixindex.New(cfg.PrefixIndexBlocks)
+		st.scoreFn = func(id string) int { return st.pidx.Match(id, st.scoreHashes) }
+	}
 	if cfg.Admission != nil {
 		clk := cfg.Clock
 		if clk == nil {
@@ -229,13 +242,13 @@ func (st *state) pick(m *Pick) *Picked {
 	if t.out.Err != nil {
 		return t.out
 	}
-	return st.choose(t, m.PrefixHash, m.Exclude, "")
+	return st.choose(t, m.PrefixHash, m.PrefixHashes, m.Exclude, "")
 }
 
 // choose picks (and reserves) the worker(s) for a resolved pick: the soft target when it is in
 // the pool and not excluded, else the pool's policy; plus the least loaded prefill worker of a
 // disaggregated route.
-func (st *state) choose(t target, prefixHash uint64, exclude []string, soft string) *Picked {
+func (st *state) choose(t target, prefixHash uint64, hashes []uint64, exclude []string, soft string) *Picked {
 	out := t.out
 	var s *slot
 	reason := policy.ReasonLeastLoad
@@ -245,6 +258,12 @@ func (st *state) choose(t target, prefixHash uint64, exclude []string, soft stri
 		}
 	}
 	if s == nil {
+		if pl := st.pools[t.key]; pl != nil && st.pidx != nil && len(hashes) > 0 {
+			if ps, ok := pl.p.(policy.PrefixScorer); ok {
+				st.scoreHashes = hashes
+				ps.SetScores(st.scoreFn)
+			}
+		}
 		s, reason = st.pickIn(t.key, prefixHash, exclude)
 	}
 	if s == nil {
@@ -263,6 +282,9 @@ func (st *state) choose(t target, prefixHash uint64, exclude []string, soft stri
 	}
 	st.reserve(s)
 	st.decisions[reason].Inc()
+	if st.pidx != nil && len(hashes) > 0 {
+		st.pidx.Record(s.info.ID, hashes) // its engine will hold this prompt's KV now
+	}
 	out.Worker, out.WorkerID, out.HTTPAddress = s.pid, s.info.ID, s.info.HTTPAddress
 	out.GRPCAddress, out.KVAddress, out.Reason = s.info.GRPCAddress, s.info.KVAddress, reason
 	return out
@@ -420,6 +442,9 @@ func (st *state) remove(s *slot) {
 	}
 	delete(st.slots, s.info.ID)
 	delete(st.byPID, s.pid.Id)
+	if st.pidx != nil {
+		st.pidx.Forget(s.info.ID)
+	}
 }
 
 // dropModel forgets one live worker of model.

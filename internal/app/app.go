@@ -18,8 +18,8 @@ import (
 
 	"github.com/tlgw/tlgw/actors/gateway"
 	"github.com/tlgw/tlgw/actors/request"
-	"github.com/tlgw/tlgw/actors/router/admission"
 	"github.com/tlgw/tlgw/actors/router"
+	"github.com/tlgw/tlgw/actors/router/admission"
 	grpcapi "github.com/tlgw/tlgw/adapters/grpc"
 	httpapi "github.com/tlgw/tlgw/adapters/http"
 	"github.com/tlgw/tlgw/internal/actormetrics"
@@ -71,8 +71,13 @@ func Start(cfg *config.Config, o Options) (*App, error) {
 	if err != nil {
 		return nil, err
 	}
+	prefixBlocks := 0
+	if g.RoutePolicy == config.PolicyPrefixAware ||
+		(cfg.Admission.Enabled && cfg.Admission.Classifier.Type == config.ClassifierColdPool) {
+		prefixBlocks = cfg.Admission.PrefixIndex.BlocksPerWorker
+	}
 	gw, err := gateway.Start(gateway.Config{
-		Admission: admCfg,
+		Admission: admCfg, PrefixIndexBlocks: prefixBlocks,
 		Clock: o.Clock, Policy: g.RoutePolicy, LoadFactor: g.AffinityLoadFactor, Routes: g.Routes,
 		HeartbeatInterval: g.HeartbeatInterval, MissLimit: g.HeartbeatMissLimit,
 		Logger: o.Logger, RouterMetrics: router.NewMetrics(reg),
@@ -109,7 +114,7 @@ func Start(cfg *config.Config, o Options) (*App, error) {
 	deps := &request.Deps{
 		Router: gw.Router, Transport: o.Transport, Engines: a.engines, MaxAttempts: g.MaxAttempts,
 		Metrics: request.NewMetrics(reg), Logger: o.Logger, Errors: httpapi.ErrorWriter{},
-		Admission: admCfg != nil, Clock: o.Clock,
+		Admission: admCfg != nil, Clock: o.Clock, PrefixHashes: prefixBlocks > 0,
 	}
 	reqOpts := am.Options("request")
 	if o.ActorOptions != nil {
@@ -184,8 +189,9 @@ func admissionConfig(cfg *config.Config, clk clock.Clock) (*router.AdmissionConf
 			Name: cl.Name, Quantum: cl.Quantum, QueueLimit: cl.QueueLimit, MaxWait: cl.MaxWait,
 		})
 	}
-	if c.Type == config.ClassifierColdPool {
-		q.Lanes = map[string]admission.LaneLimit{"cold": {QueueLimit: c.ColdQueueLimit, MaxWait: c.ColdMaxWait}}
+	if cp, ok := pol.(*admission.ColdPool); ok {
+		limit, wait := cp.ColdLaneLimits()
+		q.Lanes = map[string]admission.LaneLimit{admission.ColdLane: {QueueLimit: limit, MaxWait: wait}}
 	}
 	return &router.AdmissionConfig{Queue: q, BusyThreshold: a.BusyThreshold, PolicyName: c.Type}, nil
 }

@@ -44,6 +44,16 @@ func WithRouterMetrics(reg prometheus.Registerer) Option {
 	return func(c *gateway.Config) { c.RouterMetrics = router.NewMetrics(reg) }
 }
 
+// WithPrefixIndex turns the router's prefix index on.
+func WithPrefixIndex(blocks int) Option {
+	return func(c *gateway.Config) { c.PrefixIndexBlocks = blocks }
+}
+
+// WithAdmission turns the router's admission queue on.
+func WithAdmission(a *router.AdmissionConfig) Option {
+	return func(c *gateway.Config) { c.Admission = a }
+}
+
 // WithActorOptions adds props options per actor kind (crash injection).
 func WithActorOptions(f func(kind string) []actor.PropsOption) Option {
 	return func(c *gateway.Config) { c.Options = f }
@@ -172,5 +182,44 @@ func Eventually(t testing.TB, what string, cond func() bool) {
 			t.Fatalf("timed out waiting for: %s", what)
 		}
 		<-tick.C
+	}
+}
+
+// Probe is an actor that hands every message it receives to a channel: a stand-in requester
+// for messages that arrive later than a request/reply (an admission queue's Picked).
+type Probe struct {
+	PID *actor.PID
+	C   chan any
+	h   *Harness
+}
+
+// NewProbe spawns a probe.
+func (h *Harness) NewProbe() *Probe {
+	p := &Probe{C: make(chan any, 64), h: h}
+	p.PID = h.GW.System.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
+		switch c.Message().(type) {
+		case *actor.Started, *actor.Stopping, *actor.Stopped:
+			return
+		}
+		p.C <- c.Message()
+	}))
+	h.T.Cleanup(func() { _ = h.GW.System.Root.StopFuture(p.PID).Wait() })
+	return p
+}
+
+// Ask sends msg to pid with the probe as the sender.
+func (p *Probe) Ask(pid *actor.PID, msg any) {
+	p.h.GW.System.Root.RequestWithCustomSender(pid, msg, p.PID)
+}
+
+// Next waits up to 5 s for the probe's next message.
+func (p *Probe) Next() any {
+	p.h.T.Helper()
+	select {
+	case m := <-p.C:
+		return m
+	case <-time.After(5 * time.Second):
+		p.h.T.Fatal("the probe received nothing")
+		return nil
 	}
 }

@@ -333,13 +333,14 @@ func TestNoTruncatedStreamsUnderLoad(t *testing.T) {
 				b, err := io.ReadAll(resp.Body)
 				resp.Body.Close()
 				done := err == nil && strings.HasSuffix(string(b), "data: [DONE]\n\n")
-				// maxTokens token events plus the final finish_reason chunk, unless EOS came first.
+				// At least the final finish_reason chunk (EOS may come first, so token events can
+				// be fewer than maxTokens, even none).
 				events := strings.Count(string(b), "data: {")
 				mu.Lock()
 				streams++
 				if !done {
 					truncated++
-				} else if events < 2 {
+				} else if events < 1 {
 					short++
 				}
 				mu.Unlock()
