@@ -84,6 +84,21 @@ class = "batch"
 	if counts["batch 200"]+counts["batch 429"] != batch || counts["batch 429"] == 0 {
 		t.Fatalf("batch outcomes %v: want every request answered and some 429 (queue_limit 4)", counts)
 	}
+	mresp, err := http.Get(f.base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mb, _ := io.ReadAll(mresp.Body)
+	mresp.Body.Close()
+	for _, want := range []string{
+		fmt.Sprintf(`tlgw_queue_rejections_total{class="batch",reason="queue_full"} %d`, counts["batch 429"]),
+		`tlgw_queue_length{class="interactive",lane_kind="shared"}`,
+		`tlgw_queue_wait_seconds_count{class="interactive"}`,
+	} {
+		if !strings.Contains(string(mb), want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
 	// The queue drains to 0, in-flight counts to 0.
 	eventually(t, "queue empty and nothing in flight", 10*time.Second, func() bool {
 		req, _ := http.NewRequest("GET", f.base+"/admin/v1/queue", nil)
