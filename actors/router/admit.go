@@ -172,10 +172,7 @@ func (st *state) admit(c actor.Context, m *Pick) {
 	}
 	var route []string
 	if pl := st.pools[t.key]; pl != nil {
-		for id := range pl.members {
-			route = append(route, id)
-		}
-		slices.Sort(route)
+		route = pl.memberIDs()
 	}
 	e := &admission.Entry{
 		Req: &admission.Request{ID: m.RequestID, Class: m.Admit.Class, SessionID: m.Admit.SessionID,

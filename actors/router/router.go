@@ -85,6 +85,19 @@ type pool struct {
 	key     poolKey
 	p       policy.Policy
 	members map[string]*slot // by worker id
+	ids     []string         // member ids in order, rebuilt after a membership change
+}
+
+// memberIDs returns the pool's worker ids in order (shared: callers must not modify it).
+func (pl *pool) memberIDs() []string {
+	if pl.ids == nil {
+		pl.ids = make([]string, 0, len(pl.members))
+		for id := range pl.members {
+			pl.ids = append(pl.ids, id)
+		}
+		slices.Sort(pl.ids)
+	}
+	return pl.ids
 }
 
 // state survives restarts of the router actor: a panic while handling one message must not
@@ -403,6 +416,7 @@ func (st *state) joinPool(s *slot) {
 	}
 	pl.p.Add(&s.member, s.load(), s.info.KVTotalBlocks)
 	pl.members[s.info.ID] = s
+	pl.ids = nil
 	s.pool = pl
 	st.routable++
 }
@@ -413,6 +427,7 @@ func (st *state) leavePool(s *slot) {
 	}
 	s.pool.p.Remove(&s.member)
 	delete(s.pool.members, s.info.ID)
+	s.pool.ids = nil
 	if s.pool.p.Len() == 0 {
 		delete(st.pools, s.pool.key)
 	}
