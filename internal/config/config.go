@@ -70,6 +70,8 @@ type Gateway struct {
 	MaxBodyBytes       int64         // max_body_bytes: larger request bodies get 413
 	ShutdownGrace      time.Duration // shutdown_grace: how long in-flight work may finish, > 0
 	Routes             []Route       // [[gateway.routes]], normalized (NormalizeRoutes); nil when none
+	// StaticWorkers are [[gateway.static_workers]], normalized (NormalizeStaticWorkers).
+	StaticWorkers []StaticWorker
 }
 
 // Auth is the [auth] table. With no keys the gateway serves without auth.
@@ -318,16 +320,17 @@ type fileConfig struct {
 }
 
 type fileGateway struct {
-	HTTPListen         *string  `json:"http_listen"`
-	RegistryListen     *string  `json:"registry_listen"`
-	RoutePolicy        *string  `json:"route_policy"`
-	AffinityLoadFactor *float64 `json:"affinity_load_factor"`
-	HeartbeatInterval  *string  `json:"heartbeat_interval"`
-	HeartbeatMissLimit *int     `json:"heartbeat_miss_limit"`
-	MaxAttempts        *int     `json:"max_attempts"`
-	MaxBodyBytes       *int64   `json:"max_body_bytes"`
-	ShutdownGrace      *string  `json:"shutdown_grace"`
-	Routes             []Route  `json:"routes"`
+	HTTPListen         *string        `json:"http_listen"`
+	RegistryListen     *string        `json:"registry_listen"`
+	RoutePolicy        *string        `json:"route_policy"`
+	AffinityLoadFactor *float64       `json:"affinity_load_factor"`
+	HeartbeatInterval  *string        `json:"heartbeat_interval"`
+	HeartbeatMissLimit *int           `json:"heartbeat_miss_limit"`
+	MaxAttempts        *int           `json:"max_attempts"`
+	MaxBodyBytes       *int64         `json:"max_body_bytes"`
+	ShutdownGrace      *string        `json:"shutdown_grace"`
+	Routes             []Route        `json:"routes"`
+	StaticWorkers      []StaticWorker `json:"static_workers"`
 }
 
 type fileAuth struct {
@@ -408,6 +411,10 @@ func (fg *fileGateway) apply(g *Gateway, ps *problems) {
 	if len(fg.Routes) > 0 {
 		validateRoutes(fg.Routes, base, ps)
 		g.Routes = NormalizeRoutes(fg.Routes)
+	}
+	if len(fg.StaticWorkers) > 0 {
+		validateStaticWorkers(fg.StaticWorkers, base, ps)
+		g.StaticWorkers = NormalizeStaticWorkers(fg.StaticWorkers)
 	}
 }
 

@@ -456,6 +456,7 @@ func TestSchemaDefaults(t *testing.T) {
 		"max_body_bytes":       float64(g.MaxBodyBytes),
 		"shutdown_grace":       g.ShutdownGrace.String(),
 		"routes":               []any{},
+		"static_workers":       []any{},
 	}
 	got := make(map[string]any)
 	for name, p := range schema.Properties.Gateway.Properties {

@@ -1,0 +1,129 @@
+package config
+
+import (
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/url"
+	"strconv"
+	"time"
+)
+
+// StaticWorker is one [[gateway.static_workers]] entry (or one of the admin API's
+// PUT /admin/v1/static-workers): an engine that does not heartbeat, whose liveness and load
+// come from scraping its Prometheus metrics.
+type StaticWorker struct {
+	ID          string `json:"id"`
+	Model       string `json:"model"`
+	HTTPAddress string `json:"http_address"`
+	// Role is unified (default), prefill or decode.
+	Role string `json:"role,omitempty"`
+	// Metrics says which metric names to read: vllm, sglang or tlengine.
+	Metrics string `json:"metrics"`
+	// MetricsURL defaults to http://<http_address>/metrics.
+	MetricsURL string `json:"metrics_url,omitempty"`
+	// ScrapeInterval is how often the metrics are read (default 2s); the worker is evicted
+	// once heartbeat_miss_limit intervals pass without a successful scrape (R1).
+	ScrapeInterval Duration `json:"scrape_interval,omitempty"`
+	// KVTotalBlocks is used when the engine does not report its KV capacity.
+	KVTotalBlocks int64 `json:"kv_total_blocks,omitempty"`
+}
+
+// Duration is a time.Duration written as a Go duration string ("2s") in TOML and JSON.
+type Duration time.Duration
+
+// MarshalJSON writes the duration as a string.
+func (d Duration) MarshalJSON() ([]byte, error) {
+	return json.Marshal(time.Duration(d).String())
+}
+
+// UnmarshalJSON reads a duration string.
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("a duration must be a string such as \"2s\"")
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return fmt.Errorf("%q is not a duration", s)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// NormalizeStaticWorkers fills defaults: role unified, scrape interval 2s, metrics URL.
+func NormalizeStaticWorkers(ws []StaticWorker) []StaticWorker {
+	out := make([]StaticWorker, len(ws))
+	for i, w := range ws {
+		if w.Role == "" {
+			w.Role = "unified"
+		}
+		if w.ScrapeInterval == 0 {
+			w.ScrapeInterval = Duration(2 * time.Second)
+		}
+		if w.MetricsURL == "" && w.HTTPAddress != "" {
+			w.MetricsURL = "http://" + w.HTTPAddress + "/metrics"
+		}
+		out[i] = w
+	}
+	return out
+}
+
+// ValidateStaticWorkers checks a static worker table: ids present and unique, a model, an
+// HTTP address host:port, a known role and metrics kind, an http(s) metrics URL, a positive
+// scrape interval, no negative capacity. Its messages name fields like
+// "static_workers[1].metrics".
+func ValidateStaticWorkers(ws []StaticWorker) error {
+	var ps problems
+	validateStaticWorkers(ws, nil, &ps)
+	if ps.empty() {
+		return nil
+	}
+	return &Error{Problems: ps.sorted()}
+}
+
+// validateStaticWorkers adds the problems of ws to ps, under base.static_workers.
+func validateStaticWorkers(ws []StaticWorker, base path, ps *problems) {
+	seen := map[string]bool{}
+	for i, w := range ws {
+		at := func(field string) path {
+			return base.with(key("static_workers"), index(i), key(field))
+		}
+		switch {
+		case w.ID == "":
+			ps.add(at("id"), "is required")
+		case seen[w.ID]:
+			ps.add(at("id"), "%q is used twice", w.ID)
+		}
+		seen[w.ID] = true
+		if w.Model == "" {
+			ps.add(at("model"), "is required")
+		}
+		if _, port, err := net.SplitHostPort(w.HTTPAddress); err != nil || port == "" {
+			ps.add(at("http_address"), "%q is not host:port", w.HTTPAddress)
+		} else if n, err := strconv.Atoi(port); err != nil || n <= 0 || n > 65535 {
+			ps.add(at("http_address"), "%q has no valid port", w.HTTPAddress)
+		}
+		switch w.Role {
+		case "", "unified", "prefill", "decode":
+		default:
+			ps.add(at("role"), "%q is not unified, prefill or decode", w.Role)
+		}
+		switch w.Metrics {
+		case "vllm", "sglang", "tlengine":
+		default:
+			ps.add(at("metrics"), "%q is not vllm, sglang or tlengine", w.Metrics)
+		}
+		if w.MetricsURL != "" {
+			if u, err := url.Parse(w.MetricsURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+				ps.add(at("metrics_url"), "%q is not an http(s) URL", w.MetricsURL)
+			}
+		}
+		if w.ScrapeInterval < 0 || (w.ScrapeInterval > 0 && time.Duration(w.ScrapeInterval) < time.Millisecond) {
+			ps.add(at("scrape_interval"), "must be at least 1ms")
+		}
+		if w.KVTotalBlocks < 0 {
+			ps.add(at("kv_total_blocks"), "must be >= 0")
+		}
+	}
+}
