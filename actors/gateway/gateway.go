@@ -44,12 +44,13 @@ type Config struct {
 
 // Gateway is the running actor tree.
 type Gateway struct {
-	System   *actor.ActorSystem
-	Router   *actor.PID
-	Registry *actor.PID
-	root     *actor.PID
-	timeout  time.Duration
-	interval time.Duration
+	System    *actor.ActorSystem
+	Router    *actor.PID
+	Registry  *actor.PID
+	root      *actor.PID
+	timeout   time.Duration
+	interval  time.Duration
+	missLimit int
 }
 
 type started struct {
@@ -126,7 +127,7 @@ func Start(cfg Config) (*Gateway, error) {
 		return nil, fmt.Errorf("gateway: start: %w", s.err)
 	}
 	return &Gateway{System: sys, Router: s.router, Registry: s.registry, root: root,
-		timeout: cfg.AskTimeout, interval: cfg.HeartbeatInterval}, nil
+		timeout: cfg.AskTimeout, interval: cfg.HeartbeatInterval, missLimit: cfg.MissLimit}, nil
 }
 
 // Stop stops the whole tree (children first) and the actor system.
@@ -177,6 +178,21 @@ func (g *Gateway) Release(w *actor.PID) { g.System.Root.Send(w, worker.Release{}
 func (g *Gateway) Heartbeat(info router.WorkerInfo) (*registry.Ack, error) {
 	return ask[*registry.Ack](g, g.Registry, &registry.Heartbeat{Info: info})
 }
+
+// Scraped hands one successful scrape of a static worker to the registry: a heartbeat whose
+// deadline is ttl (k·scrape_interval).
+func (g *Gateway) Scraped(info router.WorkerInfo, ttl time.Duration) error {
+	_, err := ask[*registry.Ack](g, g.Registry, &registry.Heartbeat{Info: info, TTL: ttl})
+	return err
+}
+
+// ScrapeFailed records a static worker's failed scrape.
+func (g *Gateway) ScrapeFailed(id, reason string) {
+	g.System.Root.Send(g.Registry, &registry.ScrapeFailed{ID: id, Reason: reason})
+}
+
+// MissLimit is k of R1.
+func (g *Gateway) MissLimit() int { return g.missLimit }
 
 // Workers lists the registered workers.
 func (g *Gateway) Workers() (*router.WorkerList, error) {

@@ -363,3 +363,36 @@ func TestPrefixAwareFollowsThePrefixIndex(t *testing.T) {
 		t.Fatalf("unseen prompt: reason %v", res.Reason)
 	}
 }
+
+// TestStaticWorkerLiveness: a static worker is live while now − last good scrape < k·interval,
+// evicted at exactly k·interval, and back on its next good scrape; a failed scrape shows on
+// the worker and does not move its deadline.
+func TestStaticWorkerLiveness(t *testing.T) {
+	h := gwtest.New(t)
+	info := gwtest.Worker("vllm-0", "llama", 0)
+	info.Static = true
+	const interval = 500 * time.Millisecond
+	ttl := 3 * interval
+	scrape := func() {
+		if err := h.GW.Scraped(info, ttl); err != nil {
+			t.Fatal(err)
+		}
+	}
+	scrape()
+	h.WaitIDs("vllm-0")
+	h.Clock.Advance(interval)
+	h.GW.ScrapeFailed("vllm-0", "timeout")
+	h.Eventually("scrape error shown", func() bool { v, _ := h.View("vllm-0"); return v.Info.ScrapeError == "timeout" })
+	pending := h.Clock.Pending()
+	h.Clock.Advance(ttl - interval - time.Millisecond) // 1.499 s after the last good scrape
+	if h.Clock.Pending() != pending {
+		t.Fatal("the deadline fired before k·interval")
+	}
+	if got := h.IDs(); !slices.Equal(got, []string{"vllm-0"}) {
+		t.Fatalf("at 1.499 s listed %v", got)
+	}
+	h.Clock.Advance(time.Millisecond) // 1.5 s: gone
+	h.WaitIDs()
+	scrape() // the next good scrape brings it back, error cleared
+	h.Eventually("back", func() bool { v, ok := h.View("vllm-0"); return ok && v.Routable && v.Info.ScrapeError == "" })
+}

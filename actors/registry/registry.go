@@ -16,9 +16,19 @@ import (
 	"github.com/tlgw/tlgw/internal/errs"
 )
 
-// Heartbeat is one validated WorkerStatus; the reply is *Ack.
+// Heartbeat is one validated WorkerStatus, or one successful scrape of a static worker; the
+// reply is *Ack.
 type Heartbeat struct {
 	Info router.WorkerInfo // LastHeartbeat is ignored: the registry stamps arrival on its clock
+	// TTL overrides k·T for this worker (a static worker: k·scrape_interval); 0 = k·T.
+	TTL time.Duration
+}
+
+// ScrapeFailed records a static worker's failed scrape: shown on the worker; it does not
+// move its deadline.
+type ScrapeFailed struct {
+	ID     string
+	Reason string
 }
 
 // Ack answers Heartbeat (SPEC B1 HeartbeatAck without the interval, which the adapter adds).
@@ -82,6 +92,10 @@ func (r *registryActor) Receive(c actor.Context) {
 	switch m := c.Message().(type) {
 	case *Heartbeat:
 		c.Respond(st.heartbeat(c, m))
+	case *ScrapeFailed:
+		if e := st.entries[m.ID]; e != nil {
+			c.Send(e.pid, &worker.ScrapeError{Reason: m.Reason})
+		}
 	case *worker.Expired:
 		e := st.entries[m.ID]
 		if e == nil || e.sent != m.Seq {
@@ -116,12 +130,16 @@ func (st *state) heartbeat(c actor.Context, m *Heartbeat) *Ack {
 	info := m.Info
 	info.LastHeartbeat = st.cfg.Clock.Now()
 	info.AdminDrained = st.drained[info.Model]
+	ttl := st.cfg.TTL
+	if m.TTL > 0 {
+		ttl = m.TTL
+	}
 	e := st.entries[info.ID]
 	if e == nil {
 		e = &entry{info: info, sent: 1}
 		props := worker.Props(worker.Config{
-			Clock: st.cfg.Clock, Router: st.cfg.Router, Registry: c.Self(), TTL: st.cfg.TTL,
-		}, worker.Status{Info: info, Seq: 1}, append([]actor.PropsOption{
+			Clock: st.cfg.Clock, Router: st.cfg.Router, Registry: c.Self(), TTL: ttl,
+		}, worker.Status{Info: info, Seq: 1, TTL: ttl}, append([]actor.PropsOption{
 			actor.WithGuardian(actor.RestartingSupervisorStrategy()),
 		}, st.cfg.WorkerOptions...)...)
 		pid, err := c.ActorSystem().Root.SpawnNamed(props, "worker/"+sanitize(info.ID))
@@ -143,7 +161,7 @@ func (st *state) heartbeat(c actor.Context, m *Heartbeat) *Ack {
 		}
 		e.info = info
 		e.sent++
-		c.Send(e.pid, &worker.Status{Info: info, Seq: e.sent})
+		c.Send(e.pid, &worker.Status{Info: info, Seq: e.sent, TTL: ttl})
 	}
 	return &Ack{Drain: info.AdminDrained, Epoch: st.epoch}
 }

@@ -47,6 +47,11 @@ type WorkerInfo struct {
 	Draining      bool // the engine reports draining
 	AdminDrained  bool // its model is drained through the admin API
 	LastHeartbeat time.Time
+	// Static: the engine does not heartbeat; its status comes from scraping its metrics and
+	// LastHeartbeat is its last successful scrape. ScrapeError is the last scrape's failure
+	// ("" after a success).
+	Static      bool
+	ScrapeError string
 }
 
 // WorkerState is a worker actor's full report: sent when it registers, on every heartbeat, on

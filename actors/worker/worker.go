@@ -17,7 +17,12 @@ import (
 type Status struct {
 	Info router.WorkerInfo // LastHeartbeat is the arrival time on the gateway's clock
 	Seq  uint64
+	TTL  time.Duration // the worker's k·T (k·scrape_interval for a static worker)
 }
+
+// ScrapeError records a static worker's failed scrape (shown in the listing; the deadline
+// is not moved: only a successful scrape keeps the worker live).
+type ScrapeError struct{ Reason string }
 
 // Acquire adds one in-flight request. The requester sends it right after the router picked
 // this worker (the router has reserved the slot in its view).
@@ -87,6 +92,9 @@ func (w *workerActor) Receive(c actor.Context) {
 	case *Status:
 		st.info = m.Info // AdminDrained included: the registry owns the drained-model set
 		st.seq = m.Seq
+		if m.TTL > 0 {
+			st.cfg.TTL = m.TTL
+		}
 		st.live = true
 		w.arm(c)
 		w.reportBeat(c, true)
@@ -100,6 +108,11 @@ func (w *workerActor) Receive(c actor.Context) {
 			st.inFlight--
 		}
 		c.Send(st.cfg.Router, &router.LoadReport{ID: st.info.ID, InFlight: st.inFlight, AcqSeen: st.acqSeen})
+	case *ScrapeError:
+		if st.info.ScrapeError != m.Reason {
+			st.info.ScrapeError = m.Reason
+			w.report(c)
+		}
 	case *SetDrained:
 		if st.info.AdminDrained != m.Drained {
 			st.info.AdminDrained = m.Drained

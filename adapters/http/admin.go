@@ -29,6 +29,8 @@ type workerJSON struct {
 	Drained       bool          `json:"drained"`
 	Routable      bool          `json:"routable"`
 	LastHeartbeat time.Time     `json:"last_heartbeat"`
+	Static        bool          `json:"static,omitempty"`
+	ScrapeError   string        `json:"scrape_error,omitempty"`
 }
 
 type addressesJSON struct {
@@ -55,7 +57,7 @@ func (s *Server) listWorkers(w http.ResponseWriter, _ *http.Request) {
 			QueueDepth: in.QueueDepth, Running: in.Running, InFlight: v.InFlight,
 			KVFreeBlocks: in.KVFreeBlocks, KVTotalBlocks: in.KVTotalBlocks,
 			Draining: in.Draining, Drained: in.AdminDrained, Routable: v.Routable,
-			LastHeartbeat: in.LastHeartbeat.UTC(),
+			LastHeartbeat: in.LastHeartbeat.UTC(), Static: in.Static, ScrapeError: in.ScrapeError,
 		})
 	}
 	writeJSON(w, http.StatusOK, out)
