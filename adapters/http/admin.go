@@ -229,3 +229,66 @@ func (s *Server) getQueue(w http.ResponseWriter, _ *http.Request) {
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"enabled": true, "classes": v.Snapshot})
 }
+
+func (s *Server) writeStatic(w http.ResponseWriter, epoch uint64, ws []config.StaticWorker) {
+	if ws == nil {
+		ws = []config.StaticWorker{}
+	}
+	w.Header().Set("ETag", etag(epoch))
+	writeJSON(w, http.StatusOK, map[string]any{"epoch": epoch, "static_workers": ws})
+}
+
+func (s *Server) getStatic(w http.ResponseWriter, _ *http.Request) {
+	epoch, ws := s.static.StaticWorkers()
+	s.writeStatic(w, epoch, ws)
+}
+
+// putStatic replaces the static worker table under If-Match, like PUT /admin/v1/routes: 428
+// without If-Match, 412 when stale, 400 invalid_static_worker for an invalid table or unknown
+// fields; a rejected PUT changes nothing.
+func (s *Server) putStatic(w http.ResponseWriter, r *http.Request) {
+	ifMatch := strings.TrimSpace(r.Header.Get("If-Match"))
+	if ifMatch == "" {
+		writeError(w, fmt.Errorf("PUT /admin/v1/static-workers needs If-Match with the ETag from GET: %w", errs.ErrIfMatchRequired))
+		return
+	}
+	body, err := s.readBody(w, r)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	var in struct {
+		Epoch   *uint64                `json:"epoch"` // accepted and ignored
+		Workers *[]config.StaticWorker `json:"static_workers"`
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&in); err != nil {
+		writeError(w, fmt.Errorf("static workers: %v: %w", err, errs.ErrInvalidStaticWorker))
+		return
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		writeError(w, fmt.Errorf("static workers: trailing data after the JSON object: %w", errs.ErrInvalidStaticWorker))
+		return
+	}
+	if in.Workers == nil {
+		writeError(w, fmt.Errorf(`static workers: "static_workers" is required: %w`, errs.ErrInvalidStaticWorker))
+		return
+	}
+	if err := config.ValidateStaticWorkers(*in.Workers); err != nil {
+		writeError(w, fmt.Errorf("%v: %w", err, errs.ErrInvalidStaticWorker))
+		return
+	}
+	epoch, ok := parseETag(ifMatch)
+	if !ok {
+		writeError(w, fmt.Errorf("If-Match %s is not an ETag of this table: %w", ifMatch, errs.ErrEtagMismatch))
+		return
+	}
+	ws := config.NormalizeStaticWorkers(*in.Workers)
+	next, err := s.static.PutStaticWorkers(epoch, ws)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	s.writeStatic(w, next, ws)
+}

@@ -48,6 +48,8 @@ func mapError(err error) (status int, typ, code string) {
 		return http.StatusPreconditionFailed, "invalid_request_error", "etag_mismatch"
 	case errors.Is(err, errs.ErrInvalidRoute):
 		return http.StatusBadRequest, "invalid_request_error", "invalid_route"
+	case errors.Is(err, errs.ErrInvalidStaticWorker):
+		return http.StatusBadRequest, "invalid_request_error", "invalid_static_worker"
 	case errors.Is(err, errs.ErrUpstream):
 		return http.StatusBadGateway, "upstream_error", "upstream_error"
 	case errors.Is(err, errs.ErrNotFound):

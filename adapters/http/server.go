@@ -37,6 +37,15 @@ type Core interface {
 	Queue() (*router.QueueView, error)
 }
 
+// StaticWorkers is the table of static (scraped) workers behind
+// GET/PUT /admin/v1/static-workers, with the same optimistic concurrency as routes.
+type StaticWorkers interface {
+	StaticWorkers() (epoch uint64, workers []config.StaticWorker)
+	// PutStaticWorkers replaces the table if ifMatch is its epoch (errs.ErrEtagMismatch
+	// otherwise); workers are already validated and normalized.
+	PutStaticWorkers(ifMatch uint64, workers []config.StaticWorker) (uint64, error)
+}
+
 // Admission is what the HTTP surface needs to know of the admission classes (R10): the
 // default class and, per class, whether its requests may pick another class with X-TL-Class.
 type Admission struct {
@@ -54,6 +63,7 @@ type Options struct {
 	MaxBodyBytes int64 // request body limit (413 above it); default 4 MiB
 	Logger       *slog.Logger
 	Admission    Admission
+	Static       StaticWorkers // nil: the static-workers admin path answers 404
 	// Registerer receives the HTTP metrics; Gatherer serves /metrics. Either may be nil.
 	Registerer prometheus.Registerer
 	Gatherer   prometheus.Gatherer
@@ -70,6 +80,7 @@ type Server struct {
 	metricsH  http.Handler
 	draining  atomic.Bool
 	admission Admission
+	static    StaticWorkers
 	idPrefix  string
 	idSeq     atomic.Uint64
 }
@@ -85,7 +96,7 @@ func New(o Options) *Server {
 	var prefix [6]byte
 	_, _ = rand.Read(prefix[:])
 	s := &Server{
-		core: o.Core, serve: o.Serve, keys: newKeyring(o.Keys), maxBody: o.MaxBodyBytes, admission: o.Admission,
+		core: o.Core, serve: o.Serve, keys: newKeyring(o.Keys), maxBody: o.MaxBodyBytes, admission: o.Admission, static: o.Static,
 		log: o.Logger, metrics: newHTTPMetrics(o.Registerer),
 		idPrefix: "req-" + hex.EncodeToString(prefix[:]) + "-",
 	}
@@ -199,6 +210,16 @@ func (s *Server) serveAdmin(w http.ResponseWriter, r *http.Request) {
 		s.only(w, r, http.MethodGet, s.listWorkers)
 	case path == "/admin/v1/queue":
 		s.only(w, r, http.MethodGet, s.getQueue)
+	case path == "/admin/v1/static-workers" && s.static != nil:
+		switch r.Method {
+		case http.MethodGet, http.MethodHead:
+			s.getStatic(w, r)
+		case http.MethodPut:
+			s.putStatic(w, r)
+		default:
+			w.Header().Set("Allow", "GET, PUT")
+			writeError(w, fmt.Errorf("%s %s: %w", r.Method, path, errs.ErrMethodNotAllowed))
+		}
 	case path == "/admin/v1/routes":
 		switch r.Method {
 		case http.MethodGet, http.MethodHead:

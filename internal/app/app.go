@@ -22,6 +22,7 @@ import (
 	"github.com/tlgw/tlgw/actors/router/admission"
 	grpcapi "github.com/tlgw/tlgw/adapters/grpc"
 	httpapi "github.com/tlgw/tlgw/adapters/http"
+	"github.com/tlgw/tlgw/adapters/scrape"
 	"github.com/tlgw/tlgw/internal/actormetrics"
 	"github.com/tlgw/tlgw/internal/clock"
 	"github.com/tlgw/tlgw/internal/config"
@@ -51,6 +52,7 @@ type App struct {
 	httpSrv  *http.Server
 	grpcLis  *grpcapi.Listener
 	engines  *grpcapi.Engines
+	static   *staticWorkers
 	unwatch  func()
 	serveErr chan error
 }
@@ -120,7 +122,10 @@ func Start(cfg *config.Config, o Options) (*App, error) {
 	if o.ActorOptions != nil {
 		reqOpts = append(reqOpts, o.ActorOptions("request")...)
 	}
+	a.static = &staticWorkers{mgr: scrape.NewManager(scrapeSink{gw: gw}, o.Clock, reg)}
+	a.static.start(g.StaticWorkers)
 	a.HTTP = httpapi.New(httpapi.Options{
+		Static: a.static,
 		Core: gw, Keys: cfg.Auth.Keys, MaxBodyBytes: g.MaxBodyBytes, Logger: o.Logger,
 		Admission:  httpAdmission(cfg),
 		Serve:      func(x *request.Exchange) { request.Spawn(gw.System, deps, x, reqOpts...) },
@@ -153,6 +158,7 @@ func (a *App) Shutdown(ctx context.Context) error {
 		_ = a.httpSrv.Close() // grace period over: cut what is left
 	}
 	a.grpcLis.Stop()
+	a.static.mgr.Close()
 	a.stopActors()
 	a.engines.Close()
 	return err

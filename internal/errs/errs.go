@@ -17,6 +17,8 @@ var (
 	ErrIfMatchRequired = errors.New("if-match required")
 	// ErrInvalidRoute: a route table failed validation (400 invalid_route).
 	ErrInvalidRoute = errors.New("invalid route")
+	// ErrInvalidStaticWorker: a static worker table failed validation (400).
+	ErrInvalidStaticWorker = errors.New("invalid static worker")
 	// ErrInvalidRequest: a client request is malformed (400 invalid_request_error).
 	ErrInvalidRequest = errors.New("invalid request")
 	// ErrBodyTooLarge: a request body exceeds the configured limit (413).

@@ -11,8 +11,9 @@ import (
 	"google.golang.org/grpc/status"
 )
 
-// metrics are tlengine's Prometheus series (issue: tlengine_*). Gauges and the cache counters
-// are read from the scheduler at scrape time, so they are the real values, never a copy.
+// metrics are tlengine's Prometheus series (issue: tlengine_*), plus its load under vLLM's
+// names (vllmCollectors). Gauges and the cache counters are read from the scheduler at scrape
+// time, so they are the real values, never a copy.
 type metrics struct {
 	reg         *prometheus.Registry
 	requests    *prometheus.CounterVec
@@ -62,8 +63,52 @@ func newMetrics(e *Engine) *metrics {
 			Name: "tlengine_running",
 			Help: "Requests in the running set.",
 		}, status(func(s schedStatus) float64 { return float64(s.running) })),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "tlengine_kv_blocks_total",
+			Help: "KV blocks in the engine's pool.",
+		}, status(func(s schedStatus) float64 { return float64(s.kv.TotalBlocks) })),
 	)
+	m.reg.MustRegister(vllmCollectors(e.cfg.Model, e.cfg.KVBlocks, e.cfg.BlockSize, status)...)
 	return m
+}
+
+// vllmCollectors serve the same live values under vLLM's metric names and labels, so a gateway
+// that scrapes engines as `metrics = "vllm"` can be tested end to end against tlengine. The
+// series carry vLLM's model_name label; vllm:cache_config_info reports the pool size in its
+// num_gpu_blocks label, as vLLM does, with engine "0" (one engine behind the endpoint).
+func vllmCollectors(model string, blocks, blockSize int, status func(func(schedStatus) float64) func() float64) []prometheus.Collector {
+	byModel := prometheus.Labels{"model_name": model, "engine": "0"}
+	return []prometheus.Collector{
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name:        "vllm:num_requests_waiting",
+			Help:        "Requests waiting to be scheduled (tlengine's queue depth).",
+			ConstLabels: byModel,
+		}, status(func(s schedStatus) float64 { return float64(s.queued) })),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name:        "vllm:num_requests_running",
+			Help:        "Requests in the running set (tlengine's running count).",
+			ConstLabels: byModel,
+		}, status(func(s schedStatus) float64 { return float64(s.running) })),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name:        "vllm:kv_cache_usage_perc",
+			Help:        "Fraction of KV blocks in use, 0 to 1 (1 - free/total).",
+			ConstLabels: byModel,
+		}, status(func(s schedStatus) float64 {
+			if s.kv.TotalBlocks <= 0 {
+				return 0
+			}
+			return 1 - float64(s.kv.FreeBlocks)/float64(s.kv.TotalBlocks)
+		})),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "vllm:cache_config_info",
+			Help: "KV cache configuration in labels; the value is always 1.",
+			ConstLabels: prometheus.Labels{
+				"engine":         "0",
+				"num_gpu_blocks": strconv.Itoa(blocks),
+				"block_size":     strconv.Itoa(blockSize),
+			},
+		}, func() float64 { return 1 }),
+	}
 }
 
 func (m *metrics) handler() http.Handler {

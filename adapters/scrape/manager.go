@@ -1,0 +1,407 @@
+package scrape
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tlgw/tlgw/internal/clock"
+)
+
+// Target is one static worker to scrape.
+type Target struct {
+	ID, Model, HTTPAddress, Role string
+	Kind                         Kind
+	// MetricsURL is the page to read; "" means http://<HTTPAddress>/metrics.
+	MetricsURL string
+	// Interval is the time between scrapes (default 2 s).
+	Interval time.Duration
+	// KVTotalBlocks is the KV total used when the engine does not report one.
+	KVTotalBlocks int64
+}
+
+// DefaultInterval is a target's scrape interval when it names none.
+const DefaultInterval = 2 * time.Second
+
+// MaxBodyBytes bounds a metrics page; a longer one fails with reason too_large.
+const MaxBodyBytes = 4 << 20
+
+// maxTimeout caps the per-scrape timeout, which is otherwise 80% of the interval.
+const maxTimeout = 10 * time.Second
+
+// withDefaults fills in the interval and the metrics URL.
+func (t Target) withDefaults() Target {
+	if t.Interval <= 0 {
+		t.Interval = DefaultInterval
+	}
+	if t.MetricsURL == "" {
+		t.MetricsURL = "http://" + t.HTTPAddress + "/metrics"
+	}
+	return t
+}
+
+// timeout is how long one scrape may take: 80% of the interval, at most 10 s.
+func (t Target) timeout() time.Duration {
+	return min(t.Interval*8/10, maxTimeout)
+}
+
+// Sink receives every scrape's outcome. Calls for one target come from its scraper goroutine,
+// one at a time and in order. A sink may block briefly (an actor request) but must not call
+// Set or Close.
+type Sink interface {
+	// Scraped reports a good scrape: the worker is alive with this load.
+	Scraped(t Target, st Status)
+	// Failed reports a failed scrape with its reason (the Reason* constants) and a clear error.
+	Failed(t Target, reason string, err error)
+}
+
+// Manager runs one scraper per target.
+//
+// A scraper scrapes at once, then every Interval on the injected clock; each scrape has a
+// timeout of 80% of the interval (at most 10 s), also on that clock. Set and Close never wait
+// for a scrape: a removed scraper's request is cancelled and its result dropped. A report
+// already being handed to the sink when Set removes or replaces its target may still arrive
+// after Set returns; nothing after it does.
+type Manager struct {
+	sink      Sink
+	clk       clock.Clock
+	met       *metrics
+	transport *http.Transport
+	client    *http.Client
+
+	mu       sync.Mutex
+	scrapers map[string]*scraper // by target id
+	closed   bool
+	wg       sync.WaitGroup
+}
+
+// NewManager returns a manager with no targets. reg may be nil (no metrics exported); a nil clk
+// is the real clock.
+func NewManager(sink Sink, clk clock.Clock, reg prometheus.Registerer) *Manager {
+	if clk == nil {
+		clk = clock.Real{}
+	}
+	if sink == nil {
+		sink = discard{}
+	}
+	tr := &http.Transport{
+		// Engines are reached directly: no proxy from the environment.
+		Proxy:               nil,
+		DialContext:         (&net.Dialer{KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConnsPerHost: 1,
+		IdleConnTimeout:     90 * time.Second,
+		ForceAttemptHTTP2:   false,
+	}
+	return &Manager{
+		sink:      sink,
+		clk:       clk,
+		met:       newMetrics(reg),
+		transport: tr,
+		client: &http.Client{
+			Transport: tr,
+			CheckRedirect: func(*http.Request, []*http.Request) error {
+				return http.ErrUseLastResponse
+			},
+		},
+		scrapers: make(map[string]*scraper),
+	}
+}
+
+type discard struct{}
+
+func (discard) Scraped(Target, Status)       {}
+func (discard) Failed(Target, string, error) {}
+
+// Set makes targets the scraped set: scrapers start for new ids, stop for ids no longer listed,
+// and restart for ids whose target changed; unchanged ones keep their schedule. With duplicate
+// ids the last one wins. Set returns at once; it is a no-op after Close.
+func (m *Manager) Set(targets []Target) {
+	want := make(map[string]Target, len(targets))
+	for _, t := range targets {
+		want[t.ID] = t.withDefaults()
+	}
+	var stop, start []*scraper
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return
+	}
+	for id, s := range m.scrapers {
+		if t, ok := want[id]; !ok || t != s.t {
+			stop = append(stop, s)
+			delete(m.scrapers, id)
+		}
+	}
+	for id, t := range want {
+		if _, ok := m.scrapers[id]; ok {
+			continue
+		}
+		s := m.newScraper(t)
+		m.scrapers[id] = s
+		start = append(start, s)
+	}
+	m.wg.Add(len(start))
+	m.mu.Unlock()
+
+	// Old scrapers stop before their replacements start, so a target's reports stay in order.
+	for _, s := range stop {
+		s.stop()
+	}
+	for _, s := range start {
+		go s.run()
+	}
+}
+
+// Targets returns the scraped targets by id, with defaults filled in.
+func (m *Manager) Targets() []Target {
+	m.mu.Lock()
+	out := make([]Target, 0, len(m.scrapers))
+	for _, s := range m.scrapers {
+		out = append(out, s.t)
+	}
+	m.mu.Unlock()
+	slices.SortFunc(out, func(a, b Target) int { return strings.Compare(a.ID, b.ID) })
+	return out
+}
+
+// Close stops every scraper, waits for their goroutines and closes idle connections. It may be
+// called more than once.
+func (m *Manager) Close() {
+	m.mu.Lock()
+	m.closed = true
+	all := make([]*scraper, 0, len(m.scrapers))
+	for id, s := range m.scrapers {
+		all = append(all, s)
+		delete(m.scrapers, id)
+	}
+	m.mu.Unlock()
+	for _, s := range all {
+		s.stop()
+	}
+	m.wg.Wait()
+	m.transport.CloseIdleConnections()
+}
+
+// current reports whether s is the live scraper of its id (called with s.mu held).
+func (m *Manager) current(id string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	_, ok := m.scrapers[id]
+	return ok
+}
+
+// scraper is one target's loop.
+type scraper struct {
+	m      *Manager
+	t      Target
+	ctx    context.Context
+	cancel context.CancelFunc
+
+	// mu orders stop against metric updates: after stop, s touches no series.
+	mu      sync.Mutex
+	stopped bool
+}
+
+func (m *Manager) newScraper(t Target) *scraper {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &scraper{m: m, t: t, ctx: ctx, cancel: cancel}
+}
+
+// stop cancels the loop and its scrape in flight, and removes the target's series unless a
+// scraper for the same id has taken over. The lock order is s.mu, then m.mu.
+func (s *scraper) stop() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.stopped = true
+	s.cancel()
+	if !s.m.current(s.t.ID) {
+		s.m.met.forget(s.t.ID)
+	}
+}
+
+func (s *scraper) run() {
+	defer s.m.wg.Done()
+	wake := make(chan struct{}, 1)
+	for s.ctx.Err() == nil {
+		s.scrapeOnce()
+		tm := s.m.clk.AfterFunc(s.t.Interval, func() {
+			select {
+			case wake <- struct{}{}:
+			default:
+			}
+		})
+		select {
+		case <-wake:
+		case <-s.ctx.Done():
+			tm.Stop()
+		}
+	}
+}
+
+// scrapeOnce scrapes and reports, unless the scraper was stopped meanwhile.
+func (s *scraper) scrapeOnce() {
+	begin := s.m.clk.Now()
+	st, err := s.fetch()
+	took := s.m.clk.Now().Sub(begin)
+	if s.ctx.Err() != nil {
+		return
+	}
+	reason := ""
+	if err != nil {
+		reason = reasonOf(err)
+	}
+	s.mu.Lock()
+	if s.stopped {
+		s.mu.Unlock()
+		return
+	}
+	s.m.met.observe(s.t.ID, took, reason)
+	s.mu.Unlock()
+	if err != nil {
+		s.m.sink.Failed(s.t, reason, err)
+		return
+	}
+	s.m.sink.Scraped(s.t, st)
+}
+
+// errTimedOut is the cancel cause when a scrape's timeout fires.
+var errTimedOut = errors.New("scrape timeout")
+
+// fetch does one GET of the metrics page and parses it.
+func (s *scraper) fetch() (Status, error) {
+	t := s.t
+	if _, ok := dialects[t.Kind]; !ok {
+		return Status{}, failf(ReasonInvalidTarget, "unknown metrics kind %q: want vllm, sglang or tlengine", t.Kind)
+	}
+	u, err := url.Parse(t.MetricsURL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return Status{}, failf(ReasonInvalidTarget, "metrics URL %q is not an http(s) URL with a host", t.MetricsURL)
+	}
+	timeout := t.timeout()
+	ctx, cancel := context.WithCancelCause(s.ctx)
+	defer cancel(nil)
+	tm := s.m.clk.AfterFunc(timeout, func() { cancel(errTimedOut) })
+	defer tm.Stop()
+
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
+	if err != nil {
+		return Status{}, failf(ReasonInvalidTarget, "metrics URL %q: %v", t.MetricsURL, err)
+	}
+	// Ask for the classic text format, which expfmt's text parser reads.
+	req.Header.Set("Accept", "text/plain;version=0.0.4;q=1,*/*;q=0.1")
+	req.Header.Set("User-Agent", "tlgw-scrape")
+	resp, err := s.m.client.Do(req)
+	if err != nil {
+		return Status{}, s.transportError(ctx, timeout, err)
+	}
+	defer resp.Body.Close()
+	switch {
+	case resp.StatusCode >= 300 && resp.StatusCode < 400:
+		return Status{}, failf(ReasonRedirect, "GET %s: %s redirects to %q; redirects are not followed, set metrics_url to the final address",
+			t.MetricsURL, resp.Status, resp.Header.Get("Location"))
+	case resp.StatusCode != http.StatusOK:
+		snippet, _ := io.ReadAll(io.LimitReader(resp.Body, 256))
+		msg := strings.Join(strings.Fields(string(snippet)), " ")
+		if msg != "" {
+			msg = ": " + msg
+		}
+		return Status{}, failf(ReasonStatus, "GET %s: %s%s", t.MetricsURL, resp.Status, msg)
+	case resp.ContentLength > MaxBodyBytes:
+		return Status{}, failf(ReasonTooLarge, "GET %s: the page is %d bytes, over the %d-byte limit",
+			t.MetricsURL, resp.ContentLength, MaxBodyBytes)
+	}
+	body, err := io.ReadAll(io.LimitReader(resp.Body, MaxBodyBytes+1))
+	if err != nil {
+		return Status{}, s.transportError(ctx, timeout, err)
+	}
+	if len(body) > MaxBodyBytes {
+		return Status{}, failf(ReasonTooLarge, "GET %s: the page is over the %d-byte limit", t.MetricsURL, MaxBodyBytes)
+	}
+	st, err := Parse(t.Kind, t.Model, bytes.NewReader(body), t.KVTotalBlocks)
+	if err != nil {
+		return Status{}, &scrapeError{reason: reasonOf(err), err: fmt.Errorf("GET %s: %w", t.MetricsURL, err)}
+	}
+	return st, nil
+}
+
+// transportError classifies a failed request or body read: the scrape's own timeout, or the
+// connection.
+func (s *scraper) transportError(ctx context.Context, timeout time.Duration, err error) error {
+	if errors.Is(context.Cause(ctx), errTimedOut) {
+		return failf(ReasonTimeout, "GET %s: no complete page within %v", s.t.MetricsURL, timeout)
+	}
+	return failf(ReasonConnect, "GET %s: %v", s.t.MetricsURL, unwrapURLError(err))
+}
+
+// unwrapURLError drops url.Error's method-and-URL prefix, which the message already carries.
+func unwrapURLError(err error) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		return ue.Err
+	}
+	return err
+}
+
+// metrics are the scrapers' series (issue 6).
+type metrics struct {
+	duration *prometheus.HistogramVec
+	errors   *prometheus.CounterVec
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "tlgw_scrape_duration_seconds",
+			Help:    "Time taken by each scrape of a static worker's metrics page, failed ones included.",
+			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
+		}, []string{"worker"}),
+		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tlgw_scrape_errors_total",
+			Help: "Failed scrapes of static workers by reason (connect, timeout, status, redirect, too_large, parse, missing_series, invalid_target).",
+		}, []string{"worker", "reason"}),
+	}
+	if reg != nil {
+		m.duration = register(reg, m.duration)
+		m.errors = register(reg, m.errors)
+	}
+	return m
+}
+
+// register registers c, or returns the collector already registered under its name (a second
+// manager on the same registry shares the series).
+func register[C prometheus.Collector](reg prometheus.Registerer, c C) C {
+	if err := reg.Register(c); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if errors.As(err, &are) {
+			if existing, ok := are.ExistingCollector.(C); ok {
+				return existing
+			}
+		}
+		panic(fmt.Sprintf("scrape: registering metrics: %v", err))
+	}
+	return c
+}
+
+func (m *metrics) observe(worker string, took time.Duration, reason string) {
+	m.duration.WithLabelValues(worker).Observe(took.Seconds())
+	if reason != "" {
+		m.errors.WithLabelValues(worker, reason).Inc()
+	}
+}
+
+// forget removes a worker's series once it is no longer scraped.
+func (m *metrics) forget(worker string) {
+	m.duration.DeleteLabelValues(worker)
+	m.errors.DeletePartialMatch(prometheus.Labels{"worker": worker})
+}

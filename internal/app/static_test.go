@@ -1,0 +1,93 @@
+package app_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/tlgw/tlgw/internal/app"
+	"github.com/tlgw/tlgw/internal/config"
+	"github.com/tlgw/tlgw/internal/gwtest"
+	"github.com/tlgw/tlgw/sim/engine"
+)
+
+// TestStaticWorkersAdmin: PUT /admin/v1/static-workers follows the routes' discipline (428,
+// 412, 400, 200 with a new ETag) and a static worker put there is scraped into the registry.
+func TestStaticWorkersAdmin(t *testing.T) {
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	e, err := engine.Start(engine.Config{ID: "st-1", Model: "llama", Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	cfg := config.Default()
+	cfg.Gateway.HTTPListen, cfg.Gateway.RegistryListen = "127.0.0.1:0", "127.0.0.1:0"
+	a, err := app.Start(cfg, app.Options{Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Shutdown(t.Context())
+	base := "http://" + a.HTTPAddr + "/admin/v1/static-workers"
+	do := func(method, body string, hdr ...string) (*http.Response, string) {
+		req, _ := http.NewRequest(method, base, strings.NewReader(body))
+		for i := 0; i+1 < len(hdr); i += 2 {
+			req.Header.Set(hdr[i], hdr[i+1])
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return resp, string(b)
+	}
+	resp, body := do("GET", "")
+	if resp.StatusCode != 200 || resp.Header.Get("ETag") != `"1"` || !strings.Contains(body, `"static_workers":[]`) {
+		t.Fatalf("GET: %d %v %s", resp.StatusCode, resp.Header, body)
+	}
+	table := fmt.Sprintf(`{"static_workers":[{"id":"st-1","model":"llama","http_address":%q,"metrics":"vllm","scrape_interval":"50ms"}]}`, e.HTTPAddr)
+	if resp, _ := do("PUT", table); resp.StatusCode != 428 {
+		t.Fatalf("no If-Match: %d", resp.StatusCode)
+	}
+	if resp, _ := do("PUT", table, "If-Match", `"7"`); resp.StatusCode != 412 {
+		t.Fatalf("stale: %d", resp.StatusCode)
+	}
+	for _, bad := range []string{
+		`{"static_workers":[{"id":"x","model":"m","http_address":"h:1","metrics":"nope"}]}`,
+		`{"static_workers":[{"id":"x","model":"m","http_address":"h:1","metrics":"vllm","colour":1}]}`,
+		`{"static_workers":[{"id":"x","model":"m","http_address":"h:1","metrics":"vllm","scrape_interval":"soon"}]}`,
+		`{}`,
+	} {
+		resp, body := do("PUT", bad, "If-Match", `"1"`)
+		if resp.StatusCode != 400 || !strings.Contains(body, "invalid_static_worker") {
+			t.Fatalf("%s: %d %s", bad, resp.StatusCode, body)
+		}
+	}
+	resp, body = do("PUT", table, "If-Match", `"1"`)
+	if resp.StatusCode != 200 || resp.Header.Get("ETag") != `"2"` || !strings.Contains(body, `"metrics_url":"http://`+e.HTTPAddr+`/metrics"`) {
+		t.Fatalf("PUT: %d %v %s", resp.StatusCode, resp.Header, body)
+	}
+	gwtest.Eventually(t, "the static worker is scraped into the registry", func() bool {
+		l, err := a.Gateway.Workers()
+		if err != nil || len(l.Workers) != 1 {
+			return false
+		}
+		w := l.Workers[0]
+		return w.Info.ID == "st-1" && w.Info.Static && w.Routable && w.Info.KVTotalBlocks == 1024
+	})
+	// Served through the gateway.
+	r, err := http.Post("http://"+a.HTTPAddr+"/v1/completions", "application/json", strings.NewReader(`{"model":"llama","prompt":"hi","max_tokens":2}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out map[string]any
+	_ = json.NewDecoder(r.Body).Decode(&out)
+	r.Body.Close()
+	if r.StatusCode != 200 || out["choices"] == nil {
+		t.Fatalf("completion via a static worker: %d %v", r.StatusCode, out)
+	}
+}
