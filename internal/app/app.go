@@ -126,7 +126,7 @@ func Start(cfg *config.Config, o Options) (*App, error) {
 	a.static.start(g.StaticWorkers)
 	a.HTTP = httpapi.New(httpapi.Options{
 		Static: a.static,
-		Core: gw, Keys: cfg.Auth.Keys, MaxBodyBytes: g.MaxBodyBytes, Logger: o.Logger,
+		Core:   gw, Keys: cfg.Auth.Keys, MaxBodyBytes: g.MaxBodyBytes, Logger: o.Logger,
 		Admission:  httpAdmission(cfg),
 		Serve:      func(x *request.Exchange) { request.Spawn(gw.System, deps, x, reqOpts...) },
 		Registerer: reg, Gatherer: reg,
