@@ -4,6 +4,7 @@
 package gateway
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -174,9 +175,27 @@ func (g *Gateway) Acquire(w *actor.PID) { g.System.Root.Send(w, worker.Acquire{}
 // Release ends one in-flight request on the worker.
 func (g *Gateway) Release(w *actor.PID) { g.System.Root.Send(w, worker.Release{}) }
 
-// Heartbeat hands one validated heartbeat to the registry.
+// Heartbeat hands one validated heartbeat to the registry and waits for its ack.
 func (g *Gateway) Heartbeat(info router.WorkerInfo) (*registry.Ack, error) {
-	return ask[*registry.Ack](g, g.Registry, &registry.Heartbeat{Info: info})
+	return g.HeartbeatContext(context.Background(), info)
+}
+
+// HeartbeatContext is Heartbeat bounded by ctx (and the ask timeout). The ack comes back on a
+// channel rather than a future: heartbeats are the gateway's most frequent ask.
+func (g *Gateway) HeartbeatContext(ctx context.Context, info router.WorkerInfo) (*registry.Ack, error) {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, g.timeout)
+		defer cancel()
+	}
+	reply := make(chan *registry.Ack, 1)
+	g.System.Root.Send(g.Registry, &registry.Heartbeat{Info: info, Reply: reply})
+	select {
+	case ack := <-reply:
+		return ack, nil
+	case <-ctx.Done():
+		return nil, fmt.Errorf("heartbeat: %v: %w", ctx.Err(), errs.ErrInternal)
+	}
 }
 
 // Scraped hands one successful scrape of a static worker to the registry: a heartbeat whose

@@ -22,6 +22,10 @@ type Heartbeat struct {
 	Info router.WorkerInfo // LastHeartbeat is ignored: the registry stamps arrival on its clock
 	// TTL overrides k·T for this worker (a static worker: k·scrape_interval); 0 = k·T.
 	TTL time.Duration
+	// Reply, when set, receives the ack instead of a Respond: the gRPC handler waits on it
+	// directly, which spares a future (its registration and its timer) on every heartbeat.
+	// It must have room for one value.
+	Reply chan *Ack
 }
 
 // ScrapeFailed records a static worker's failed scrape: shown on the worker; it does not
@@ -91,7 +95,12 @@ func (r *registryActor) Receive(c actor.Context) {
 	st := r.st
 	switch m := c.Message().(type) {
 	case *Heartbeat:
-		c.Respond(st.heartbeat(c, m))
+		ack := st.heartbeat(c, m)
+		if m.Reply != nil {
+			m.Reply <- ack
+		} else {
+			c.Respond(ack)
+		}
 	case *ScrapeFailed:
 		if e := st.entries[m.ID]; e != nil {
 			c.Send(e.pid, &worker.ScrapeError{Reason: m.Reason})

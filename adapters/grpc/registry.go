@@ -23,7 +23,7 @@ import (
 
 // Registry is what the heartbeat handler needs of the actor tree (*gateway.Gateway has it).
 type Registry interface {
-	Heartbeat(info router.WorkerInfo) (*registry.Ack, error)
+	HeartbeatContext(ctx context.Context, info router.WorkerInfo) (*registry.Ack, error)
 	HeartbeatInterval() time.Duration
 }
 
@@ -45,7 +45,7 @@ func (s *Server) Heartbeat(ctx context.Context, st *controlv1.WorkerStatus) (*co
 	if err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
-	ack, err := s.reg.Heartbeat(info)
+	ack, err := s.reg.HeartbeatContext(ctx, info)
 	if err != nil {
 		return nil, status.Error(codes.Unavailable, err.Error())
 	}
