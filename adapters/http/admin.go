@@ -91,28 +91,11 @@ func (s *Server) getRoutes(w http.ResponseWriter, _ *http.Request) {
 // the ETag of the table the operator edited (428 without, 412 when another edit came first).
 // The body is validated completely before the router sees it; a rejected PUT changes nothing.
 func (s *Server) putRoutes(w http.ResponseWriter, r *http.Request) {
-	ifMatch := strings.TrimSpace(r.Header.Get("If-Match"))
-	if ifMatch == "" {
-		writeError(w, fmt.Errorf("PUT /admin/v1/routes needs If-Match with the ETag from GET: %w", errs.ErrIfMatchRequired))
-		return
-	}
-	body, err := s.readBody(w, r)
-	if err != nil {
-		writeError(w, err)
-		return
-	}
 	var in struct {
 		Epoch  *uint64         `json:"epoch"` // accepted and ignored (SPEC B2)
 		Routes *[]config.Route `json:"routes"`
 	}
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&in); err != nil {
-		writeError(w, fmt.Errorf("route table: %v: %w", err, errs.ErrInvalidRoute))
-		return
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		writeError(w, fmt.Errorf("route table: trailing data after the JSON object: %w", errs.ErrInvalidRoute))
+	if !s.readPut(w, r, "route table", errs.ErrInvalidRoute, &in) {
 		return
 	}
 	if in.Routes == nil {
@@ -124,9 +107,8 @@ func (s *Server) putRoutes(w http.ResponseWriter, r *http.Request) {
 		writeError(w, fmt.Errorf("%v: %w", err, errs.ErrInvalidRoute))
 		return
 	}
-	epoch, ok := parseETag(ifMatch)
+	epoch, ok := s.ifMatch(w, r)
 	if !ok {
-		writeError(w, fmt.Errorf("If-Match %s is not an ETag of this route table: %w", ifMatch, errs.ErrEtagMismatch))
 		return
 	}
 	t, err := s.core.PutRoutes(epoch, routes)
@@ -135,6 +117,42 @@ func (s *Server) putRoutes(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.writeRoutes(w, t.Epoch, t.Routes)
+}
+
+// readPut is the common start of an admin PUT that replaces a whole table: If-Match must be
+// present (428), and the body must be one JSON object with no unknown fields (400 with
+// invalid, naming what). It reports whether the handler may go on.
+func (s *Server) readPut(w http.ResponseWriter, r *http.Request, what string, invalid error, dst any) bool {
+	if strings.TrimSpace(r.Header.Get("If-Match")) == "" {
+		writeError(w, fmt.Errorf("PUT %s needs If-Match with the ETag from GET: %w", r.URL.Path, errs.ErrIfMatchRequired))
+		return false
+	}
+	body, err := s.readBody(w, r)
+	if err != nil {
+		writeError(w, err)
+		return false
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(dst); err != nil {
+		writeError(w, fmt.Errorf("%s: %v: %w", what, err, invalid))
+		return false
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		writeError(w, fmt.Errorf("%s: trailing data after the JSON object: %w", what, invalid))
+		return false
+	}
+	return true
+}
+
+// ifMatch reads If-Match as the epoch it names; anything else is stale (412).
+func (s *Server) ifMatch(w http.ResponseWriter, r *http.Request) (uint64, bool) {
+	v := strings.TrimSpace(r.Header.Get("If-Match"))
+	epoch, ok := parseETag(v)
+	if !ok {
+		writeError(w, fmt.Errorf("If-Match %s is not an ETag of this table: %w", v, errs.ErrEtagMismatch))
+	}
+	return epoch, ok
 }
 
 func parseETag(v string) (uint64, bool) {
@@ -247,28 +265,11 @@ func (s *Server) getStatic(w http.ResponseWriter, _ *http.Request) {
 // without If-Match, 412 when stale, 400 invalid_static_worker for an invalid table or unknown
 // fields; a rejected PUT changes nothing.
 func (s *Server) putStatic(w http.ResponseWriter, r *http.Request) {
-	ifMatch := strings.TrimSpace(r.Header.Get("If-Match"))
-	if ifMatch == "" {
-		writeError(w, fmt.Errorf("PUT /admin/v1/static-workers needs If-Match with the ETag from GET: %w", errs.ErrIfMatchRequired))
-		return
-	}
-	body, err := s.readBody(w, r)
-	if err != nil {
-		writeError(w, err)
-		return
-	}
 	var in struct {
 		Epoch   *uint64                `json:"epoch"` // accepted and ignored
 		Workers *[]config.StaticWorker `json:"static_workers"`
 	}
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&in); err != nil {
-		writeError(w, fmt.Errorf("static workers: %v: %w", err, errs.ErrInvalidStaticWorker))
-		return
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		writeError(w, fmt.Errorf("static workers: trailing data after the JSON object: %w", errs.ErrInvalidStaticWorker))
+	if !s.readPut(w, r, "static workers", errs.ErrInvalidStaticWorker, &in) {
 		return
 	}
 	if in.Workers == nil {
@@ -279,9 +280,8 @@ func (s *Server) putStatic(w http.ResponseWriter, r *http.Request) {
 		writeError(w, fmt.Errorf("%v: %w", err, errs.ErrInvalidStaticWorker))
 		return
 	}
-	epoch, ok := parseETag(ifMatch)
+	epoch, ok := s.ifMatch(w, r)
 	if !ok {
-		writeError(w, fmt.Errorf("If-Match %s is not an ETag of this table: %w", ifMatch, errs.ErrEtagMismatch))
 		return
 	}
 	ws := config.NormalizeStaticWorkers(*in.Workers)
