@@ -136,7 +136,6 @@ type requestActor struct {
 	pickTimer   clock.Timer
 	pickRetries int
 	hashes      []uint64 // the prompt's chunk hashes, when the prefix index is on
-	queued      bool     // the router queued the first pick (no pick timeout then)
 	admitted    bool     // the router admitted the request: tell it when it ends
 	stopWatch   chan struct{}
 	cascadeStep int // the cascade step asked for (router.LastStep: the last)
@@ -384,9 +383,12 @@ func (r *requestActor) stopping(c actor.Context) {
 	}
 	r.releaseAll(c.Send)
 	// A pick still outstanding may hold a reservation on the router; its safety net drops
-	// reservations never acquired within a heartbeat interval. A queued one is withdrawn.
+	// reservations never acquired within a heartbeat interval. An admitted first pick that
+	// this actor never saw answered is withdrawn: the router cancels it if it still waits,
+	// or, if it was dispatched meanwhile, gives its reservation back and completes it for the
+	// gate (a session must not stay busy forever).
 	r.stopPickTimer()
-	if r.queued && r.picked == nil {
+	if r.d.Admission && !r.admitted {
 		c.Send(r.d.Router, &router.CancelPick{RequestID: r.x.ID})
 	}
 	r.endWatch(c)

@@ -97,12 +97,11 @@ func (r *requestActor) stepRouting(c actor.Context, msg any) {
 	switch m := msg.(type) {
 	case *router.Queued:
 		if m.Tag == r.pickTag {
-			r.queued = true
 			r.stopPickTimer() // the queue owns the wait now (max_wait)
 		}
 		return
 	case clientGone:
-		if r.queued && r.picked == nil {
+		if r.d.Admission && !r.admitted {
 			c.Send(r.d.Router, &router.CancelPick{RequestID: r.x.ID})
 		}
 		r.finish(c, statusClientGone)
