@@ -11,7 +11,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
 
@@ -25,7 +24,6 @@ const maxUpstreamJSON = 64 << 20
 
 var bufPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
 
-func timeSince(t time.Time) time.Duration { return time.Since(t) }
 
 // clientAskedLogprobs reports whether the client's body asks for logprobs (a non-null,
 // non-false "logprobs").

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/cespare/xxhash/v2"
@@ -241,7 +242,7 @@ func (r *requestActor) stepAttempting(c actor.Context, msg any) {
 		r.failover(c, p.WorkerID, err)
 		return
 	}
-	r.d.Metrics.ttfb(r.route, timeSince(r.x.Start))
+	r.d.Metrics.ttfb(r.route, time.Since(r.x.Start)) // a measurement, not a timing rule
 	if r.nonFinalStep() {
 		resp := m.resp
 		r.become(CascadeStep, r.stepCascade)
