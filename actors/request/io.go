@@ -24,7 +24,6 @@ const maxUpstreamJSON = 64 << 20
 
 var bufPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
 
-
 // clientAskedLogprobs reports whether the client's body asks for logprobs (a non-null,
 // non-false "logprobs").
 func (r *requestActor) clientAskedLogprobs() bool {
