@@ -111,12 +111,17 @@ func (h host) Dispatch(e *admission.Entry, soft string) (string, bool) {
 	st, p := h.st, e.Payload.(*pending)
 	exclude := p.pick.Exclude
 	if e.Req.Allowed != nil || st.adm.threshold > 0 {
-		allowed := admission.Intersect(e.Route, e.Req.Allowed)
-		pl := st.pools[p.target.key]
-		if pl != nil {
+		var allowed map[string]bool
+		if e.Req.Allowed != nil {
+			allowed = make(map[string]bool)
+			for _, id := range admission.Intersect(e.Route, e.Req.Allowed) {
+				allowed[id] = true
+			}
+		}
+		if pl := st.pools[p.target.key]; pl != nil {
 			exclude = slices.Clone(exclude)
 			for id, s := range pl.members {
-				if h.full(s) || !slices.Contains(allowed, id) {
+				if h.full(s) || (allowed != nil && !allowed[id]) {
 					exclude = append(exclude, id)
 				}
 			}
