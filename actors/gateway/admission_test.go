@@ -21,30 +21,33 @@ func admissionConfig(policy admission.Policy, threshold int64) *router.Admission
 	}
 }
 
+// admitPick sends an admitted first pick from a new requester (a probe standing in for the
+// request actor) and returns it.
+func admitPick(h *gwtest.Harness, key uint64, id, model, session string) *gwtest.Probe {
+	p := h.NewProbe()
+	p.Ask(h.GW.Router, &router.Pick{Model: model, RequestID: id, Key: key, Requester: p.PID, Tag: 1,
+		Admit: &router.AdmitInfo{SessionID: session}})
+	return p
+}
+
 // TestSessionSerialThroughRouter: the router queues a session's second turn until the first
-// has Finished; another session is not delayed.
+// has ended (its request actor stopped); another session is not delayed.
 func TestSessionSerialThroughRouter(t *testing.T) {
 	h := gwtest.New(t, gwtest.WithAdmission(admissionConfig(admission.NewSessionSerial(), 0)))
 	h.Beat(gwtest.Worker("w1", "smol", 0))
-	p := h.NewProbe()
-	pick := func(id, session string) {
-		p.Ask(h.GW.Router, &router.Pick{Model: "smol", RequestID: id, Tag: 1,
-			Admit: &router.AdmitInfo{SessionID: session}})
-	}
-	pick("t1", "alice")
-	if m, ok := p.Next().(*router.Picked); !ok || m.Err != nil || !m.Admitted {
+	t1, t2 := admitPick(h, 1, "t1", "smol", "alice"), admitPick(h, 2, "t2", "smol", "alice")
+	if m, ok := t1.Next().(*router.Picked); !ok || m.Err != nil || !m.Admitted {
 		t.Fatalf("first turn: %#v", m)
 	}
-	pick("t2", "alice")
-	if _, ok := p.Next().(*router.Queued); !ok {
+	if _, ok := t2.Next().(*router.Queued); !ok {
 		t.Fatal("second turn of the session was not queued")
 	}
-	pick("b1", "bob")
-	if m, ok := p.Next().(*router.Picked); !ok || m.Err != nil {
+	b1 := admitPick(h, 3, "b1", "smol", "bob")
+	if m, ok := b1.Next().(*router.Picked); !ok || m.Err != nil {
 		t.Fatalf("another session was delayed: %#v", m)
 	}
-	h.GW.System.Root.Send(h.GW.Router, &router.Finished{RequestID: "t1"})
-	if m, ok := p.Next().(*router.Picked); !ok || m.Err != nil || !m.Admitted {
+	t1.Stop() // the first turn's request actor ends
+	if m, ok := t2.Next().(*router.Picked); !ok || m.Err != nil || !m.Admitted {
 		t.Fatalf("second turn after the first finished: %#v", m)
 	}
 }
@@ -54,15 +57,13 @@ func TestSessionSerialThroughRouter(t *testing.T) {
 func TestQueueTimeoutAndCancelThroughRouter(t *testing.T) {
 	h := gwtest.New(t, gwtest.WithAdmission(admissionConfig(nil, 1)))
 	h.Beat(gwtest.Worker("w1", "smol", 1)) // queue depth 1: full at threshold 1
-	p := h.NewProbe()
-	p.Ask(h.GW.Router, &router.Pick{Model: "smol", RequestID: "a", Tag: 1, Admit: &router.AdmitInfo{}})
-	p.Ask(h.GW.Router, &router.Pick{Model: "smol", RequestID: "b", Tag: 1, Admit: &router.AdmitInfo{}})
-	for i := 0; i < 2; i++ {
-		if _, ok := p.Next().(*router.Queued); !ok {
+	p, b := admitPick(h, 1, "a", "smol", ""), admitPick(h, 2, "b", "smol", "")
+	for _, x := range []*gwtest.Probe{p, b} {
+		if _, ok := x.Next().(*router.Queued); !ok {
 			t.Fatal("not queued")
 		}
 	}
-	h.GW.System.Root.Send(h.GW.Router, &router.CancelPick{RequestID: "b"})
+	b.Stop() // its client left: the request actor ends
 	h.Eventually("b left the queue", func() bool {
 		v, err := h.GW.Queue()
 		return err == nil && v.Snapshot.(admission.Snapshot).Classes[0].Queued == 1

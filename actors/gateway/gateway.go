@@ -15,7 +15,6 @@ import (
 
 	"github.com/tlgw/tlgw/actors/registry"
 	"github.com/tlgw/tlgw/actors/router"
-	"github.com/tlgw/tlgw/actors/worker"
 	"github.com/tlgw/tlgw/internal/clock"
 	"github.com/tlgw/tlgw/internal/config"
 	"github.com/tlgw/tlgw/internal/errs"
@@ -156,8 +155,8 @@ func ask[T any](g *Gateway, pid *actor.PID, msg any) (T, error) {
 	return zero, fmt.Errorf("%T to %s: unexpected reply %T: %w", msg, pid.Id, res, errs.ErrInternal)
 }
 
-// Pick asks the router for a worker. On success the caller holds a reservation and must call
-// Acquire at once and Release exactly once when the attempt ends.
+// Pick asks the router for a worker. On success the caller holds the pick's tickets (its
+// Requester, when set, is watched by the workers) and calls Release when the attempt ends.
 func (g *Gateway) Pick(p *router.Pick) (*router.Picked, error) {
 	res, err := ask[*router.Picked](g, g.Router, p)
 	if err != nil {
@@ -169,11 +168,13 @@ func (g *Gateway) Pick(p *router.Pick) (*router.Picked, error) {
 	return res, nil
 }
 
-// Acquire counts one in-flight request on the worker.
-func (g *Gateway) Acquire(w *actor.PID) { g.System.Root.Send(w, worker.Acquire{}) }
-
-// Release ends one in-flight request on the worker.
-func (g *Gateway) Release(w *actor.PID) { g.System.Root.Send(w, worker.Release{}) }
+// Release ends the in-flight counts a pick holds (its worker's and its prefill worker's).
+func (g *Gateway) Release(p *router.Picked) {
+	g.System.Root.Send(p.Worker, &router.Release{Ticket: p.Ticket})
+	if p.Prefill != nil {
+		g.System.Root.Send(p.Prefill.Worker, &router.Release{Ticket: p.Prefill.Ticket})
+	}
+}
 
 // Heartbeat hands one validated heartbeat to the registry and waits for its ack.
 func (g *Gateway) Heartbeat(info router.WorkerInfo) (*registry.Ack, error) {

@@ -123,9 +123,7 @@ func TestAffinityKeepsPrefixTogether(t *testing.T) {
 		if res.WorkerID != owner || res.Reason.String() != "affinity" {
 			t.Fatalf("request %d: %s (%v), want %s (affinity)", i, res.WorkerID, res.Reason, owner)
 		}
-		// Complete the request: Acquire then Release, as the proxy does.
-		h.GW.Acquire(res.Worker)
-		h.GW.Release(res.Worker)
+		h.GW.Release(res) // complete the request, as the proxy does
 		h.InFlight(res.WorkerID, 0)
 	}
 
@@ -136,8 +134,7 @@ func TestAffinityKeepsPrefixTogether(t *testing.T) {
 			t.Fatal(err)
 		}
 		spread[res.WorkerID]++
-		h.GW.Acquire(res.Worker)
-		h.GW.Release(res.Worker)
+		h.GW.Release(res)
 		h.InFlight(res.WorkerID, 0)
 	}
 	if len(spread) < 3 {
@@ -152,8 +149,7 @@ func TestAffinityKeepsPrefixTogether(t *testing.T) {
 	if err != nil || first.WorkerID != owner {
 		t.Fatalf("idle pool: got %v, %v; want owner %s", first, err, owner)
 	}
-	h.GW.Acquire(first.Worker)
-	h.GW.Release(first.Worker)
+	h.GW.Release(first)
 	h.InFlight(owner, 0)
 	h.Beat(gwtest.Worker(owner, "smol", 3))
 	res, err := h.GW.Pick(&router.Pick{Model: "smol", RequestID: "over", PrefixHash: key})
@@ -295,39 +291,41 @@ func TestSupervisionKeepsRegistry(t *testing.T) {
 	h.Eventually("router answers after restart", func() bool { return slices.Equal(h.IDs(), []string{"a", "b"}) })
 	h.InFlight("a", 1)
 	h.Beat(gwtest.Worker("a", "smol", 0)) // the registry still knows a: no second actor
-	h.GW.Release(res.Worker)
+	h.GW.Release(res)
 	h.InFlight("a", 0)
 	// The worker's deadline survived its restart: a and b are still evicted on time.
 	h.Clock.Advance(6 * time.Second)
 	h.WaitIDs()
 }
 
-// TestLostReservationIsDropped: a pick whose requester never sends Acquire (it crashed in
-// between) stops counting once a heartbeat interval has passed without it.
-func TestLostReservationIsDropped(t *testing.T) {
+// TestCrashedRequesterReleasesItsPick: the worker owns the in-flight count. A pick counts on
+// the worker before its requester hears of it, and a requester that stops without releasing
+// (it crashed between the pick and its answer, or anywhere later) is released by the worker,
+// which watches it — at once, with no heartbeat and no time passing.
+func TestCrashedRequesterReleasesItsPick(t *testing.T) {
 	h := gwtest.New(t)
 	h.Beat(gwtest.Worker("a", "smol", 0))
-	if _, err := h.GW.Pick(&router.Pick{Model: "smol", RequestID: "lost"}); err != nil {
-		t.Fatal(err)
-	}
-	h.InFlight("a", 1) // reserved
-	h.Clock.Advance(2 * time.Second)
-	h.Beat(gwtest.Worker("a", "smol", 0)) // the pick is older than this heartbeat
-	h.InFlight("a", 1)
-	h.Clock.Advance(2 * time.Second)
-	h.Beat(gwtest.Worker("a", "smol", 0)) // a whole interval later, still no Acquire
-	h.InFlight("a", 0)
-	// A pick that is acquired is never dropped.
-	res, err := h.Pick(router.Pick{Model: "smol", RequestID: "kept"})
+	doomed := h.NewProbe()
+	res, err := h.Pick(router.Pick{Model: "smol", RequestID: "lost", Requester: doomed.PID})
 	if err != nil {
 		t.Fatal(err)
 	}
-	for i := 0; i < 2; i++ {
-		h.Clock.Advance(2 * time.Second)
-		h.Beat(gwtest.Worker("a", "smol", 0))
-	}
 	h.InFlight("a", 1)
-	h.GW.Release(res.Worker)
+	kept := h.NewProbe()
+	res2, err := h.Pick(router.Pick{Model: "smol", RequestID: "kept", Requester: kept.PID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.InFlight("a", 2)
+	if err := h.GW.System.Root.StopFuture(doomed.PID).Wait(); err != nil {
+		t.Fatal(err)
+	}
+	h.InFlight("a", 1) // the stopped requester's hold ended; the live one's stays
+	h.GW.Release(res)  // a late release of a ticket already ended changes nothing
+	h.GW.Release(res2)
+	h.InFlight("a", 0)
+	h.GW.Release(res2) // nor does a second release
+	h.Beat(gwtest.Worker("a", "smol", 0))
 	h.InFlight("a", 0)
 }
 
@@ -344,7 +342,7 @@ func TestPrefixAwareFollowsThePrefixIndex(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h.GW.Release(first.Worker)
+	h.GW.Release(first)
 	h.InFlight(first.WorkerID, 0)
 	for i := 0; i < 5; i++ {
 		res, err := h.Pick(router.Pick{Model: "smol", RequestID: fmt.Sprint("r", i), PrefixHashes: hashes[:len(hashes)-1]})
@@ -354,7 +352,7 @@ func TestPrefixAwareFollowsThePrefixIndex(t *testing.T) {
 		if res.WorkerID != first.WorkerID || res.Reason.String() != "prefix" {
 			t.Fatalf("request %d went to %s (%v), want %s (prefix)", i, res.WorkerID, res.Reason, first.WorkerID)
 		}
-		h.GW.Release(res.Worker)
+		h.GW.Release(res)
 		h.InFlight(res.WorkerID, 0)
 	}
 	// A prompt nobody has seen goes by least load.

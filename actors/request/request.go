@@ -11,12 +11,12 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
 
 	"github.com/tlgw/tlgw/actors/router"
-	"github.com/tlgw/tlgw/actors/worker"
 	"github.com/tlgw/tlgw/internal/clock"
 	"github.com/tlgw/tlgw/internal/errs"
 	"github.com/tlgw/tlgw/internal/oai"
@@ -36,10 +36,10 @@ type Exchange struct {
 	Req   oai.Request
 	Start time.Time
 	// Admission inputs (R10): the class from the key or X-TL-Class, the session id from
-	// X-Session-ID or the body's user, and a prompt-size estimate in tokens.
-	Class        string
-	SessionID    string
-	PromptTokens int
+	// X-Session-ID or the body's user. The prompt-size estimate is the actor's: it is taken
+	// over the same rendered prompt as the prefix hashes, so the two compare.
+	Class     string
+	SessionID string
 
 	done chan struct{}
 }
@@ -132,11 +132,12 @@ type requestActor struct {
 	step  stepFunc
 
 	// Routing.
+	key         uint64 // the internal id: unique among live requests, whatever X-Request-ID says
 	pickTag     uint64 // the current Pick's tag; answers with another tag are stale
 	pickTimer   clock.Timer
 	pickRetries int
 	hashes      []uint64 // the prompt's chunk hashes, when the prefix index is on
-	admitted    bool     // the router admitted the request: tell it when it ends
+	promptToks  int      // the rendered prompt's size estimate (bytes / 4), for admission
 	stopWatch   chan struct{}
 	cascadeStep int // the cascade step asked for (router.LastStep: the last)
 	exclude     []string
@@ -146,8 +147,9 @@ type requestActor struct {
 	route       string
 	served      string
 
-	// What the actor holds and must release on every path.
-	held     []*actor.PID // workers Acquired and not yet Released
+	// What the actor holds and must release on every path (a worker also releases the holds
+	// of a requester that stops, so a crash between two lines here leaks nothing).
+	held     []hold // worker tickets picked for it and not yet released
 	kvHandle string       // a pushed KV handle on the decode worker, until consumed or released
 	kvAddr   string
 
@@ -177,8 +179,17 @@ type requestActor struct {
 func Props(d *Deps, x *Exchange, opts ...actor.PropsOption) *actor.Props {
 	all := append([]actor.PropsOption{actor.WithGuardian(stopOnPanic)}, opts...)
 	return actor.PropsFromProducer(func() actor.Actor {
-		return &requestActor{d: d, x: x, cascadeStep: router.LastStep}
+		return &requestActor{d: d, x: x, cascadeStep: router.LastStep, key: nextKey.Add(1)}
 	}, all...)
+}
+
+// nextKey numbers request actors: the internal key every table of the router is keyed by.
+var nextKey atomic.Uint64
+
+// hold is one in-flight count the actor holds on a worker.
+type hold struct {
+	worker *actor.PID
+	ticket uint64
 }
 
 var stopOnPanic = actor.NewOneForOneStrategy(0, 0, func(any) actor.Directive { return actor.StopDirective })
@@ -238,15 +249,12 @@ type clientGone struct{}
 // IgnoreDeadLetterLogging: the request may have ended already.
 func (clientGone) IgnoreDeadLetterLogging() {}
 
-// endWatch stops the client watcher and tells the router an admitted request ended.
-func (r *requestActor) endWatch(c actor.Context) {
+// endWatch stops the client watcher. (The router learns that an admitted request ended from
+// its actor stopping.)
+func (r *requestActor) endWatch() {
 	if r.stopWatch != nil {
 		close(r.stopWatch)
 		r.stopWatch = nil
-	}
-	if r.admitted {
-		r.admitted = false
-		c.Send(r.d.Router, &router.Finished{RequestID: r.x.ID})
 	}
 }
 
@@ -254,23 +262,30 @@ func (r *requestActor) endWatch(c actor.Context) {
 func (r *requestActor) pick(c actor.Context) {
 	r.pickTag++
 	tag := r.pickTag
-	if r.d.PrefixHashes && r.hashes == nil {
-		r.hashes = prefixindex.Hashes(nil, oai.RenderPrompt(r.x.Kind, r.x.Body, maxRenderedPrompt))
+	if (r.d.PrefixHashes || r.d.Admission) && r.pickTag == 1 {
+		// The size estimate and the cached-prefix hashes cover the same bytes: the whole
+		// rendered prompt (bounded by the body limit), so a long prompt sent again is seen
+		// as cached.
+		rendered := oai.RenderPrompt(r.x.Kind, r.x.Body, len(r.x.Body))
+		r.promptToks = len(rendered) / 4 // an estimate: the gateway has no tokenizer
+		if r.d.PrefixHashes {
+			r.hashes = prefixindex.Hashes(nil, rendered)
+		}
 	}
 	p := &router.Pick{
-		Model: r.x.Req.Model, RequestID: r.x.ID, PrefixHash: prefixHash(r.x.Req.PrefixKey),
-		PrefixHashes: r.hashes, Exclude: r.exclude, Step: r.cascadeStep, Tag: tag,
+		Model: r.x.Req.Model, RequestID: r.x.ID, Key: r.key, Requester: c.Self(),
+		PrefixHash: prefixHash(r.x.Req.PrefixKey), PrefixHashes: r.hashes, Exclude: r.exclude,
+		Step: r.cascadeStep, Tag: tag,
 	}
-	if r.d.Admission && tag == 1 {
-		p.Admit = &router.AdmitInfo{Class: r.x.Class, SessionID: r.x.SessionID, PromptTokens: r.x.PromptTokens}
+	if r.d.Admission {
+		// Every pick of the request names its admission: the router admits the first it
+		// sees and keeps the allowed workers for the others.
+		p.Admit = &router.AdmitInfo{Class: r.x.Class, SessionID: r.x.SessionID, PromptTokens: r.promptToks}
 	}
 	c.Request(r.d.Router, p)
 	self, root := c.Self(), c.ActorSystem().Root
 	r.pickTimer = r.clock().AfterFunc(r.pickTimeout(), func() { root.Send(self, pickTimeout{tag: tag}) })
 }
-
-// maxRenderedPrompt bounds the prompt bytes hashed for the prefix index (128 chunks).
-const maxRenderedPrompt = 8192
 
 // pickTimeout is the pick timer firing.
 type pickTimeout struct{ tag uint64 }
@@ -300,35 +315,30 @@ func (r *requestActor) stopPickTimer() {
 	}
 }
 
-// giveBack returns a reservation the actor will not use: Acquire and Release reconcile the
-// router's count through the worker's next report.
+// giveBack releases the tickets of a pick the actor will not use (a late answer).
 func giveBack(c actor.Context, p *router.Picked) {
 	if p == nil || p.Err != nil || p.Worker == nil {
 		return
 	}
-	c.Send(p.Worker, worker.Acquire{})
-	c.Send(p.Worker, worker.Release{})
+	c.Send(p.Worker, &router.Release{Ticket: p.Ticket})
 	if p.Prefill != nil {
-		c.Send(p.Prefill.Worker, worker.Acquire{})
-		c.Send(p.Prefill.Worker, worker.Release{})
+		c.Send(p.Prefill.Worker, &router.Release{Ticket: p.Prefill.Ticket})
 	}
 }
 
-// acquire counts the attempt on the worker(s) the router reserved.
-func (r *requestActor) acquire(c actor.Context, p *router.Picked) {
-	c.Send(p.Worker, worker.Acquire{})
-	r.held = append(r.held, p.Worker)
+// acquire takes over the in-flight counts the router's pick holds on the worker(s).
+func (r *requestActor) acquire(p *router.Picked) {
+	r.held = append(r.held, hold{p.Worker, p.Ticket})
 	if p.Prefill != nil {
-		c.Send(p.Prefill.Worker, worker.Acquire{})
-		r.held = append(r.held, p.Prefill.Worker)
+		r.held = append(r.held, hold{p.Prefill.Worker, p.Prefill.Ticket})
 	}
 }
 
-// releaseWorker ends one in-flight count.
+// releaseWorker ends the in-flight count held on one worker.
 func (r *requestActor) releaseWorker(c actor.Context, pid *actor.PID) {
 	for i, h := range r.held {
-		if h == pid {
-			c.Send(pid, worker.Release{})
+		if h.worker == pid {
+			c.Send(pid, &router.Release{Ticket: h.ticket})
 			r.held = append(r.held[:i], r.held[i+1:]...)
 			return
 		}
@@ -336,8 +346,8 @@ func (r *requestActor) releaseWorker(c actor.Context, pid *actor.PID) {
 }
 
 func (r *requestActor) releaseAll(send func(*actor.PID, any)) {
-	for _, pid := range r.held {
-		send(pid, worker.Release{})
+	for _, h := range r.held {
+		send(h.worker, &router.Release{Ticket: h.ticket})
 	}
 	r.held = nil
 }
@@ -346,7 +356,7 @@ func (r *requestActor) releaseAll(send func(*actor.PID, any)) {
 func (r *requestActor) finish(c actor.Context, code int) {
 	r.become(Done, nil)
 	r.stopPickTimer()
-	r.endWatch(c)
+	r.endWatch()
 	r.releaseAll(c.Send)
 	r.code = code
 	r.d.Metrics.done(r.route, r.served, code)
@@ -382,16 +392,11 @@ func (r *requestActor) stopping(c actor.Context) {
 		r.cancel() // an attempt not yet committed is abandoned; a relay runs to its end
 	}
 	r.releaseAll(c.Send)
-	// A pick still outstanding may hold a reservation on the router; its safety net drops
-	// reservations never acquired within a heartbeat interval. An admitted first pick that
-	// this actor never saw answered is withdrawn: the router cancels it if it still waits,
-	// or, if it was dispatched meanwhile, gives its reservation back and completes it for the
-	// gate (a session must not stay busy forever).
+	// A pick still outstanding needs nothing here: the worker it picked watches this actor
+	// and releases its ticket when it stops, and the router, which watches an admitted
+	// request, cancels it if it still waits or ends its turn for the gate.
 	r.stopPickTimer()
-	if r.d.Admission && !r.admitted {
-		c.Send(r.d.Router, &router.CancelPick{RequestID: r.x.ID})
-	}
-	r.endWatch(c)
+	r.endWatch()
 	ioDone, x, committed, stream, ew, out := r.ioDone, r.x, r.committed, r.x.Req.Stream, r.d.Errors, r.relayOut
 	kvHandle, kvAddr, engines, timeout := r.kvHandle, r.kvAddr, r.d.Engines, r.releaseTimeout()
 	route, served, metrics := r.route, r.served, r.d.Metrics

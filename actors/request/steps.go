@@ -102,10 +102,7 @@ func (r *requestActor) stepRouting(c actor.Context, msg any) {
 		}
 		return
 	case clientGone:
-		if r.d.Admission && !r.admitted {
-			c.Send(r.d.Router, &router.CancelPick{RequestID: r.x.ID})
-		}
-		r.finish(c, statusClientGone)
+		r.finish(c, statusClientGone) // the router sees the actor stop: a queued pick leaves
 		return
 	}
 	if t, ok := msg.(pickTimeout); ok {
@@ -130,9 +127,6 @@ func (r *requestActor) stepRouting(c actor.Context, msg any) {
 		return
 	}
 	r.stopPickTimer()
-	if p.Admitted {
-		r.admitted = true
-	}
 	if p.Route != "" {
 		r.route, r.served = p.Route, p.ServedModel
 	}
@@ -149,7 +143,7 @@ func (r *requestActor) stepRouting(c actor.Context, msg any) {
 		return
 	}
 	r.picked = p
-	r.acquire(c, p)
+	r.acquire(p)
 	if r.x.Ctx.Err() != nil {
 		r.finish(c, statusClientGone) // a routing request just ends
 		return

@@ -22,30 +22,40 @@ type AdmissionConfig struct {
 	PolicyName    string           // for the gate metric's label
 }
 
-// admissionState is the router's admission queue and what it needs around it.
-type admissionState struct {
-	q         *admission.Queue
-	threshold int64
-	entries   map[string]*admission.Entry // admitted requests by request id, until Finished
-	clock     clock.Clock
-	armed     time.Time
-	metrics   admissionMetrics
-	policy    string
+// admitter is the router's admission concern: the queue, the admitted requests by internal
+// key, and the queue's host over the worker view.
+//
+// An admitted request is known from its first pick until its requester (the request actor)
+// stops: the router watches it, and *actor.Terminated cancels it if it still waits or
+// completes its turn for the gate if it was dispatched. So a request that ends in any way —
+// answered, crashed, client gone — ends its turn exactly once, and no message of its own is
+// needed.
+type admitter struct {
+	q           *admission.Queue
+	view        *workerView
+	threshold   int64
+	entries     map[uint64]*admitted // by request key
+	byRequester map[string]uint64    // requester actor id → request key
+	clock       clock.Clock
+	armed       time.Time
+	metrics     admissionMetrics
+	policy      string
 }
 
-// pending is an admitted pick waiting for its answer.
-type pending struct {
-	pick   *Pick
-	sender *actor.PID
-	target target
+// admitted is one admitted request.
+type admitted struct {
+	e         *admission.Entry
+	requester *actor.PID
+	pick      *Pick  // its latest pick: the answer carries that pick's tag
+	target    target // what its first pick resolved to
 }
 
 // admTick is the queue's timer firing.
 type admTick struct{}
 
-func newAdmission(cfg *AdmissionConfig, clk clock.Clock, m admissionMetrics) *admissionState {
-	a := &admissionState{threshold: cfg.BusyThreshold, entries: make(map[string]*admission.Entry),
-		clock: clk, metrics: m, policy: cfg.PolicyName}
+func newAdmitter(cfg *AdmissionConfig, clk clock.Clock, m admissionMetrics, v *workerView) *admitter {
+	a := &admitter{view: v, threshold: cfg.BusyThreshold, entries: make(map[uint64]*admitted),
+		byRequester: make(map[string]uint64), clock: clk, metrics: m, policy: cfg.PolicyName}
 	qc := cfg.Queue
 	qc.Now = clk.Now
 	qc.Unbounded = cfg.BusyThreshold <= 0
@@ -60,10 +70,183 @@ func newAdmission(cfg *AdmissionConfig, clk clock.Clock, m admissionMetrics) *ad
 	return a
 }
 
-// host adapts the router's state to admission.Host for the duration of one message.
+// pick handles a pick of an admitted request: the first of its key is admitted; later ones
+// keep what it was admitted with.
+func (a *admitter) pick(table *routeTable, m *Pick, fx effects) {
+	if m.Key == 0 || m.Requester == nil {
+		fx.respond(&Picked{Tag: m.Tag, Err: fmt.Errorf("an admitted pick needs a key and a requester: %w", errs.ErrInternal)})
+		return
+	}
+	served := func(model string) bool { return a.view.models[model] > 0 }
+	if ad := a.entries[m.Key]; ad != nil {
+		ad.pick = m
+		if ad.e.Queued() {
+			fx.send(m.Requester, &Queued{Tag: m.Tag}) // a repeated pick: answered when it leaves
+			return
+		}
+		a.repick(table.resolve(m, served), ad, fx)
+		return
+	}
+	t := table.resolve(m, served)
+	if t.out.Err == nil && !a.view.servable(t.key, t.disagg) {
+		t.out.Err = t.noCapacity() // nothing could serve it: at once, as without admission
+	}
+	if t.out.Err != nil {
+		fx.send(m.Requester, t.out)
+		return
+	}
+	ad := &admitted{requester: m.Requester, pick: m, target: t}
+	ad.e = &admission.Entry{
+		Req: &admission.Request{Key: m.Key, ID: m.RequestID, Class: m.Admit.Class,
+			SessionID: m.Admit.SessionID, PromptTokens: m.Admit.PromptTokens},
+		Route:   a.view.pools[t.key].memberIDs(),
+		Pool:    t.key.String(),
+		Payload: ad,
+	}
+	a.entries[m.Key] = ad
+	a.byRequester[m.Requester.Id] = m.Key
+	fx.watch(m.Requester)
+	a.q.Admit(ad.e, host{a, fx}, func(workers []string) int {
+		if a.view.pidx == nil || len(m.PrefixHashes) == 0 {
+			return 0
+		}
+		_, chunks := a.view.pidx.Best(workers, m.PrefixHashes)
+		return chunks * prefixindex.ChunkBytes / 4 // tokens, at ~4 bytes a token
+	})
+	if ad.e.Queued() {
+		fx.send(m.Requester, &Queued{Tag: m.Tag}) // the requester waits without a pick timeout
+	}
+	a.gauges()
+}
+
+// repick answers a later pick of a dispatched request: any worker of its allowed set (the
+// busy threshold is not asked again: the request holds its turn), and the gate's bookkeeping
+// follows the worker used.
+func (a *admitter) repick(t target, ad *admitted, fx effects) {
+	out := t.out
+	if out.Err == nil {
+		ch := a.choice(ad, t, "", false)
+		if !a.view.choose(ch, out, fx) {
+			out.Err = t.noCapacity()
+		}
+	}
+	if out.Err == nil {
+		out.Admitted = true
+		a.q.Moved(ad.e, out.WorkerID)
+	}
+	fx.send(ad.requester, out)
+}
+
+// allowedIn is the request's allowed set within the pool of key: all members when it has no
+// narrowing; else the allowed members — strictly so in the pool it was admitted to (Cold Pool
+// containment), while another pool (a later cascade step) with none of them is taken whole
+// (R10.1: an empty intersection keeps the route's).
+func (a *admitter) allowedIn(ad *admitted, key poolKey) []string {
+	pl := a.view.pools[key]
+	if pl == nil {
+		return nil
+	}
+	members, allowed := pl.memberIDs(), ad.e.Req.Allowed
+	if allowed == nil {
+		return members
+	}
+	var out []string
+	for _, id := range members {
+		if slices.Contains(allowed, id) {
+			out = append(out, id)
+		}
+	}
+	if out == nil && key != ad.target.key {
+		return members
+	}
+	return out
+}
+
+// choice is the view's choice for an admitted request's pick: its exclusions plus the pool
+// members it may not use (and, from the queue, those that are full).
+func (a *admitter) choice(ad *admitted, t target, soft string, checkFull bool) choice {
+	exclude := ad.pick.Exclude
+	if pl := a.view.pools[t.key]; pl != nil && (ad.e.Req.Allowed != nil || (checkFull && a.threshold > 0)) {
+		allowed := a.allowedIn(ad, t.key)
+		exclude = slices.Clone(exclude)
+		for _, id := range pl.memberIDs() {
+			if !slices.Contains(allowed, id) || (checkFull && a.full(pl.members[id])) {
+				exclude = append(exclude, id)
+			}
+		}
+	}
+	return choice{key: t.key, disagg: t.disagg, prefixHash: ad.pick.PrefixHash, hashes: ad.pick.PrefixHashes,
+		exclude: exclude, soft: soft, requester: ad.requester}
+}
+
+func (a *admitter) full(s *slot) bool { return a.threshold > 0 && s.load() >= a.threshold }
+
+// requesterStopped ends the admitted request of a requester that stopped: cancelled if it
+// still waits, completed for the gate if it was dispatched.
+func (a *admitter) requesterStopped(who *actor.PID, fx effects) {
+	if a == nil {
+		return
+	}
+	key, ok := a.byRequester[who.Id]
+	if !ok {
+		return
+	}
+	ad := a.entries[key]
+	a.forget(key, ad)
+	if !a.q.Cancel(ad.e, host{a, fx}) {
+		a.q.Completed(ad.e, host{a, fx})
+	}
+	a.gauges()
+}
+
+func (a *admitter) forget(key uint64, ad *admitted) {
+	delete(a.entries, key)
+	delete(a.byRequester, ad.requester.Id)
+}
+
+func (a *admitter) tick(fx effects) {
+	if a == nil {
+		return
+	}
+	a.armed = time.Time{}
+	a.q.Tick(host{a, fx})
+	a.gauges()
+}
+
+// wakeCapacity tells the queue that room may have freed.
+func (a *admitter) wakeCapacity(fx effects) {
+	if a != nil && a.q.Len() > 0 {
+		a.q.WakeCapacity(host{a, fx})
+		a.gauges()
+	}
+}
+
+// wakeAll tells the queue that workers came, went or changed.
+func (a *admitter) wakeAll(fx effects) {
+	if a != nil && a.q.Len() > 0 {
+		a.q.Wake(host{a, fx})
+		a.gauges()
+	}
+}
+
+func (a *admitter) queueView() *QueueView {
+	if a == nil {
+		return &QueueView{}
+	}
+	return &QueueView{Enabled: true, Snapshot: a.q.Snapshot()}
+}
+
+// gauges refreshes the queue-length gauges.
+func (a *admitter) gauges() {
+	a.q.Lengths(func(class, kind string, n int) {
+		a.metrics.queueLength.WithLabelValues(class, kind).Set(float64(n))
+	})
+}
+
+// host adapts the admitter to admission.Host for the duration of one message.
 type host struct {
-	st *state
-	c  actor.Context
+	a  *admitter
+	fx effects
 }
 
 var _ admission.Host = host{}
@@ -77,73 +260,45 @@ type view struct {
 func (v view) Workers() []admission.Worker { return v.workers }
 func (v view) Now() time.Time              { return v.now }
 
-func (h host) candidates(e *admission.Entry) []*slot {
-	p := e.Payload.(*pending)
-	pl := h.st.pools[p.target.key]
-	if pl == nil {
-		return nil
-	}
-	var out []*slot
-	for _, id := range admission.Intersect(e.Route, e.Req.Allowed) {
-		if s := pl.members[id]; s != nil && !slices.Contains(p.pick.Exclude, id) {
-			out = append(out, s)
-		}
-	}
-	return out
-}
-
-func (h host) full(s *slot) bool {
-	return h.st.adm.threshold > 0 && s.load() >= h.st.adm.threshold
-}
-
-// View implements admission.Host.
+// View implements admission.Host: the head's allowed members of its pool now, none when its
+// pool (or a disaggregated route's prefill pool) has no worker.
 func (h host) View(e *admission.Entry) admission.View {
-	v := view{now: h.st.adm.clock.Now()}
-	for _, s := range h.candidates(e) {
-		v.workers = append(v.workers, admission.Worker{ID: s.info.ID, Load: s.load(), Full: h.full(s)})
+	a, ad := h.a, e.Payload.(*admitted)
+	v := view{now: a.clock.Now()}
+	if !a.view.servable(ad.target.key, ad.target.disagg) {
+		return v
+	}
+	pl := a.view.pools[ad.target.key]
+	for _, id := range a.allowedIn(ad, ad.target.key) {
+		if s := pl.members[id]; s != nil && !slices.Contains(ad.pick.Exclude, id) {
+			v.workers = append(v.workers, admission.Worker{ID: id, Load: s.load(), Full: a.full(s)})
+		}
 	}
 	return v
 }
 
-// Dispatch implements admission.Host: the pick among the candidates that are not full, the
-// gate's soft target first, answered to the waiting requester.
+// Dispatch implements admission.Host: the pick among the allowed candidates that are not
+// full, the gate's soft target first, answered to the requester.
 func (h host) Dispatch(e *admission.Entry, soft string) (string, bool) {
-	st, p := h.st, e.Payload.(*pending)
-	exclude := p.pick.Exclude
-	if e.Req.Allowed != nil || st.adm.threshold > 0 {
-		var allowed map[string]bool
-		if e.Req.Allowed != nil {
-			allowed = make(map[string]bool)
-			for _, id := range admission.Intersect(e.Route, e.Req.Allowed) {
-				allowed[id] = true
-			}
-		}
-		if pl := st.pools[p.target.key]; pl != nil {
-			exclude = slices.Clone(exclude)
-			for id, s := range pl.members {
-				if h.full(s) || (allowed != nil && !allowed[id]) {
-					exclude = append(exclude, id)
-				}
-			}
-		}
-	}
-	out := st.choose(p.target, p.pick.PrefixHash, p.pick.PrefixHashes, exclude, soft)
-	if out.Err != nil {
+	a, ad := h.a, e.Payload.(*admitted)
+	out := *ad.target.out
+	out.Tag = ad.pick.Tag
+	if !a.view.servable(ad.target.key, ad.target.disagg) || !a.view.choose(a.choice(ad, ad.target, soft, true), &out, h.fx) {
 		return "", false
 	}
 	out.Admitted = true
 	if !e.Enqueued().IsZero() {
-		st.adm.metrics.queueWait.WithLabelValues(e.Req.Class).Observe(st.adm.clock.Now().Sub(e.Enqueued()).Seconds())
+		a.metrics.queueWait.WithLabelValues(e.Req.Class).Observe(a.clock.Now().Sub(e.Enqueued()).Seconds())
 	}
-	st.adm.entries[e.Req.ID] = e
-	h.c.Send(p.sender, out)
+	h.fx.send(ad.requester, &out)
 	return out.WorkerID, true
 }
 
 // Reject implements admission.Host.
 func (h host) Reject(e *admission.Entry, err error) {
-	p := e.Payload.(*pending)
-	out := *p.target.out
+	a, ad := h.a, e.Payload.(*admitted)
+	out := *ad.target.out
+	out.Tag = ad.pick.Tag
 	reason := "queue_full"
 	if errors.Is(err, admission.ErrQueueTimeout) {
 		reason = "queue_timeout"
@@ -151,122 +306,20 @@ func (h host) Reject(e *admission.Entry, err error) {
 	} else {
 		out.Err = fmt.Errorf("the %q queue is full: %w", e.Req.Class, errs.ErrQueueFull)
 	}
-	h.st.adm.metrics.queueRejections.WithLabelValues(e.Req.Class, reason).Inc()
-	delete(h.st.adm.entries, e.Req.ID)
-	h.c.Send(p.sender, &out)
+	a.metrics.queueRejections.WithLabelValues(e.Req.Class, reason).Inc()
+	a.forget(e.Req.Key, ad)
+	h.fx.send(ad.requester, &out)
 }
 
 // ArmTimer implements admission.Host: one clock timer for the earliest time asked.
 func (h host) ArmTimer(at time.Time) {
-	a := h.st.adm
+	a := h.a
 	now := a.clock.Now()
 	if !a.armed.IsZero() && a.armed.After(now) && !at.Before(a.armed) {
 		return
 	}
 	a.armed = at
-	self, root := h.c.Self(), h.c.ActorSystem().Root
-	a.clock.AfterFunc(at.Sub(now), func() { root.Send(self, admTick{}) })
-}
-
-// admit passes a request's first pick through the queue (R10).
-func (st *state) admit(c actor.Context, m *Pick) {
-	t := st.resolve(m)
-	if t.out.Err != nil {
-		c.Respond(t.out)
-		return
-	}
-	var route []string
-	if pl := st.pools[t.key]; pl != nil {
-		route = pl.memberIDs()
-	}
-	e := &admission.Entry{
-		Req: &admission.Request{ID: m.RequestID, Class: m.Admit.Class, SessionID: m.Admit.SessionID,
-			PromptTokens: m.Admit.PromptTokens},
-		Route:   route,
-		Payload: &pending{pick: m, sender: c.Sender(), target: t},
-	}
-	h := host{st: st, c: c}
-	st.adm.entries[m.RequestID] = e // Reject forgets it again
-	st.adm.q.Admit(e, h, func(workers []string) int {
-		if st.pidx == nil || len(m.PrefixHashes) == 0 {
-			return 0
-		}
-		_, chunks := st.pidx.Best(workers, m.PrefixHashes)
-		return chunks * prefixindex.ChunkBytes / 4 // tokens, at ~4 bytes a token
-	})
-	if waiting := e.Worker() == "" && st.adm.entries[m.RequestID] == e; waiting {
-		c.Respond(&Queued{Tag: m.Tag}) // the requester waits without a pick timeout
-	}
-	st.adm.gauges()
-}
-
-// admissionMessage handles the queue's own messages; it reports whether m was one.
-func (st *state) admissionMessage(c actor.Context, m any) bool {
-	if st.adm == nil {
-		return false
-	}
-	h := host{st: st, c: c}
-	switch m := m.(type) {
-	case admTick:
-		st.adm.armed = time.Time{}
-		st.adm.q.Tick(h)
-	case *Finished:
-		if e := st.adm.entries[m.RequestID]; e != nil {
-			delete(st.adm.entries, m.RequestID)
-			st.adm.q.Completed(e, h)
-		}
-	case *CancelPick:
-		e := st.adm.entries[m.RequestID]
-		if e == nil {
-			return true
-		}
-		delete(st.adm.entries, m.RequestID)
-		if !st.adm.q.Cancel(e, h) && e.Worker() != "" {
-			// Dispatched, but its requester left before it saw the answer: it will never
-			// Acquire, so the reservation is given back here, and the gate learns the end.
-			st.unreserve(e.Payload.(*pending), e.Worker())
-			st.adm.q.Completed(e, h)
-		}
-	case *GetQueue:
-		c.Respond(&QueueView{Enabled: true, Snapshot: st.adm.q.Snapshot()})
-	default:
-		return false
-	}
-	st.adm.gauges()
-	return true
-}
-
-// unreserve takes back a reservation whose Acquire will never come.
-func (st *state) unreserve(p *pending, worker string) {
-	if s := st.slots[worker]; s != nil && s.acqSent > s.acqSeen {
-		s.acqSent--
-		if s.pool != nil {
-			s.pool.p.SetLoad(&s.member, s.load())
-		}
-	}
-}
-
-// gauges refreshes the queue-length gauges.
-func (a *admissionState) gauges() {
-	a.q.Lengths(func(class, kind string, n int) {
-		a.metrics.queueLength.WithLabelValues(class, kind).Set(float64(n))
-	})
-}
-
-// wakeCapacity tells the queue that room may have freed.
-func (st *state) wakeCapacity(c actor.Context) {
-	if st.adm != nil && st.adm.q.Len() > 0 {
-		st.adm.q.WakeCapacity(host{st: st, c: c})
-		st.adm.gauges()
-	}
-}
-
-// wakeAll tells the queue that workers came, went or changed.
-func (st *state) wakeAll(c actor.Context) {
-	if st.adm != nil && st.adm.q.Len() > 0 {
-		st.adm.q.Wake(host{st: st, c: c})
-		st.adm.gauges()
-	}
+	h.fx.tickAfter(at.Sub(now))
 }
 
 // admissionMetrics are the queue's series (R11).

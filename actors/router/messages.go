@@ -61,15 +61,33 @@ type WorkerState struct {
 	Info WorkerInfo
 	// Live is false once the heartbeat deadline has fired (R1); the registry then stops the actor.
 	Live bool
-	// InFlight and AcqSeen: the worker's in-flight count and how many Acquires it has processed.
+	// InFlight and AcqSeen: the worker's in-flight count and how many Acquires it has
+	// processed (the router's reservations not yet seen are acqSent − AcqSeen).
 	InFlight int64
 	AcqSeen  uint64
-	// Heartbeat marks the report a heartbeat caused; reports come a heartbeat interval apart,
-	// which times the router's reservation safety net.
-	Heartbeat bool
 }
 
-// LoadReport is a worker's in-flight change after an Acquire or Release.
+// Acquire counts one in-flight request on a worker (the worker actor owns the count, SPEC A).
+// The router sends it when it picks the worker, so the count is up before the requester hears
+// of the pick. The worker watches Requester and releases the ticket if it stops first, so a
+// requester that crashes at any point cannot leak a count.
+type Acquire struct {
+	Ticket    uint64     // names this hold; Release gives it back
+	Requester *actor.PID // the request actor (nil: the caller releases the ticket itself)
+}
+
+// Release ends the in-flight request of Ticket. A ticket the worker does not hold (already
+// released, or released because its requester stopped) changes nothing.
+type Release struct{ Ticket uint64 }
+
+// IgnoreDeadLetterLogging keeps a Release to an evicted worker out of the dead-letter log:
+// such a request was on its way to an engine the gateway no longer tracks.
+func (Release) IgnoreDeadLetterLogging() {}
+
+// IgnoreDeadLetterLogging implements actor.IgnoreDeadLetterLogging.
+func (Acquire) IgnoreDeadLetterLogging() {}
+
+// LoadReport is a worker's in-flight change after a Release.
 type LoadReport struct {
 	ID       string
 	InFlight int64
@@ -81,8 +99,15 @@ const LastStep = -1
 
 // Pick asks the router for a worker. The reply is *Picked.
 type Pick struct {
-	Model      string // the model id the client sent (a route id, an alias or a served id)
-	RequestID  string // draws the canary backend (R5)
+	Model     string // the model id the client sent (a route id, an alias or a served id)
+	RequestID string // draws the canary backend (R5); never a key of any table (R13.4)
+	// Key is the request's internal id, unique among live requests: the admission queue and
+	// its gate key requests by it. Every pick of one request carries the same Key.
+	Key uint64
+	// Requester is the request actor: the picked workers watch it to release its holds if it
+	// stops first, and the router watches an admitted one to end its turn. nil only for
+	// callers that release their tickets themselves (tests, benchmarks); admission needs it.
+	Requester *actor.PID
 	PrefixHash uint64 // Hash64 of the prefix key (R4), for affinity
 	// PrefixHashes are the chained 64-byte chunk hashes of the rendered prompt (R10 item 5),
 	// for prefix_aware routing and the classifier's cached tokens; nil when neither is on.
@@ -90,8 +115,10 @@ type Pick struct {
 	Exclude      []string // worker ids already tried (R6)
 	Step         int      // cascade step (0 = first; LastStep); ignored by other routes
 	Tag          uint64   // echoed in Picked, so a requester can tell a late answer from a current one
-	// Admit is set on a request's first pick when it must pass the admission queue (R10);
-	// the router then answers *Queued at once if it waits, and *Picked when it leaves.
+	// Admit is set on every pick of a request that passes the admission queue (R10). The
+	// first pick of a Key is admitted: the router answers *Queued at once if it waits, and
+	// *Picked when it leaves. Later picks of the Key (failover, cascade steps, repeated picks)
+	// keep the allowed workers it was admitted with and move the gate's bookkeeping.
 	Admit *AdmitInfo
 }
 
@@ -105,13 +132,6 @@ type AdmitInfo struct {
 // Queued answers an admitted Pick that waits in the queue; *Picked follows when it leaves.
 type Queued struct{ Tag uint64 }
 
-// Finished tells the router an admitted request has ended (any outcome), for the gate's
-// bookkeeping (R10.4).
-type Finished struct{ RequestID string }
-
-// CancelPick withdraws an admitted request whose client left while it waited (R10.5).
-type CancelPick struct{ RequestID string }
-
 // GetQueue asks for the admission queue's admin view; the reply is *QueueView.
 type GetQueue struct{}
 
@@ -121,11 +141,12 @@ type QueueView struct {
 	Snapshot any // admission.Snapshot
 }
 
-// Picked answers Pick. On success the router has reserved one in-flight slot on Worker (and on
-// Prefill.Worker for a disaggregated route), and the requester must send each Acquire at once
-// and Release when the attempt ends (every path).
+// Picked answers Pick. On success the router has sent Worker (and Prefill.Worker for a
+// disaggregated route) an Acquire for Ticket, and the requester sends Release{Ticket} when the
+// attempt ends (a requester that stops first is released by the worker).
 type Picked struct {
 	Tag         uint64
+	Ticket      uint64
 	Err         error // ErrModelNotFound or ErrNoCapacity (package errs)
 	Worker      *actor.PID
 	WorkerID    string
@@ -142,13 +163,14 @@ type Picked struct {
 	// Prefill is the prefill worker of a disaggregated route (Worker is then the decode
 	// worker); nil otherwise.
 	Prefill *PickedWorker
-	// Admitted: the request went through the admission queue; the requester sends Finished
-	// when it ends.
+	// Admitted: the request went through the admission queue; its turn ends when the
+	// requester stops.
 	Admitted bool
 }
 
 // PickedWorker is a second worker reserved by a pick.
 type PickedWorker struct {
+	Ticket      uint64
 	Worker      *actor.PID
 	WorkerID    string
 	HTTPAddress string

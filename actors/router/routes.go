@@ -1,11 +1,88 @@
 package router
 
 import (
+	"fmt"
+	"slices"
+
 	"github.com/cespare/xxhash/v2"
 
 	"github.com/tlgw/tlgw/internal/cascade"
 	"github.com/tlgw/tlgw/internal/config"
+	"github.com/tlgw/tlgw/internal/errs"
 )
+
+// routeTable is the route table (R5) and its epoch; PUT /admin/v1/routes replaces it whole.
+type routeTable struct {
+	epoch  uint64
+	routes []config.Route
+	byName map[string]*route
+}
+
+func newRouteTable(routes []config.Route) *routeTable {
+	t := &routeTable{epoch: 1}
+	t.set(routes)
+	return t
+}
+
+func (t *routeTable) set(routes []config.Route) {
+	t.routes = slices.Clone(routes)
+	t.byName = compileRoutes(t.routes)
+}
+
+// put replaces the table when ifMatch is its epoch.
+func (t *routeTable) put(ifMatch uint64, routes []config.Route) (*RouteTable, error) {
+	if ifMatch != t.epoch {
+		return nil, fmt.Errorf("route table is at epoch %d, If-Match names %d: %w", t.epoch, ifMatch, errs.ErrEtagMismatch)
+	}
+	t.epoch++
+	t.set(routes)
+	return t.view(), nil
+}
+
+func (t *routeTable) view() *RouteTable {
+	return &RouteTable{Epoch: t.epoch, Routes: slices.Clone(t.routes)}
+}
+
+// target is a resolved Pick: the answer's template (route, model, step), the pool it goes to.
+type target struct {
+	out    *Picked
+	key    poolKey
+	disagg bool
+}
+
+// resolve finds what a Pick asks for (R5); out.Err is set for an unknown model. served says
+// whether a live worker serves a model id (a model with no route is its own route).
+func (t *routeTable) resolve(m *Pick, served func(model string) bool) target {
+	var model, routeID string
+	stepIdx, steps := 0, 1
+	var accept *cascade.Accept
+	disagg := false
+	if rt := t.byName[m.Model]; rt != nil {
+		routeID = rt.id
+		model, stepIdx, steps, accept = rt.target(m.RequestID, m.Step)
+		disagg = rt.disaggregated
+	} else if served(m.Model) {
+		model, routeID = m.Model, m.Model
+	} else {
+		return target{out: &Picked{Tag: m.Tag, Err: fmt.Errorf("the model %q does not exist: %w", m.Model, errs.ErrModelNotFound)}}
+	}
+	role := RoleUnified
+	if disagg {
+		role = RoleDecode
+	}
+	return target{
+		out: &Picked{Tag: m.Tag, Route: routeID, ServedModel: model, Step: stepIdx, Steps: steps, Accept: accept},
+		key: poolKey{model: model, role: role}, disagg: disagg,
+	}
+}
+
+// noCapacity is the answer's error when no worker of the target can be picked.
+func (t target) noCapacity() error {
+	if t.disagg {
+		return fmt.Errorf("no routable decode and prefill workers serve %q: %w", t.key.model, errs.ErrNoCapacity)
+	}
+	return fmt.Errorf("no routable %s worker serves %q: %w", t.key.role, t.key.model, errs.ErrNoCapacity)
+}
 
 // route is a compiled entry of the route table (R5).
 type route struct {

@@ -24,13 +24,6 @@ type Status struct {
 // is not moved: only a successful scrape keeps the worker live).
 type ScrapeError struct{ Reason string }
 
-// Acquire adds one in-flight request. The requester sends it right after the router picked
-// this worker (the router has reserved the slot in its view).
-type Acquire struct{}
-
-// Release ends one in-flight request. Sent exactly once per Acquire, on every path.
-type Release struct{}
-
 // SetDrained marks the worker's model as drained (or not) through the admin API.
 type SetDrained struct{ Drained bool }
 
@@ -44,13 +37,6 @@ type Expired struct {
 // deadline is the worker's own heartbeat timer firing; gen discards stale timers.
 type deadline struct{ gen uint64 }
 
-// IgnoreDeadLetterLogging keeps Acquire/Release to an evicted worker out of the dead-letter log:
-// such a request is already on its way to an engine the gateway no longer tracks.
-func (Acquire) IgnoreDeadLetterLogging() {}
-
-// IgnoreDeadLetterLogging implements actor.IgnoreDeadLetterLogging.
-func (Release) IgnoreDeadLetterLogging() {}
-
 // Config is what every worker actor needs.
 type Config struct {
 	Clock    clock.Clock
@@ -63,14 +49,14 @@ type Config struct {
 // state survives restarts: the producer hands the same state to every incarnation, so a
 // panicking handler loses neither the in-flight count nor the deadline.
 type state struct {
-	cfg      Config
-	info     router.WorkerInfo
-	seq      uint64
-	live     bool
-	inFlight int64
-	acqSeen  uint64
-	gen      uint64
-	timer    clock.Timer
+	cfg     Config
+	info    router.WorkerInfo
+	seq     uint64
+	live    bool
+	holds   holds
+	acqSeen uint64
+	gen     uint64
+	timer   clock.Timer
 }
 
 // Props returns the props of a worker actor whose first status is first.
@@ -97,17 +83,24 @@ func (w *workerActor) Receive(c actor.Context) {
 		}
 		st.live = true
 		w.arm(c)
-		w.reportBeat(c, true)
-	case Acquire:
-		// No report: the router counted this request when it picked (its reservation), and
-		// the next report carries InFlight and AcqSeen together, which reconciles it exactly.
-		st.inFlight++
+		w.report(c)
+	case *router.Acquire:
+		// No report: the router counted this request when it picked (its optimistic delta),
+		// and the next report carries InFlight and AcqSeen together, which zeroes it.
 		st.acqSeen++
-	case Release:
-		if st.inFlight > 0 {
-			st.inFlight--
+		if st.holds.add(m.Ticket, m.Requester) {
+			c.Watch(m.Requester)
 		}
-		c.Send(st.cfg.Router, &router.LoadReport{ID: st.info.ID, InFlight: st.inFlight, AcqSeen: st.acqSeen})
+	case *router.Release:
+		if st.holds.release(m.Ticket) {
+			w.loadReport(c)
+		}
+	case *actor.Terminated:
+		// A requester stopped with holds left (it crashed, or its Release is still behind
+		// this system message): they end now.
+		if st.holds.stopped(m.Who) > 0 {
+			w.loadReport(c)
+		}
 	case *ScrapeError:
 		if st.info.ScrapeError != m.Reason {
 			st.info.ScrapeError = m.Reason
@@ -151,12 +144,14 @@ func (w *workerActor) arm(c actor.Context) {
 	st.timer = st.cfg.Clock.AfterFunc(d, func() { root.Send(self, deadline{gen: gen}) })
 }
 
-func (w *workerActor) report(c actor.Context) { w.reportBeat(c, false) }
-
-func (w *workerActor) reportBeat(c actor.Context, heartbeat bool) {
+func (w *workerActor) report(c actor.Context) {
 	st := w.st
 	c.Send(st.cfg.Router, &router.WorkerState{
-		PID: c.Self(), Info: st.info, Live: st.live, InFlight: st.inFlight, AcqSeen: st.acqSeen,
-		Heartbeat: heartbeat,
+		PID: c.Self(), Info: st.info, Live: st.live, InFlight: st.holds.count(), AcqSeen: st.acqSeen,
 	})
+}
+
+func (w *workerActor) loadReport(c actor.Context) {
+	st := w.st
+	c.Send(st.cfg.Router, &router.LoadReport{ID: st.info.ID, InFlight: st.holds.count(), AcqSeen: st.acqSeen})
 }

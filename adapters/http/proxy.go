@@ -43,7 +43,6 @@ func (s *Server) inference(w http.ResponseWriter, r *http.Request, kind oai.Kind
 		if x.SessionID == "" {
 			x.SessionID = req.User
 		}
-		x.PromptTokens = len(body) / 4 // an estimate: the gateway has no tokenizer
 	}
 	s.serve(x)
 	<-x.Done()

@@ -5,12 +5,10 @@ package httpapi
 
 import (
 	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -81,8 +79,6 @@ type Server struct {
 	draining  atomic.Bool
 	admission Admission
 	static    StaticWorkers
-	idPrefix  string
-	idSeq     atomic.Uint64
 }
 
 // New builds the HTTP surface.
@@ -93,12 +89,9 @@ func New(o Options) *Server {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	var prefix [6]byte
-	_, _ = rand.Read(prefix[:])
 	s := &Server{
 		core: o.Core, serve: o.Serve, keys: newKeyring(o.Keys), maxBody: o.MaxBodyBytes, admission: o.Admission, static: o.Static,
 		log: o.Logger, metrics: newHTTPMetrics(o.Registerer),
-		idPrefix: "req-" + hex.EncodeToString(prefix[:]) + "-",
 	}
 	if o.Gatherer != nil {
 		s.metricsH = promhttp.HandlerFor(o.Gatherer, promhttp.HandlerOpts{})
@@ -135,15 +128,19 @@ func (s *Server) requestID(r *http.Request) (string, error) {
 		}
 		return id, nil
 	}
-	return s.idPrefix + strconv.FormatUint(s.idSeq.Add(1), 36), nil
+	return newRequestID(), nil
 }
+
+// newRequestID is a generated request id: 130 random bits (crypto/rand.Text), so no client
+// can predict another request's id (SPEC R13.4).
+func newRequestID() string { return "req-" + rand.Text() }
 
 // ServeHTTP dispatches by path. The table is small and fixed, so a switch beats a pattern mux
 // and lets every miss answer in the OpenAI error shape.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	id, idErr := s.requestID(r)
 	if idErr != nil {
-		id = s.idPrefix + strconv.FormatUint(s.idSeq.Add(1), 36)
+		id = newRequestID()
 	}
 	w.Header().Set("X-Request-ID", id)
 	if idErr != nil {

@@ -195,10 +195,6 @@ func admissionConfig(cfg *config.Config, clk clock.Clock) (*router.AdmissionConf
 			Name: cl.Name, Quantum: cl.Quantum, QueueLimit: cl.QueueLimit, MaxWait: cl.MaxWait,
 		})
 	}
-	if cp, ok := pol.(*admission.ColdPool); ok {
-		limit, wait := cp.ColdLaneLimits()
-		q.Lanes = map[string]admission.LaneLimit{admission.ColdLane: {QueueLimit: limit, MaxWait: wait}}
-	}
 	return &router.AdmissionConfig{Queue: q, BusyThreshold: a.BusyThreshold, PolicyName: c.Type}, nil
 }
 

@@ -136,13 +136,9 @@ func (h *Harness) WaitIDs(want ...string) {
 	h.Eventually(fmt.Sprintf("workers %v", want), func() bool { return slices.Equal(h.IDs(), want) })
 }
 
-// Pick asks the router and, on success, sends the worker Acquire like a requester would.
+// Pick asks the router; on success the caller holds the pick's tickets (h.GW.Release).
 func (h *Harness) Pick(p router.Pick) (*router.Picked, error) {
-	res, err := h.GW.Pick(&p)
-	if err == nil {
-		h.GW.Acquire(res.Worker)
-	}
-	return res, err
+	return h.GW.Pick(&p)
 }
 
 // MustPick is Pick that fails the test on error and returns the worker id.
@@ -205,6 +201,14 @@ func (h *Harness) NewProbe() *Probe {
 	}))
 	h.T.Cleanup(func() { _ = h.GW.System.Root.StopFuture(p.PID).Wait() })
 	return p
+}
+
+// Stop stops the probe (a requester ending) and waits until it has.
+func (p *Probe) Stop() {
+	p.h.T.Helper()
+	if err := p.h.GW.System.Root.StopFuture(p.PID).Wait(); err != nil {
+		p.h.T.Fatalf("stopping a probe: %v", err)
+	}
 }
 
 // Ask sends msg to pid with the probe as the sender.

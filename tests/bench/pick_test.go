@@ -82,7 +82,7 @@ func BenchmarkPolicyPick(b *testing.B) {
 }
 
 // BenchmarkRouterPickRoundTrip is a pick through the router actor: the request, the router's
-// work, the reply (then Acquire and Release to the worker, as a requester does).
+// work, the reply (then the Release a requester sends).
 func BenchmarkRouterPickRoundTrip(b *testing.B) {
 	for _, name := range policy.Names() {
 		for _, n := range sizes {
@@ -105,8 +105,7 @@ func BenchmarkRouterPickRoundTrip(b *testing.B) {
 					if err != nil {
 						b.Fatal(err)
 					}
-					h.GW.Acquire(res.Worker)
-					h.GW.Release(res.Worker)
+					h.GW.Release(res)
 				}
 				b.StopTimer()
 				slices.Sort(samples)

@@ -18,15 +18,16 @@ const (
 	TagCold = "cold"
 )
 
-// Hold reasons of the Cold Pool gate.
-const (
-	// A Cold head waits for a pool member with no active Warm work, at most until its soft
-	// drain timeout.
-	reasonColdWaiting = "cold_waiting_for_clean_member"
-	// A Cold head may go to some member, but every such member is full.
-	reasonColdBusy = "cold_pool_busy"
-	// A Warm head's workers outside the pool are all full while a pool member has room.
-	reasonWarmSteered = "warm_steered_off_pool"
+// The Cold Pool gate's wait kinds.
+var (
+	// WaitColdClean: a Cold head waits for a pool member with no active Warm work, at most
+	// until its soft drain timeout.
+	WaitColdClean = NewWait("cold_waiting_for_clean_member")
+	// WaitColdBusy: a Cold head may go to some member, but every such member is full.
+	WaitColdBusy = NewWait("cold_pool_busy")
+	// WaitWarmSteered: a Warm head's workers outside the pool are all full while a pool
+	// member has room.
+	WaitWarmSteered = NewWait("warm_steered_off_pool")
 )
 
 const (
@@ -92,10 +93,10 @@ type ColdPool struct {
 	cfg ColdPoolConfig
 	now func() time.Time
 
-	cold    map[string]*coldRecord // Cold requests classified, not yet dispatched nor gone
+	cold    map[uint64]*coldRecord // Cold requests classified, not yet dispatched nor gone
 	sweepAt int                    // len(cold) that triggers the next sweep
 
-	active     map[string]coldActive // request id → where it runs and what it counts as
+	active     map[uint64]coldActive // request key → where it runs and what it counts as
 	activeCold map[string]int        // worker → contained Cold in flight
 	activeWarm map[string]int        // worker → other work in flight
 	pending    int                   // contained Cold requests queued
@@ -120,6 +121,7 @@ var (
 	_ Policy        = (*ColdPool)(nil)
 	_ Gate          = (*ColdPool)(nil)
 	_ QueueObserver = (*ColdPool)(nil)
+	_ LaneLimiter   = (*ColdPool)(nil)
 )
 
 // NewColdPool returns a Cold Pool policy reading time from now (time.Now when nil).
@@ -132,9 +134,9 @@ func NewColdPool(cfg ColdPoolConfig, now func() time.Time) *ColdPool {
 	return &ColdPool{
 		cfg:        cfg,
 		now:        now,
-		cold:       make(map[string]*coldRecord),
+		cold:       make(map[uint64]*coldRecord),
 		sweepAt:    coldSweepMin,
-		active:     make(map[string]coldActive),
+		active:     make(map[uint64]coldActive),
 		activeCold: make(map[string]int),
 		activeWarm: make(map[string]int),
 		pendingOn:  make(map[string]int),
@@ -144,10 +146,9 @@ func NewColdPool(cfg ColdPoolConfig, now func() time.Time) *ColdPool {
 // Gate returns the policy itself.
 func (p *ColdPool) Gate() Gate { return p }
 
-// ColdLaneLimits is the Cold lane's own queue limit and max wait, for the queue's limits of
-// ColdLane.
-func (p *ColdPool) ColdLaneLimits() (queueLimit int, maxWait time.Duration) {
-	return p.cfg.QueueLimit, p.cfg.MaxWait
+// LaneLimits is the Cold lane's own queue limit and max wait (LaneLimiter).
+func (p *ColdPool) LaneLimits() map[string]LaneLimit {
+	return map[string]LaneLimit{ColdLane: {QueueLimit: p.cfg.QueueLimit, MaxWait: p.cfg.MaxWait}}
 }
 
 // PoolSize is the pool size for n distinct workers: 0 when n < 2 or workers ≤ 0 (the
@@ -256,8 +257,8 @@ func (p *ColdPool) Classify(r *Request, route []string, cached func(workers []st
 	if len(p.cold) >= p.sweepAt {
 		p.sweep(now)
 	}
-	if old := p.cold[r.ID]; old != nil {
-		p.forget(r.ID, old) // classified again: the new answer replaces the old
+	if old := p.cold[r.Key]; old != nil {
+		p.forget(r.Key, old) // classified again: the new answer replaces the old
 	}
 	rec := &coldRecord{pool: p.coldPoolOf(route), since: now}
 	var members []string
@@ -269,7 +270,7 @@ func (p *ColdPool) Classify(r *Request, route []string, cached func(workers []st
 	if len(members) > 0 {
 		r.Allowed, rec.contained = members, true
 	}
-	p.cold[r.ID] = rec
+	p.cold[r.Key] = rec
 }
 
 // sweep drops the records of Cold requests that were classified long ago and never enqueued
@@ -288,11 +289,11 @@ func (p *ColdPool) Enqueued(r *Request) {
 	if r.Tag != TagCold || p.cfg.Workers == 0 {
 		return
 	}
-	rec := p.cold[r.ID]
+	rec := p.cold[r.Key]
 	if rec == nil {
 		// Not classified here (or swept): assume it was contained to its allowed set.
 		rec = &coldRecord{contained: true, pool: slices.Clone(r.Allowed)}
-		p.cold[r.ID] = rec
+		p.cold[r.Key] = rec
 	}
 	if rec.enqueued {
 		return
@@ -309,13 +310,13 @@ func (p *ColdPool) Enqueued(r *Request) {
 // Left forgets a queued request that leaves without being dispatched (cancelled or expired);
 // the queue may call it for a request it turned away after Classify too (QueueObserver).
 func (p *ColdPool) Left(r *Request) {
-	if rec := p.cold[r.ID]; rec != nil {
-		p.forget(r.ID, rec)
+	if rec := p.cold[r.Key]; rec != nil {
+		p.forget(r.Key, rec)
 	}
 }
 
 // forget drops a Cold request's record and its pending count.
-func (p *ColdPool) forget(id string, rec *coldRecord) {
+func (p *ColdPool) forget(id uint64, rec *coldRecord) {
 	if rec.enqueued && rec.contained {
 		p.pending--
 		for _, w := range rec.pool {
@@ -332,31 +333,48 @@ func (p *ColdPool) Dispatched(r *Request, worker string) {
 		return
 	}
 	isCold := false
-	if rec := p.cold[r.ID]; rec != nil {
+	if rec := p.cold[r.Key]; rec != nil {
 		isCold = rec.contained
-		p.forget(r.ID, rec)
+		p.forget(r.Key, rec)
 	} else {
 		isCold = r.Tag == TagCold
 	}
-	if prev, ok := p.active[r.ID]; ok {
+	if prev, ok := p.active[r.Key]; ok {
 		p.release(prev) // dispatched again: the last worker counts
 	}
-	p.active[r.ID] = coldActive{worker: worker, cold: isCold}
-	if isCold {
-		p.activeCold[worker]++
+	a := coldActive{worker: worker, cold: isCold}
+	p.active[r.Key] = a
+	p.acquire(a)
+}
+
+func (p *ColdPool) acquire(a coldActive) {
+	if a.cold {
+		p.activeCold[a.worker]++
 	} else {
-		p.activeWarm[worker]++
+		p.activeWarm[a.worker]++
 	}
+}
+
+// Moved carries a dispatched request's work, Cold or not, to the worker it runs on now.
+func (p *ColdPool) Moved(r *Request, _, to string) {
+	a, ok := p.active[r.Key]
+	if !ok {
+		return
+	}
+	p.release(a)
+	a.worker = to
+	p.active[r.Key] = a
+	p.acquire(a)
 }
 
 // Completed takes a dispatched request off its worker. An unknown request (never dispatched,
 // or already completed) changes nothing.
 func (p *ColdPool) Completed(r *Request, _ string) {
-	a, ok := p.active[r.ID]
+	a, ok := p.active[r.Key]
 	if !ok {
 		return
 	}
-	delete(p.active, r.ID)
+	delete(p.active, r.Key)
 	p.release(a)
 }
 
@@ -413,7 +431,7 @@ func (p *ColdPool) checkCold(head *Request, v View) Decision {
 	// With no record (never classified here, or swept as turned away) the wait's start is
 	// unknown: it counts as over, so such a head is never held for long.
 	var since time.Time
-	if rec := p.cold[head.ID]; rec != nil {
+	if rec := p.cold[head.Key]; rec != nil {
 		if !rec.contained {
 			return Decision{Go: true}
 		}
@@ -432,13 +450,13 @@ func (p *ColdPool) checkCold(head *Request, v View) Decision {
 		if w, ok := coldLeast(cands, nil); ok {
 			return Decision{Go: true, Target: w}
 		}
-		return Decision{Reason: reasonColdBusy}
+		return Decision{Wait: WaitColdBusy}
 	}
-	reason := reasonColdWaiting
+	wait := WaitColdClean
 	if slices.ContainsFunc(cands, clean) {
-		reason = reasonColdBusy // clean members exist, but all of them are full
+		wait = WaitColdBusy // clean members exist, but all of them are full
 	}
-	return Decision{Until: deadline, Reason: reason}
+	return Decision{Until: deadline, Wait: wait}
 }
 
 // checkWarm steers a Warm head (SteerWarm) off the avoid set: every pool member a pending Cold
@@ -469,7 +487,7 @@ func (p *ColdPool) checkWarm(v View) Decision {
 		return Decision{Go: true, Target: w}
 	}
 	if avoidedFree {
-		return Decision{Reason: reasonWarmSteered}
+		return Decision{Wait: WaitWarmSteered}
 	}
 	return Decision{Go: true}
 }

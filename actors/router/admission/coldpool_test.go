@@ -61,7 +61,7 @@ func cpRoute(n int) []string {
 
 // req classifies a new request with the given prompt and cached tokens (over any set).
 func (h *cpHarness) req(id string, prompt, cached int) *Request {
-	r := &Request{ID: id, PromptTokens: prompt}
+	r := &Request{Key: key(id), ID: id, PromptTokens: prompt}
 	h.p.Classify(r, h.route, func([]string) int { return cached })
 	return r
 }
@@ -254,15 +254,15 @@ func TestColdPoolClassify(t *testing.T) {
 	m0, o0 := h.members[0], h.others[0]
 
 	// Warm: the cache is not read; nothing but the tag changes.
-	r := &Request{ID: "w", Class: "c", PromptTokens: cpThreshold - 1, Allowed: []string{o0}}
+	r := &Request{Key: key("w"), ID: "w", Class: "c", PromptTokens: cpThreshold - 1, Allowed: []string{o0}}
 	h.p.Classify(r, h.route, func([]string) int { t.Fatal("Warm read the cache"); return 0 })
-	if diff := cmp.Diff(&Request{ID: "w", Class: "c", PromptTokens: cpThreshold - 1, Allowed: []string{o0}, Tag: TagWarm}, r); diff != "" {
+	if diff := cmp.Diff(&Request{Key: key("w"), ID: "w", Class: "c", PromptTokens: cpThreshold - 1, Allowed: []string{o0}, Tag: TagWarm}, r); diff != "" {
 		t.Fatalf("warm (-want +got):\n%s", diff)
 	}
 
 	// The cache is read over route ∩ Allowed.
 	var asked []string
-	r = &Request{ID: "c", PromptTokens: 2 * cpThreshold, Allowed: []string{o0, m0, "elsewhere"}}
+	r = &Request{Key: key("c"), ID: "c", PromptTokens: 2 * cpThreshold, Allowed: []string{o0, m0, "elsewhere"}}
 	h.p.Classify(r, h.route, func(ws []string) int { asked = ws; return 0 })
 	if want := Intersect(h.route, []string{o0, m0, "elsewhere"}); !slices.Equal(asked, want) {
 		t.Fatalf("cache asked over %v, want %v", asked, want)
@@ -282,7 +282,7 @@ func TestColdPoolClassify(t *testing.T) {
 		{"long but mostly cached", 100 * cpThreshold, 99*cpThreshold + 1, ""},
 		{"cache above the prompt", cpThreshold, 5 * cpThreshold, ""},
 	} {
-		r := &Request{ID: c.name, Class: "k", PromptTokens: c.prompt}
+		r := &Request{Key: key(c.name), ID: c.name, Class: "k", PromptTokens: c.prompt}
 		h.p.Classify(r, h.route, func([]string) int { return c.cached })
 		if r.Tag != c.tag || r.Class != "k" {
 			t.Errorf("%s: tag %q class %q, want tag %q", c.name, r.Tag, r.Class, c.tag)
@@ -310,7 +310,7 @@ func TestColdHeldUntilCleanMemberWhileWarmAvoidsPool(t *testing.T) {
 
 	c := h.cold("c1")
 	h.now = h.now.Add(time.Second)
-	h.want(c, Decision{Until: cpT0.Add(30 * time.Second), Reason: reasonColdWaiting})
+	h.want(c, Decision{Until: cpT0.Add(30 * time.Second), Wait: WaitColdClean})
 
 	// Warm avoids the whole pool while Cold is pending: least-loaded outside it.
 	for _, o := range h.others {
@@ -353,9 +353,9 @@ func TestColdSoftDrainInclusive(t *testing.T) {
 	c := h.cold("c")
 	deadline := cpT0.Add(2*time.Second + timeout)
 
-	h.want(c, Decision{Until: deadline, Reason: reasonColdWaiting})
+	h.want(c, Decision{Until: deadline, Wait: WaitColdClean})
 	h.now = deadline.Add(-time.Nanosecond)
-	h.want(c, Decision{Until: deadline, Reason: reasonColdWaiting})
+	h.want(c, Decision{Until: deadline, Wait: WaitColdClean})
 
 	h.now = deadline
 	last := h.members[len(h.members)-1] // least loaded
@@ -368,7 +368,7 @@ func TestColdSoftDrainInclusive(t *testing.T) {
 	for _, m := range h.members {
 		h.full[m] = true
 	}
-	h.want(c, Decision{Reason: reasonColdBusy})
+	h.want(c, Decision{Wait: WaitColdBusy})
 }
 
 // TestColdSoftDrainZero: a zero timeout lets Cold take a busy member at once.
@@ -391,7 +391,7 @@ func TestColdCleanMemberFull(t *testing.T) {
 	h.p.Dispatched(h.warm("busy"), m1)
 	h.full[m0] = true
 	c := h.cold("c")
-	h.want(c, Decision{Until: cpT0.Add(time.Second), Reason: reasonColdBusy})
+	h.want(c, Decision{Until: cpT0.Add(time.Second), Wait: WaitColdBusy})
 	h.now = cpT0.Add(time.Second)
 	h.want(c, Decision{Go: true, Target: m1})
 }
@@ -402,13 +402,13 @@ func TestColdWaitCountsFromEnqueue(t *testing.T) {
 	h := cpNew(t, ColdPoolConfig{Workers: 1, SoftDrainTimeout: 10 * time.Second}, cpRoute(3)...)
 	h.p.Dispatched(h.warm("busy"), h.members[0])
 	c := h.req("c", 2*cpThreshold, 0)
-	h.want(c, Decision{Until: cpT0.Add(10 * time.Second), Reason: reasonColdWaiting})
+	h.want(c, Decision{Until: cpT0.Add(10 * time.Second), Wait: WaitColdClean})
 	h.now = cpT0.Add(time.Second)
 	h.p.Enqueued(c)
 	h.p.Enqueued(c) // a repeat does not restart the wait
 	h.now = cpT0.Add(3 * time.Second)
 	h.p.Enqueued(c)
-	h.want(c, Decision{Until: cpT0.Add(11 * time.Second), Reason: reasonColdWaiting})
+	h.want(c, Decision{Until: cpT0.Add(11 * time.Second), Wait: WaitColdClean})
 	if h.p.pending != 1 {
 		t.Fatalf("pending %d, want 1", h.p.pending)
 	}
@@ -425,7 +425,7 @@ func TestColdUnclassifiedIsWarmWork(t *testing.T) {
 	}
 	h.want(u, Decision{Go: true}) // not steered, though Cold is pending
 	h.p.Dispatched(u, h.members[0])
-	h.want(c, Decision{Until: cpT0.Add(time.Minute), Reason: reasonColdWaiting})
+	h.want(c, Decision{Until: cpT0.Add(time.Minute), Wait: WaitColdClean})
 	h.p.Completed(u, h.members[0])
 	h.want(c, Decision{Go: true, Target: h.members[0]})
 }
@@ -474,7 +474,7 @@ func TestColdUncontained(t *testing.T) {
 	for _, w := range h2.route {
 		h2.p.Dispatched(h2.warm("busy-"+w), w)
 	}
-	r := &Request{ID: "c", PromptTokens: 2 * cpThreshold, Allowed: h2.others[:2]}
+	r := &Request{Key: key("c"), ID: "c", PromptTokens: 2 * cpThreshold, Allowed: h2.others[:2]}
 	h2.p.Classify(r, h2.route, func([]string) int { return 0 })
 	h2.p.Enqueued(r)
 	if r.Tag != TagCold || r.Lane != ColdLane || !slices.Equal(r.Allowed, h2.others[:2]) {
@@ -510,13 +510,13 @@ func TestWarmSteeredHold(t *testing.T) {
 		h.full[o] = true
 	}
 	w := h.warm("w")
-	h.want(w, Decision{Reason: reasonWarmSteered})
+	h.want(w, Decision{Wait: WaitWarmSteered})
 	for _, m := range h.members {
 		h.full[m] = true
 	}
 	h.want(w, Decision{Go: true})
 
-	onPool := &Request{ID: "p", PromptTokens: 1, Allowed: slices.Clone(h.members)}
+	onPool := &Request{Key: key("p"), ID: "p", PromptTokens: 1, Allowed: slices.Clone(h.members)}
 	h.p.Classify(onPool, h.route, nil)
 	h.want(onPool, Decision{Go: true})
 
@@ -544,7 +544,7 @@ func TestColdPendingScopedToItsRoute(t *testing.T) {
 // empty.
 func TestColdLedgerBounded(t *testing.T) {
 	h := cpNew(t, ColdPoolConfig{Workers: 2, SoftDrainTimeout: time.Hour, SteerWarm: true}, cpRoute(6)...)
-	ghost := &Request{ID: "ghost", Tag: TagCold}
+	ghost := &Request{Key: key("ghost"), ID: "ghost", Tag: TagCold}
 	h.p.Completed(ghost, "w1")
 	h.p.Left(ghost)
 	h.empty()
@@ -581,14 +581,14 @@ func TestColdTurnedAwayRecordsSwept(t *testing.T) {
 	}
 	h.now = cpT0.Add(coldRecordTTL)
 	h.req("fresh", 2*cpThreshold, 0)
-	if len(h.p.cold) != 2 || h.p.cold["kept"] == nil || h.p.cold["fresh"] == nil {
+	if len(h.p.cold) != 2 || h.p.cold[key("kept")] == nil || h.p.cold[key("fresh")] == nil {
 		t.Fatalf("after the sweep %d records, want kept and fresh", len(h.p.cold))
 	}
 	if h.p.pending != 1 {
 		t.Fatalf("pending %d, want 1", h.p.pending)
 	}
 	h.p.Left(kept)
-	fresh := &Request{ID: "fresh", Tag: TagCold}
+	fresh := &Request{Key: key("fresh"), ID: "fresh", Tag: TagCold}
 	h.p.Dispatched(fresh, "w1")
 	h.p.Completed(fresh, "w1")
 	h.empty()
@@ -599,22 +599,22 @@ func TestColdPoolShape(t *testing.T) {
 	if p.Gate() != Gate(p) || p.Recheck() != 100*time.Millisecond {
 		t.Fatalf("gate %v recheck %v", p.Gate(), p.Recheck())
 	}
-	if l, w := p.ColdLaneLimits(); l != 7 || w != 3*time.Second {
-		t.Fatalf("lane limits %d %v", l, w)
+	if l := p.LaneLimits()[ColdLane]; l != (LaneLimit{QueueLimit: 7, MaxWait: 3 * time.Second}) {
+		t.Fatalf("lane limits %+v", l)
 	}
 	if p.cfg.SoftDrainTimeout != 0 {
 		t.Fatal("a negative soft drain timeout is 0")
 	}
-	r := &Request{ID: "x", Tag: "other"}
+	r := &Request{Key: key("x"), ID: "x", Tag: "other"}
 	if d := p.Check(r, cpView{now: cpT0}); d != (Decision{Go: true}) {
 		t.Fatalf("untagged head: %+v", d)
 	}
 	// A Cold head the policy has no record of is not held for its soft drain: its wait is
 	// taken as over.
 	p = NewColdPool(ColdPoolConfig{Workers: 1, SoftDrainTimeout: time.Hour}, func() time.Time { return cpT0 })
-	p.Dispatched(&Request{ID: "busy", Tag: TagWarm}, "w1")
+	p.Dispatched(&Request{Key: key("busy"), ID: "busy", Tag: TagWarm}, "w1")
 	v := cpView{now: cpT0, ws: []Worker{{ID: "w1"}}}
-	if d := p.Check(&Request{ID: "stranger", Tag: TagCold, Lane: ColdLane}, v); d != (Decision{Go: true, Target: "w1"}) {
+	if d := p.Check(&Request{Key: key("stranger"), ID: "stranger", Tag: TagCold, Lane: ColdLane}, v); d != (Decision{Go: true, Target: "w1"}) {
 		t.Fatalf("unknown cold head: %+v", d)
 	}
 }

@@ -106,7 +106,7 @@ func newQueue(h *fakeHost, p Policy, classes ...ClassConfig) *Queue {
 }
 
 func entry(id, class, session string, route ...string) *Entry {
-	return &Entry{Req: &Request{ID: id, Class: class, SessionID: session}, Route: route}
+	return &Entry{Req: &Request{Key: key(id), ID: id, Class: class, SessionID: session}, Route: route, Pool: "p"}
 }
 
 // TestDRRShares: with quanta 3:1 and both classes backlogged, dispatch shares are 0.75/0.25
@@ -149,14 +149,17 @@ type holdSessions struct {
 	recheck     time.Duration
 }
 
+var waitTest = NewWait("test_hold")
+
 func (g *holdSessions) Check(r *Request, v View) Decision {
 	if g.held[r.SessionID] || g.held[r.ID] {
-		return Decision{Until: g.until, Reason: "test_hold", SessionOnly: g.sessionOnly}
+		return Decision{Until: g.until, Wait: waitTest, SessionOnly: g.sessionOnly}
 	}
 	return Decision{Go: true}
 }
 func (g *holdSessions) Dispatched(r *Request, _ string) { g.dispatched[r.ID]++ }
 func (g *holdSessions) Completed(r *Request, _ string)  { g.completed[r.ID]++ }
+func (g *holdSessions) Moved(*Request, string, string)  {}
 func (g *holdSessions) Recheck() time.Duration          { return g.recheck }
 
 type gatePolicy struct {
@@ -190,8 +193,8 @@ func TestHeldSessionBlocksOnlyItself(t *testing.T) {
 	if got := ids(h.dispatched); !slices.Equal(got, []string{"b1", "n1"}) {
 		t.Fatalf("dispatched %v, want [b1 n1]", got)
 	}
-	if q.Len() != 2 || a1.HoldReason != "test_hold" {
-		t.Fatalf("queued %d, hold %q", q.Len(), a1.HoldReason)
+	if q.Len() != 2 || a1.Waiting() != waitTest {
+		t.Fatalf("queued %d, hold %v", q.Len(), a1.Waiting())
 	}
 	delete(g.held, "alice")
 	q.Wake(h)
@@ -402,8 +405,8 @@ func TestCancelExposesHeadWithTimer(t *testing.T) {
 	q.Admit(second, h, nil)
 	g.until = h.now.Add(4 * time.Second)
 	q.Cancel(first, h)
-	if second.HoldUntil != g.until {
-		t.Fatalf("exposed head not asked (until %v)", second.HoldUntil)
+	if second.holdUntil != g.until {
+		t.Fatalf("exposed head not asked (until %v)", second.holdUntil)
 	}
 	delete(g.held, "second")
 	h.advance(q, 4*time.Second)

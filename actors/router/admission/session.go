@@ -2,8 +2,8 @@ package admission
 
 import "time"
 
-// reasonSessionBusy is the Hold reason of a session head whose previous turn is still running.
-const reasonSessionBusy = "session_busy"
+// WaitSessionBusy is the wait of a session head whose previous turn is still running.
+var WaitSessionBusy = NewWait("session_busy")
 
 // SessionSerial is the one-turn-per-session policy: a request of a session is not dispatched
 // while an earlier request of the same session is dispatched and not yet completed. Requests
@@ -18,7 +18,7 @@ const reasonSessionBusy = "session_busy"
 // Like every gate, it is used from the router actor's goroutine only.
 type SessionSerial struct {
 	inFlight map[string]int    // session id → dispatched, not yet completed
-	bySID    map[string]string // request id → session id, for the requests counted above
+	bySID    map[uint64]string // request key → session id, for the requests counted above
 }
 
 var (
@@ -28,7 +28,7 @@ var (
 
 // NewSessionSerial returns an empty one-turn-per-session policy.
 func NewSessionSerial() *SessionSerial {
-	return &SessionSerial{inFlight: make(map[string]int), bySID: make(map[string]string)}
+	return &SessionSerial{inFlight: make(map[string]int), bySID: make(map[uint64]string)}
 }
 
 // Classify leaves the request as it is (see the type's comment).
@@ -42,7 +42,7 @@ func (s *SessionSerial) Gate() Gate { return s }
 // that session completes, not on every capacity free elsewhere.
 func (s *SessionSerial) Check(head *Request, _ View) Decision {
 	if head.SessionID != "" && s.inFlight[head.SessionID] > 0 {
-		return Decision{Reason: reasonSessionBusy, SessionOnly: true}
+		return Decision{Wait: WaitSessionBusy, SessionOnly: true}
 	}
 	return Decision{Go: true}
 }
@@ -53,27 +53,30 @@ func (s *SessionSerial) Dispatched(r *Request, _ string) {
 	if r.SessionID == "" {
 		return
 	}
-	if _, ok := s.bySID[r.ID]; ok {
+	if _, ok := s.bySID[r.Key]; ok {
 		return
 	}
-	s.bySID[r.ID] = r.SessionID
+	s.bySID[r.Key] = r.SessionID
 	s.inFlight[r.SessionID]++
 }
 
 // Completed ends the request's turn. A request that was never counted (no session, unknown, or
 // already completed) changes nothing, so counts never go negative.
 func (s *SessionSerial) Completed(r *Request, _ string) {
-	sid, ok := s.bySID[r.ID]
+	sid, ok := s.bySID[r.Key]
 	if !ok {
 		return
 	}
-	delete(s.bySID, r.ID)
+	delete(s.bySID, r.Key)
 	if s.inFlight[sid] <= 1 {
 		delete(s.inFlight, sid)
 		return
 	}
 	s.inFlight[sid]--
 }
+
+// Moved changes nothing: the turn is the session's wherever it runs.
+func (s *SessionSerial) Moved(*Request, string, string) {}
 
 // Recheck is 0: a held turn is released only by its session's completion, which is a wake the
 // queue delivers, so a periodic recheck would never change an answer.

@@ -1,6 +1,7 @@
 package admission
 
 import (
+	"github.com/cespare/xxhash/v2"
 	"testing"
 	"time"
 )
@@ -11,7 +12,7 @@ type ssView struct{}
 func (ssView) Workers() []Worker { return []Worker{{ID: "w1"}, {ID: "w2"}} }
 func (ssView) Now() time.Time    { return time.Unix(1000, 0) }
 
-func ssReq(id, session string) *Request { return &Request{ID: id, SessionID: session} }
+func ssReq(id, session string) *Request { return &Request{Key: key(id), ID: id, SessionID: session} }
 
 func ssWantGo(t *testing.T, s *SessionSerial, r *Request) {
 	t.Helper()
@@ -23,7 +24,7 @@ func ssWantGo(t *testing.T, s *SessionSerial, r *Request) {
 func ssWantHold(t *testing.T, s *SessionSerial, r *Request) {
 	t.Helper()
 	d := s.Check(r, ssView{})
-	if d.Go || d.Reason != reasonSessionBusy || !d.Until.IsZero() || !d.SessionOnly {
+	if d.Go || d.Wait != WaitSessionBusy || !d.Until.IsZero() || !d.SessionOnly {
 		t.Fatalf("%s: got %+v, want a session-only hold with no time", r.ID, d)
 	}
 }
@@ -36,7 +37,7 @@ func TestSessionSerialPolicyShape(t *testing.T) {
 	if s.Recheck() != 0 {
 		t.Fatalf("Recheck = %v, want 0", s.Recheck())
 	}
-	r := &Request{ID: "a", Class: "c", SessionID: "s", Allowed: []string{"w1"}}
+	r := &Request{Key: key("a"), ID: "a", Class: "c", SessionID: "s", Allowed: []string{"w1"}}
 	s.Classify(r, []string{"w1", "w2"}, func([]string) int { t.Fatal("cache read"); return 0 })
 	if r.Class != "c" || r.Lane != "" || len(r.Allowed) != 1 || r.Tag != "" {
 		t.Fatalf("Classify changed the request: %+v", r)
@@ -126,3 +127,6 @@ func TestSessionOverlappingTurns(t *testing.T) {
 	s.Completed(ssReq("a2", "alice"), "w2")
 	ssWantGo(t, s, ssReq("a3", "alice"))
 }
+
+// key is a test request's internal key, derived from its readable id.
+func key(id string) uint64 { return xxhash.Sum64String(id) }

@@ -6,9 +6,6 @@ import (
 	"time"
 )
 
-// LaneKinds are the lane kinds, as the queue-length metric labels them.
-var LaneKinds = [...]string{sharedLane: "shared", sessionLane: "session", namedLane: "classifier"}
-
 // Lengths calls f with the number of queued requests per class and lane kind.
 func (q *Queue) Lengths(f func(class, laneKind string, n int)) {
 	for _, c := range q.classes {
@@ -45,12 +42,13 @@ type LaneView struct {
 
 // HeadView is a lane head: who, since when, and why it waits.
 type HeadView struct {
-	RequestID string     `json:"request_id"`
-	Tag       string     `json:"tag,omitempty"`
-	Waiting   string     `json:"waiting"`
-	State     string     `json:"state"` // ready, capacity, held
-	Reason    string     `json:"reason,omitempty"`
-	Until     *time.Time `json:"until,omitempty"`
+	RequestID string `json:"request_id"`
+	Tag       string `json:"tag,omitempty"`
+	Waiting   string `json:"waiting"`
+	State     string `json:"state"` // ready, capacity, held
+	// Reason is the wait kind: capacity, no_worker, or the gate's (session_busy, …).
+	Reason string     `json:"reason,omitempty"`
+	Until  *time.Time `json:"until,omitempty"`
 }
 
 // Snapshot describes the queue now.
@@ -65,16 +63,14 @@ func (q *Queue) Snapshot() Snapshot {
 				continue
 			}
 			lv := LaneView{Kind: LaneKinds[l.kind], Length: len(l.entries)}
-			if l.kind == namedLane {
-				lv.Name = l.key[2:]
-			}
+			lv.Name = l.name
 			e := l.head()
 			hv := &HeadView{RequestID: e.Req.ID, Tag: e.Req.Tag, Waiting: now.Sub(e.enqueued).String(), State: "ready"}
 			switch l.where {
 			case inCapWait:
-				hv.State, hv.Reason = "capacity", "capacity"
+				hv.State, hv.Reason = "capacity", e.wait.String()
 			case inHeld:
-				hv.State, hv.Reason = "held", e.HoldReason
+				hv.State, hv.Reason = "held", e.wait.String()
 				if !l.holdUntil.IsZero() {
 					u := l.holdUntil.UTC()
 					hv.Until = &u

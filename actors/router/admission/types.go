@@ -1,15 +1,24 @@
 // Package admission is tlgw's admission queue and dispatch gate (SPEC R10), pure Go, owned by
-// the router actor: classes served by deficit round robin, lanes (one shared lane per class,
-// one per session, classifier-named lanes) where a held or blocked head blocks only its own
-// lane, a DispatchGate that policies use to hold or steer a lane head, and every wait — order,
-// class budget, expiry, wake-ups — owned by the queue. Classifiers never park a request.
+// the router actor: classes served by deficit round robin, lanes (one shared lane per class and
+// pool, one per session, classifier-named lanes) where a held or blocked head blocks only its
+// own lane, a DispatchGate that policies use to hold or steer a lane head, and every wait —
+// order, class budget, expiry, wake-ups — owned by the queue. Classifiers never park a request.
+//
+// Termination is by construction: a head is asked at most once per pump unless it dispatched,
+// and a head with no candidate worker (or no room on any) is never dispatchable, so the work
+// done for one message is bounded by the lanes and the requests it dispatches.
 package admission
 
 import "time"
 
 // Request is what the queue and its policies know of one request.
 type Request struct {
-	ID        string // the request id
+	// Key is the request's internal id, unique among live requests. Every table of the queue
+	// and of the policies is keyed by it, never by the client's X-Request-ID (SPEC R13.4: two
+	// live requests may share one).
+	Key uint64
+	// ID is the client-visible request id, for the admin view only.
+	ID        string
 	Class     string // set by Classify: the class name (default class when empty)
 	Lane      string // set by Classify: a classifier-named lane ("" = shared or session lane)
 	SessionID string // from X-Session-ID or the body's user; "" = none
@@ -34,7 +43,8 @@ type Worker struct {
 
 // View is the gate's read-only view of the pool a head would go to.
 type View interface {
-	// Workers lists the head's candidate workers (route ∩ allowed), in id order.
+	// Workers lists the head's candidate workers (route ∩ allowed), in id order. None means
+	// the head cannot be dispatched now, whatever the gate says.
 	Workers() []Worker
 	// Now is the injected clock's time.
 	Now() time.Time
@@ -50,8 +60,8 @@ type Decision struct {
 	// it until the next wake (a capacity change, a worker arriving or leaving, the gate's own
 	// recheck). A time not in the future arms no timer and means "ask again at the next wake".
 	Until time.Time
-	// Reason says why a head is held, for the admin view and the gate metric.
-	Reason string
+	// Wait says why a head is held, for the admin view (WaitHeld when unset).
+	Wait Wait
 	// SessionOnly says only the end of a turn of the head's own session (besides its Hold
 	// time, the gate's recheck and workers coming or going) can change this answer, so a
 	// capacity free elsewhere need not ask again. By default a held head is asked again on
@@ -67,7 +77,11 @@ type Gate interface {
 	// Dispatched is called exactly once per request, when it leaves the queue for worker
 	// (also for requests that never waited).
 	Dispatched(r *Request, worker string)
-	// Completed is called once when a dispatched request ends, whatever its outcome.
+	// Moved is called when a dispatched request goes on on another worker (a failover, a
+	// later cascade step, a repeated pick): the bookkeeping follows the worker used.
+	Moved(r *Request, from, to string)
+	// Completed is called once when a dispatched request ends, whatever its outcome, with the
+	// last worker it was on.
 	Completed(r *Request, worker string)
 	// Recheck is how often held heads are asked again with no other wake (0 = never).
 	Recheck() time.Duration
@@ -84,6 +98,19 @@ type Classifier interface {
 type Policy interface {
 	Classifier
 	Gate() Gate // nil: no gate (every head is Go)
+}
+
+// QueueObserver is an optional policy interface: told when a request joins the queue and
+// when it leaves without being dispatched (cancelled or expired).
+type QueueObserver interface {
+	Enqueued(*Request)
+	Left(*Request)
+}
+
+// LaneLimiter is an optional policy interface: the queue limit and max wait of the lanes it
+// names (Cold Pool's cold lane has its own, GATE-PITFALLS 15).
+type LaneLimiter interface {
+	LaneLimits() map[string]LaneLimit
 }
 
 // Intersect narrows allowed to the route's workers; an empty intersection keeps route (R10.1).

@@ -1,0 +1,190 @@
+package admission
+
+import (
+	"container/heap"
+	"time"
+)
+
+type laneKind uint8
+
+const (
+	sharedLane laneKind = iota
+	sessionLane
+	namedLane
+)
+
+// LaneKinds are the lane kinds, as the queue-length metric labels them.
+var LaneKinds = [...]string{sharedLane: "shared", sessionLane: "session", namedLane: "classifier"}
+
+func (k laneKind) String() string { return LaneKinds[k] }
+
+// lane is a FIFO of requests of one class: the shared lane of a candidate set, a session's
+// lane, or a classifier-named lane of a candidate set. Only its head is ever asked.
+type lane struct {
+	key     string
+	name    string // a classifier-named lane's name
+	kind    laneKind
+	cls     *class
+	entries []*Entry // FIFO; entries[0] is the head
+	limit   LaneLimit
+	hasLim  bool
+	// Scheduling state: where the lane waits (idx is its place in that heap).
+	where       laneWhere
+	idx         int
+	capKey      string // the capacity group it waits in (inCapWait)
+	holdUntil   time.Time
+	sessionOnly bool // the gate said only the session's own completion can release it
+}
+
+type laneWhere uint8
+
+const (
+	nowhere   laneWhere = iota
+	inReady             // its head may be dispatchable: asked in the next pump
+	inCapWait           // its head found no candidate with room: asked again when capacity frees
+	inHeld              // the gate holds its head: asked again at a wake or its Hold time
+)
+
+func (l *lane) head() *Entry { return l.entries[0] }
+
+// class is one admission class: its lanes and where each waits.
+type class struct {
+	cfg     ClassConfig
+	deficit int
+	lanes   map[string]*lane
+	ready   laneHeap // lanes whose head may be dispatchable, oldest head first
+	// capWait groups the lanes blocked on capacity by candidate set, oldest head first: a
+	// set found full in a pump is skipped whole, so a capacity free asks one head per set.
+	capWait map[string]*laneHeap
+	held    map[*lane]struct{} // lanes the gate holds
+	queued  int
+	byKind  [3]int         // queued per lane kind
+	named   map[string]int // queued per classifier lane name (its limit spans candidate sets)
+	index   int
+}
+
+// laneFor finds (or opens) the request's lane: its classifier-named lane, else its session's,
+// else the class's shared lane. Shared and named lanes are per candidate set, so a head
+// waiting for full workers never blocks requests that want others (a session keeps one lane:
+// its turns stay in order).
+func (q *Queue) laneFor(c *class, e *Entry) *lane {
+	r := e.Req
+	key, kind := "p:"+e.capKey, sharedLane
+	switch {
+	case r.Lane != "":
+		key, kind = "l:"+r.Lane+"\x00"+e.capKey, namedLane
+	case r.SessionID != "":
+		key, kind = q.sessionLaneKey(r.SessionID), sessionLane
+	}
+	l := c.lanes[key]
+	if l == nil {
+		l = &lane{key: key, kind: kind, cls: c, idx: -1}
+		if kind == namedLane {
+			l.name = r.Lane
+			l.limit, l.hasLim = q.lanes[r.Lane]
+		}
+		c.lanes[key] = l
+	}
+	return l
+}
+
+// dropIfEmpty forgets an empty lane (session lanes come and go; memory stays bounded).
+func (q *Queue) dropIfEmpty(l *lane) {
+	if len(l.entries) > 0 {
+		return
+	}
+	q.detach(l)
+	delete(l.cls.lanes, l.key)
+}
+
+// detach takes a lane out of whichever wait structure holds it.
+func (q *Queue) detach(l *lane) {
+	c := l.cls
+	switch l.where {
+	case inReady:
+		heap.Remove(&c.ready, l.idx)
+	case inCapWait:
+		g := c.capWait[l.capKey]
+		heap.Remove(g, l.idx)
+		if g.Len() == 0 {
+			delete(c.capWait, l.capKey)
+		}
+	case inHeld:
+		delete(c.held, l)
+	}
+	l.where, l.idx = nowhere, -1
+}
+
+// block parks a lane whose head cannot go now: in its candidate set's capacity group, or held
+// by the gate — with its Hold time armed when that is in the future (a time not in the future
+// arms nothing: the head waits for the next wake and is never asked in a loop,
+// GATE-PITFALLS 3).
+func (q *Queue) block(l *lane, head *Entry, h Host) {
+	q.detach(l)
+	if head.wait.blocksOnCapacity() {
+		g := l.cls.capWait[head.capKey]
+		if g == nil {
+			g = &laneHeap{}
+			l.cls.capWait[head.capKey] = g
+		}
+		l.where, l.capKey = inCapWait, head.capKey
+		heap.Push(g, l)
+		return
+	}
+	l.where = inHeld
+	l.cls.held[l] = struct{}{}
+	l.holdUntil, l.sessionOnly = head.holdUntil, head.sessionOnly
+	if !head.holdUntil.IsZero() && head.holdUntil.After(q.cfg.Now()) {
+		q.arm(h, head.holdUntil)
+	}
+}
+
+// ready makes a lane's head eligible to be asked in the next pump.
+func (q *Queue) ready(l *lane) {
+	if len(l.entries) == 0 || l.where == inReady {
+		return
+	}
+	q.detach(l)
+	l.holdUntil = time.Time{}
+	l.where = inReady
+	heap.Push(&l.cls.ready, l)
+}
+
+// pop removes a dispatched head from its lane.
+func (q *Queue) pop(e *Entry) {
+	l := e.lane
+	l.entries[0] = nil
+	l.entries = l.entries[1:]
+	q.count(l, -1)
+	q.unexpire(e)
+	if len(l.entries) == 0 {
+		q.dropIfEmpty(l)
+		return
+	}
+	// A new head: it goes back to being asked with the others.
+	q.ready(l)
+	heap.Fix(&l.cls.ready, l.idx)
+}
+
+// laneHeap orders lanes by their head's arrival.
+type laneHeap []*lane
+
+func (h laneHeap) Len() int           { return len(h) }
+func (h laneHeap) Less(i, j int) bool { return h[i].head().seq < h[j].head().seq }
+func (h laneHeap) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].idx, h[j].idx = i, j
+}
+func (h *laneHeap) Push(x any) {
+	l := x.(*lane)
+	l.idx = len(*h)
+	*h = append(*h, l)
+}
+func (h *laneHeap) Pop() any {
+	old := *h
+	l := old[len(old)-1]
+	old[len(old)-1] = nil
+	*h = old[:len(old)-1]
+	l.idx = -1
+	return l
+}

@@ -1,0 +1,266 @@
+package router
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/tlgw/tlgw/actors/router/admission"
+	"github.com/tlgw/tlgw/internal/config"
+	"github.com/tlgw/tlgw/internal/errs"
+)
+
+// runBounded runs f and fails the test if it has not returned within a second (a router that
+// loops never returns).
+func runBounded(t *testing.T, what string, f func()) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() { defer close(done); f() }()
+	select {
+	case <-done:
+	case <-time.After(time.Second):
+		t.Fatalf("%s: the router did not return within a second", what)
+	}
+}
+
+// TestNoWorkerAnswersAtOnce (item 1): with session_serial and no busy threshold, a request to
+// a route whose backend has no worker is answered 503 no_capacity at once — before, the gate
+// said Go, the dispatch failed and the queue asked again forever. The same for a
+// disaggregated route with a decode worker and no prefill worker.
+func TestNoWorkerAnswersAtOnce(t *testing.T) {
+	r := newRig(t, Config{
+		Routes:    []config.Route{routeOf("r", "r-v1"), {Model: "pd", Targets: []string{config.TargetDisaggregated}}},
+		Admission: admissionCfg(admission.NewSessionSerial(), 0),
+	})
+	r.joinRole("d1", "pd", RoleDecode, 0)
+	for _, model := range []string{"r", "pd"} {
+		q := r.newRequester()
+		runBounded(t, model, func() { q.pick("x", model, "alice") })
+		if p := q.picked(); !errors.Is(p.Err, errs.ErrNoCapacity) {
+			t.Fatalf("%s: %+v, want no_capacity", model, p)
+		}
+	}
+	if n := r.st.adm.q.Len(); n != 0 {
+		t.Fatalf("%d queued", n)
+	}
+}
+
+// TestQueuedRequestOutlivesItsLastWorker (item 1): a queued request whose last worker leaves
+// waits (no loop: the work of each message is bounded) until a worker comes back or max_wait
+// passes (then 503 queue_timeout). Also for a Cold request whose whole frozen pool left.
+func TestQueuedRequestOutlivesItsLastWorker(t *testing.T) {
+	r := newRig(t, Config{Admission: admissionCfg(nil, 1)})
+	r.join("w1", "smol", 1) // full at threshold 1
+	a, b := r.newRequester(), r.newRequester()
+	a.pick("a", "smol", "")
+	b.pick("b", "smol", "")
+	a.queued()
+	b.queued()
+	runBounded(t, "eviction", func() { r.leave("w1") })
+	a.silent()
+	if v := r.st.adm.q.Snapshot().Classes[0].Lanes[0].Head; v.Reason != "no_worker" {
+		t.Fatalf("head waits for %q, want no_worker", v.Reason)
+	}
+	runBounded(t, "return", func() { r.join("w1", "smol", 0) })
+	if p := a.picked(); p.Err != nil || p.WorkerID != "w1" {
+		t.Fatalf("a after w1 came back: %+v", p)
+	}
+	runBounded(t, "eviction", func() { r.leave("w1") })
+	r.advance(30*time.Second - time.Nanosecond)
+	b.silent()
+	r.advance(time.Nanosecond)
+	if p := b.picked(); !errors.Is(p.Err, errs.ErrQueueTimeout) {
+		t.Fatalf("b at max_wait: %+v", p)
+	}
+}
+
+// TestColdPoolGoneWaits (item 1): every member of a queued Cold request's pool leaves; it
+// does not go elsewhere and the router does not loop; when a member is back it goes there.
+func TestColdPoolGoneWaits(t *testing.T) {
+	cp := admission.NewColdPool(admission.ColdPoolConfig{ColdThresholdTokens: 100, Workers: 1,
+		SoftDrainTimeout: time.Hour, SteerWarm: true, MaxWait: 30 * time.Second, QueueLimit: 10}, nil)
+	r := newRig(t, Config{Admission: admissionCfg(cp, 1)})
+	ids := []string{"w1", "w2", "w3"}
+	for _, id := range ids {
+		r.join(id, "smol", 1) // all full
+	}
+	member := admission.PoolMembers(ids, 1)[0]
+	c := r.newRequester()
+	c.tag++
+	r.deliver(c.pid, &Pick{Model: "smol", RequestID: "c", Key: c.key, Requester: c.pid, Tag: c.tag,
+		Admit: &AdmitInfo{PromptTokens: 1000}})
+	c.queued()
+	runBounded(t, "member leaves", func() { r.leave(member) })
+	for _, id := range ids {
+		if id != member {
+			runBounded(t, "others free", func() { r.join(id, "smol", 0) })
+		}
+	}
+	c.silent() // not on a non-member
+	runBounded(t, "member back", func() { r.join(member, "smol", 0) })
+	if p := c.picked(); p.Err != nil || p.WorkerID != member {
+		t.Fatalf("cold request: %+v, want %s", p, member)
+	}
+}
+
+// TestSharedRequestIDs (item 2): two live requests with one X-Request-ID are two requests:
+// one leaving does not cancel the other, and under session_serial a retry reusing the id of
+// a running turn waits for it and then runs, after which the session is free.
+func TestSharedRequestIDs(t *testing.T) {
+	r := newRig(t, Config{Admission: admissionCfg(nil, 1)})
+	r.join("w1", "smol", 1)
+	a, b := r.newRequester(), r.newRequester()
+	a.pick("dup", "smol", "")
+	b.pick("dup", "smol", "")
+	a.queued()
+	b.queued()
+	b.stop() // b's client leaves
+	r.join("w1", "smol", 0)
+	if p := a.picked(); p.Err != nil {
+		t.Fatalf("a: %+v", p)
+	}
+	b.silent()
+
+	s := newRig(t, Config{Admission: admissionCfg(admission.NewSessionSerial(), 0)})
+	s.join("w1", "smol", 0)
+	first, retry, next := s.newRequester(), s.newRequester(), s.newRequester()
+	first.pick("turn", "smol", "alice")
+	if p := first.picked(); p.Err != nil {
+		t.Fatalf("first: %+v", p)
+	}
+	retry.pick("turn", "smol", "alice")
+	retry.queued()
+	first.stop()
+	if p := retry.picked(); p.Err != nil {
+		t.Fatalf("retry: %+v", p)
+	}
+	retry.stop()
+	next.pick("next", "smol", "alice")
+	if p := next.picked(); p.Err != nil {
+		t.Fatalf("the session stayed busy: %+v", p)
+	}
+}
+
+// recordingGate wraps a policy and records the gate's bookkeeping per request key.
+type recordingGate struct {
+	admission.Policy
+	g      admission.Gate
+	events map[uint64][]string
+}
+
+func record(p admission.Policy) *recordingGate {
+	return &recordingGate{Policy: p, g: p.Gate(), events: map[uint64][]string{}}
+}
+
+func (g *recordingGate) Gate() admission.Gate { return g }
+func (g *recordingGate) Check(r *admission.Request, v admission.View) admission.Decision {
+	return g.g.Check(r, v)
+}
+func (g *recordingGate) Dispatched(r *admission.Request, w string) {
+	g.events[r.Key] = append(g.events[r.Key], "dispatched "+w)
+	g.g.Dispatched(r, w)
+}
+func (g *recordingGate) Moved(r *admission.Request, from, to string) {
+	g.events[r.Key] = append(g.events[r.Key], "moved "+from+" "+to)
+	g.g.Moved(r, from, to)
+}
+func (g *recordingGate) Completed(r *admission.Request, w string) {
+	g.events[r.Key] = append(g.events[r.Key], "completed "+w)
+	g.g.Completed(r, w)
+}
+func (g *recordingGate) Recheck() time.Duration { return g.g.Recheck() }
+
+// TestRepicksKeepAdmission (item 3): a failover re-pick of a Cold request stays on its pool
+// (never a non-member), the gate's bookkeeping follows the worker used, and a pick repeated
+// after a timeout moves it too; the request's end completes it once, on the last worker.
+func TestRepicksKeepAdmission(t *testing.T) {
+	cp := admission.NewColdPool(admission.ColdPoolConfig{ColdThresholdTokens: 100, Workers: 2,
+		SoftDrainTimeout: 0, SteerWarm: true, MaxWait: 30 * time.Second, QueueLimit: 10}, nil)
+	g := record(cp)
+	r := newRig(t, Config{Admission: admissionCfg(g, 0)})
+	ids := []string{"w1", "w2", "w3", "w4", "w5", "w6"}
+	for _, id := range ids {
+		r.join(id, "smol", 0)
+	}
+	pool := admission.PoolMembers(ids, 2)
+	c := r.newRequester()
+	ask := func(exclude ...string) *Picked {
+		c.tag++
+		r.deliver(c.pid, &Pick{Model: "smol", RequestID: "c", Key: c.key, Requester: c.pid, Tag: c.tag,
+			Exclude: exclude, Admit: &AdmitInfo{PromptTokens: 1000}})
+		return c.picked()
+	}
+	p1 := ask()
+	if p1.Err != nil || !contains(pool, p1.WorkerID) {
+		t.Fatalf("first pick %+v, want a member of %v", p1, pool)
+	}
+	c.release(p1)
+	p2 := ask(p1.WorkerID) // failover
+	other := pool[0]
+	if other == p1.WorkerID {
+		other = pool[1]
+	}
+	if p2.Err != nil || p2.WorkerID != other || !p2.Admitted {
+		t.Fatalf("failover pick %+v, want the other member %s", p2, other)
+	}
+	p3 := ask(p1.WorkerID, p2.WorkerID) // no member left: no capacity, never a non-member
+	if !errors.Is(p3.Err, errs.ErrNoCapacity) {
+		t.Fatalf("third pick %+v, want no_capacity", p3)
+	}
+	p4 := ask(p1.WorkerID) // a repeated pick (its first answer was late)
+	c.release(p2)
+	c.stop()
+	want := []string{"dispatched " + p1.WorkerID, "moved " + p1.WorkerID + " " + other, "moved " + other + " " + p4.WorkerID,
+		"completed " + p4.WorkerID}
+	if got := g.events[c.key]; !equal(got, want) {
+		t.Fatalf("gate bookkeeping %v, want %v", got, want)
+	}
+	for _, id := range ids {
+		if n := r.inFlight(id); n != 0 {
+			t.Fatalf("%s in flight %d after the request ended", id, n)
+		}
+	}
+}
+
+// TestNoCrossModelStarvation (item 4): threshold 1, a1 (model a) and b1 (model b) full; x
+// queued for a, then y for b. When b1 frees, y goes before a1 frees.
+func TestNoCrossModelStarvation(t *testing.T) {
+	r := newRig(t, Config{Admission: admissionCfg(nil, 1)})
+	r.join("a1", "a", 1)
+	r.join("b1", "b", 1)
+	x, y := r.newRequester(), r.newRequester()
+	x.pick("x", "a", "")
+	y.pick("y", "b", "")
+	x.queued()
+	y.queued()
+	r.join("b1", "b", 0)
+	if p := y.picked(); p.Err != nil || p.WorkerID != "b1" {
+		t.Fatalf("y: %+v", p)
+	}
+	x.silent()
+	r.join("a1", "a", 0)
+	if p := x.picked(); p.Err != nil || p.WorkerID != "a1" {
+		t.Fatalf("x: %+v", p)
+	}
+}
+
+func contains(xs []string, x string) bool {
+	for _, v := range xs {
+		if v == x {
+			return true
+		}
+	}
+	return false
+}
+
+func equal(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}

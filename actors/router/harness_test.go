@@ -1,0 +1,267 @@
+package router
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/tlgw/tlgw/actors/router/admission"
+	"github.com/tlgw/tlgw/internal/clock"
+	"github.com/tlgw/tlgw/internal/config"
+)
+
+// rig drives the router's logic without an actor system: it is the router's effects, it plays
+// the worker actors (holds by ticket, reports after a release, releases a stopped requester's
+// holds) and the request actors (their inboxes), on a fake clock.
+type rig struct {
+	t       testing.TB
+	clk     *clock.Fake
+	st      *state
+	sender  *actor.PID
+	ticks   int                // admTicks due, delivered after the message at hand
+	inbox   map[string][]any   // messages sent to each requester (by actor id)
+	workers map[string]*fakeWorker
+	watched map[string]bool // actors the router watches
+	handled int             // messages handled
+}
+
+type fakeWorker struct {
+	pid     *actor.PID
+	info    WorkerInfo
+	live    bool
+	holds   map[uint64]*actor.PID // ticket → requester
+	acqSeen uint64
+}
+
+var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+func newRig(t testing.TB, cfg Config) *rig {
+	r := &rig{t: t, clk: clock.NewFake(t0), inbox: map[string][]any{}, workers: map[string]*fakeWorker{},
+		watched: map[string]bool{}}
+	if cfg.Policy == "" {
+		cfg.Policy = "least_outstanding"
+	}
+	cfg.Clock = r.clk
+	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	r.st = newState(cfg)
+	return r
+}
+
+// admissionCfg is one class (limit 100, max wait 30 s) with policy pol and threshold.
+func admissionCfg(pol admission.Policy, threshold int64) *AdmissionConfig {
+	return &AdmissionConfig{
+		Queue: admission.Config{
+			Classes:      []admission.ClassConfig{{Name: "default", Quantum: 1, QueueLimit: 100, MaxWait: 30 * time.Second}},
+			DefaultClass: "default", Policy: pol, Recheck: time.Second,
+		},
+		BusyThreshold: threshold, PolicyName: "test",
+	}
+}
+
+func (r *rig) respond(msg any) { r.send(r.sender, msg) }
+
+func (r *rig) send(to *actor.PID, msg any) {
+	if to == nil {
+		return
+	}
+	if w := r.workers[to.Id]; w != nil {
+		r.toWorker(w, msg)
+		return
+	}
+	r.inbox[to.Id] = append(r.inbox[to.Id], msg)
+}
+
+func (r *rig) watch(pid *actor.PID) { r.watched[pid.Id] = true }
+
+func (r *rig) tickAfter(d time.Duration) {
+	r.clk.AfterFunc(d, func() { r.ticks++ })
+}
+
+// deliver hands the router one message from `from`, then the ticks that fell due.
+func (r *rig) deliver(from *actor.PID, msg any) {
+	r.sender = from
+	r.handled++
+	r.st.handle(msg, r)
+	for r.ticks > 0 {
+		r.ticks--
+		r.sender = nil
+		r.handled++
+		r.st.handle(admTick{}, r)
+	}
+}
+
+// advance moves the clock and delivers the router's ticks.
+func (r *rig) advance(d time.Duration) {
+	r.clk.Advance(d)
+	r.deliver(nil, admTick{}) // a spurious tick is harmless: the queue rearms itself
+}
+
+func workerPID(id string) *actor.PID { return actor.NewPID("local", "worker/"+id) }
+
+// join registers (or updates) a live unified worker.
+func (r *rig) join(id, model string, queue int64) {
+	r.joinRole(id, model, RoleUnified, queue)
+}
+
+func (r *rig) joinRole(id, model string, role Role, queue int64) {
+	pid := workerPID(id)
+	w := r.workers[pid.Id]
+	if w == nil {
+		w = &fakeWorker{pid: pid, holds: map[uint64]*actor.PID{}}
+		r.workers[pid.Id] = w
+	}
+	w.live = true
+	w.info = WorkerInfo{ID: id, Model: model, Role: role, HTTPAddress: "127.0.0.1:9", QueueDepth: queue,
+		KVTotalBlocks: 1024, KVFreeBlocks: 1024, LastHeartbeat: r.clk.Now()}
+	r.report(w)
+}
+
+func (r *rig) report(w *fakeWorker) {
+	r.deliver(w.pid, &WorkerState{PID: w.pid, Info: w.info, Live: w.live, InFlight: int64(len(w.holds)), AcqSeen: w.acqSeen})
+}
+
+// leave evicts a worker: its last report says not live, then its actor stops.
+func (r *rig) leave(id string) {
+	w := r.workers[workerPID(id).Id]
+	w.live = false
+	r.report(w)
+	delete(r.workers, w.pid.Id)
+	r.deliver(nil, &actor.Terminated{Who: w.pid})
+}
+
+func (r *rig) toWorker(w *fakeWorker, msg any) {
+	switch m := msg.(type) {
+	case *Acquire:
+		w.acqSeen++
+		w.holds[m.Ticket] = m.Requester
+	case *Release:
+		if _, ok := w.holds[m.Ticket]; ok {
+			delete(w.holds, m.Ticket)
+			r.deliver(w.pid, &LoadReport{ID: w.info.ID, InFlight: int64(len(w.holds)), AcqSeen: w.acqSeen})
+		}
+	}
+}
+
+// requester is a stand-in request actor.
+type requester struct {
+	r   *rig
+	pid *actor.PID
+	key uint64
+	tag uint64
+}
+
+var nextReq uint64
+
+func (r *rig) newRequester() *requester {
+	nextReq++
+	return &requester{r: r, pid: actor.NewPID("local", fmt.Sprint("req/", nextReq)), key: nextReq}
+}
+
+// pick sends an admitted pick (id is the client's X-Request-ID).
+func (q *requester) pick(id, model, session string, exclude ...string) {
+	q.tag++
+	q.r.deliver(q.pid, &Pick{Model: model, RequestID: id, Key: q.key, Requester: q.pid, Tag: q.tag,
+		Exclude: exclude, Admit: &AdmitInfo{SessionID: session}})
+}
+
+// answers returns and clears what the requester received.
+func (q *requester) answers() []any {
+	out := q.r.inbox[q.pid.Id]
+	delete(q.r.inbox, q.pid.Id)
+	return out
+}
+
+// picked returns the requester's one answer, failing unless it is a *Picked.
+func (q *requester) picked() *Picked {
+	q.r.t.Helper()
+	as := q.answers()
+	if len(as) != 1 {
+		q.r.t.Fatalf("%s: %d answers %v, want one *Picked", q.pid.Id, len(as), as)
+	}
+	p, ok := as[0].(*Picked)
+	if !ok {
+		q.r.t.Fatalf("%s: answered %#v, want *Picked", q.pid.Id, as[0])
+	}
+	return p
+}
+
+// queued checks the requester's answer so far is exactly one Queued.
+func (q *requester) queued() {
+	q.r.t.Helper()
+	as := q.answers()
+	if len(as) != 1 {
+		q.r.t.Fatalf("%s: %d answers %v, want one *Queued", q.pid.Id, len(as), as)
+	}
+	if _, ok := as[0].(*Queued); !ok {
+		q.r.t.Fatalf("%s: answered %#v, want *Queued", q.pid.Id, as[0])
+	}
+}
+
+// silent checks the requester has no answer.
+func (q *requester) silent() {
+	q.r.t.Helper()
+	if as := q.answers(); len(as) > 0 {
+		q.r.t.Fatalf("%s: answered %#v, want nothing yet", q.pid.Id, as)
+	}
+}
+
+// release sends Release for a pick's tickets, as a request actor does when its attempt ends.
+func (q *requester) release(p *Picked) {
+	q.r.send(p.Worker, &Release{Ticket: p.Ticket})
+	if p.Prefill != nil {
+		q.r.send(p.Prefill.Worker, &Release{Ticket: p.Prefill.Ticket})
+	}
+}
+
+// stop ends the requester: every worker releases its holds (each reports), and the router
+// hears Terminated if it watches it.
+func (q *requester) stop() {
+	for _, id := range sortedKeys(q.r.workers) {
+		w := q.r.workers[id]
+		n := 0
+		for t, req := range w.holds {
+			if req != nil && req.Id == q.pid.Id {
+				delete(w.holds, t)
+				n++
+			}
+		}
+		if n > 0 {
+			q.r.deliver(w.pid, &LoadReport{ID: w.info.ID, InFlight: int64(len(w.holds)), AcqSeen: w.acqSeen})
+		}
+	}
+	if q.r.watched[q.pid.Id] {
+		q.r.deliver(nil, &actor.Terminated{Who: q.pid})
+	}
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	ks := make([]string, 0, len(m))
+	for k := range m {
+		ks = append(ks, k)
+	}
+	slices.Sort(ks)
+	return ks
+}
+
+// inFlight is the router's in-flight figure for a worker.
+func (r *rig) inFlight(id string) int64 {
+	for _, w := range r.st.view.list(0).Workers {
+		if w.Info.ID == id {
+			return w.InFlight
+		}
+	}
+	return -1
+}
+
+func routeOf(model string, backends ...string) config.Route {
+	rt := config.Route{Model: model, Targets: []string{config.TargetUnified}}
+	for _, b := range backends {
+		rt.Backends = append(rt.Backends, config.Backend{Model: b, Weight: 1})
+	}
+	return rt
+}

@@ -1,0 +1,353 @@
+package router
+
+import (
+	"cmp"
+	"slices"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tlgw/tlgw/actors/router/policy"
+	"github.com/tlgw/tlgw/internal/prefixindex"
+)
+
+// slot is the router's record of one registered worker.
+type slot struct {
+	pid  *actor.PID
+	info WorkerInfo
+	live bool
+	// The worker owns the in-flight count; the router keeps its last report and an optimistic
+	// delta: acqSent Acquires sent by its picks, acqSeen of them processed as of the report.
+	// load = reported + (acqSent − acqSeen) + queue depth; the next report zeroes the delta,
+	// and every Acquire the router sends reaches the worker, so nothing is guessed.
+	reported int64
+	acqSeen  uint64
+	acqSent  uint64
+	member   policy.Member
+	pool     *pool // the pool the member is in while routable, else nil
+	state    string
+}
+
+func (s *slot) inFlight() int64 { return s.reported + int64(s.acqSent-s.acqSeen) }
+
+func (s *slot) load() int64 { return s.inFlight() + s.info.QueueDepth }
+
+func (s *slot) routable() bool {
+	return s.live && !s.info.Draining && !s.info.AdminDrained
+}
+
+func (s *slot) stateName() string {
+	switch {
+	case !s.live:
+		return stateNone
+	case s.info.AdminDrained:
+		return stateDrained
+	case s.info.Draining:
+		return stateDraining
+	}
+	return stateRoutable
+}
+
+type poolKey struct {
+	model string
+	role  Role
+}
+
+func (k poolKey) String() string { return k.role.String() + "/" + k.model }
+
+type pool struct {
+	key     poolKey
+	p       policy.Policy
+	members map[string]*slot // by worker id
+	ids     []string         // member ids in order, rebuilt after a membership change
+}
+
+// memberIDs returns the pool's worker ids in order (shared: callers must not modify it).
+func (pl *pool) memberIDs() []string {
+	if pl.ids == nil {
+		pl.ids = make([]string, 0, len(pl.members))
+		for id := range pl.members {
+			pl.ids = append(pl.ids, id)
+		}
+		slices.Sort(pl.ids)
+	}
+	return pl.ids
+}
+
+// workerView is the router's view of the workers, pushed to it by the worker actors: slots,
+// the routable pools with their policies, and the reservations of the router's picks.
+type workerView struct {
+	policy     string
+	loadFactor float64
+	slots      map[string]*slot // by worker id
+	byPID      map[string]*slot // by worker actor id, for Terminated
+	pools      map[poolKey]*pool
+	models     map[string]int // live workers per served model
+	routable   int
+	ticket     uint64 // the last ticket handed out
+	decisions  [maxReasons]prometheus.Counter
+	gauges     map[string]prometheus.Gauge
+	// The approximate prefix index (nil when off) and the one scoring function prefix_aware
+	// pools use, reading the hashes of the pick at hand.
+	pidx        *prefixindex.Index
+	scoreHashes []uint64
+	scoreFn     func(id string) int
+}
+
+func newWorkerView(cfg Config) *workerView {
+	v := &workerView{
+		policy: cfg.Policy, loadFactor: cfg.LoadFactor,
+		slots:     make(map[string]*slot),
+		byPID:     make(map[string]*slot),
+		pools:     make(map[poolKey]*pool),
+		models:    make(map[string]int),
+		decisions: cfg.Metrics.decisionCounters(cfg.Policy),
+		gauges:    cfg.Metrics.workerGauges(),
+	}
+	if cfg.PrefixIndexBlocks > 0 {
+		v.pidx = prefixindex.New(cfg.PrefixIndexBlocks)
+		v.scoreFn = func(id string) int { return v.pidx.Match(id, v.scoreHashes) }
+	}
+	return v
+}
+
+// choice is what a pick asks of the view once its target is resolved.
+type choice struct {
+	key        poolKey
+	disagg     bool
+	prefixHash uint64
+	hashes     []uint64
+	exclude    []string
+	soft       string     // the gate's soft target ("" = none)
+	requester  *actor.PID // named in the Acquire, so the worker can watch it
+}
+
+// choose picks and reserves the worker(s) of a resolved pick into out: the soft target when it
+// is in the pool and not excluded, else the pool's policy; plus the least loaded prefill worker
+// of a disaggregated route. It reports whether it found them. Each reservation sends the
+// worker its Acquire at once.
+func (v *workerView) choose(ch choice, out *Picked, fx effects) bool {
+	var s *slot
+	reason := policy.ReasonLeastLoad
+	if ch.soft != "" {
+		if ts := v.slots[ch.soft]; ts != nil && ts.pool != nil && ts.pool.key == ch.key && !slices.Contains(ch.exclude, ch.soft) {
+			s = ts
+		}
+	}
+	if s == nil {
+		if pl := v.pools[ch.key]; pl != nil && v.pidx != nil && len(ch.hashes) > 0 {
+			if ps, ok := pl.p.(policy.PrefixScorer); ok {
+				v.scoreHashes = ch.hashes
+				ps.SetScores(v.scoreFn)
+			}
+		}
+		s, reason = v.pickIn(ch.key, ch.prefixHash, ch.exclude)
+	}
+	if s == nil {
+		return false
+	}
+	var p *slot
+	if ch.disagg {
+		// R8: the prefill worker is the least loaded one (prefill pools are least_outstanding).
+		if p, _ = v.pickIn(poolKey{model: ch.key.model, role: RolePrefill}, 0, ch.exclude); p == nil {
+			return false
+		}
+		out.Prefill = &PickedWorker{Ticket: v.reserve(p, ch.requester, fx), Worker: p.pid, WorkerID: p.info.ID,
+			HTTPAddress: p.info.HTTPAddress, GRPCAddress: p.info.GRPCAddress}
+	}
+	out.Ticket = v.reserve(s, ch.requester, fx)
+	v.decisions[reason].Inc()
+	if v.pidx != nil && len(ch.hashes) > 0 {
+		v.pidx.Record(s.info.ID, ch.hashes) // its engine will hold this prompt's KV now
+	}
+	out.Worker, out.WorkerID, out.HTTPAddress = s.pid, s.info.ID, s.info.HTTPAddress
+	out.GRPCAddress, out.KVAddress, out.Reason = s.info.GRPCAddress, s.info.KVAddress, reason
+	return true
+}
+
+// servable reports whether a pick of key could find a worker now (a disaggregated one also
+// needs a prefill worker).
+func (v *workerView) servable(key poolKey, disagg bool) bool {
+	if v.pools[key] == nil {
+		return false
+	}
+	return !disagg || v.pools[poolKey{model: key.model, role: RolePrefill}] != nil
+}
+
+func (v *workerView) pickIn(key poolKey, prefixHash uint64, exclude []string) (*slot, policy.Reason) {
+	pl := v.pools[key]
+	if pl == nil {
+		return nil, 0
+	}
+	mem, reason := pl.p.Pick(prefixHash, exclude)
+	if mem == nil {
+		return nil, reason
+	}
+	return mem.Ref.(*slot), reason
+}
+
+// reserve sends s an Acquire for a new ticket and counts it in the optimistic delta.
+func (v *workerView) reserve(s *slot, requester *actor.PID, fx effects) uint64 {
+	v.ticket++
+	s.acqSent++
+	fx.send(s.pid, &Acquire{Ticket: v.ticket, Requester: requester})
+	if s.pool != nil {
+		s.pool.p.SetLoad(&s.member, s.load())
+	}
+	return v.ticket
+}
+
+// loadReport applies a worker's in-flight change; it reports whether the load fell (room may
+// have freed: a wake for the admission queue).
+func (v *workerView) loadReport(m *LoadReport) bool {
+	s := v.slots[m.ID]
+	if s == nil || m.AcqSeen < s.acqSeen {
+		return false // stale: a newer report has been applied
+	}
+	before := s.load()
+	s.reported, s.acqSeen = m.InFlight, m.AcqSeen
+	if s.pool != nil {
+		s.pool.p.SetLoad(&s.member, s.load())
+	}
+	return s.load() < before
+}
+
+// workerState applies a worker's report; it reports whether the worker's membership of a pool
+// changed (it joined, left or changed pool: a wake for the admission queue).
+func (v *workerView) workerState(m *WorkerState, fx effects) bool {
+	s := v.slots[m.Info.ID]
+	if s != nil && !s.pid.Equal(m.PID) {
+		// A new actor for the same id (the old one was evicted and its Terminated is still on
+		// the way): start a fresh record.
+		v.remove(s)
+		s = nil
+	}
+	if s == nil {
+		if !m.Live {
+			return false
+		}
+		s = &slot{pid: m.PID}
+		s.member.ID = m.Info.ID
+		s.member.Ref = s
+		v.slots[m.Info.ID] = s
+		v.byPID[m.PID.Id] = s
+		fx.watch(m.PID)
+	}
+	if s.live {
+		v.dropModel(s.info.Model)
+	}
+	prev := s.pool
+	s.info, s.live = m.Info, m.Live
+	if m.AcqSeen >= s.acqSeen {
+		s.reported, s.acqSeen = m.InFlight, m.AcqSeen
+	}
+	if s.live {
+		v.models[s.info.Model]++
+	}
+	if prev != nil && s.routable() && prev.key == (poolKey{model: s.info.Model, role: s.info.Role}) {
+		// Still routable in the same pool (every heartbeat): update in place, so the policy
+		// keeps its state (round robin counters, ring position).
+		prev.p.SetWeight(&s.member, s.info.KVTotalBlocks)
+		prev.p.SetLoad(&s.member, s.load())
+		v.setState(s, s.stateName())
+		return false
+	}
+	was := s.pool != nil
+	v.leavePool(s)
+	v.joinPool(s)
+	return was || s.pool != nil
+}
+
+// joinPool puts a routable slot into its pool and updates the state gauges.
+func (v *workerView) joinPool(s *slot) {
+	v.setState(s, s.stateName())
+	if !s.routable() {
+		return
+	}
+	key := poolKey{model: s.info.Model, role: s.info.Role}
+	pl := v.pools[key]
+	if pl == nil {
+		name := v.policy
+		if key.role == RolePrefill {
+			name = "least_outstanding" // R8: the least loaded prefill worker
+		}
+		p, _ := policy.New(name, policy.Options{LoadFactor: v.loadFactor}) // validated in Props
+		pl = &pool{key: key, p: p, members: make(map[string]*slot)}
+		v.pools[key] = pl
+	}
+	pl.p.Add(&s.member, s.load(), s.info.KVTotalBlocks)
+	pl.members[s.info.ID] = s
+	pl.ids = nil
+	s.pool = pl
+	v.routable++
+}
+
+func (v *workerView) leavePool(s *slot) {
+	if s.pool == nil {
+		return
+	}
+	s.pool.p.Remove(&s.member)
+	delete(s.pool.members, s.info.ID)
+	s.pool.ids = nil
+	if s.pool.p.Len() == 0 {
+		delete(v.pools, s.pool.key)
+	}
+	s.pool = nil
+	v.routable--
+}
+
+func (v *workerView) setState(s *slot, name string) {
+	if s.state == name {
+		return
+	}
+	if g := v.gauges[s.state]; g != nil {
+		g.Dec()
+	}
+	if g := v.gauges[name]; g != nil {
+		g.Inc()
+	}
+	s.state = name
+}
+
+func (v *workerView) remove(s *slot) {
+	v.leavePool(s)
+	v.setState(s, stateNone)
+	if s.live {
+		v.dropModel(s.info.Model)
+		s.live = false
+	}
+	delete(v.slots, s.info.ID)
+	delete(v.byPID, s.pid.Id)
+	if v.pidx != nil {
+		v.pidx.Forget(s.info.ID)
+	}
+}
+
+// dropModel forgets one live worker of model.
+func (v *workerView) dropModel(model string) {
+	if v.models[model]--; v.models[model] <= 0 {
+		delete(v.models, model)
+	}
+}
+
+// removeByPID forgets the worker whose actor stopped; it reports whether pid was a worker's.
+func (v *workerView) removeByPID(pid *actor.PID) bool {
+	s := v.byPID[pid.Id]
+	if s == nil || !s.pid.Equal(pid) {
+		return false
+	}
+	v.remove(s)
+	return true
+}
+
+func (v *workerView) list(epoch uint64) *WorkerList {
+	out := &WorkerList{Epoch: epoch, Workers: make([]WorkerView, 0, len(v.slots))}
+	for _, s := range v.slots {
+		if !s.live {
+			continue // evicted (R1): no longer listed
+		}
+		out.Workers = append(out.Workers, WorkerView{Info: s.info, InFlight: s.inFlight(), Routable: s.routable()})
+	}
+	slices.SortFunc(out.Workers, func(a, b WorkerView) int { return cmp.Compare(a.Info.ID, b.Info.ID) })
+	return out
+}
