@@ -150,7 +150,7 @@ type requestActor struct {
 	// What the actor holds and must release on every path (a worker also releases the holds
 	// of a requester that stops, so a crash between two lines here leaks nothing).
 	held     []hold // worker tickets picked for it and not yet released
-	kvHandle string       // a pushed KV handle on the decode worker, until consumed or released
+	kvHandle string // a pushed KV handle on the decode worker, until consumed or released
 	kvAddr   string
 
 	// The current I/O goroutine: gen tags its results (stale ones are ignored), cancel stops it,

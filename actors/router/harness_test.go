@@ -23,8 +23,8 @@ type rig struct {
 	clk     *clock.Fake
 	st      *state
 	sender  *actor.PID
-	ticks   int                // admTicks due, delivered after the message at hand
-	inbox   map[string][]any   // messages sent to each requester (by actor id)
+	ticks   int              // admTicks due, delivered after the message at hand
+	inbox   map[string][]any // messages sent to each requester (by actor id)
 	workers map[string]*fakeWorker
 	watched map[string]bool // actors the router watches
 	handled int             // messages handled

@@ -107,7 +107,7 @@ type Pick struct {
 	// Requester is the request actor: the picked workers watch it to release its holds if it
 	// stops first, and the router watches an admitted one to end its turn. nil only for
 	// callers that release their tickets themselves (tests, benchmarks); admission needs it.
-	Requester *actor.PID
+	Requester  *actor.PID
 	PrefixHash uint64 // Hash64 of the prefix key (R4), for affinity
 	// PrefixHashes are the chained 64-byte chunk hashes of the rendered prompt (R10 item 5),
 	// for prefix_aware routing and the classifier's cached tokens; nil when neither is on.
