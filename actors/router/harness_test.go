@@ -5,7 +5,7 @@ import (
 	"io"
 	"log/slog"
 	"slices"
-	"testing"
+	"strings"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -19,7 +19,7 @@ import (
 // the worker actors (holds by ticket, reports after a release, releases a stopped requester's
 // holds) and the request actors (their inboxes), on a fake clock.
 type rig struct {
-	t       testing.TB
+	t       tb
 	clk     *clock.Fake
 	st      *state
 	sender  *actor.PID
@@ -27,6 +27,7 @@ type rig struct {
 	inbox   map[string][]any // messages sent to each requester (by actor id)
 	workers map[string]*fakeWorker
 	watched map[string]bool // actors the router watches
+	gens    map[string]int  // registrations of each worker id so far
 	handled int             // messages handled
 }
 
@@ -40,9 +41,15 @@ type fakeWorker struct {
 
 var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 
-func newRig(t testing.TB, cfg Config) *rig {
+// tb is what the rig needs of a test (testing.TB or *rapid.T).
+type tb interface {
+	Helper()
+	Fatalf(format string, args ...any)
+}
+
+func newRig(t tb, cfg Config) *rig {
 	r := &rig{t: t, clk: clock.NewFake(t0), inbox: map[string][]any{}, workers: map[string]*fakeWorker{},
-		watched: map[string]bool{}}
+		watched: map[string]bool{}, gens: map[string]int{}}
 	if cfg.Policy == "" {
 		cfg.Policy = "least_outstanding"
 	}
@@ -73,6 +80,9 @@ func (r *rig) send(to *actor.PID, msg any) {
 		r.toWorker(w, msg)
 		return
 	}
+	if strings.HasPrefix(to.Id, "worker/") {
+		return // a worker actor that has stopped: the message is lost
+	}
 	r.inbox[to.Id] = append(r.inbox[to.Id], msg)
 }
 
@@ -101,7 +111,10 @@ func (r *rig) advance(d time.Duration) {
 	r.deliver(nil, admTick{}) // a spurious tick is harmless: the queue rearms itself
 }
 
-func workerPID(id string) *actor.PID { return actor.NewPID("local", "worker/"+id) }
+// workerPID is the actor of worker id's current registration (a new one after each leave).
+func (r *rig) workerPID(id string) *actor.PID {
+	return actor.NewPID("local", fmt.Sprintf("worker/%s#%d", id, r.gens[id]))
+}
 
 // join registers (or updates) a live unified worker.
 func (r *rig) join(id, model string, queue int64) {
@@ -109,7 +122,7 @@ func (r *rig) join(id, model string, queue int64) {
 }
 
 func (r *rig) joinRole(id, model string, role Role, queue int64) {
-	pid := workerPID(id)
+	pid := r.workerPID(id)
 	w := r.workers[pid.Id]
 	if w == nil {
 		w = &fakeWorker{pid: pid, holds: map[uint64]*actor.PID{}}
@@ -127,7 +140,8 @@ func (r *rig) report(w *fakeWorker) {
 
 // leave evicts a worker: its last report says not live, then its actor stops.
 func (r *rig) leave(id string) {
-	w := r.workers[workerPID(id).Id]
+	w := r.workers[r.workerPID(id).Id]
+	r.gens[id]++
 	w.live = false
 	r.report(w)
 	delete(r.workers, w.pid.Id)

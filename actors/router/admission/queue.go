@@ -181,6 +181,8 @@ func (q *Queue) sessionLaneKey(id string) string {
 
 // Admit classifies a new request and dispatches it at once when its lane is empty, the gate
 // says Go and a candidate has room; otherwise it queues it (or rejects it when over a limit).
+// A class that never queues (queue limit 0) is asked to the gate like any other
+// (GATE-PITFALLS 1, 9): what the gate would hold, or what finds no room, is rejected 429.
 func (q *Queue) Admit(e *Entry, h Host, cached func([]string) int) {
 	r := e.Req
 	if q.cfg.Policy != nil {
@@ -194,20 +196,6 @@ func (q *Queue) Admit(e *Entry, h Host, cached func([]string) int) {
 	e.capKey = e.Pool
 	if r.Allowed != nil {
 		e.capKey += "\x00" + strings.Join(r.Allowed, "\x00")
-	}
-	if c.cfg.QueueLimit == 0 {
-		// A class that never queues is not asked to the gate (R10.2); it still goes through
-		// the gate's Dispatched bookkeeping (GATE-PITFALLS 9).
-		if w, ok := h.Dispatch(e, ""); ok {
-			q.dispatched(e, w)
-			return
-		}
-		e.state = left
-		if q.observer != nil {
-			q.observer.Left(r)
-		}
-		h.Reject(e, ErrQueueFull)
-		return
 	}
 	l := q.laneFor(c, e)
 	if len(l.entries) == 0 {

@@ -354,8 +354,8 @@ func TestDispatchedExactlyOnce(t *testing.T) {
 	}
 }
 
-// TestLimitsAndExpiry: over queue_limit 429; past max_wait 503; queue_limit 0 never queues and
-// is not asked to the gate, but goes through Dispatched.
+// TestLimitsAndExpiry: over queue_limit 429; past max_wait 503; queue_limit 0 never queues: it
+// is asked to the gate like every class (a hold or no room is 429) and goes through Dispatched.
 func TestLimitsAndExpiry(t *testing.T) {
 	h := newHost("w1")
 	h.threshold = 1
@@ -373,17 +373,23 @@ func TestLimitsAndExpiry(t *testing.T) {
 	}
 	rt := entry("rt1", "rt", "", "w1")
 	q.Admit(rt, h, nil)
-	if !errors.Is(h.rejected[rt], ErrQueueFull) || q.GateAsks() != 1 {
+	if !errors.Is(h.rejected[rt], ErrQueueFull) || q.GateAsks() != 2 {
 		t.Fatalf("queue_limit 0 with no room: %v, asks %d", h.rejected[rt], q.GateAsks())
 	}
 	h.loads["w1"] = 0
 	rt2 := entry("rt2", "rt", "", "w1")
 	q.Admit(rt2, h, nil)
-	if g.dispatched["rt2"] != 1 || q.GateAsks() != 1 {
+	if g.dispatched["rt2"] != 1 || q.GateAsks() != 3 {
 		t.Fatalf("queue_limit 0 with room: dispatched %d, asks %d", g.dispatched["rt2"], q.GateAsks())
 	}
+	g.held["rt3"] = true
+	rt3 := entry("rt3", "rt", "", "w1")
+	q.Admit(rt3, h, nil)
+	if !errors.Is(h.rejected[rt3], ErrQueueFull) || g.dispatched["rt3"] != 0 || q.GateAsks() != 4 {
+		t.Fatalf("queue_limit 0 held by the gate: %v, dispatched %d", h.rejected[rt3], g.dispatched["rt3"])
+	}
 	h.advance(q, 5*time.Second-time.Nanosecond)
-	if len(h.rejected) != 2 {
+	if len(h.rejected) != 3 {
 		t.Fatalf("expired early: %v", h.rejected)
 	}
 	h.advance(q, time.Nanosecond)
