@@ -21,8 +21,8 @@ type checkedPolicy struct {
 	serial  bool // the policy is session_serial: at most one turn in flight per session
 	r       *rig // for the loads of the router's view
 	asks    int
-	base    int // asks before the step at hand
-	limit   int // asks allowed in one step (0 = no limit)
+	base    int                           // asks before the step at hand
+	limit   int                           // asks allowed in one step (0 = no limit)
 	running map[uint64]*admission.Request // dispatched, not completed
 	on      map[uint64]string             // where each runs
 	events  map[uint64][]string
@@ -181,7 +181,7 @@ func TestAdmissionRouterModel(t *testing.T) {
 			}
 			inner = admission.NewColdPool(admission.ColdPoolConfig{ColdThresholdTokens: 100, Workers: workers,
 				SoftDrainTimeout: time.Duration(rapid.IntRange(0, 2).Draw(rt, "soft_drain_s")) * time.Second,
-				SteerWarm: rapid.Bool().Draw(rt, "steer_warm"), QueueLimit: 4, MaxWait: 5 * time.Second}, nil)
+				SteerWarm:        rapid.Bool().Draw(rt, "steer_warm"), QueueLimit: 4, MaxWait: 5 * time.Second}, nil)
 		}
 		pol := checked(inner)
 		cfg := admissionCfg(pol, threshold)
@@ -210,9 +210,9 @@ func TestAdmissionRouterModel(t *testing.T) {
 }
 
 type routerModel struct {
-	r     *rig
-	pol   *checkedPolicy
-	t     *rapid.T
+	r    *rig
+	pol  *checkedPolicy
+	t    *rapid.T
 	reqs []*modelRequest
 	ids  int
 }
