@@ -80,3 +80,72 @@ func TestCrashedTurnDoesNotBlockItsSession(t *testing.T) {
 	}
 	h.InFlight("w1", 0)
 }
+
+// tagRecorder is a Cold Pool policy that records the tag of each request it sees dispatched.
+type tagRecorder struct {
+	*admission.ColdPool
+	tags chan string
+}
+
+func (p *tagRecorder) Gate() admission.Gate { return p }
+func (p *tagRecorder) Dispatched(r *admission.Request, w string) {
+	p.tags <- r.Tag
+	p.ColdPool.Dispatched(r, w)
+}
+
+// TestLongPromptSentTwiceIsNotColdAgain (issue 9 item 5): the prompt-size estimate and the
+// cached-prefix estimate cover the same bytes, so a 64 KB prompt is Cold the first time and,
+// sent again once the prefix index has seen it, mostly cached (not Cold) the second time.
+func TestLongPromptSentTwiceIsNotColdAgain(t *testing.T) {
+	pol := &tagRecorder{ColdPool: admission.NewColdPool(admission.ColdPoolConfig{ColdThresholdTokens: 2048, Workers: 1,
+		SteerWarm: true, QueueLimit: 10, MaxWait: time.Minute}, nil), tags: make(chan string, 4)}
+	h := gwtest.New(t, gwtest.WithPrefixIndex(4096), gwtest.WithAdmission(&router.AdmissionConfig{
+		Queue: admission.Config{
+			Classes:      []admission.ClassConfig{{Name: "default", Quantum: 1, QueueLimit: 10, MaxWait: time.Minute}},
+			DefaultClass: "default", Policy: pol, Recheck: time.Second,
+		},
+		PolicyName: "cold_pool",
+	}))
+	engine := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"choices":[{"text":"ok"}]}`)
+	}))
+	defer engine.Close()
+	for _, id := range []string{"w1", "w2", "w3"} {
+		w := gwtest.Worker(id, "smol", 0)
+		w.HTTPAddress = strings.TrimPrefix(engine.URL, "http://")
+		h.Beat(w)
+	}
+	deps := &request.Deps{
+		Router: h.GW.Router, Transport: httpapi.NewTransport(), MaxAttempts: 3, Admission: true, PrefixHashes: true,
+		Metrics: request.NewMetrics(nil), Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Errors: httpapi.ErrorWriter{},
+	}
+	api := httpapi.New(httpapi.Options{
+		Core: h.GW, Logger: deps.Logger,
+		Admission: httpapi.Admission{Enabled: true, DefaultClass: "default", AllowHeader: map[string]bool{"default": false}},
+		Serve:     func(x *request.Exchange) { request.Spawn(h.GW.System, deps, x) },
+	})
+	srv := httptest.NewServer(api)
+	defer srv.Close()
+	prompt := strings.Repeat("The quick brown fox jumps over the lazy dog. ", 1500) // 67.5 KB
+	body := `{"model":"smol","prompt":"` + prompt + `"}`
+	for i, want := range []string{admission.TagCold, ""} {
+		resp, err := http.Post(srv.URL+"/v1/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("request %d: status %d", i, resp.StatusCode)
+		}
+		select {
+		case got := <-pol.tags:
+			if got != want {
+				t.Fatalf("request %d was tagged %q, want %q", i, got, want)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("request %d was never dispatched", i)
+		}
+	}
+}
