@@ -37,7 +37,8 @@ type admitter struct {
 	entries     map[uint64]*admitted // by request key
 	byRequester map[string]uint64    // requester actor id → request key
 	clock       clock.Clock
-	armed       time.Time
+	armed       time.Time   // when the one queue timer fires (zero: none)
+	timer       clock.Timer // that timer, stopped when an earlier time is asked
 	metrics     admissionMetrics
 	policy      string
 }
@@ -208,7 +209,7 @@ func (a *admitter) tick(fx effects) {
 	if a == nil {
 		return
 	}
-	a.armed = time.Time{}
+	a.armed, a.timer = time.Time{}, nil
 	a.q.Tick(host{a, fx})
 	a.gauges()
 }
@@ -311,15 +312,19 @@ func (h host) Reject(e *admission.Entry, err error) {
 	h.fx.send(ad.requester, &out)
 }
 
-// ArmTimer implements admission.Host: one clock timer for the earliest time asked.
+// ArmTimer implements admission.Host: one clock timer, for the earliest time asked (a timer
+// for a later time is stopped, so no stale tick wakes the queue).
 func (h host) ArmTimer(at time.Time) {
 	a := h.a
 	now := a.clock.Now()
 	if !a.armed.IsZero() && a.armed.After(now) && !at.Before(a.armed) {
 		return
 	}
+	if a.timer != nil {
+		a.timer.Stop()
+	}
 	a.armed = at
-	h.fx.tickAfter(at.Sub(now))
+	a.timer = h.fx.tickAfter(at.Sub(now))
 }
 
 // admissionMetrics are the queue's series (R11).

@@ -29,6 +29,8 @@ type rig struct {
 	watched map[string]bool // actors the router watches
 	gens    map[string]int  // registrations of each worker id so far
 	handled int             // messages handled
+	// onMessage runs before each message the router handles (the model's per-message budget).
+	onMessage func()
 }
 
 type fakeWorker struct {
@@ -88,27 +90,37 @@ func (r *rig) send(to *actor.PID, msg any) {
 
 func (r *rig) watch(pid *actor.PID) { r.watched[pid.Id] = true }
 
-func (r *rig) tickAfter(d time.Duration) {
-	r.clk.AfterFunc(d, func() { r.ticks++ })
+func (r *rig) tickAfter(d time.Duration) clock.Timer {
+	return r.clk.AfterFunc(d, func() { r.ticks++ })
 }
 
 // deliver hands the router one message from `from`, then the ticks that fell due.
 func (r *rig) deliver(from *actor.PID, msg any) {
 	r.sender = from
-	r.handled++
-	r.st.handle(msg, r)
+	r.handle(msg)
 	for r.ticks > 0 {
 		r.ticks--
 		r.sender = nil
-		r.handled++
-		r.st.handle(admTick{}, r)
+		r.handle(admTick{})
 	}
+}
+
+func (r *rig) handle(msg any) {
+	r.handled++
+	if r.onMessage != nil {
+		r.onMessage()
+	}
+	r.st.handle(msg, r)
 }
 
 // advance moves the clock and delivers the router's ticks.
 func (r *rig) advance(d time.Duration) {
 	r.clk.Advance(d)
-	r.deliver(nil, admTick{}) // a spurious tick is harmless: the queue rearms itself
+	for r.ticks > 0 {
+		r.ticks--
+		r.sender = nil
+		r.handle(admTick{})
+	}
 }
 
 // workerPID is the actor of worker id's current registration (a new one after each leave).

@@ -55,7 +55,7 @@ func (p *checkedPolicy) Gate() admission.Gate { return p }
 func (p *checkedPolicy) Check(r *admission.Request, v admission.View) admission.Decision {
 	p.asks++
 	if p.limit > 0 && p.asks-p.base > p.limit && p.fail != nil {
-		p.fail("one step asked the gate more than %d times: the router loops", p.limit) // never returns
+		p.fail("one message asked the gate more than %d times: the router loops", p.limit) // never returns
 	}
 	if p.gate == nil {
 		return admission.Decision{Go: true}
@@ -191,6 +191,7 @@ func TestAdmissionRouterModel(t *testing.T) {
 		}
 		r := newRig(rt, Config{Admission: cfg, Routes: []config.Route{routeOf("r", "nobody")}})
 		pol.r = r
+		r.onMessage = func() { pol.base = pol.asks }
 		pol.fail = func(format string, args ...any) { rt.Fatalf(format, args...) }
 		m := &routerModel{r: r, pol: pol, t: rt}
 		rt.Repeat(map[string]func(*rapid.T){
@@ -390,9 +391,8 @@ func (m *routerModel) advance(t *rapid.T) {
 
 // check runs after every step.
 func (m *routerModel) check(t *rapid.T) {
-	// Bounded work: the gate is asked at most a few times per live request and worker in one
-	// step (a loop would ask without end: the checked gate stops it at the limit).
-	m.pol.base = m.pol.asks
+	// Bounded work: one message asks the gate at most a few times per live request and
+	// worker (a loop would ask without end: the checked gate stops it at the limit).
 	m.pol.limit = 4 * (len(m.live()) + len(modelWorkers) + 2)
 	// The router's in-flight figure is the workers' own count.
 	for _, w := range m.r.workers {

@@ -80,7 +80,7 @@ type effects interface {
 	respond(msg any)             // to the sender of the message at hand
 	send(to *actor.PID, msg any) // to any actor
 	watch(pid *actor.PID)        // *actor.Terminated arrives when pid stops
-	tickAfter(d time.Duration)   // an admTick arrives after d on the clock
+	tickAfter(d time.Duration) clock.Timer // an admTick arrives after d on the clock
 }
 
 type routerActor struct {
@@ -97,9 +97,9 @@ type ctxEffects struct {
 func (e ctxEffects) respond(msg any)             { e.c.Respond(msg) }
 func (e ctxEffects) send(to *actor.PID, msg any) { e.c.Send(to, msg) }
 func (e ctxEffects) watch(pid *actor.PID)        { e.c.Watch(pid) }
-func (e ctxEffects) tickAfter(d time.Duration) {
+func (e ctxEffects) tickAfter(d time.Duration) clock.Timer {
 	self, root := e.c.Self(), e.c.ActorSystem().Root
-	e.clock.AfterFunc(d, func() { root.Send(self, admTick{}) })
+	return e.clock.AfterFunc(d, func() { root.Send(self, admTick{}) })
 }
 
 // Receive handles the router's messages.
