@@ -77,9 +77,9 @@ func Props(cfg Config, opts ...actor.PropsOption) (*actor.Props, error) {
 // effects is how the router's logic reaches other actors: the actor's context in production,
 // a recorder in tests that drive the logic without an actor system.
 type effects interface {
-	respond(msg any)             // to the sender of the message at hand
-	send(to *actor.PID, msg any) // to any actor
-	watch(pid *actor.PID)        // *actor.Terminated arrives when pid stops
+	respond(msg any)                       // to the sender of the message at hand
+	send(to *actor.PID, msg any)           // to any actor
+	watch(pid *actor.PID)                  // *actor.Terminated arrives when pid stops
 	tickAfter(d time.Duration) clock.Timer // an admTick arrives after d on the clock
 }
 
