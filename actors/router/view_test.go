@@ -1,0 +1,143 @@
+package router
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/tlgw/tlgw/internal/config"
+	"github.com/tlgw/tlgw/internal/errs"
+)
+
+// TestViewCountsPicksUntilTheWorkerReports: a pick sends the worker its Acquire and counts in
+// the router's optimistic delta; the worker's report carries the same number, so the figure
+// never jumps; a stale report (fewer Acquires seen) is ignored.
+func TestViewCountsPicksUntilTheWorkerReports(t *testing.T) {
+	r := newRig(t, Config{})
+	r.join("w1", "smol", 0)
+	q := r.newRequester()
+	p := r.st.pick(&Pick{Model: "smol", RequestID: "x", Requester: q.pid}, r)
+	if p.Err != nil || p.Ticket == 0 {
+		t.Fatalf("pick: %+v", p)
+	}
+	w := r.workers[r.workerPID("w1").Id]
+	if w.holds[p.Ticket] != q.pid || r.inFlight("w1") != 1 {
+		t.Fatalf("holds %v, router in flight %d", w.holds, r.inFlight("w1"))
+	}
+	s := r.st.view.slots["w1"]
+	if s.acqSent != 1 || s.acqSeen != 0 {
+		t.Fatalf("delta before the report: sent %d seen %d", s.acqSent, s.acqSeen)
+	}
+	r.report(w) // a heartbeat: in flight 1, 1 Acquire seen
+	if s.acqSeen != 1 || s.reported != 1 || r.inFlight("w1") != 1 {
+		t.Fatalf("after the report: seen %d reported %d in flight %d", s.acqSeen, s.reported, r.inFlight("w1"))
+	}
+	r.deliver(w.pid, &LoadReport{ID: "w1", InFlight: 0, AcqSeen: 0}) // stale
+	if r.inFlight("w1") != 1 {
+		t.Fatalf("a stale report changed the figure to %d", r.inFlight("w1"))
+	}
+	q.release(p)
+	if r.inFlight("w1") != 0 || len(w.holds) != 0 {
+		t.Fatalf("after release: %d, holds %v", r.inFlight("w1"), w.holds)
+	}
+	if r.st.view.list(7).Epoch != 7 {
+		t.Fatal("the listing carries the epoch it is given")
+	}
+}
+
+// TestViewPoolsFollowRoutability: a draining worker leaves its pool (and picks), comes back
+// when it stops draining, a model is served while a live worker has it, and an evicted worker
+// is gone from the listing.
+func TestViewPoolsFollowRoutability(t *testing.T) {
+	r := newRig(t, Config{})
+	r.join("w1", "smol", 0)
+	r.join("w2", "smol", 0)
+	if r.st.view.routable != 2 || !r.st.served("smol") || r.st.served("big") {
+		t.Fatalf("routable %d, models %v", r.st.view.routable, r.st.view.models)
+	}
+	w1 := r.workers[r.workerPID("w1").Id]
+	w1.info.Draining = true
+	r.report(w1)
+	if r.st.view.routable != 1 || len(r.st.view.pools[poolKey{"smol", RoleUnified}].members) != 1 {
+		t.Fatalf("draining w1: routable %d", r.st.view.routable)
+	}
+	for i := 0; i < 3; i++ {
+		if p := r.st.pick(&Pick{Model: "smol"}, r); p.WorkerID != "w2" {
+			t.Fatalf("pick %d went to %s while w1 drains", i, p.WorkerID)
+		}
+	}
+	w1.info.Draining = false
+	r.report(w1)
+	if r.st.view.routable != 2 {
+		t.Fatalf("w1 back: routable %d", r.st.view.routable)
+	}
+	r.leave("w2")
+	r.leave("w1")
+	if r.st.view.routable != 0 || r.st.served("smol") || len(r.st.view.list(1).Workers) != 0 || len(r.st.view.pools) != 0 {
+		t.Fatalf("after eviction: routable %d, models %v", r.st.view.routable, r.st.view.models)
+	}
+	if p := r.st.pick(&Pick{Model: "smol"}, r); !errors.Is(p.Err, errs.ErrModelNotFound) {
+		t.Fatalf("a model nobody serves and no route names: %v", p.Err)
+	}
+}
+
+// TestViewDisaggregatedNeedsBoth: a disaggregated route picks a decode and a prefill worker
+// (each sent its Acquire) and is no_capacity while either pool is empty.
+func TestViewDisaggregatedNeedsBoth(t *testing.T) {
+	r := newRig(t, Config{Routes: []config.Route{{Model: "pd", Targets: []string{config.TargetDisaggregated}}}})
+	r.joinRole("d1", "pd", RoleDecode, 0)
+	if p := r.st.pick(&Pick{Model: "pd"}, r); !errors.Is(p.Err, errs.ErrNoCapacity) {
+		t.Fatalf("no prefill worker: %+v", p)
+	}
+	if r.inFlight("d1") != 0 {
+		t.Fatal("a failed disaggregated pick reserved the decode worker")
+	}
+	r.joinRole("p1", "pd", RolePrefill, 0)
+	p := r.st.pick(&Pick{Model: "pd"}, r)
+	if p.Err != nil || p.WorkerID != "d1" || p.Prefill == nil || p.Prefill.WorkerID != "p1" || p.Prefill.Ticket == p.Ticket {
+		t.Fatalf("pick: %+v", p)
+	}
+	if r.inFlight("d1") != 1 || r.inFlight("p1") != 1 {
+		t.Fatalf("in flight d1 %d p1 %d", r.inFlight("d1"), r.inFlight("p1"))
+	}
+}
+
+// TestRouteTable: aliases and cascade steps resolve, a served model with no route is its own
+// route, an unknown model is model_not_found, and a PUT needs the current epoch.
+func TestRouteTable(t *testing.T) {
+	rt := newRouteTable([]config.Route{
+		{Model: "smol", Aliases: []string{"small"}, Backends: []config.Backend{{Model: "smol-v3", Weight: 1}}},
+		{Model: "auto", Cascade: []config.CascadeStep{{Model: "smol", AcceptIf: "mean_logprob > -1"}, {Model: "big"}}},
+	})
+	served := func(m string) bool { return m == "raw" }
+	cases := []struct {
+		model, route, served string
+		step                 int
+		steps                int
+	}{
+		{"small", "smol", "smol-v3", 0, 1},
+		{"raw", "raw", "raw", 0, 1},
+		{"auto", "auto", "big", 1, 2}, // Step LastStep
+	}
+	for _, c := range cases {
+		got := rt.resolve(&Pick{Model: c.model, Step: LastStep}, served)
+		if got.out.Err != nil || got.out.Route != c.route || got.out.ServedModel != c.served || got.out.Step != c.step || got.out.Steps != c.steps {
+			t.Fatalf("%s: %+v", c.model, got.out)
+		}
+	}
+	if got := rt.resolve(&Pick{Model: "auto", Step: 0}, served); got.out.ServedModel != "smol" || got.out.Accept == nil {
+		t.Fatalf("first cascade step: %+v", got.out)
+	}
+	if got := rt.resolve(&Pick{Model: "nope"}, served); !errors.Is(got.out.Err, errs.ErrModelNotFound) {
+		t.Fatalf("unknown: %v", got.out.Err)
+	}
+	if _, err := rt.put(2, nil); !errors.Is(err, errs.ErrEtagMismatch) || rt.epoch != 1 {
+		t.Fatalf("stale put: %v, epoch %d", err, rt.epoch)
+	}
+	out, err := rt.put(1, []config.Route{{Model: "x"}})
+	if err != nil || out.Epoch != 2 || len(rt.view().Routes) != 1 {
+		t.Fatalf("put: %+v %v", out, err)
+	}
+	if got := rt.resolve(&Pick{Model: "small"}, served); !errors.Is(got.out.Err, errs.ErrModelNotFound) {
+		t.Fatal("the old alias still resolves after the table was replaced")
+	}
+}
