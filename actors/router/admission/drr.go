@@ -40,7 +40,7 @@ func (q *Queue) Pump(h Host) {
 	if n == 0 {
 		return
 	}
-	clear(q.full)
+	q.pump++
 	for {
 		c, e, target := q.popNext(h)
 		if e == nil {
@@ -51,8 +51,8 @@ func (q *Queue) Pump(h Host) {
 			// The host found no room although the view showed some: the set is full for
 			// this pump.
 			e.wait = WaitCapacity
-			q.full[e.capKey] = true
 			q.block(e.lane, e, h)
+			e.lane.group.full = q.pump
 			continue
 		}
 		c.deficit--
@@ -103,9 +103,9 @@ func (q *Queue) nextHead(c *class, h Host) (*Entry, string) {
 		if c.ready.Len() > 0 {
 			l = c.ready[0]
 		}
-		for key, g := range c.capWait {
-			if !q.full[key] && (l == nil || (*g)[0].head().seq < l.head().seq) {
-				l = (*g)[0]
+		for _, g := range c.groups {
+			if g.full != q.pump && (l == nil || g.lanes[0].head().seq < l.head().seq) {
+				l = g.lanes[0]
 			}
 		}
 		if l == nil {
@@ -116,9 +116,13 @@ func (q *Queue) nextHead(c *class, h Host) (*Entry, string) {
 		if ok {
 			return e, d.Target
 		}
-		if e.wait.blocksOnCapacity() {
-			q.full[e.capKey] = true // every head of this candidate set would find the same
+		if !e.wait.blocksOnCapacity() {
+			q.block(l, e, h) // held by the gate
+			continue
 		}
-		q.block(l, e, h)
+		if l.where != inCapWait || l.group.key != e.capKey {
+			q.block(l, e, h)
+		}
+		l.group.full = q.pump // every head of this candidate set would find the same
 	}
 }

@@ -31,7 +31,7 @@ type lane struct {
 	// Scheduling state: where the lane waits (idx is its place in that heap).
 	where       laneWhere
 	idx         int
-	capKey      string // the capacity group it waits in (inCapWait)
+	group       *capGroup // the capacity group it waits in (inCapWait)
 	holdUntil   time.Time
 	sessionOnly bool // the gate said only the session's own completion can release it
 }
@@ -53,14 +53,23 @@ type class struct {
 	deficit int
 	lanes   map[string]*lane
 	ready   laneHeap // lanes whose head may be dispatchable, oldest head first
-	// capWait groups the lanes blocked on capacity by candidate set, oldest head first: a
-	// set found full in a pump is skipped whole, so a capacity free asks one head per set.
-	capWait map[string]*laneHeap
+	// groups are the lanes blocked on capacity, by candidate set, oldest head first: a set
+	// found full in a pump is skipped whole, so a capacity free asks one head per set.
+	groups  []*capGroup
+	groupBy map[string]*capGroup
 	held    map[*lane]struct{} // lanes the gate holds
 	queued  int
 	byKind  [3]int         // queued per lane kind
 	named   map[string]int // queued per classifier lane name (its limit spans candidate sets)
 	index   int
+}
+
+// capGroup is one candidate set's capacity-blocked lanes of a class.
+type capGroup struct {
+	key   string
+	lanes laneHeap
+	idx   int    // place in class.groups
+	full  uint64 // the pump in which a head of the set found no room
 }
 
 // laneFor finds (or opens) the request's lane: its classifier-named lane, else its session's,
@@ -69,12 +78,15 @@ type class struct {
 // its turns stay in order).
 func (q *Queue) laneFor(c *class, e *Entry) *lane {
 	r := e.Req
-	key, kind := "p:"+e.capKey, sharedLane
+	var key string
+	kind := sharedLane
 	switch {
 	case r.Lane != "":
 		key, kind = "l:"+r.Lane+"\x00"+e.capKey, namedLane
 	case r.SessionID != "":
 		key, kind = q.sessionLaneKey(r.SessionID), sessionLane
+	default:
+		key = "p:" + e.capKey
 	}
 	l := c.lanes[key]
 	if l == nil {
@@ -104,11 +116,16 @@ func (q *Queue) detach(l *lane) {
 	case inReady:
 		heap.Remove(&c.ready, l.idx)
 	case inCapWait:
-		g := c.capWait[l.capKey]
-		heap.Remove(g, l.idx)
-		if g.Len() == 0 {
-			delete(c.capWait, l.capKey)
+		g := l.group
+		heap.Remove(&g.lanes, l.idx)
+		if g.lanes.Len() == 0 {
+			last := c.groups[len(c.groups)-1]
+			c.groups[g.idx], last.idx = last, g.idx
+			c.groups[len(c.groups)-1] = nil
+			c.groups = c.groups[:len(c.groups)-1]
+			delete(c.groupBy, g.key)
 		}
+		l.group = nil
 	case inHeld:
 		delete(c.held, l)
 	}
@@ -122,13 +139,15 @@ func (q *Queue) detach(l *lane) {
 func (q *Queue) block(l *lane, head *Entry, h Host) {
 	q.detach(l)
 	if head.wait.blocksOnCapacity() {
-		g := l.cls.capWait[head.capKey]
+		c := l.cls
+		g := c.groupBy[head.capKey]
 		if g == nil {
-			g = &laneHeap{}
-			l.cls.capWait[head.capKey] = g
+			g = &capGroup{key: head.capKey, idx: len(c.groups)}
+			c.groups = append(c.groups, g)
+			c.groupBy[head.capKey] = g
 		}
-		l.where, l.capKey = inCapWait, head.capKey
-		heap.Push(g, l)
+		l.where, l.group = inCapWait, g
+		heap.Push(&g.lanes, l)
 		return
 	}
 	l.where = inHeld

@@ -132,14 +132,13 @@ type Queue struct {
 	sessKey  [16]byte
 	expiry   deadlineHeap
 	armed    time.Time
-	asks     uint64          // gate Check calls, for tests of the no-spin rule
-	full     map[string]bool // candidate sets found without room in the current pump
+	asks     uint64 // gate Check calls, for tests of the no-spin rule
+	pump     uint64 // numbers the pumps: a capacity group found full is skipped for the pump
 }
 
 // New builds a queue. Unknown or duplicate class names are the caller's to validate.
 func New(cfg Config) *Queue {
-	q := &Queue{cfg: cfg, byName: make(map[string]*class), full: make(map[string]bool),
-		lanes: maps.Clone(cfg.Lanes)}
+	q := &Queue{cfg: cfg, byName: make(map[string]*class), lanes: maps.Clone(cfg.Lanes)}
 	if q.lanes == nil {
 		q.lanes = make(map[string]LaneLimit)
 	}
@@ -156,7 +155,7 @@ func New(cfg Config) *Queue {
 		if cc.Quantum < 1 {
 			cc.Quantum = 1
 		}
-		c := &class{cfg: cc, lanes: make(map[string]*lane), capWait: make(map[string]*laneHeap),
+		c := &class{cfg: cc, lanes: make(map[string]*lane), groupBy: make(map[string]*capGroup),
 			held: make(map[*lane]struct{}), named: make(map[string]int), index: i}
 		q.classes = append(q.classes, c)
 		q.byName[cc.Name] = c
