@@ -7,6 +7,7 @@ import (
 
 	"github.com/tlgw/tlgw/actors/router"
 	"github.com/tlgw/tlgw/actors/router/admission"
+	"github.com/tlgw/tlgw/actors/router/admission/sessionserial"
 	"github.com/tlgw/tlgw/internal/errs"
 	"github.com/tlgw/tlgw/internal/gwtest"
 )
@@ -33,7 +34,7 @@ func admitPick(h *gwtest.Harness, key uint64, id, model, session string) *gwtest
 // TestSessionSerialThroughRouter: the router queues a session's second turn until the first
 // has ended (its request actor stopped); another session is not delayed.
 func TestSessionSerialThroughRouter(t *testing.T) {
-	h := gwtest.New(t, gwtest.WithAdmission(admissionConfig(admission.NewSessionSerial(), 0)))
+	h := gwtest.New(t, gwtest.WithAdmission(admissionConfig(sessionserial.New(), 0)))
 	h.Beat(gwtest.Worker("w1", "smol", 0))
 	t1, t2 := admitPick(h, 1, "t1", "smol", "alice"), admitPick(h, 2, "t2", "smol", "alice")
 	if m, ok := t1.Next().(*router.Picked); !ok || m.Err != nil || !m.Admitted {

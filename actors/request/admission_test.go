@@ -15,6 +15,8 @@ import (
 	"github.com/tlgw/tlgw/actors/request"
 	"github.com/tlgw/tlgw/actors/router"
 	"github.com/tlgw/tlgw/actors/router/admission"
+	"github.com/tlgw/tlgw/actors/router/admission/coldpool"
+	"github.com/tlgw/tlgw/actors/router/admission/sessionserial"
 	httpapi "github.com/tlgw/tlgw/adapters/http"
 	"github.com/tlgw/tlgw/internal/gwtest"
 )
@@ -25,7 +27,7 @@ func TestCrashedTurnDoesNotBlockItsSession(t *testing.T) {
 	h := gwtest.New(t, gwtest.WithAdmission(&router.AdmissionConfig{
 		Queue: admission.Config{
 			Classes:      []admission.ClassConfig{{Name: "default", Quantum: 1, QueueLimit: 10, MaxWait: time.Minute}},
-			DefaultClass: "default", Policy: admission.NewSessionSerial(), Recheck: time.Second,
+			DefaultClass: "default", Policy: sessionserial.New(), Recheck: time.Second,
 		},
 		PolicyName: "session_serial",
 	}))
@@ -83,21 +85,21 @@ func TestCrashedTurnDoesNotBlockItsSession(t *testing.T) {
 
 // tagRecorder is a Cold Pool policy that records the tag of each request it sees dispatched.
 type tagRecorder struct {
-	*admission.ColdPool
+	*coldpool.Policy
 	tags chan string
 }
 
 func (p *tagRecorder) Gate() admission.Gate { return p }
 func (p *tagRecorder) Dispatched(r *admission.Request, w string) {
 	p.tags <- r.Tag
-	p.ColdPool.Dispatched(r, w)
+	p.Policy.Dispatched(r, w)
 }
 
 // TestLongPromptSentTwiceIsNotColdAgain (issue 9 item 5): the prompt-size estimate and the
 // cached-prefix estimate cover the same bytes, so a 64 KB prompt is Cold the first time and,
 // sent again once the prefix index has seen it, mostly cached (not Cold) the second time.
 func TestLongPromptSentTwiceIsNotColdAgain(t *testing.T) {
-	pol := &tagRecorder{ColdPool: admission.NewColdPool(admission.ColdPoolConfig{ColdThresholdTokens: 2048, Workers: 1,
+	pol := &tagRecorder{Policy: coldpool.New(coldpool.Config{ColdThresholdTokens: 2048, Workers: 1,
 		SteerWarm: true, QueueLimit: 10, MaxWait: time.Minute}, nil), tags: make(chan string, 4)}
 	h := gwtest.New(t, gwtest.WithPrefixIndex(4096), gwtest.WithAdmission(&router.AdmissionConfig{
 		Queue: admission.Config{
@@ -130,7 +132,7 @@ func TestLongPromptSentTwiceIsNotColdAgain(t *testing.T) {
 	defer srv.Close()
 	prompt := strings.Repeat("The quick brown fox jumps over the lazy dog. ", 1500) // 67.5 KB
 	body := `{"model":"smol","prompt":"` + prompt + `"}`
-	for i, want := range []string{admission.TagCold, ""} {
+	for i, want := range []string{coldpool.TagCold, ""} {
 		resp, err := http.Post(srv.URL+"/v1/completions", "application/json", strings.NewReader(body))
 		if err != nil {
 			t.Fatal(err)

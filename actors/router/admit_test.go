@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/tlgw/tlgw/actors/router/admission"
+	"github.com/tlgw/tlgw/actors/router/admission/coldpool"
+	"github.com/tlgw/tlgw/actors/router/admission/sessionserial"
 	"github.com/tlgw/tlgw/internal/config"
 	"github.com/tlgw/tlgw/internal/errs"
 )
@@ -30,7 +32,7 @@ func runBounded(t *testing.T, what string, f func()) {
 func TestNoWorkerAnswersAtOnce(t *testing.T) {
 	r := newRig(t, Config{
 		Routes:    []config.Route{routeOf("r", "r-v1"), {Model: "pd", Targets: []string{config.TargetDisaggregated}}},
-		Admission: admissionCfg(admission.NewSessionSerial(), 0),
+		Admission: admissionCfg(sessionserial.New(), 0),
 	})
 	r.joinRole("d1", "pd", RoleDecode, 0)
 	for _, model := range []string{"r", "pd"} {
@@ -77,14 +79,14 @@ func TestQueuedRequestOutlivesItsLastWorker(t *testing.T) {
 // TestColdPoolGoneWaits (item 1): every member of a queued Cold request's pool leaves; it
 // does not go elsewhere and the router does not loop; when a member is back it goes there.
 func TestColdPoolGoneWaits(t *testing.T) {
-	cp := admission.NewColdPool(admission.ColdPoolConfig{ColdThresholdTokens: 100, Workers: 1,
+	cp := coldpool.New(coldpool.Config{ColdThresholdTokens: 100, Workers: 1,
 		SoftDrainTimeout: time.Hour, SteerWarm: true, MaxWait: 30 * time.Second, QueueLimit: 10}, nil)
 	r := newRig(t, Config{Admission: admissionCfg(cp, 1)})
 	ids := []string{"w1", "w2", "w3"}
 	for _, id := range ids {
 		r.join(id, "smol", 1) // all full
 	}
-	member := admission.PoolMembers(ids, 1)[0]
+	member := coldpool.PoolMembers(ids, 1)[0]
 	c := r.newRequester()
 	c.tag++
 	r.deliver(c.pid, &Pick{Model: "smol", RequestID: "c", Key: c.key, Requester: c.pid, Tag: c.tag,
@@ -121,7 +123,7 @@ func TestSharedRequestIDs(t *testing.T) {
 	}
 	b.silent()
 
-	s := newRig(t, Config{Admission: admissionCfg(admission.NewSessionSerial(), 0)})
+	s := newRig(t, Config{Admission: admissionCfg(sessionserial.New(), 0)})
 	s.join("w1", "smol", 0)
 	first, retry, next := s.newRequester(), s.newRequester(), s.newRequester()
 	first.pick("turn", "smol", "alice")
@@ -174,7 +176,7 @@ func (g *recordingGate) Recheck() time.Duration { return g.g.Recheck() }
 // (never a non-member), the gate's bookkeeping follows the worker used, and a pick repeated
 // after a timeout moves it too; the request's end completes it once, on the last worker.
 func TestRepicksKeepAdmission(t *testing.T) {
-	cp := admission.NewColdPool(admission.ColdPoolConfig{ColdThresholdTokens: 100, Workers: 2,
+	cp := coldpool.New(coldpool.Config{ColdThresholdTokens: 100, Workers: 2,
 		SoftDrainTimeout: 0, SteerWarm: true, MaxWait: 30 * time.Second, QueueLimit: 10}, nil)
 	g := record(cp)
 	r := newRig(t, Config{Admission: admissionCfg(g, 0)})
@@ -182,7 +184,7 @@ func TestRepicksKeepAdmission(t *testing.T) {
 	for _, id := range ids {
 		r.join(id, "smol", 0)
 	}
-	pool := admission.PoolMembers(ids, 2)
+	pool := coldpool.PoolMembers(ids, 2)
 	c := r.newRequester()
 	ask := func(exclude ...string) *Picked {
 		c.tag++

@@ -9,6 +9,8 @@ import (
 	"pgregory.net/rapid"
 
 	"github.com/tlgw/tlgw/actors/router/admission"
+	"github.com/tlgw/tlgw/actors/router/admission/coldpool"
+	"github.com/tlgw/tlgw/actors/router/admission/sessionserial"
 	"github.com/tlgw/tlgw/internal/config"
 )
 
@@ -42,7 +44,7 @@ func checked(inner admission.Policy) *checkedPolicy {
 	if inner != nil {
 		p.gate = inner.Gate()
 	}
-	_, p.serial = inner.(*admission.SessionSerial)
+	_, p.serial = inner.(*sessionserial.Policy)
 	return p
 }
 
@@ -173,13 +175,13 @@ func TestAdmissionRouterModel(t *testing.T) {
 		var inner admission.Policy
 		switch kind {
 		case "session_serial":
-			inner = admission.NewSessionSerial()
+			inner = sessionserial.New()
 		case "cold_pool", "cold_pool_baseline":
 			workers := 1
 			if kind == "cold_pool_baseline" {
 				workers = 0
 			}
-			inner = admission.NewColdPool(admission.ColdPoolConfig{ColdThresholdTokens: 100, Workers: workers,
+			inner = coldpool.New(coldpool.Config{ColdThresholdTokens: 100, Workers: workers,
 				SoftDrainTimeout: time.Duration(rapid.IntRange(0, 2).Draw(rt, "soft_drain_s")) * time.Second,
 				SteerWarm:        rapid.Bool().Draw(rt, "steer_warm"), QueueLimit: 4, MaxWait: 5 * time.Second}, nil)
 		}

@@ -20,6 +20,7 @@ import (
 	"github.com/tlgw/tlgw/actors/request"
 	"github.com/tlgw/tlgw/actors/router"
 	"github.com/tlgw/tlgw/actors/router/admission"
+	_ "github.com/tlgw/tlgw/actors/router/admission/classifiers" // the classifier names config may use
 	grpcapi "github.com/tlgw/tlgw/adapters/grpc"
 	httpapi "github.com/tlgw/tlgw/adapters/http"
 	"github.com/tlgw/tlgw/adapters/scrape"
@@ -73,11 +74,7 @@ func Start(cfg *config.Config, o Options) (*App, error) {
 	if err != nil {
 		return nil, err
 	}
-	prefixBlocks := 0
-	if g.RoutePolicy == config.PolicyPrefixAware ||
-		(cfg.Admission.Enabled && cfg.Admission.Classifier.Type == config.ClassifierColdPool) {
-		prefixBlocks = cfg.Admission.PrefixIndex.BlocksPerWorker
-	}
+	prefixBlocks := prefixIndexBlocks(cfg, admCfg)
 	gw, err := gateway.Start(gateway.Config{
 		Admission: admCfg, PrefixIndexBlocks: prefixBlocks,
 		Clock: o.Clock, Policy: g.RoutePolicy, LoadFactor: g.AffinityLoadFactor, Routes: g.Routes,
@@ -178,16 +175,9 @@ func admissionConfig(cfg *config.Config, clk clock.Clock) (*router.AdmissionConf
 		return nil, nil
 	}
 	c := a.Classifier
-	pol, err := admission.NewPolicy(c.Type, admission.PolicyOptions{
-		ColdPool: admission.ColdPoolConfig{
-			ColdThresholdTokens: c.ColdThresholdTokens, Workers: c.Workers,
-			SoftDrainTimeout: c.SoftDrainTimeout, SteerWarm: c.SteerWarm,
-			QueueLimit: c.ColdQueueLimit, MaxWait: c.ColdMaxWait,
-		},
-		Now: clk.Now,
-	})
+	pol, err := admission.NewPolicy(c.Type, c.Options, admission.Env{Now: clk.Now})
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("config: %w", err) // config.Parse checked it; a hand-built Config may not be
 	}
 	q := admission.Config{DefaultClass: a.DefaultClass, Policy: pol, Recheck: a.Recheck}
 	for _, cl := range a.Classes {
@@ -196,6 +186,15 @@ func admissionConfig(cfg *config.Config, clk clock.Clock) (*router.AdmissionConf
 		})
 	}
 	return &router.AdmissionConfig{Queue: q, BusyThreshold: a.BusyThreshold, PolicyName: c.Type}, nil
+}
+
+// prefixIndexBlocks sizes the router's prefix index: on (BlocksPerWorker) for route_policy =
+// "prefix_aware" or an admission policy that reads cached tokens, off (0) otherwise.
+func prefixIndexBlocks(cfg *config.Config, adm *router.AdmissionConfig) int {
+	if cfg.Gateway.RoutePolicy == config.PolicyPrefixAware || (adm != nil && admission.NeedsPrefixIndex(adm.Queue.Policy)) {
+		return cfg.Admission.PrefixIndex.BlocksPerWorker
+	}
+	return 0
 }
 
 func httpAdmission(cfg *config.Config) httpapi.Admission {

@@ -33,15 +33,9 @@ func TestAdmissionDefaults(t *testing.T) {
 		Enabled:      true,
 		DefaultClass: "default",
 		Classes:      []Class{{Name: "default", Quantum: 1, QueueLimit: 1024, MaxWait: 30 * time.Second}},
-		Classifier: Classifier{
-			Type:           ClassifierDefault,
-			Workers:        1,
-			SteerWarm:      true,
-			ColdQueueLimit: 256,
-			ColdMaxWait:    60 * time.Second,
-		},
-		PrefixIndex: PrefixIndexConfig{BlocksPerWorker: 4096},
-		Recheck:     time.Second,
+		Classifier:   Classifier{Type: ClassifierDefault},
+		PrefixIndex:  PrefixIndexConfig{BlocksPerWorker: 4096},
+		Recheck:      time.Second,
 	}
 	for _, src := range []string{"[admission]\n", "[admission]\nclasses = []\n", "admission = {}\n"} {
 		cfg, err := Parse([]byte(src), env(nil))
@@ -54,13 +48,14 @@ func TestAdmissionDefaults(t *testing.T) {
 	}
 
 	// A class given by name alone takes the default class's settings; a
-	// cold_pool classifier given its threshold alone takes its defaults.
+	// cold_pool classifier's keys are passed on as written (its defaults are
+	// its own: coldpool.ParseConfig).
 	src := "[admission]\nclassifier = { type = \"cold_pool\", cold_threshold_tokens = 4096 }\n[[admission.classes]]\nname = \"default\"\n"
 	cfg, err := Parse([]byte(src), env(nil))
 	if err != nil {
 		t.Fatal(err)
 	}
-	want.Classifier.Type, want.Classifier.ColdThresholdTokens = ClassifierColdPool, 4096
+	want.Classifier = Classifier{Type: "cold_pool", Options: map[string]any{"cold_threshold_tokens": int64(4096)}}
 	if diff := cmp.Diff(want, cfg.Admission); diff != "" {
 		t.Fatalf("(-want +got):\n%s", diff)
 	}
@@ -117,15 +112,10 @@ func TestAdmissionFullExample(t *testing.T) {
 			{Name: "batch", Quantum: 1, QueueLimit: 0, MaxWait: 30 * time.Second},
 			{Name: "v1.bulk-2_x", Quantum: 1, QueueLimit: 1024, MaxWait: 10 * time.Minute},
 		},
-		Classifier: Classifier{
-			Type:                ClassifierColdPool,
-			ColdThresholdTokens: 2048,
-			Workers:             2,
-			SoftDrainTimeout:    1500 * time.Millisecond,
-			SteerWarm:           false,
-			ColdQueueLimit:      0,
-			ColdMaxWait:         2 * time.Minute,
-		},
+		Classifier: Classifier{Type: "cold_pool", Options: map[string]any{
+			"cold_threshold_tokens": int64(2048), "workers": int64(2), "soft_drain_timeout": "1.5s",
+			"steer_warm": false, "cold_queue_limit": int64(0), "cold_max_wait": "2m",
+		}},
 		PrefixIndex: PrefixIndexConfig{BlocksPerWorker: 512},
 		Recheck:     250 * time.Millisecond,
 	}
@@ -151,22 +141,40 @@ func TestAdmissionFullExample(t *testing.T) {
 }
 
 func TestAdmissionOtherClassifiers(t *testing.T) {
-	for _, typ := range []string{ClassifierDefault, ClassifierSessionSerial} {
+	for _, typ := range []string{ClassifierDefault, "session_serial"} {
 		cfg, err := Parse([]byte("[admission]\nclassifier = { type = \""+typ+"\" }\n"), env(nil))
 		if err != nil {
 			t.Fatalf("%s: %v", typ, err)
 		}
-		if c := cfg.Admission.Classifier; c.Type != typ || c.ColdThresholdTokens != 0 {
+		if c := cfg.Admission.Classifier; c.Type != typ || c.Options != nil {
 			t.Fatalf("%s: %+v", typ, c)
 		}
 	}
-	// soft_drain_timeout may be zero; the other durations may not.
-	cfg, err := Parse([]byte("[admission]\nclassifier = { type = \"cold_pool\", cold_threshold_tokens = 1, soft_drain_timeout = \"0s\", workers = 0 }\n"), env(nil))
+	// soft_drain_timeout may be zero; the other durations may not (the
+	// values themselves: coldpool's TestParseConfig).
+	src := "[admission]\nclassifier = { type = \"cold_pool\", cold_threshold_tokens = 1, soft_drain_timeout = \"0s\", workers = 0 }\n"
+	cfg, err := Parse([]byte(src), env(nil))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c := cfg.Admission.Classifier; c.SoftDrainTimeout != 0 || c.Workers != 0 {
-		t.Fatalf("%+v", c)
+	want := map[string]any{"cold_threshold_tokens": int64(1), "soft_drain_timeout": "0s", "workers": int64(0)}
+	if diff := cmp.Diff(want, cfg.Admission.Classifier.Options); diff != "" {
+		t.Fatalf("(-want +got):\n%s", diff)
+	}
+}
+
+// TestAdmissionClassifierParserRuns: a value only the classifier's own parser
+// rejects (the schema allows it) still fails Parse, naming its key, with the
+// other problems of the file.
+func TestAdmissionClassifierParserRuns(t *testing.T) {
+	src := "[admission]\nrecheck = \"0s\"\nclassifier = { type = \"cold_pool\", cold_threshold_tokens = 8, cold_max_wait = \"0s\" }\n"
+	_, err := Parse([]byte(src), env(nil))
+	want := strings.Join([]string{
+		`config: admission.classifier.cold_max_wait: must be > 0`,
+		`config: admission.recheck: must be > 0`,
+	}, "\n")
+	if err == nil || err.Error() != want {
+		t.Fatalf("got:\n%v\nwant:\n%s", err, want)
 	}
 }
 
@@ -230,9 +238,9 @@ func TestAdmissionSchemaDefaults(t *testing.T) {
 	for name, p := range schema.Defs.Class.Properties {
 		got["class."+name] = p.Default
 	}
-	for name, p := range schema.Defs.Classifier.Properties {
-		got["classifier."+name] = p.Default
-	}
+	// The other classifier keys are the classifiers' own: coldpool's
+	// TestSchemaDocumentsConfig checks their defaults.
+	got["classifier.type"] = schema.Defs.Classifier.Properties["type"].Default
 	want := map[string]any{
 		"admission.busy_threshold":                 float64(a.BusyThreshold),
 		"admission.default_class":                  a.DefaultClass,
@@ -247,12 +255,6 @@ func TestAdmissionSchemaDefaults(t *testing.T) {
 		"class.max_wait":                           c.MaxWait.String(),
 		"class.allow_header":                       c.Header,
 		"classifier.type":                          nil, // required inside the table; default when absent
-		"classifier.cold_threshold_tokens":         nil,
-		"classifier.workers":                       float64(a.Classifier.Workers),
-		"classifier.soft_drain_timeout":            a.Classifier.SoftDrainTimeout.String(),
-		"classifier.steer_warm":                    a.Classifier.SteerWarm,
-		"classifier.cold_queue_limit":              float64(a.Classifier.ColdQueueLimit),
-		"classifier.cold_max_wait":                 a.Classifier.ColdMaxWait.String(),
 	}
 	for k, v := range got {
 		// Durations compare by value: the schema may write "60s" for 1m0s.

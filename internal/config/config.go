@@ -4,7 +4,9 @@
 // Parse reads TOML, checks it against contracts/runtime.schema.json, fills
 // defaults, resolves API keys given by environment variable and runs the
 // checks a schema cannot express (unique public ids and class names,
-// accept_if syntax, duplicate keys, classes that keys name). Every problem
+// accept_if syntax, duplicate keys, classes that keys name, and the
+// admission classifier's own keys, by the parser registered for its type in
+// actors/router/admission/classifiers). Every problem
 // found is reported, one line each, naming its key in TOML terms:
 //
 //	config: gateway.heartbeat_interval: "2 parsecs" is not a duration
@@ -27,6 +29,10 @@ import (
 
 	"github.com/pelletier/go-toml/v2"
 	"github.com/santhosh-tekuri/jsonschema/v6"
+
+	"github.com/tlgw/tlgw/actors/router/admission"
+	// The classifier table: Parse checks a classifier's own keys with its registered parser.
+	_ "github.com/tlgw/tlgw/actors/router/admission/classifiers"
 )
 
 // Route policies (R3).
@@ -37,12 +43,9 @@ const (
 	PolicyPrefixAware      = "prefix_aware"
 )
 
-// Admission classifier types (R10).
-const (
-	ClassifierDefault       = "default"
-	ClassifierColdPool      = "cold_pool"
-	ClassifierSessionSerial = "session_serial"
-)
+// ClassifierDefault is the admission classifier used when [admission] names none (R10). The
+// others are registered by name in actors/router/admission/classifiers.
+const ClassifierDefault = "default"
 
 // API key scopes (B2).
 const (
@@ -151,25 +154,18 @@ type Class struct {
 	Header bool
 }
 
-// Classifier is admission.classifier. Every field but Type belongs to
-// cold_pool (R10.6); for other types they hold their defaults.
+// Classifier is admission.classifier: which classifier, and its own keys.
+// The config package does not know those keys: each classifier parses and
+// validates them (admission.NewPolicy with the classifier's registered
+// factory), and Parse has already run that parser, so a bad key fails the
+// load naming it.
 type Classifier struct {
-	// Type is one of the Classifier constants.
+	// Type is a registered classifier name (ClassifierDefault when the table
+	// is absent).
 	Type string
-	// ColdThresholdTokens is the Warm/Cold boundary in prompt tokens; > 0
-	// with cold_pool (required there), 0 otherwise.
-	ColdThresholdTokens int
-	// Workers is the wanted pool size, >= 0; 0 = no containment (baseline).
-	Workers int
-	// SoftDrainTimeout is how long after enqueue a Cold request may take any
-	// non-busy pool member; >= 0 (0 = at once).
-	SoftDrainTimeout time.Duration
-	// SteerWarm keeps Warm requests off the pool while Cold is pending.
-	SteerWarm bool
-	// ColdQueueLimit is how many Cold requests may wait, >= 0.
-	ColdQueueLimit int
-	// ColdMaxWait is how long a Cold request may wait; > 0.
-	ColdMaxWait time.Duration
+	// Options are the table's other keys as TOML decodes them (integers are
+	// int64, durations strings); nil when there are none.
+	Options map[string]any
 }
 
 // PrefixIndexConfig is admission.prefix_index.
@@ -190,15 +186,9 @@ func defaultAdmission() Admission {
 	return Admission{
 		DefaultClass: "default",
 		Classes:      []Class{DefaultAdmissionClass()},
-		Classifier: Classifier{
-			Type:           ClassifierDefault,
-			Workers:        1,
-			SteerWarm:      true,
-			ColdQueueLimit: 256,
-			ColdMaxWait:    60 * time.Second,
-		},
-		PrefixIndex: PrefixIndexConfig{BlocksPerWorker: 4096},
-		Recheck:     time.Second,
+		Classifier:   Classifier{Type: ClassifierDefault},
+		PrefixIndex:  PrefixIndexConfig{BlocksPerWorker: 4096},
+		Recheck:      time.Second,
 	}
 }
 
@@ -282,7 +272,7 @@ func Parse(data []byte, getenv func(string) string) (*Config, error) {
 	}
 	cfg := Default()
 	fc.Gateway.apply(&cfg.Gateway, &ps)
-	fc.Admission.apply(&cfg.Admission, &ps)
+	fc.Admission.apply(&cfg.Admission, classifierOptions(tree), &ps)
 	fc.Auth.apply(&cfg.Auth, &cfg.Admission, getenv, &ps)
 	if !ps.empty() {
 		return fail(ps.sorted())
@@ -361,14 +351,41 @@ type fileClass struct {
 	Header     *bool   `json:"allow_header"`
 }
 
+// fileClassifier is the classifier's type; its other keys are the
+// classifier's own, taken from the TOML tree (classifierOptions).
 type fileClassifier struct {
-	Type                string  `json:"type"`
-	ColdThresholdTokens *int    `json:"cold_threshold_tokens"`
-	Workers             *int    `json:"workers"`
-	SoftDrainTimeout    *string `json:"soft_drain_timeout"`
-	SteerWarm           *bool   `json:"steer_warm"`
-	ColdQueueLimit      *int    `json:"cold_queue_limit"`
-	ColdMaxWait         *string `json:"cold_max_wait"`
+	Type string
+}
+
+// UnmarshalJSON reads the type and leaves the other keys to the classifier.
+func (fc *fileClassifier) UnmarshalJSON(b []byte) error {
+	var v struct {
+		Type string `json:"type"`
+	}
+	if err := json.Unmarshal(b, &v); err != nil {
+		return err
+	}
+	fc.Type = v.Type
+	return nil
+}
+
+// classifierOptions is the TOML table admission.classifier without its type
+// (nil when it has no other keys), as go-toml decoded it: integers stay
+// int64 rather than becoming JSON's float64.
+func classifierOptions(tree map[string]any) map[string]any {
+	adm, _ := tree["admission"].(map[string]any)
+	tbl, _ := adm["classifier"].(map[string]any)
+	var out map[string]any
+	for k, v := range tbl {
+		if k == "type" {
+			continue
+		}
+		if out == nil {
+			out = make(map[string]any, len(tbl))
+		}
+		out[k] = v
+	}
+	return out
 }
 
 type filePrefix struct {
@@ -434,23 +451,7 @@ func duration(dst *time.Duration, src *string, p path, ps *problems) {
 	}
 }
 
-// durationOrZero parses a duration field that may be zero.
-func durationOrZero(dst *time.Duration, src *string, p path, ps *problems) {
-	if src == nil {
-		return
-	}
-	d, err := time.ParseDuration(*src)
-	switch {
-	case err != nil:
-		ps.add(p, "%q is not a duration", *src)
-	case d < 0:
-		ps.add(p, "must be >= 0")
-	default:
-		*dst = d
-	}
-}
-
-func (fa *fileAdmission) apply(a *Admission, ps *problems) {
+func (fa *fileAdmission) apply(a *Admission, classifierOpts map[string]any, ps *problems) {
 	if fa == nil {
 		return
 	}
@@ -492,16 +493,32 @@ func (fa *fileAdmission) apply(a *Admission, ps *problems) {
 	}
 
 	if fc := fa.Classifier; fc != nil {
-		cp := base.with(key("classifier"))
-		c := &a.Classifier
-		c.Type = fc.Type
-		setIf(&c.ColdThresholdTokens, fc.ColdThresholdTokens)
-		setIf(&c.Workers, fc.Workers)
-		setIf(&c.SteerWarm, fc.SteerWarm)
-		setIf(&c.ColdQueueLimit, fc.ColdQueueLimit)
-		durationOrZero(&c.SoftDrainTimeout, fc.SoftDrainTimeout, cp.with(key("soft_drain_timeout")), ps)
-		duration(&c.ColdMaxWait, fc.ColdMaxWait, cp.with(key("cold_max_wait")), ps)
+		a.Classifier = Classifier{Type: fc.Type, Options: classifierOpts}
+		// The classifier's own parser checks its keys. The policy built here
+		// is dropped: the app builds the one it runs, on the gateway's clock.
+		_, err := admission.NewPolicy(fc.Type, classifierOpts, admission.Env{})
+		classifierProblems(err, base.with(key("classifier")), ps)
 	}
+}
+
+// classifierProblems adds a problem per *admission.OptionError in err (one
+// or several joined), at its key under p; anything else is a problem at p.
+func classifierProblems(err error, p path, ps *problems) {
+	if err == nil {
+		return
+	}
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		for _, e := range j.Unwrap() {
+			classifierProblems(e, p, ps)
+		}
+		return
+	}
+	var oe *admission.OptionError
+	if errors.As(err, &oe) {
+		ps.add(p.with(key(oe.Key)), "%s", oe.Message)
+		return
+	}
+	ps.add(p, "%v", err)
 }
 
 // ClassIndex returns the index of the class called name in a.Classes, or

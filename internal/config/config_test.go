@@ -12,6 +12,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/tlgw/tlgw/actors/router/admission"
 	"github.com/tlgw/tlgw/contracts"
 )
 
@@ -537,9 +538,11 @@ func FuzzParse(f *testing.F) {
 			t.Fatalf("Parse accepted out-of-range values: %+v", cfg.Gateway)
 		}
 		a := cfg.Admission
-		if len(a.Classes) == 0 || a.ClassIndex(a.DefaultClass) < 0 || a.Recheck <= 0 || a.PrefixIndex.BlocksPerWorker < 1 ||
-			a.Classifier.ColdMaxWait <= 0 || a.Classifier.SoftDrainTimeout < 0 {
+		if len(a.Classes) == 0 || a.ClassIndex(a.DefaultClass) < 0 || a.Recheck <= 0 || a.PrefixIndex.BlocksPerWorker < 1 {
 			t.Fatalf("Parse accepted an inconsistent admission table: %+v", a)
+		}
+		if _, err := admission.NewPolicy(a.Classifier.Type, a.Classifier.Options, admission.Env{}); err != nil {
+			t.Fatalf("Parse accepted a classifier its own parser rejects: %v", err)
 		}
 		for _, c := range a.Classes {
 			if c.Quantum < 1 || c.QueueLimit < 0 || c.MaxWait <= 0 {

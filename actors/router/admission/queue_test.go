@@ -7,6 +7,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/cespare/xxhash/v2"
 )
 
 // fakeHost is a pool of workers with loads and a busy threshold (0: never full).
@@ -420,3 +422,6 @@ func TestCancelExposesHeadWithTimer(t *testing.T) {
 		t.Fatal("the exposed head's Hold time did not fire")
 	}
 }
+
+// key is a test request's internal key, derived from its readable id.
+func key(id string) uint64 { return xxhash.Sum64String(id) }

@@ -7,6 +7,10 @@
 // Termination is by construction: a head is asked at most once per pump unless it dispatched,
 // and a head with no candidate worker (or no room on any) is never dispatchable, so the work
 // done for one message is bounded by the lanes and the requests it dispatches.
+//
+// Each classifier (a Policy) is its own subpackage that parses its keys of [admission]
+// classifier; Register names its Factory, and the one table of names is the classifiers
+// subpackage.
 package admission
 
 import "time"

@@ -1,11 +1,18 @@
-package admission
+// Package sessionserial is the session_serial admission classifier: one turn in flight per
+// session (SPEC R10.3, R10.4). It takes no keys of [admission] classifier and is registered by
+// name in actors/router/admission/classifiers.
+package sessionserial
 
-import "time"
+import (
+	"time"
 
-// WaitSessionBusy is the wait of a session head whose previous turn is still running.
-var WaitSessionBusy = NewWait("session_busy")
+	"github.com/tlgw/tlgw/actors/router/admission"
+)
 
-// SessionSerial is the one-turn-per-session policy: a request of a session is not dispatched
+// WaitBusy is the wait of a session head whose previous turn is still running.
+var WaitBusy = admission.NewWait("session_busy")
+
+// Policy is the one-turn-per-session policy: a request of a session is not dispatched
 // while an earlier request of the same session is dispatched and not yet completed. Requests
 // without a session are never held.
 //
@@ -16,40 +23,50 @@ var WaitSessionBusy = NewWait("session_busy")
 // is deleted when its count reaches zero, so memory follows the requests in flight.
 //
 // Like every gate, it is used from the router actor's goroutine only.
-type SessionSerial struct {
+type Policy struct {
 	inFlight map[string]int    // session id → dispatched, not yet completed
 	bySID    map[uint64]string // request key → session id, for the requests counted above
 }
 
 var (
-	_ Policy = (*SessionSerial)(nil)
-	_ Gate   = (*SessionSerial)(nil)
+	_ admission.Policy  = (*Policy)(nil)
+	_ admission.Gate    = (*Policy)(nil)
+	_ admission.Factory = Factory
 )
 
-// NewSessionSerial returns an empty one-turn-per-session policy.
-func NewSessionSerial() *SessionSerial {
-	return &SessionSerial{inFlight: make(map[string]int), bySID: make(map[uint64]string)}
+// Factory is the session_serial classifier's admission.Factory. The classifier has no keys:
+// any key in its table is an error ("unknown key").
+func Factory(raw map[string]any, _ admission.Env) (admission.Policy, error) {
+	if err := admission.NewOptions(raw).Err(); err != nil {
+		return nil, err
+	}
+	return New(), nil
+}
+
+// New returns an empty one-turn-per-session policy.
+func New() *Policy {
+	return &Policy{inFlight: make(map[string]int), bySID: make(map[uint64]string)}
 }
 
 // Classify leaves the request as it is (see the type's comment).
-func (s *SessionSerial) Classify(*Request, []string, func([]string) int) {}
+func (s *Policy) Classify(*admission.Request, []string, func([]string) int) {}
 
 // Gate returns the policy itself.
-func (s *SessionSerial) Gate() Gate { return s }
+func (s *Policy) Gate() admission.Gate { return s }
 
 // Check holds a head whose session has a turn in flight, until the next wake (no time: only a
 // completion can release it). The hold is SessionOnly: the queue asks again when a turn of
 // that session completes, not on every capacity free elsewhere.
-func (s *SessionSerial) Check(head *Request, _ View) Decision {
+func (s *Policy) Check(head *admission.Request, _ admission.View) admission.Decision {
 	if head.SessionID != "" && s.inFlight[head.SessionID] > 0 {
-		return Decision{Wait: WaitSessionBusy, SessionOnly: true}
+		return admission.Decision{Wait: WaitBusy, SessionOnly: true}
 	}
-	return Decision{Go: true}
+	return admission.Decision{Go: true}
 }
 
 // Dispatched counts the request against its session. A second Dispatched for a request already
 // counted is ignored, so one request never holds its session twice.
-func (s *SessionSerial) Dispatched(r *Request, _ string) {
+func (s *Policy) Dispatched(r *admission.Request, _ string) {
 	if r.SessionID == "" {
 		return
 	}
@@ -62,7 +79,7 @@ func (s *SessionSerial) Dispatched(r *Request, _ string) {
 
 // Completed ends the request's turn. A request that was never counted (no session, unknown, or
 // already completed) changes nothing, so counts never go negative.
-func (s *SessionSerial) Completed(r *Request, _ string) {
+func (s *Policy) Completed(r *admission.Request, _ string) {
 	sid, ok := s.bySID[r.Key]
 	if !ok {
 		return
@@ -76,8 +93,8 @@ func (s *SessionSerial) Completed(r *Request, _ string) {
 }
 
 // Moved changes nothing: the turn is the session's wherever it runs.
-func (s *SessionSerial) Moved(*Request, string, string) {}
+func (s *Policy) Moved(*admission.Request, string, string) {}
 
 // Recheck is 0: a held turn is released only by its session's completion, which is a wake the
 // queue delivers, so a periodic recheck would never change an answer.
-func (s *SessionSerial) Recheck() time.Duration { return 0 }
+func (s *Policy) Recheck() time.Duration { return 0 }

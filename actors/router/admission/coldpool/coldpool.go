@@ -1,4 +1,8 @@
-package admission
+// Package coldpool is the cold_pool admission classifier (SPEC R10.6; COLD-POOL.md §1): it tags
+// requests Warm or Cold by their uncached prompt size and gates Cold prefills onto a small,
+// stable pool of workers. It parses its own keys of [admission] classifier (ParseConfig) and is
+// registered by name in actors/router/admission/classifiers.
+package coldpool
 
 import (
 	"cmp"
@@ -6,11 +10,13 @@ import (
 	"time"
 
 	"github.com/cespare/xxhash/v2"
+
+	"github.com/tlgw/tlgw/actors/router/admission"
 )
 
-// ColdLane is the classifier-named lane Cold requests wait in; the queue's per-lane limits for
-// it come from ColdPool.ColdLaneLimits.
-const ColdLane = "cold"
+// Lane is the classifier-named lane Cold requests wait in; the queue's per-lane limits for
+// it come from Policy.LaneLimits.
+const Lane = "cold"
 
 // Cold Pool tags (Request.Tag). An unclassified request has no tag.
 const (
@@ -20,14 +26,14 @@ const (
 
 // The Cold Pool gate's wait kinds.
 var (
-	// WaitColdClean: a Cold head waits for a pool member with no active Warm work, at most
+	// WaitClean: a Cold head waits for a pool member with no active Warm work, at most
 	// until its soft drain timeout.
-	WaitColdClean = NewWait("cold_waiting_for_clean_member")
-	// WaitColdBusy: a Cold head may go to some member, but every such member is full.
-	WaitColdBusy = NewWait("cold_pool_busy")
+	WaitClean = admission.NewWait("cold_waiting_for_clean_member")
+	// WaitBusy: a Cold head may go to some member, but every such member is full.
+	WaitBusy = admission.NewWait("cold_pool_busy")
 	// WaitWarmSteered: a Warm head's workers outside the pool are all full while a pool
 	// member has room.
-	WaitWarmSteered = NewWait("warm_steered_off_pool")
+	WaitWarmSteered = admission.NewWait("warm_steered_off_pool")
 )
 
 const (
@@ -40,9 +46,9 @@ const (
 	coldSweepMin = 256
 )
 
-// ColdPoolConfig configures the Cold Pool policy (R10.6). The config loader validates it; the
-// policy only treats negative durations and worker counts as zero.
-type ColdPoolConfig struct {
+// Config configures the Cold Pool policy (R10.6). ParseConfig validates it; the policy only
+// treats negative durations and worker counts as zero.
+type Config struct {
 	// ColdThresholdTokens: a prompt under it is Warm; a prompt whose uncached part (prompt
 	// minus the best cached prefix) reaches it is Cold; anything else is unclassified.
 	ColdThresholdTokens int
@@ -56,17 +62,60 @@ type ColdPoolConfig struct {
 	// Cold otherwise.
 	SteerWarm bool
 	// MaxWait and QueueLimit are the Cold lane's own limits (GATE-PITFALLS 15); the queue
-	// applies them through ColdLaneLimits.
+	// applies them through LaneLimits.
 	MaxWait    time.Duration
 	QueueLimit int
 }
 
-// ColdPool is the Cold Pool policy (R10.6; COLD-POOL.md §1): a classifier that tags requests
+// DefaultConfig is the configuration of a classifier table that gives only the threshold
+// (which has no default): the defaults written in contracts/runtime.schema.json.
+func DefaultConfig() Config {
+	return Config{Workers: 1, SteerWarm: true, QueueLimit: 256, MaxWait: 60 * time.Second}
+}
+
+// ParseConfig reads the cold_pool keys of [admission] classifier (raw: the table without
+// type), filling DefaultConfig's values for absent keys:
+//
+//	cold_threshold_tokens  integer >= 1, required   → ColdThresholdTokens
+//	workers                integer >= 0             → Workers
+//	soft_drain_timeout     duration >= 0 ("0s")     → SoftDrainTimeout
+//	steer_warm             boolean                  → SteerWarm
+//	cold_queue_limit       integer >= 0             → QueueLimit
+//	cold_max_wait          duration > 0             → MaxWait
+//
+// Every problem is an *admission.OptionError naming its key, e.g.
+// "admission.classifier.cold_max_wait: must be > 0"; an unknown key is one too.
+func ParseConfig(raw map[string]any) (Config, error) {
+	cfg := DefaultConfig()
+	o := admission.NewOptions(raw)
+	if !o.Has("cold_threshold_tokens") {
+		o.Fail("cold_threshold_tokens", `required with type = "cold_pool"`)
+	}
+	o.Int("cold_threshold_tokens", &cfg.ColdThresholdTokens, 1)
+	o.Int("workers", &cfg.Workers, 0)
+	o.Duration("soft_drain_timeout", &cfg.SoftDrainTimeout, true)
+	o.Bool("steer_warm", &cfg.SteerWarm)
+	o.Int("cold_queue_limit", &cfg.QueueLimit, 0)
+	o.Duration("cold_max_wait", &cfg.MaxWait, false)
+	return cfg, o.Err()
+}
+
+// Factory is the cold_pool classifier's admission.Factory: ParseConfig, then New on the
+// injected clock.
+func Factory(raw map[string]any, env admission.Env) (admission.Policy, error) {
+	cfg, err := ParseConfig(raw)
+	if err != nil {
+		return nil, err
+	}
+	return New(cfg, env.Now), nil
+}
+
+// Policy is the Cold Pool policy (R10.6; COLD-POOL.md §1): a classifier that tags requests
 // Warm or Cold by their uncached prompt size, and a gate that keeps long cache-missing (Cold)
 // prefills on a small, stable pool of workers, each Cold request waiting until a member has no
 // Warm work, while Warm work is steered off the pool.
 //
-// Containment. A Cold request gets its own lane (ColdLane) and its allowed workers narrowed to
+// Containment. A Cold request gets its own lane (Lane) and its allowed workers narrowed to
 // the pool members of its route (∩ the caller's allowed set). When that leaves no member — a
 // route of fewer than 2 workers, or a caller's set with no member — or in the baseline
 // (Workers = 0), it keeps the tag and the lane but its allowed set is left alone and the gate
@@ -79,18 +128,18 @@ type ColdPoolConfig struct {
 //     Dispatched or Left. Each pending request also marks every member of its route's pool,
 //     which is the Warm avoid set while it waits.
 //
-// The queue calls Enqueued and Left (ColdPool is a QueueObserver). The request carries no
-// enqueue time, so the policy keeps one per Cold request: Classify records the arrival time
+// The queue calls Enqueued and Left (Policy is an admission.QueueObserver). The request carries
+// no enqueue time, so the policy keeps one per Cold request: Classify records the arrival time
 // (the gate may be asked at arrival, before the request is queued), Enqueued replaces it with
 // the enqueue time, and Dispatched or Left drop the record. A request the queue turns away
 // after Classify gets none of those calls; its record is dropped by a sweep, run from Classify
 // once the records have doubled since the last one, of records older than a minute that were
 // never enqueued. So memory follows the Cold requests queued or in flight.
 //
-// Every method is called on the router actor's goroutine; ColdPool is not safe for concurrent
+// Every method is called on the router actor's goroutine; Policy is not safe for concurrent
 // use.
-type ColdPool struct {
-	cfg ColdPoolConfig
+type Policy struct {
+	cfg Config
 	now func() time.Time
 
 	cold    map[uint64]*coldRecord // Cold requests classified, not yet dispatched nor gone
@@ -118,20 +167,22 @@ type coldActive struct {
 }
 
 var (
-	_ Policy        = (*ColdPool)(nil)
-	_ Gate          = (*ColdPool)(nil)
-	_ QueueObserver = (*ColdPool)(nil)
-	_ LaneLimiter   = (*ColdPool)(nil)
+	_ admission.Policy        = (*Policy)(nil)
+	_ admission.Gate          = (*Policy)(nil)
+	_ admission.QueueObserver = (*Policy)(nil)
+	_ admission.LaneLimiter   = (*Policy)(nil)
+	_ admission.PrefixReader  = (*Policy)(nil)
+	_ admission.Factory       = Factory
 )
 
-// NewColdPool returns a Cold Pool policy reading time from now (time.Now when nil).
-func NewColdPool(cfg ColdPoolConfig, now func() time.Time) *ColdPool {
+// New returns a Cold Pool policy reading time from now (time.Now when nil).
+func New(cfg Config, now func() time.Time) *Policy {
 	if now == nil {
 		now = time.Now
 	}
 	cfg.Workers = max(cfg.Workers, 0)
 	cfg.SoftDrainTimeout = max(cfg.SoftDrainTimeout, 0)
-	return &ColdPool{
+	return &Policy{
 		cfg:        cfg,
 		now:        now,
 		cold:       make(map[uint64]*coldRecord),
@@ -144,11 +195,15 @@ func NewColdPool(cfg ColdPoolConfig, now func() time.Time) *ColdPool {
 }
 
 // Gate returns the policy itself.
-func (p *ColdPool) Gate() Gate { return p }
+func (p *Policy) Gate() admission.Gate { return p }
 
-// LaneLimits is the Cold lane's own queue limit and max wait (LaneLimiter).
-func (p *ColdPool) LaneLimits() map[string]LaneLimit {
-	return map[string]LaneLimit{ColdLane: {QueueLimit: p.cfg.QueueLimit, MaxWait: p.cfg.MaxWait}}
+// NeedsPrefixIndex is true: Classify reads the best cached prefix (admission.PrefixReader),
+// in the baseline too.
+func (p *Policy) NeedsPrefixIndex() bool { return true }
+
+// LaneLimits is the Cold lane's own queue limit and max wait (admission.LaneLimiter).
+func (p *Policy) LaneLimits() map[string]admission.LaneLimit {
+	return map[string]admission.LaneLimit{Lane: {QueueLimit: p.cfg.QueueLimit, MaxWait: p.cfg.MaxWait}}
 }
 
 // PoolSize is the pool size for n distinct workers: 0 when n < 2 or workers ≤ 0 (the
@@ -225,7 +280,7 @@ func coldRank(ids []string, score func(string) uint64) []string {
 }
 
 // coldPoolOf is the pool of a route's workers under the configured size.
-func (p *ColdPool) coldPoolOf(route []string) []string {
+func (p *Policy) coldPoolOf(route []string) []string {
 	ranked := coldRank(route, coldScore) // distinct ids: n counts each worker once
 	return coldTop(ranked, PoolSize(len(ranked), p.cfg.Workers))
 }
@@ -233,15 +288,15 @@ func (p *ColdPool) coldPoolOf(route []string) []string {
 // Classify tags the request (R10.6): Warm when its prompt is under the threshold (the cache is
 // not read); otherwise Cold when prompt − best cached prefix over its allowed workers (route ∩
 // Allowed) reaches the threshold, and unclassified (no tag) when it does not — a long prompt
-// that is mostly cached routes normally. A Cold request gets ColdLane and, when its route has a
+// that is mostly cached routes normally. A Cold request gets Lane and, when its route has a
 // pool with a member it may use, Allowed = those members. Class is never changed.
-func (p *ColdPool) Classify(r *Request, route []string, cached func(workers []string) int) {
+func (p *Policy) Classify(r *admission.Request, route []string, cached func(workers []string) int) {
 	r.Tag = ""
 	if r.PromptTokens < p.cfg.ColdThresholdTokens {
 		r.Tag = TagWarm
 		return
 	}
-	allowed := Intersect(route, r.Allowed)
+	allowed := admission.Intersect(route, r.Allowed)
 	best := 0
 	if cached != nil {
 		best = cached(allowed)
@@ -249,7 +304,7 @@ func (p *ColdPool) Classify(r *Request, route []string, cached func(workers []st
 	if r.PromptTokens-best < p.cfg.ColdThresholdTokens {
 		return
 	}
-	r.Tag, r.Lane = TagCold, ColdLane
+	r.Tag, r.Lane = TagCold, Lane
 	if p.cfg.Workers == 0 {
 		return // baseline: no containment, no state
 	}
@@ -275,7 +330,7 @@ func (p *ColdPool) Classify(r *Request, route []string, cached func(workers []st
 
 // sweep drops the records of Cold requests that were classified long ago and never enqueued
 // nor dispatched (turned away after Classify). They never counted as pending.
-func (p *ColdPool) sweep(now time.Time) {
+func (p *Policy) sweep(now time.Time) {
 	for id, rec := range p.cold {
 		if !rec.enqueued && now.Sub(rec.since) >= coldRecordTTL {
 			delete(p.cold, id)
@@ -284,8 +339,8 @@ func (p *ColdPool) sweep(now time.Time) {
 	p.sweepAt = max(2*len(p.cold), coldSweepMin)
 }
 
-// Enqueued records a Cold request's enqueue time and counts it as pending (QueueObserver).
-func (p *ColdPool) Enqueued(r *Request) {
+// Enqueued records a Cold request's enqueue time and counts it as pending (admission.QueueObserver).
+func (p *Policy) Enqueued(r *admission.Request) {
 	if r.Tag != TagCold || p.cfg.Workers == 0 {
 		return
 	}
@@ -308,15 +363,15 @@ func (p *ColdPool) Enqueued(r *Request) {
 }
 
 // Left forgets a queued request that leaves without being dispatched (cancelled or expired);
-// the queue may call it for a request it turned away after Classify too (QueueObserver).
-func (p *ColdPool) Left(r *Request) {
+// the queue may call it for a request it turned away after Classify too (admission.QueueObserver).
+func (p *Policy) Left(r *admission.Request) {
 	if rec := p.cold[r.Key]; rec != nil {
 		p.forget(r.Key, rec)
 	}
 }
 
 // forget drops a Cold request's record and its pending count.
-func (p *ColdPool) forget(id uint64, rec *coldRecord) {
+func (p *Policy) forget(id uint64, rec *coldRecord) {
 	if rec.enqueued && rec.contained {
 		p.pending--
 		for _, w := range rec.pool {
@@ -328,7 +383,7 @@ func (p *ColdPool) forget(id uint64, rec *coldRecord) {
 
 // Dispatched moves the request from pending (if it was queued) to the worker's active Cold or
 // active Warm work.
-func (p *ColdPool) Dispatched(r *Request, worker string) {
+func (p *Policy) Dispatched(r *admission.Request, worker string) {
 	if p.cfg.Workers == 0 {
 		return
 	}
@@ -347,7 +402,7 @@ func (p *ColdPool) Dispatched(r *Request, worker string) {
 	p.acquire(a)
 }
 
-func (p *ColdPool) acquire(a coldActive) {
+func (p *Policy) acquire(a coldActive) {
 	if a.cold {
 		p.activeCold[a.worker]++
 	} else {
@@ -356,7 +411,7 @@ func (p *ColdPool) acquire(a coldActive) {
 }
 
 // Moved carries a dispatched request's work, Cold or not, to the worker it runs on now.
-func (p *ColdPool) Moved(r *Request, _, to string) {
+func (p *Policy) Moved(r *admission.Request, _, to string) {
 	a, ok := p.active[r.Key]
 	if !ok {
 		return
@@ -369,7 +424,7 @@ func (p *ColdPool) Moved(r *Request, _, to string) {
 
 // Completed takes a dispatched request off its worker. An unknown request (never dispatched,
 // or already completed) changes nothing.
-func (p *ColdPool) Completed(r *Request, _ string) {
+func (p *Policy) Completed(r *admission.Request, _ string) {
 	a, ok := p.active[r.Key]
 	if !ok {
 		return
@@ -378,7 +433,7 @@ func (p *ColdPool) Completed(r *Request, _ string) {
 	p.release(a)
 }
 
-func (p *ColdPool) release(a coldActive) {
+func (p *Policy) release(a coldActive) {
 	if a.cold {
 		coldDec(p.activeCold, a.worker)
 	} else {
@@ -398,7 +453,7 @@ func coldDec(m map[string]int, k string) {
 // Recheck is 100 ms, upstream's cap for the Cold Pool (a Warm head held off the pool is
 // released when Cold stops pending, which is no capacity change); 0 in the baseline, which
 // never holds.
-func (p *ColdPool) Recheck() time.Duration {
+func (p *Policy) Recheck() time.Duration {
 	if p.cfg.Workers == 0 {
 		return 0
 	}
@@ -406,9 +461,9 @@ func (p *ColdPool) Recheck() time.Duration {
 }
 
 // Check answers for a lane head: Cold by checkCold, Warm by checkWarm, anything else Go.
-func (p *ColdPool) Check(head *Request, v View) Decision {
+func (p *Policy) Check(head *admission.Request, v admission.View) admission.Decision {
 	if p.cfg.Workers == 0 {
-		return Decision{Go: true}
+		return admission.Decision{Go: true}
 	}
 	switch head.Tag {
 	case TagCold:
@@ -416,7 +471,7 @@ func (p *ColdPool) Check(head *Request, v View) Decision {
 	case TagWarm:
 		return p.checkWarm(v)
 	}
-	return Decision{Go: true}
+	return admission.Decision{Go: true}
 }
 
 // checkCold: the candidates are the head's pool members. It goes to a clean member (no active
@@ -426,37 +481,37 @@ func (p *ColdPool) Check(head *Request, v View) Decision {
 // every member full, until capacity frees. An uncontained Cold request always goes. The wait
 // counts from the record's time: arrival when asked before the queue has the request, then
 // its enqueue time.
-func (p *ColdPool) checkCold(head *Request, v View) Decision {
+func (p *Policy) checkCold(head *admission.Request, v admission.View) admission.Decision {
 	now := v.Now()
 	// With no record (never classified here, or swept as turned away) the wait's start is
 	// unknown: it counts as over, so such a head is never held for long.
 	var since time.Time
 	if rec := p.cold[head.Key]; rec != nil {
 		if !rec.contained {
-			return Decision{Go: true}
+			return admission.Decision{Go: true}
 		}
 		since = rec.since
 	}
 	cands := v.Workers()
 	if len(cands) == 0 {
-		return Decision{Go: true} // nothing to choose among: the queue's capacity check decides
+		return admission.Decision{Go: true} // nothing to choose among: the queue's capacity check decides
 	}
-	clean := func(w Worker) bool { return p.activeWarm[w.ID] == 0 }
+	clean := func(w admission.Worker) bool { return p.activeWarm[w.ID] == 0 }
 	if w, ok := coldLeast(cands, clean); ok {
-		return Decision{Go: true, Target: w}
+		return admission.Decision{Go: true, Target: w}
 	}
 	deadline := since.Add(p.cfg.SoftDrainTimeout)
 	if !now.Before(deadline) {
 		if w, ok := coldLeast(cands, nil); ok {
-			return Decision{Go: true, Target: w}
+			return admission.Decision{Go: true, Target: w}
 		}
-		return Decision{Wait: WaitColdBusy}
+		return admission.Decision{Wait: WaitBusy}
 	}
-	wait := WaitColdClean
+	wait := WaitClean
 	if slices.ContainsFunc(cands, clean) {
-		wait = WaitColdBusy // clean members exist, but all of them are full
+		wait = WaitBusy // clean members exist, but all of them are full
 	}
-	return Decision{Until: deadline, Wait: wait}
+	return admission.Decision{Until: deadline, Wait: wait}
 }
 
 // checkWarm steers a Warm head (SteerWarm) off the avoid set: every pool member a pending Cold
@@ -466,11 +521,11 @@ func (p *ColdPool) checkCold(head *Request, v View) Decision {
 // an avoided one has room, it is held (until capacity frees or the recheck finds Cold gone) —
 // the upstream rule: Warm waits for its preferred workers rather than landing on the pool.
 // When every candidate is full it goes, and the queue's capacity check holds it.
-func (p *ColdPool) checkWarm(v View) Decision {
+func (p *Policy) checkWarm(v admission.View) admission.Decision {
 	if !p.cfg.SteerWarm {
-		return Decision{Go: true}
+		return admission.Decision{Go: true}
 	}
-	var outside []Worker
+	var outside []admission.Worker
 	avoided, avoidedFree := 0, false
 	for _, w := range v.Workers() {
 		if p.pendingOn[w.ID] > 0 || p.activeCold[w.ID] > 0 {
@@ -481,21 +536,21 @@ func (p *ColdPool) checkWarm(v View) Decision {
 		outside = append(outside, w)
 	}
 	if avoided == 0 || len(outside) == 0 {
-		return Decision{Go: true}
+		return admission.Decision{Go: true}
 	}
 	if w, ok := coldLeast(outside, nil); ok {
-		return Decision{Go: true, Target: w}
+		return admission.Decision{Go: true, Target: w}
 	}
 	if avoidedFree {
-		return Decision{Wait: WaitWarmSteered}
+		return admission.Decision{Wait: WaitWarmSteered}
 	}
-	return Decision{Go: true}
+	return admission.Decision{Go: true}
 }
 
 // coldLeast is the least-loaded non-full worker of ws that keep accepts (all when keep is nil),
 // ties to the lower id.
-func coldLeast(ws []Worker, keep func(Worker) bool) (string, bool) {
-	var best *Worker
+func coldLeast(ws []admission.Worker, keep func(admission.Worker) bool) (string, bool) {
+	var best *admission.Worker
 	for i := range ws {
 		w := &ws[i]
 		if w.Full || (keep != nil && !keep(*w)) {

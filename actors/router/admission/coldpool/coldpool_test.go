@@ -1,4 +1,4 @@
-package admission
+package coldpool
 
 import (
 	"fmt"
@@ -6,26 +6,32 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cespare/xxhash/v2"
 	"github.com/google/go-cmp/cmp"
 	"pgregory.net/rapid"
+
+	"github.com/tlgw/tlgw/actors/router/admission"
 )
+
+// key is a test request's internal key, derived from its readable id.
+func key(id string) uint64 { return xxhash.Sum64String(id) }
 
 var cpT0 = time.Unix(1_000_000, 0)
 
 // cpView is a fixed view: the candidates and the time.
 type cpView struct {
-	ws  []Worker
+	ws  []admission.Worker
 	now time.Time
 }
 
-func (v cpView) Workers() []Worker { return v.ws }
-func (v cpView) Now() time.Time    { return v.now }
+func (v cpView) Workers() []admission.Worker { return v.ws }
+func (v cpView) Now() time.Time              { return v.now }
 
-// cpHarness drives one ColdPool over one route with a fake clock and per-worker load/full.
+// cpHarness drives one Policy over one route with a fake clock and per-worker load/full.
 type cpHarness struct {
 	t       *testing.T
 	now     time.Time
-	p       *ColdPool
+	p       *Policy
 	route   []string
 	members []string // the route's pool
 	others  []string // the route's workers outside the pool
@@ -35,13 +41,13 @@ type cpHarness struct {
 
 const cpThreshold = 1000
 
-func cpNew(t *testing.T, cfg ColdPoolConfig, route ...string) *cpHarness {
+func cpNew(t *testing.T, cfg Config, route ...string) *cpHarness {
 	t.Helper()
 	if cfg.ColdThresholdTokens == 0 {
 		cfg.ColdThresholdTokens = cpThreshold
 	}
 	h := &cpHarness{t: t, now: cpT0, route: route, load: map[string]int64{}, full: map[string]bool{}}
-	h.p = NewColdPool(cfg, func() time.Time { return h.now })
+	h.p = New(cfg, func() time.Time { return h.now })
 	h.members = PoolMembers(route, PoolSize(len(route), cfg.Workers))
 	for _, w := range route {
 		if !slices.Contains(h.members, w) {
@@ -60,14 +66,14 @@ func cpRoute(n int) []string {
 }
 
 // req classifies a new request with the given prompt and cached tokens (over any set).
-func (h *cpHarness) req(id string, prompt, cached int) *Request {
-	r := &Request{Key: key(id), ID: id, PromptTokens: prompt}
+func (h *cpHarness) req(id string, prompt, cached int) *admission.Request {
+	r := &admission.Request{Key: key(id), ID: id, PromptTokens: prompt}
 	h.p.Classify(r, h.route, func([]string) int { return cached })
 	return r
 }
 
 // cold classifies a Cold request and enqueues it (the queue's order: Classify, then Enqueued).
-func (h *cpHarness) cold(id string) *Request {
+func (h *cpHarness) cold(id string) *admission.Request {
 	h.t.Helper()
 	r := h.req(id, 2*cpThreshold, 0)
 	if r.Tag != TagCold {
@@ -77,22 +83,22 @@ func (h *cpHarness) cold(id string) *Request {
 	return r
 }
 
-func (h *cpHarness) warm(id string) *Request { return h.req(id, cpThreshold/2, 0) }
+func (h *cpHarness) warm(id string) *admission.Request { return h.req(id, cpThreshold/2, 0) }
 
 // view is the request's candidates (route ∩ Allowed, id order) at the harness's time.
-func (h *cpHarness) view(r *Request) cpView {
-	ids := slices.Clone(Intersect(h.route, r.Allowed))
+func (h *cpHarness) view(r *admission.Request) cpView {
+	ids := slices.Clone(admission.Intersect(h.route, r.Allowed))
 	slices.Sort(ids)
 	v := cpView{now: h.now}
 	for _, id := range ids {
-		v.ws = append(v.ws, Worker{ID: id, Load: h.load[id], Full: h.full[id]})
+		v.ws = append(v.ws, admission.Worker{ID: id, Load: h.load[id], Full: h.full[id]})
 	}
 	return v
 }
 
-func (h *cpHarness) check(r *Request) Decision { return h.p.Check(r, h.view(r)) }
+func (h *cpHarness) check(r *admission.Request) admission.Decision { return h.p.Check(r, h.view(r)) }
 
-func (h *cpHarness) want(r *Request, want Decision) {
+func (h *cpHarness) want(r *admission.Request, want admission.Decision) {
 	h.t.Helper()
 	if got := h.check(r); got != want {
 		h.t.Fatalf("%s at +%v: got %+v, want %+v", r.ID, h.now.Sub(cpT0), got, want)
@@ -247,27 +253,27 @@ func cpSubset(a, b []string) bool {
 }
 
 func TestColdPoolClassify(t *testing.T) {
-	h := cpNew(t, ColdPoolConfig{Workers: 2}, cpRoute(6)...)
+	h := cpNew(t, Config{Workers: 2}, cpRoute(6)...)
 	if len(h.members) != 2 {
 		t.Fatalf("pool %v", h.members)
 	}
 	m0, o0 := h.members[0], h.others[0]
 
 	// Warm: the cache is not read; nothing but the tag changes.
-	r := &Request{Key: key("w"), ID: "w", Class: "c", PromptTokens: cpThreshold - 1, Allowed: []string{o0}}
+	r := &admission.Request{Key: key("w"), ID: "w", Class: "c", PromptTokens: cpThreshold - 1, Allowed: []string{o0}}
 	h.p.Classify(r, h.route, func([]string) int { t.Fatal("Warm read the cache"); return 0 })
-	if diff := cmp.Diff(&Request{Key: key("w"), ID: "w", Class: "c", PromptTokens: cpThreshold - 1, Allowed: []string{o0}, Tag: TagWarm}, r); diff != "" {
+	if diff := cmp.Diff(&admission.Request{Key: key("w"), ID: "w", Class: "c", PromptTokens: cpThreshold - 1, Allowed: []string{o0}, Tag: TagWarm}, r); diff != "" {
 		t.Fatalf("warm (-want +got):\n%s", diff)
 	}
 
 	// The cache is read over route ∩ Allowed.
 	var asked []string
-	r = &Request{Key: key("c"), ID: "c", PromptTokens: 2 * cpThreshold, Allowed: []string{o0, m0, "elsewhere"}}
+	r = &admission.Request{Key: key("c"), ID: "c", PromptTokens: 2 * cpThreshold, Allowed: []string{o0, m0, "elsewhere"}}
 	h.p.Classify(r, h.route, func(ws []string) int { asked = ws; return 0 })
-	if want := Intersect(h.route, []string{o0, m0, "elsewhere"}); !slices.Equal(asked, want) {
+	if want := admission.Intersect(h.route, []string{o0, m0, "elsewhere"}); !slices.Equal(asked, want) {
 		t.Fatalf("cache asked over %v, want %v", asked, want)
 	}
-	if r.Tag != TagCold || r.Lane != ColdLane || !slices.Equal(r.Allowed, []string{m0}) {
+	if r.Tag != TagCold || r.Lane != Lane || !slices.Equal(r.Allowed, []string{m0}) {
 		t.Fatalf("cold narrowed by the caller: %+v", r)
 	}
 
@@ -282,14 +288,14 @@ func TestColdPoolClassify(t *testing.T) {
 		{"long but mostly cached", 100 * cpThreshold, 99*cpThreshold + 1, ""},
 		{"cache above the prompt", cpThreshold, 5 * cpThreshold, ""},
 	} {
-		r := &Request{Key: key(c.name), ID: c.name, Class: "k", PromptTokens: c.prompt}
+		r := &admission.Request{Key: key(c.name), ID: c.name, Class: "k", PromptTokens: c.prompt}
 		h.p.Classify(r, h.route, func([]string) int { return c.cached })
 		if r.Tag != c.tag || r.Class != "k" {
 			t.Errorf("%s: tag %q class %q, want tag %q", c.name, r.Tag, r.Class, c.tag)
 		}
 		if c.tag == TagCold {
-			if r.Lane != ColdLane || !slices.Equal(r.Allowed, h.members) {
-				t.Errorf("%s: lane %q allowed %v, want %q %v", c.name, r.Lane, r.Allowed, ColdLane, h.members)
+			if r.Lane != Lane || !slices.Equal(r.Allowed, h.members) {
+				t.Errorf("%s: lane %q allowed %v, want %q %v", c.name, r.Lane, r.Allowed, Lane, h.members)
 			}
 		} else if r.Lane != "" || r.Allowed != nil {
 			t.Errorf("%s: unclassified changed lane/allowed: %+v", c.name, r)
@@ -301,7 +307,7 @@ func TestColdPoolClassify(t *testing.T) {
 // work, Warm is steered off the pool meanwhile; when a member drains, Cold targets it; with
 // Cold running and none pending, Warm avoids only the worker running Cold.
 func TestColdHeldUntilCleanMemberWhileWarmAvoidsPool(t *testing.T) {
-	h := cpNew(t, ColdPoolConfig{Workers: 2, SoftDrainTimeout: 30 * time.Second, SteerWarm: true}, cpRoute(6)...)
+	h := cpNew(t, Config{Workers: 2, SoftDrainTimeout: 30 * time.Second, SteerWarm: true}, cpRoute(6)...)
 	m0, m1 := h.members[0], h.members[1]
 	busy0, busy1 := h.warm("busy0"), h.warm("busy1")
 	h.p.Dispatched(busy0, m0)
@@ -310,7 +316,7 @@ func TestColdHeldUntilCleanMemberWhileWarmAvoidsPool(t *testing.T) {
 
 	c := h.cold("c1")
 	h.now = h.now.Add(time.Second)
-	h.want(c, Decision{Until: cpT0.Add(30 * time.Second), Wait: WaitColdClean})
+	h.want(c, admission.Decision{Until: cpT0.Add(30 * time.Second), Wait: WaitClean})
 
 	// Warm avoids the whole pool while Cold is pending: least-loaded outside it.
 	for _, o := range h.others {
@@ -318,13 +324,13 @@ func TestColdHeldUntilCleanMemberWhileWarmAvoidsPool(t *testing.T) {
 	}
 	h.load[h.others[2]] = 2
 	w := h.warm("warm")
-	h.want(w, Decision{Go: true, Target: h.others[2]})
+	h.want(w, admission.Decision{Go: true, Target: h.others[2]})
 	h.load[m0], h.load[m1] = 0, 0 // lightly loaded members are still avoided: the ledger decides
-	h.want(w, Decision{Go: true, Target: h.others[2]})
+	h.want(w, admission.Decision{Go: true, Target: h.others[2]})
 
 	// m1's Warm work ends: Cold targets it.
 	h.p.Completed(busy1, m1)
-	h.want(c, Decision{Go: true, Target: m1})
+	h.want(c, admission.Decision{Go: true, Target: m1})
 	h.p.Dispatched(c, m1)
 	if h.p.pending != 0 {
 		t.Fatalf("pending %d after dispatch", h.p.pending)
@@ -332,11 +338,11 @@ func TestColdHeldUntilCleanMemberWhileWarmAvoidsPool(t *testing.T) {
 
 	// Cold runs on m1, none pending: Warm avoids only m1, so m0 (least loaded) is fine.
 	h.load[m0] = 1
-	h.want(w, Decision{Go: true, Target: m0})
+	h.want(w, admission.Decision{Go: true, Target: m0})
 
 	h.p.Completed(busy0, m0)
 	h.p.Completed(c, m1)
-	h.want(w, Decision{Go: true}) // nothing to avoid: the picker's own choice
+	h.want(w, admission.Decision{Go: true}) // nothing to avoid: the picker's own choice
 	h.empty()
 }
 
@@ -344,7 +350,7 @@ func TestColdHeldUntilCleanMemberWhileWarmAvoidsPool(t *testing.T) {
 // the least-loaded non-full member even though it runs Warm work; 1 ns before it is held.
 func TestColdSoftDrainInclusive(t *testing.T) {
 	const timeout = 5 * time.Second
-	h := cpNew(t, ColdPoolConfig{Workers: 3, SoftDrainTimeout: timeout, SteerWarm: true}, cpRoute(9)...)
+	h := cpNew(t, Config{Workers: 3, SoftDrainTimeout: timeout, SteerWarm: true}, cpRoute(9)...)
 	for i, m := range h.members {
 		h.p.Dispatched(h.warm(fmt.Sprint("busy", i)), m)
 		h.load[m] = int64(10 - i)
@@ -353,62 +359,62 @@ func TestColdSoftDrainInclusive(t *testing.T) {
 	c := h.cold("c")
 	deadline := cpT0.Add(2*time.Second + timeout)
 
-	h.want(c, Decision{Until: deadline, Wait: WaitColdClean})
+	h.want(c, admission.Decision{Until: deadline, Wait: WaitClean})
 	h.now = deadline.Add(-time.Nanosecond)
-	h.want(c, Decision{Until: deadline, Wait: WaitColdClean})
+	h.want(c, admission.Decision{Until: deadline, Wait: WaitClean})
 
 	h.now = deadline
 	last := h.members[len(h.members)-1] // least loaded
 	h.full[last] = true                 // …but full: the next least loaded takes it
-	h.want(c, Decision{Go: true, Target: h.members[1]})
+	h.want(c, admission.Decision{Go: true, Target: h.members[1]})
 	h.now = deadline.Add(time.Hour)
-	h.want(c, Decision{Go: true, Target: h.members[1]})
+	h.want(c, admission.Decision{Go: true, Target: h.members[1]})
 
 	// Past the timeout with every member full: held until capacity frees, no time.
 	for _, m := range h.members {
 		h.full[m] = true
 	}
-	h.want(c, Decision{Wait: WaitColdBusy})
+	h.want(c, admission.Decision{Wait: WaitBusy})
 }
 
 // TestColdSoftDrainZero: a zero timeout lets Cold take a busy member at once.
 func TestColdSoftDrainZero(t *testing.T) {
-	h := cpNew(t, ColdPoolConfig{Workers: 1}, cpRoute(3)...)
+	h := cpNew(t, Config{Workers: 1}, cpRoute(3)...)
 	m := h.members[0]
 	h.p.Dispatched(h.warm("busy"), m)
 	c := h.cold("c")
-	h.want(c, Decision{Go: true, Target: m})
+	h.want(c, admission.Decision{Go: true, Target: m})
 	// Asked at arrival, before the queue has it, the same holds.
 	c2 := h.req("c2", 2*cpThreshold, 0)
-	h.want(c2, Decision{Go: true, Target: m})
+	h.want(c2, admission.Decision{Go: true, Target: m})
 }
 
 // TestColdCleanMemberFull: a clean member exists but is full: held with the reason saying so,
 // until the soft drain timeout, when a busy member with room takes it.
 func TestColdCleanMemberFull(t *testing.T) {
-	h := cpNew(t, ColdPoolConfig{Workers: 2, SoftDrainTimeout: time.Second}, cpRoute(6)...)
+	h := cpNew(t, Config{Workers: 2, SoftDrainTimeout: time.Second}, cpRoute(6)...)
 	m0, m1 := h.members[0], h.members[1]
 	h.p.Dispatched(h.warm("busy"), m1)
 	h.full[m0] = true
 	c := h.cold("c")
-	h.want(c, Decision{Until: cpT0.Add(time.Second), Wait: WaitColdBusy})
+	h.want(c, admission.Decision{Until: cpT0.Add(time.Second), Wait: WaitBusy})
 	h.now = cpT0.Add(time.Second)
-	h.want(c, Decision{Go: true, Target: m1})
+	h.want(c, admission.Decision{Go: true, Target: m1})
 }
 
 // TestColdWaitCountsFromEnqueue: the soft drain counts from Enqueued; asked at arrival (before
 // the queue has it) it counts from classification.
 func TestColdWaitCountsFromEnqueue(t *testing.T) {
-	h := cpNew(t, ColdPoolConfig{Workers: 1, SoftDrainTimeout: 10 * time.Second}, cpRoute(3)...)
+	h := cpNew(t, Config{Workers: 1, SoftDrainTimeout: 10 * time.Second}, cpRoute(3)...)
 	h.p.Dispatched(h.warm("busy"), h.members[0])
 	c := h.req("c", 2*cpThreshold, 0)
-	h.want(c, Decision{Until: cpT0.Add(10 * time.Second), Wait: WaitColdClean})
+	h.want(c, admission.Decision{Until: cpT0.Add(10 * time.Second), Wait: WaitClean})
 	h.now = cpT0.Add(time.Second)
 	h.p.Enqueued(c)
 	h.p.Enqueued(c) // a repeat does not restart the wait
 	h.now = cpT0.Add(3 * time.Second)
 	h.p.Enqueued(c)
-	h.want(c, Decision{Until: cpT0.Add(11 * time.Second), Wait: WaitColdClean})
+	h.want(c, admission.Decision{Until: cpT0.Add(11 * time.Second), Wait: WaitClean})
 	if h.p.pending != 1 {
 		t.Fatalf("pending %d, want 1", h.p.pending)
 	}
@@ -417,38 +423,38 @@ func TestColdWaitCountsFromEnqueue(t *testing.T) {
 // TestColdUnclassifiedIsWarmWork: an unclassified request (long, mostly cached) always goes,
 // and on a member it counts as Warm work that a Cold head waits for.
 func TestColdUnclassifiedIsWarmWork(t *testing.T) {
-	h := cpNew(t, ColdPoolConfig{Workers: 1, SoftDrainTimeout: time.Minute, SteerWarm: true}, cpRoute(3)...)
+	h := cpNew(t, Config{Workers: 1, SoftDrainTimeout: time.Minute, SteerWarm: true}, cpRoute(3)...)
 	c := h.cold("c")
 	u := h.req("u", 5*cpThreshold, 4*cpThreshold+1)
 	if u.Tag != "" {
 		t.Fatalf("tag %q, want unclassified", u.Tag)
 	}
-	h.want(u, Decision{Go: true}) // not steered, though Cold is pending
+	h.want(u, admission.Decision{Go: true}) // not steered, though Cold is pending
 	h.p.Dispatched(u, h.members[0])
-	h.want(c, Decision{Until: cpT0.Add(time.Minute), Wait: WaitColdClean})
+	h.want(c, admission.Decision{Until: cpT0.Add(time.Minute), Wait: WaitClean})
 	h.p.Completed(u, h.members[0])
-	h.want(c, Decision{Go: true, Target: h.members[0]})
+	h.want(c, admission.Decision{Go: true, Target: h.members[0]})
 }
 
 // TestColdBaseline: workers = 0 keeps the tags and the Cold lane, with no containment, no
 // holds, no steering, no recheck and no state.
 func TestColdBaseline(t *testing.T) {
-	h := cpNew(t, ColdPoolConfig{Workers: 0, SoftDrainTimeout: time.Hour, SteerWarm: true}, cpRoute(6)...)
+	h := cpNew(t, Config{Workers: 0, SoftDrainTimeout: time.Hour, SteerWarm: true}, cpRoute(6)...)
 	for _, w := range h.route {
 		h.p.Dispatched(h.warm("busy-"+w), w)
 	}
 	c := h.cold("c")
-	if c.Lane != ColdLane || c.Allowed != nil {
+	if c.Lane != Lane || c.Allowed != nil {
 		t.Fatalf("baseline cold: %+v", c)
 	}
-	h.want(c, Decision{Go: true})
+	h.want(c, admission.Decision{Go: true})
 	w := h.warm("w")
 	if w.Tag != TagWarm {
 		t.Fatalf("baseline warm tag %q", w.Tag)
 	}
-	h.want(w, Decision{Go: true})
+	h.want(w, admission.Decision{Go: true})
 	h.p.Dispatched(c, "w1")
-	h.want(h.warm("w2"), Decision{Go: true})
+	h.want(h.warm("w2"), admission.Decision{Go: true})
 	if h.p.Recheck() != 0 {
 		t.Fatalf("baseline recheck %v", h.p.Recheck())
 	}
@@ -458,93 +464,93 @@ func TestColdBaseline(t *testing.T) {
 // TestColdUncontained: with fewer than 2 workers, or a caller's allowed set with no member,
 // Cold keeps its tag and lane but is ordinary: never held, counted as non-Cold work.
 func TestColdUncontained(t *testing.T) {
-	h := cpNew(t, ColdPoolConfig{Workers: 3, SoftDrainTimeout: time.Hour, SteerWarm: true}, "solo")
+	h := cpNew(t, Config{Workers: 3, SoftDrainTimeout: time.Hour, SteerWarm: true}, "solo")
 	h.p.Dispatched(h.warm("busy"), "solo")
 	c := h.cold("c")
-	if c.Tag != TagCold || c.Lane != ColdLane || c.Allowed != nil {
+	if c.Tag != TagCold || c.Lane != Lane || c.Allowed != nil {
 		t.Fatalf("single-worker cold: %+v", c)
 	}
-	h.want(c, Decision{Go: true})
+	h.want(c, admission.Decision{Go: true})
 	h.p.Dispatched(c, "solo")
 	if h.p.pending != 0 || len(h.p.activeCold) != 0 || h.p.activeWarm["solo"] != 2 {
 		t.Fatalf("ledger: pending %d activeCold %v activeWarm %v", h.p.pending, h.p.activeCold, h.p.activeWarm)
 	}
 
-	h2 := cpNew(t, ColdPoolConfig{Workers: 1, SoftDrainTimeout: time.Hour, SteerWarm: true}, cpRoute(6)...)
+	h2 := cpNew(t, Config{Workers: 1, SoftDrainTimeout: time.Hour, SteerWarm: true}, cpRoute(6)...)
 	for _, w := range h2.route {
 		h2.p.Dispatched(h2.warm("busy-"+w), w)
 	}
-	r := &Request{Key: key("c"), ID: "c", PromptTokens: 2 * cpThreshold, Allowed: h2.others[:2]}
+	r := &admission.Request{Key: key("c"), ID: "c", PromptTokens: 2 * cpThreshold, Allowed: h2.others[:2]}
 	h2.p.Classify(r, h2.route, func([]string) int { return 0 })
 	h2.p.Enqueued(r)
-	if r.Tag != TagCold || r.Lane != ColdLane || !slices.Equal(r.Allowed, h2.others[:2]) {
+	if r.Tag != TagCold || r.Lane != Lane || !slices.Equal(r.Allowed, h2.others[:2]) {
 		t.Fatalf("cold with no allowed member: %+v", r)
 	}
-	h2.want(r, Decision{Go: true})
+	h2.want(r, admission.Decision{Go: true})
 	if h2.p.pending != 0 {
 		t.Fatalf("an uncontained Cold counted as pending")
 	}
-	h2.want(h2.warm("w"), Decision{Go: true}) // nothing pending: no steering
+	h2.want(h2.warm("w"), admission.Decision{Go: true}) // nothing pending: no steering
 }
 
 // TestWarmNotSteered: with steer_warm off, Warm always goes without a target, even with Cold
 // pending and running.
 func TestWarmNotSteered(t *testing.T) {
-	h := cpNew(t, ColdPoolConfig{Workers: 2, SoftDrainTimeout: time.Hour}, cpRoute(6)...)
+	h := cpNew(t, Config{Workers: 2, SoftDrainTimeout: time.Hour}, cpRoute(6)...)
 	h.cold("pending")
 	running := h.cold("running")
 	h.p.Dispatched(running, h.members[0])
 	for _, o := range h.others {
 		h.full[o] = true
 	}
-	h.want(h.warm("w"), Decision{Go: true})
+	h.want(h.warm("w"), admission.Decision{Go: true})
 }
 
 // TestWarmSteeredHold: while Cold is pending and every worker outside the pool is full but a
 // member has room, Warm is held; when every candidate is full it goes (the capacity check
 // holds it); a Warm request allowed only on the pool is not steered.
 func TestWarmSteeredHold(t *testing.T) {
-	h := cpNew(t, ColdPoolConfig{Workers: 2, SoftDrainTimeout: time.Hour, SteerWarm: true}, cpRoute(6)...)
+	h := cpNew(t, Config{Workers: 2, SoftDrainTimeout: time.Hour, SteerWarm: true}, cpRoute(6)...)
 	c := h.cold("c")
 	for _, o := range h.others {
 		h.full[o] = true
 	}
 	w := h.warm("w")
-	h.want(w, Decision{Wait: WaitWarmSteered})
+	h.want(w, admission.Decision{Wait: WaitWarmSteered})
 	for _, m := range h.members {
 		h.full[m] = true
 	}
-	h.want(w, Decision{Go: true})
+	h.want(w, admission.Decision{Go: true})
 
-	onPool := &Request{Key: key("p"), ID: "p", PromptTokens: 1, Allowed: slices.Clone(h.members)}
+	onPool := &admission.Request{Key: key("p"), ID: "p", PromptTokens: 1, Allowed: slices.Clone(h.members)}
 	h.p.Classify(onPool, h.route, nil)
-	h.want(onPool, Decision{Go: true})
+	h.want(onPool, admission.Decision{Go: true})
 
 	// The Cold request leaves the queue (cancelled): nothing to avoid any more.
 	h.p.Left(c)
 	for _, m := range h.members {
 		h.full[m] = false
 	}
-	h.want(w, Decision{Go: true})
+	h.want(w, admission.Decision{Go: true})
 	h.empty()
 }
 
 // TestColdPendingScopedToItsRoute: a pending Cold request steers Warm off its own route's
 // pool only; another route's workers are not avoided.
 func TestColdPendingScopedToItsRoute(t *testing.T) {
-	h := cpNew(t, ColdPoolConfig{Workers: 1, SoftDrainTimeout: time.Hour, SteerWarm: true}, "a1", "a2", "a3")
+	h := cpNew(t, Config{Workers: 1, SoftDrainTimeout: time.Hour, SteerWarm: true}, "a1", "a2", "a3")
 	h.cold("c")
 	h.route = []string{"b1", "b2", "b3"}
 	h.load["b1"] = 3
-	h.want(h.warm("w"), Decision{Go: true})
+	h.want(h.warm("w"), admission.Decision{Go: true})
 }
 
 // TestColdLedgerBounded: Completed twice or for an unknown request, Left for an unknown
 // request and a repeated Dispatched change nothing; once everything has ended the ledger is
 // empty.
 func TestColdLedgerBounded(t *testing.T) {
-	h := cpNew(t, ColdPoolConfig{Workers: 2, SoftDrainTimeout: time.Hour, SteerWarm: true}, cpRoute(6)...)
-	ghost := &Request{Key: key("ghost"), ID: "ghost", Tag: TagCold}
+	h := cpNew(t, Config{Workers: 2, SoftDrainTimeout: time.Hour, SteerWarm: true}, cpRoute(6)...)
+	ghost := &admission.Request{Key: key("ghost"), ID: "ghost", Tag: TagCold}
 	h.p.Completed(ghost, "w1")
 	h.p.Left(ghost)
 	h.empty()
@@ -574,7 +580,7 @@ func TestColdLedgerBounded(t *testing.T) {
 // TestColdTurnedAwayRecordsSwept: Cold requests classified but never queued nor dispatched
 // (turned away over a limit, with no Left) are dropped once they are old; queued ones stay.
 func TestColdTurnedAwayRecordsSwept(t *testing.T) {
-	h := cpNew(t, ColdPoolConfig{Workers: 1, SoftDrainTimeout: time.Hour}, cpRoute(3)...)
+	h := cpNew(t, Config{Workers: 1, SoftDrainTimeout: time.Hour}, cpRoute(3)...)
 	kept := h.cold("kept")
 	for i := range coldSweepMin - 1 { // with "kept", the next Classify finds coldSweepMin records
 		h.req(fmt.Sprint("away", i), 2*cpThreshold, 0)
@@ -588,33 +594,33 @@ func TestColdTurnedAwayRecordsSwept(t *testing.T) {
 		t.Fatalf("pending %d, want 1", h.p.pending)
 	}
 	h.p.Left(kept)
-	fresh := &Request{Key: key("fresh"), ID: "fresh", Tag: TagCold}
+	fresh := &admission.Request{Key: key("fresh"), ID: "fresh", Tag: TagCold}
 	h.p.Dispatched(fresh, "w1")
 	h.p.Completed(fresh, "w1")
 	h.empty()
 }
 
 func TestColdPoolShape(t *testing.T) {
-	p := NewColdPool(ColdPoolConfig{Workers: 2, QueueLimit: 7, MaxWait: 3 * time.Second, SoftDrainTimeout: -time.Second}, nil)
-	if p.Gate() != Gate(p) || p.Recheck() != 100*time.Millisecond {
+	p := New(Config{Workers: 2, QueueLimit: 7, MaxWait: 3 * time.Second, SoftDrainTimeout: -time.Second}, nil)
+	if p.Gate() != admission.Gate(p) || p.Recheck() != 100*time.Millisecond {
 		t.Fatalf("gate %v recheck %v", p.Gate(), p.Recheck())
 	}
-	if l := p.LaneLimits()[ColdLane]; l != (LaneLimit{QueueLimit: 7, MaxWait: 3 * time.Second}) {
+	if l := p.LaneLimits()[Lane]; l != (admission.LaneLimit{QueueLimit: 7, MaxWait: 3 * time.Second}) {
 		t.Fatalf("lane limits %+v", l)
 	}
 	if p.cfg.SoftDrainTimeout != 0 {
 		t.Fatal("a negative soft drain timeout is 0")
 	}
-	r := &Request{Key: key("x"), ID: "x", Tag: "other"}
-	if d := p.Check(r, cpView{now: cpT0}); d != (Decision{Go: true}) {
+	r := &admission.Request{Key: key("x"), ID: "x", Tag: "other"}
+	if d := p.Check(r, cpView{now: cpT0}); d != (admission.Decision{Go: true}) {
 		t.Fatalf("untagged head: %+v", d)
 	}
 	// A Cold head the policy has no record of is not held for its soft drain: its wait is
 	// taken as over.
-	p = NewColdPool(ColdPoolConfig{Workers: 1, SoftDrainTimeout: time.Hour}, func() time.Time { return cpT0 })
-	p.Dispatched(&Request{Key: key("busy"), ID: "busy", Tag: TagWarm}, "w1")
-	v := cpView{now: cpT0, ws: []Worker{{ID: "w1"}}}
-	if d := p.Check(&Request{Key: key("stranger"), ID: "stranger", Tag: TagCold, Lane: ColdLane}, v); d != (Decision{Go: true, Target: "w1"}) {
+	p = New(Config{Workers: 1, SoftDrainTimeout: time.Hour}, func() time.Time { return cpT0 })
+	p.Dispatched(&admission.Request{Key: key("busy"), ID: "busy", Tag: TagWarm}, "w1")
+	v := cpView{now: cpT0, ws: []admission.Worker{{ID: "w1"}}}
+	if d := p.Check(&admission.Request{Key: key("stranger"), ID: "stranger", Tag: TagCold, Lane: Lane}, v); d != (admission.Decision{Go: true, Target: "w1"}) {
 		t.Fatalf("unknown cold head: %+v", d)
 	}
 }

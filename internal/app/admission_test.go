@@ -1,0 +1,53 @@
+package app
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/tlgw/tlgw/internal/clock"
+	"github.com/tlgw/tlgw/internal/config"
+)
+
+// TestAdmissionWiring: the configured classifier is built from its own keys, and the prefix
+// index is on when the route policy or the classifier reads it.
+func TestAdmissionWiring(t *testing.T) {
+	for _, c := range []struct {
+		name, src string
+		policy    bool // a policy (not the default's nil)
+		blocks    int
+	}{
+		{"no admission", "", false, 0},
+		{"no admission, prefix_aware", "[gateway]\nroute_policy = \"prefix_aware\"\n", false, 4096},
+		{"default", "[admission]\n", false, 0},
+		{"session_serial", "[admission]\nclassifier = { type = \"session_serial\" }\n", true, 0},
+		{"cold_pool", "[admission]\nprefix_index = { blocks_per_worker = 64 }\nclassifier = { type = \"cold_pool\", cold_threshold_tokens = 8 }\n", true, 64},
+		{"cold_pool baseline", "[admission]\nclassifier = { type = \"cold_pool\", cold_threshold_tokens = 8, workers = 0 }\n", true, 4096},
+	} {
+		cfg, err := config.Parse([]byte(c.src), func(string) string { return "" })
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		adm, err := admissionConfig(cfg, clock.Real{})
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		if (adm != nil && adm.Queue.Policy != nil) != c.policy {
+			t.Errorf("%s: admission %+v", c.name, adm)
+		}
+		if got := prefixIndexBlocks(cfg, adm); got != c.blocks {
+			t.Errorf("%s: prefix index blocks %d, want %d", c.name, got, c.blocks)
+		}
+	}
+}
+
+// TestAdmissionWiringBadOptions: a Config built by hand (not through config.Parse) with bad
+// classifier keys fails start-up naming the key.
+func TestAdmissionWiringBadOptions(t *testing.T) {
+	cfg := config.Default()
+	cfg.Admission.Enabled = true
+	cfg.Admission.Classifier = config.Classifier{Type: "cold_pool", Options: map[string]any{"cold_threshold_tokens": 0}}
+	_, err := admissionConfig(cfg, clock.Real{})
+	if err == nil || !strings.Contains(err.Error(), "admission.classifier.cold_threshold_tokens: must be >= 1") {
+		t.Fatalf("got %v", err)
+	}
+}
