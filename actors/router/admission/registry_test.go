@@ -2,6 +2,7 @@ package admission
 
 import (
 	"errors"
+	"math"
 	"slices"
 	"strings"
 	"testing"
@@ -125,5 +126,27 @@ func TestOptions(t *testing.T) {
 	}
 	if err := NewOptions(nil).Err(); err != nil {
 		t.Fatalf("no keys: %v", err)
+	}
+}
+
+// TestAsIntBounds: a float is an integer only when whole and inside int's range (2^63 is not).
+func TestAsIntBounds(t *testing.T) {
+	for _, c := range []struct {
+		v  any
+		n  int
+		ok bool
+	}{
+		{9.223372036854775807e18, 0, false}, // 2^63 once a float
+		{-9.223372036854775808e18, math.MinInt, true},
+		{-1e19, 0, false},
+		{4.0, 4, true},
+		{4.5, 0, false},
+		{int64(7), 7, true},
+		{int32(-2), -2, true},
+		{"3", 0, false},
+	} {
+		if n, ok := asInt(c.v); n != c.n || ok != c.ok {
+			t.Fatalf("asInt(%v) = %d, %v; want %d, %v", c.v, n, ok, c.n, c.ok)
+		}
 	}
 }

@@ -624,3 +624,22 @@ func TestColdPoolShape(t *testing.T) {
 		t.Fatalf("unknown cold head: %+v", d)
 	}
 }
+
+// TestColdLeastTiesToLowerID: the least-loaded non-full worker wins, equal loads to the lower
+// id whatever the order given; full ones and those keep rejects never.
+func TestColdLeastTiesToLowerID(t *testing.T) {
+	ws := []admission.Worker{{ID: "c", Load: 1}, {ID: "b", Load: 1}, {ID: "a", Load: 2}, {ID: "d", Load: 0, Full: true}}
+	if w, ok := coldLeast(ws, nil); !ok || w != "b" {
+		t.Fatalf("got %q, want b", w)
+	}
+	ws = []admission.Worker{{ID: "b", Load: 1}, {ID: "c", Load: 1}, {ID: "e", Load: 0}}
+	if w, _ := coldLeast(ws, nil); w != "e" {
+		t.Fatalf("got %q, want the least loaded e", w)
+	}
+	if w, _ := coldLeast(ws, func(w admission.Worker) bool { return w.ID != "e" }); w != "b" {
+		t.Fatalf("got %q, want b once e is rejected", w)
+	}
+	if _, ok := coldLeast([]admission.Worker{{ID: "x", Full: true}}, nil); ok {
+		t.Fatal("a full worker was chosen")
+	}
+}
