@@ -60,11 +60,10 @@ func (q *Queue) Pump(h Host) {
 		q.dispatched(e, w)
 		q.cursor = (c.index + 1) % n
 		q.carry = nil
-		if c.deficit > 0 && c.queued > 0 {
-			q.carry = c
-		}
 		if c.queued == 0 {
 			c.deficit = 0
+		} else if c.deficit > 0 {
+			q.carry = c
 		}
 	}
 }
@@ -77,7 +76,7 @@ func (q *Queue) popNext(h Host) (*class, *Entry, string) {
 		}
 	}
 	n := len(q.classes)
-	for k := 0; k < n; k++ {
+	for k := range n {
 		c := q.classes[(q.cursor+k)%n]
 		if c.queued == 0 {
 			c.deficit = 0

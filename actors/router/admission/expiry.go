@@ -22,7 +22,7 @@ func (q *Queue) Tick(h Host) {
 			}
 		}
 	}
-	if q.recheck() > 0 && q.Len() > 0 {
+	if q.recheck() > 0 {
 		q.Wake(h)
 	} else {
 		q.Pump(h)
@@ -30,12 +30,9 @@ func (q *Queue) Tick(h Host) {
 	q.rearm(h)
 }
 
-// unexpire takes a request that leaves the queue off the deadline heap.
-func (q *Queue) unexpire(e *Entry) {
-	if e.dlIdx >= 0 && e.dlIdx < q.expiry.Len() && q.expiry[e.dlIdx] == e {
-		heap.Remove(&q.expiry, e.dlIdx)
-	}
-}
+// unexpire takes a request that leaves the queue off the deadline heap (every queued request
+// is on it).
+func (q *Queue) unexpire(e *Entry) { heap.Remove(&q.expiry, e.dlIdx) }
 
 // recheck is the periodic wake interval: the shorter of the queue's and the gate's.
 func (q *Queue) recheck() time.Duration {
@@ -101,6 +98,5 @@ func (h *deadlineHeap) Pop() any {
 	e := old[len(old)-1]
 	old[len(old)-1] = nil
 	*h = old[:len(old)-1]
-	e.dlIdx = -1
 	return e
 }

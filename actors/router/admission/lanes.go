@@ -90,7 +90,7 @@ func (q *Queue) laneFor(c *class, e *Entry) *lane {
 	}
 	l := c.lanes[key]
 	if l == nil {
-		l = &lane{key: key, kind: kind, cls: c, idx: -1}
+		l = &lane{key: key, kind: kind, cls: c}
 		if kind == namedLane {
 			l.name = r.Lane
 			l.limit, l.hasLim = q.lanes[r.Lane]
@@ -129,7 +129,7 @@ func (q *Queue) detach(l *lane) {
 	case inHeld:
 		delete(c.held, l)
 	}
-	l.where, l.idx = nowhere, -1
+	l.where = nowhere
 }
 
 // block parks a lane whose head cannot go now: in its candidate set's capacity group, or held
@@ -204,6 +204,5 @@ func (h *laneHeap) Pop() any {
 	l := old[len(old)-1]
 	old[len(old)-1] = nil
 	*h = old[:len(old)-1]
-	l.idx = -1
 	return l
 }

@@ -152,9 +152,7 @@ func New(cfg Config) *Queue {
 		}
 	}
 	for i, cc := range cfg.Classes {
-		if cc.Quantum < 1 {
-			cc.Quantum = 1
-		}
+		cc.Quantum = max(cc.Quantum, 1)
 		c := &class{cfg: cc, lanes: make(map[string]*lane), groupBy: make(map[string]*capGroup),
 			held: make(map[*lane]struct{}), named: make(map[string]int), index: i}
 		q.classes = append(q.classes, c)

@@ -2,6 +2,7 @@ package admission
 
 import (
 	"errors"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -166,8 +167,8 @@ func TestMovedAndCompleted(t *testing.T) {
 		t.Fatal("a capacity free asked a head only its session can release")
 	}
 	q.Completed(e1, h)
-	if !e2.Dispatched() {
-		t.Fatal("the end of the session's turn did not ask its next turn")
+	if !e2.Dispatched() || g.completed["e1"] != 1 {
+		t.Fatalf("the end of the session's turn: e2 dispatched %v, gate told %d times", e2.Dispatched(), g.completed["e1"])
 	}
 	q.Moved(e1, "w1") // completed: nothing to move
 	if len(g.moved) != 1 {
@@ -177,8 +178,9 @@ func TestMovedAndCompleted(t *testing.T) {
 	e3 := entry("e3", "", "", "w1")
 	plain.Admit(e3, h, nil)
 	plain.Moved(e3, "w2") // no gate: nothing to tell
-	if e3.Worker() != "w2" {
-		t.Fatalf("worker %s", e3.Worker())
+	plain.Completed(e3, h)
+	if e3.Worker() != "w2" || e3.Dispatched() {
+		t.Fatalf("worker %s, still dispatched %v", e3.Worker(), e3.Dispatched())
 	}
 }
 
@@ -195,6 +197,7 @@ func TestRecheckIntervals(t *testing.T) {
 		{"queue only", 250 * time.Millisecond, 0, 5},              // 250 (both), 500, 750, 1000
 		{"gate shorter", time.Second, 200 * time.Millisecond, 7},  // 200, 400 (both), 500, 700, 900
 		{"queue shorter", 500 * time.Millisecond, time.Second, 2}, // 500, 1000
+		{"gate only", 0, 300 * time.Millisecond, 4},               // 300 (both), 500, 800
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			h := newHost("w")
@@ -274,5 +277,51 @@ func TestIntersect(t *testing.T) {
 		if got := Intersect(route, c.allowed); !slices.Equal(got, c.want) {
 			t.Fatalf("Intersect(%v) = %v, want %v", c.allowed, got, c.want)
 		}
+	}
+}
+
+// TestTimersArmed: a queued request arms its deadline and nothing else when no recheck is
+// configured; once the queue is empty no timer is armed again.
+func TestTimersArmed(t *testing.T) {
+	h := newHost("w")
+	h.threshold = 1
+	h.loads["w"] = 1
+	q := newQueue(h, nil)
+	e := entry("e", "", "", "w")
+	q.Admit(e, h, nil)
+	if want := []time.Time{h.now.Add(time.Minute)}; !slices.Equal(h.armed, want) {
+		t.Fatalf("armed %v, want %v", h.armed, want)
+	}
+	h.advance(q, time.Minute)
+	if !errors.Is(h.rejected[e], ErrQueueTimeout) || len(h.armed) != 1 {
+		t.Fatalf("after the expiry: %v, armed %v", h.rejected[e], h.armed)
+	}
+	if Wait(len(waits.names)).String() != "unknown" {
+		t.Fatal("the first unregistered wait kind")
+	}
+}
+
+// TestDRRCreditOnlyWhenSpent: a class blocked with credit left keeps it and earns no more when
+// it is served again; the class after it goes first on the next round.
+func TestDRRCreditOnlyWhenSpent(t *testing.T) {
+	h := newHost("wa", "wb")
+	h.threshold = 1
+	h.loads["wa"], h.loads["wb"] = 1, 1
+	q := newQueue(h, nil,
+		ClassConfig{Name: "A", Quantum: 2, QueueLimit: 100, MaxWait: time.Hour},
+		ClassConfig{Name: "B", Quantum: 1, QueueLimit: 100, MaxWait: time.Hour})
+	for i := range 4 {
+		a, b := entry(fmt.Sprint("a", i), "A", "", "wa"), entry(fmt.Sprint("b", i), "B", "", "wb")
+		a.Pool, b.Pool = "pa", "pb"
+		q.Admit(a, h, nil)
+		q.Admit(b, h, nil)
+	}
+	h.release(q, "wa") // a0 (A: credit 2, 1 left; a1 blocked)
+	h.release(q, "wb") // b0
+	h.release(q, "wa") // a1 spends A's last credit
+	h.loads["wa"], h.loads["wb"] = 0, 0
+	q.WakeCapacity(h) // B's turn first, then A earns anew
+	if got := ids(h.dispatched); !slices.Equal(got, []string{"a0", "b0", "a1", "b1", "a2"}) {
+		t.Fatalf("order %v", got)
 	}
 }
