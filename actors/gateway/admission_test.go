@@ -67,7 +67,7 @@ func TestQueueTimeoutAndCancelThroughRouter(t *testing.T) {
 	b.Stop() // its client left: the request actor ends
 	h.Eventually("b left the queue", func() bool {
 		v, err := h.GW.Queue()
-		return err == nil && v.Snapshot.(admission.Snapshot).Classes[0].Queued == 1
+		return err == nil && v.Snapshot.Classes[0].Queued == 1
 	})
 	h.Clock.Advance(5*time.Second - time.Nanosecond)
 	select {

@@ -5,6 +5,7 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 
+	"github.com/tlgw/tlgw/actors/router/admission"
 	"github.com/tlgw/tlgw/actors/router/policy"
 	"github.com/tlgw/tlgw/internal/cascade"
 	"github.com/tlgw/tlgw/internal/config"
@@ -138,7 +139,7 @@ type GetQueue struct{}
 // QueueView answers GetQueue.
 type QueueView struct {
 	Enabled  bool
-	Snapshot any // admission.Snapshot
+	Snapshot admission.Snapshot
 }
 
 // Picked answers Pick. On success the router has sent Worker (and Prefill.Worker for a

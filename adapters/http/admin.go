@@ -245,7 +245,7 @@ func (s *Server) getQueue(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]any{"enabled": false, "classes": []any{}})
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"enabled": true, "classes": v.Snapshot})
+	writeJSON(w, http.StatusOK, map[string]any{"enabled": true, "classes": v.Snapshot.Classes})
 }
 
 func (s *Server) writeStatic(w http.ResponseWriter, epoch uint64, ws []config.StaticWorker) {

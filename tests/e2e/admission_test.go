@@ -110,16 +110,14 @@ class = "batch"
 		defer resp.Body.Close()
 		var q struct {
 			Enabled bool `json:"enabled"`
-			Classes struct {
-				Classes []struct {
-					Queued int `json:"queued"`
-				} `json:"classes"`
+			Classes []struct {
+				Queued int `json:"queued"`
 			} `json:"classes"`
 		}
 		if json.NewDecoder(resp.Body).Decode(&q) != nil || !q.Enabled {
 			return false
 		}
-		for _, c := range q.Classes.Classes {
+		for _, c := range q.Classes {
 			if c.Queued != 0 {
 				return false
 			}
@@ -146,4 +144,50 @@ class = "batch"
 		}
 		return true
 	})
+}
+
+// TestNoWorkerAnswersAtOnceUnderSessionSerial (issue 9's reproduction): session_serial with no
+// busy threshold and a route whose backend has no worker yet. The request is answered 503
+// no_capacity within a second and the admin API keeps answering (the router used to loop).
+func TestNoWorkerAnswersAtOnceUnderSessionSerial(t *testing.T) {
+	f := startFleet(t, fastHeartbeats+`
+[[gateway.routes]]
+model = "ghost"
+backends = [{ model = "nobody-serves-this", weight = 1 }]
+targets = ["unified"]
+
+[admission]
+classifier = { type = "session_serial" }
+`)
+	hc := &http.Client{Timeout: 5 * time.Second}
+	for i := 0; i < 3; i++ {
+		start := time.Now()
+		req, _ := http.NewRequest("POST", f.base+"/v1/completions", strings.NewReader(`{"model":"ghost","prompt":"hi"}`))
+		req.Header.Set("X-Session-ID", "alice")
+		resp, err := hc.Do(req)
+		if err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if took := time.Since(start); resp.StatusCode != 503 || !strings.Contains(string(b), "no_capacity") || took > time.Second {
+			t.Fatalf("request %d: %d %s after %v, want 503 no_capacity within a second", i, resp.StatusCode, b, took)
+		}
+		if rows := f.workers(t); len(rows) != 0 {
+			t.Fatalf("workers %v", rows)
+		}
+		resp, err = hc.Get(f.base + "/admin/v1/queue")
+		if err != nil || resp.StatusCode != 200 {
+			t.Fatalf("admin queue: %v %v", resp, err)
+		}
+		var q struct {
+			Classes []struct {
+				Queued int `json:"queued"`
+			} `json:"classes"`
+		}
+		if err := json.NewDecoder(resp.Body).Decode(&q); err != nil || len(q.Classes) == 0 || q.Classes[0].Queued != 0 {
+			t.Fatalf("queue view %+v %v", q, err)
+		}
+		resp.Body.Close()
+	}
 }
