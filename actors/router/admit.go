@@ -147,19 +147,20 @@ func (a *admitter) allowedIn(ad *admitted, key poolKey) []string {
 	if pl == nil {
 		return nil
 	}
-	members, allowed := pl.memberIDs(), ad.e.Req.Allowed
-	if allowed == nil {
+	members := pl.memberIDs()
+	if ad.e.Req.Allowed == nil {
 		return members
 	}
 	var out []string
-	for _, id := range members {
-		if slices.Contains(allowed, id) {
+	for _, id := range ad.e.Req.Allowed {
+		if pl.members[id] != nil {
 			out = append(out, id)
 		}
 	}
 	if out == nil && key != ad.target.key {
 		return members
 	}
+	slices.Sort(out)
 	return out
 }
 
@@ -167,11 +168,20 @@ func (a *admitter) allowedIn(ad *admitted, key poolKey) []string {
 // members it may not use (and, from the queue, those that are full).
 func (a *admitter) choice(ad *admitted, t target, soft string, checkFull bool) choice {
 	exclude := ad.pick.Exclude
-	if pl := a.view.pools[t.key]; pl != nil && (ad.e.Req.Allowed != nil || (checkFull && a.threshold > 0)) {
-		allowed := a.allowedIn(ad, t.key)
+	pl := a.view.pools[t.key]
+	restricted, full := ad.e.Req.Allowed != nil, checkFull && a.threshold > 0
+	if pl != nil && (restricted || full) {
+		var allowed map[string]bool
+		if restricted {
+			ids := a.allowedIn(ad, t.key)
+			allowed = make(map[string]bool, len(ids))
+			for _, id := range ids {
+				allowed[id] = true
+			}
+		}
 		exclude = slices.Clone(exclude)
-		for _, id := range pl.memberIDs() {
-			if !slices.Contains(allowed, id) || (checkFull && a.full(pl.members[id])) {
+		for id, s := range pl.members {
+			if (restricted && !allowed[id]) || (full && a.full(s)) {
 				exclude = append(exclude, id)
 			}
 		}
