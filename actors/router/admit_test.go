@@ -2,6 +2,7 @@ package router
 
 import (
 	"errors"
+	"slices"
 	"testing"
 	"time"
 
@@ -193,7 +194,7 @@ func TestRepicksKeepAdmission(t *testing.T) {
 		return c.picked()
 	}
 	p1 := ask()
-	if p1.Err != nil || !contains(pool, p1.WorkerID) {
+	if p1.Err != nil || !slices.Contains(pool, p1.WorkerID) {
 		t.Fatalf("first pick %+v, want a member of %v", p1, pool)
 	}
 	c.release(p1)
@@ -214,7 +215,7 @@ func TestRepicksKeepAdmission(t *testing.T) {
 	c.stop()
 	want := []string{"dispatched " + p1.WorkerID, "moved " + p1.WorkerID + " " + other, "moved " + other + " " + p4.WorkerID,
 		"completed " + p4.WorkerID}
-	if got := g.events[c.key]; !equal(got, want) {
+	if got := g.events[c.key]; !slices.Equal(got, want) {
 		t.Fatalf("gate bookkeeping %v, want %v", got, want)
 	}
 	for _, id := range ids {
@@ -244,25 +245,4 @@ func TestNoCrossModelStarvation(t *testing.T) {
 	if p := x.picked(); p.Err != nil || p.WorkerID != "a1" {
 		t.Fatalf("x: %+v", p)
 	}
-}
-
-func contains(xs []string, x string) bool {
-	for _, v := range xs {
-		if v == x {
-			return true
-		}
-	}
-	return false
-}
-
-func equal(a, b []string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }

@@ -277,7 +277,7 @@ func (m *routerModel) collect() {
 
 func (m *routerModel) admit(t *rapid.T) {
 	if len(m.live()) >= 12 {
-		t.Skip("enough requests live")
+		return // enough requests live
 	}
 	m.ids++
 	q := &modelRequest{q: m.r.newRequester(), answered: map[uint64]int{},
@@ -306,7 +306,7 @@ func (m *routerModel) pickLive(t *rapid.T, ok func(*modelRequest) bool) *modelRe
 		}
 	}
 	if len(cands) == 0 {
-		t.Skip("no such request")
+		return nil // nothing to act on: the action does nothing
 	}
 	return rapid.SampledFrom(cands).Draw(t, "request")
 }
@@ -314,6 +314,9 @@ func (m *routerModel) pickLive(t *rapid.T, ok func(*modelRequest) bool) *modelRe
 // finish ends a request that holds a worker: release, then its actor stops.
 func (m *routerModel) finish(t *rapid.T) {
 	q := m.pickLive(t, func(q *modelRequest) bool { return q.holding != nil || q.outcome > 0 })
+	if q == nil {
+		return
+	}
 	if q.holding != nil {
 		q.q.release(q.holding)
 	}
@@ -322,7 +325,9 @@ func (m *routerModel) finish(t *rapid.T) {
 
 // cancel stops a request that has no outcome yet (its client left while it waited).
 func (m *routerModel) cancel(t *rapid.T) {
-	m.stop(m.pickLive(t, func(q *modelRequest) bool { return q.outcome == 0 }))
+	if q := m.pickLive(t, func(q *modelRequest) bool { return q.outcome == 0 }); q != nil {
+		m.stop(q)
+	}
 }
 
 func (m *routerModel) stop(q *modelRequest) {
@@ -334,6 +339,9 @@ func (m *routerModel) stop(q *modelRequest) {
 // failover: the attempt failed before the first byte; the worker is excluded and picked again.
 func (m *routerModel) failover(t *rapid.T) {
 	q := m.pickLive(t, func(q *modelRequest) bool { return q.holding != nil })
+	if q == nil {
+		return
+	}
 	q.q.release(q.holding)
 	q.exclude = append(q.exclude, q.holding.WorkerID)
 	q.holding = nil
@@ -343,6 +351,9 @@ func (m *routerModel) failover(t *rapid.T) {
 // repeat is a pick asked again after a timeout (the first answer may be late or lost).
 func (m *routerModel) repeat(t *rapid.T) {
 	q := m.pickLive(t, func(*modelRequest) bool { return true })
+	if q == nil {
+		return
+	}
 	if q.holding != nil {
 		q.q.release(q.holding)
 		q.holding = nil
@@ -364,7 +375,7 @@ func (m *routerModel) leave(t *rapid.T) {
 		}
 	}
 	if len(live) == 0 {
-		t.Skip("no worker")
+		return // no worker to leave
 	}
 	m.r.leave(rapid.SampledFrom(live).Draw(t, "worker"))
 	m.collect()
@@ -378,7 +389,7 @@ func (m *routerModel) drain(t *rapid.T) {
 		}
 	}
 	if len(live) == 0 {
-		t.Skip("no worker")
+		return // no worker to drain
 	}
 	w := rapid.SampledFrom(live).Draw(t, "worker")
 	w.info.Draining = !w.info.Draining
