@@ -437,6 +437,9 @@ func (m *routerModel) drainAll() {
 	if len(m.pol.running) != 0 {
 		m.t.Fatalf("the gate still counts %d requests running", len(m.pol.running))
 	}
+	if tr, ok := m.pol.inner.(interface{ Tracked() int }); ok && tr.Tracked() != 0 {
+		m.t.Fatalf("the policy's ledgers still hold %d entries", tr.Tracked())
+	}
 	for _, w := range m.r.workers {
 		if len(w.holds) != 0 || m.r.inFlight(w.info.ID) > 0 {
 			m.t.Fatalf("%s: %d holds, router shows %d", w.info.ID, len(w.holds), m.r.inFlight(w.info.ID))

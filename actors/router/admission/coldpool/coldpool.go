@@ -565,3 +565,9 @@ func coldLeast(ws []admission.Worker, keep func(admission.Worker) bool) (string,
 	}
 	return best.ID, true
 }
+
+// Tracked counts the entries of the policy's ledgers (records, active requests, per-worker
+// counts, pending): 0 once every request it has seen has ended or left.
+func (p *Policy) Tracked() int {
+	return len(p.cold) + len(p.active) + len(p.activeCold) + len(p.activeWarm) + p.pending + len(p.pendingOn)
+}

@@ -643,3 +643,26 @@ func TestColdLeastTiesToLowerID(t *testing.T) {
 		t.Fatal("a full worker was chosen")
 	}
 }
+
+// TestTracked: Tracked counts every ledger entry: a queued contained Cold request is its record,
+// one pending and one pending mark per pool member; dispatched, one active entry and one
+// per-worker count; nothing once it completed.
+func TestTracked(t *testing.T) {
+	h := cpNew(t, Config{Workers: 2, SteerWarm: true}, cpRoute(6)...)
+	c := h.cold("c")
+	if got, want := h.p.Tracked(), 1+1+len(h.members); got != want {
+		t.Fatalf("queued: %d, want %d", got, want)
+	}
+	h.p.Dispatched(c, h.members[0])
+	w := h.warm("w")
+	h.p.Dispatched(w, h.others[0])
+	if got := h.p.Tracked(); got != 4 {
+		t.Fatalf("two dispatched: %d, want 4", got)
+	}
+	h.p.Completed(c, h.members[0])
+	h.p.Completed(w, h.others[0])
+	if h.p.Tracked() != 0 {
+		t.Fatalf("after completion: %d", h.p.Tracked())
+	}
+	h.empty()
+}

@@ -98,3 +98,6 @@ func (s *Policy) Moved(*admission.Request, string, string) {}
 // Recheck is 0: a held turn is released only by its session's completion, which is a wake the
 // queue delivers, so a periodic recheck would never change an answer.
 func (s *Policy) Recheck() time.Duration { return 0 }
+
+// Tracked counts the entries of the policy's ledger: 0 once every turn has completed.
+func (p *Policy) Tracked() int { return len(p.inFlight) + len(p.bySID) }

@@ -147,3 +147,20 @@ func TestFactory(t *testing.T) {
 		t.Fatalf("a key: %v", err)
 	}
 }
+
+// TestTracked: one turn in flight is one session count and one request record; none after it
+// completes.
+func TestTracked(t *testing.T) {
+	s := New()
+	a, b := ssReq("a", "alice"), ssReq("b", "bob")
+	s.Dispatched(a, "w1")
+	s.Dispatched(b, "w2")
+	if s.Tracked() != 4 {
+		t.Fatalf("two turns: %d, want 4", s.Tracked())
+	}
+	s.Completed(a, "w1")
+	s.Completed(b, "w2")
+	if s.Tracked() != 0 {
+		t.Fatalf("after completion: %d", s.Tracked())
+	}
+}
