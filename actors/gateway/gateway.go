@@ -40,6 +40,8 @@ type Config struct {
 	Admission *router.AdmissionConfig
 	// PrefixIndexBlocks turns the router's approximate prefix index on (0 = off).
 	PrefixIndexBlocks int
+	// MaxWorkers caps the registered workers (R13.2; 0 = no cap).
+	MaxWorkers int
 }
 
 // Gateway is the running actor tree.
@@ -109,7 +111,7 @@ func Start(cfg Config) (*Gateway, error) {
 				Clock: cfg.Clock, Router: rt,
 				TTL:           time.Duration(cfg.MissLimit) * cfg.HeartbeatInterval,
 				Logger:        cfg.Logger.With("actor", "registry"),
-				WorkerOptions: opts("worker"),
+				WorkerOptions: opts("worker"), MaxWorkers: cfg.MaxWorkers,
 			}, opts("registry")...), "registry")
 			regPID = reg
 			ready <- started{router: rt, registry: reg, err: err}
@@ -181,18 +183,28 @@ func (g *Gateway) Heartbeat(info router.WorkerInfo) (*registry.Ack, error) {
 	return g.HeartbeatContext(context.Background(), info)
 }
 
-// HeartbeatContext is Heartbeat bounded by ctx (and the ask timeout). The ack comes back on a
-// channel rather than a future: heartbeats are the gateway's most frequent ask.
+// HeartbeatContext is Heartbeat bounded by ctx (and the ask timeout), from an open registry
+// (no credential).
 func (g *Gateway) HeartbeatContext(ctx context.Context, info router.WorkerInfo) (*registry.Ack, error) {
+	return g.HeartbeatAs(ctx, "", info)
+}
+
+// HeartbeatAs is HeartbeatContext for a worker that presented credential (R13.1). A refusal
+// (registry.ErrIDTaken, registry.ErrTooManyWorkers) is returned as the error. The ack comes
+// back on a channel rather than a future: heartbeats are the gateway's most frequent ask.
+func (g *Gateway) HeartbeatAs(ctx context.Context, credential string, info router.WorkerInfo) (*registry.Ack, error) {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, g.timeout)
 		defer cancel()
 	}
 	reply := make(chan *registry.Ack, 1)
-	g.System.Root.Send(g.Registry, &registry.Heartbeat{Info: info, Reply: reply})
+	g.System.Root.Send(g.Registry, &registry.Heartbeat{Info: info, Reply: reply, Credential: credential})
 	select {
 	case ack := <-reply:
+		if ack.Err != nil {
+			return nil, ack.Err
+		}
 		return ack, nil
 	case <-ctx.Done():
 		return nil, fmt.Errorf("heartbeat: %v: %w", ctx.Err(), errs.ErrInternal)
@@ -202,8 +214,11 @@ func (g *Gateway) HeartbeatContext(ctx context.Context, info router.WorkerInfo) 
 // Scraped hands one successful scrape of a static worker to the registry: a heartbeat whose
 // deadline is ttl (k·scrape_interval).
 func (g *Gateway) Scraped(info router.WorkerInfo, ttl time.Duration) error {
-	_, err := ask[*registry.Ack](g, g.Registry, &registry.Heartbeat{Info: info, TTL: ttl})
-	return err
+	ack, err := ask[*registry.Ack](g, g.Registry, &registry.Heartbeat{Info: info, TTL: ttl, Credential: registry.CredentialStatic})
+	if err != nil {
+		return err
+	}
+	return ack.Err
 }
 
 // ScrapeFailed records a static worker's failed scrape.

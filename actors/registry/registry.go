@@ -4,6 +4,7 @@
 package registry
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -26,7 +27,24 @@ type Heartbeat struct {
 	// directly, which spares a future (its registration and its timer) on every heartbeat.
 	// It must have room for one value.
 	Reply chan *Ack
+	// Credential names who sent it (R13.1): "" for an open registry, CredentialStatic for a
+	// scrape, else the adapter's name for a token or a client certificate. A live worker's id
+	// is bound to the credential that registered it.
+	Credential string
 }
+
+// CredentialStatic is the credential of a static worker's scrapes: no engine presents it, so
+// no heartbeat can take over a static worker's id.
+const CredentialStatic = "\x00static"
+
+// Refusals in Ack.Err; the heartbeat changed nothing.
+var (
+	// ErrTooManyWorkers: a new id beyond Config.MaxWorkers (gRPC ResourceExhausted).
+	ErrTooManyWorkers = errors.New("too many workers")
+	// ErrIDTaken: a live worker registered this id with another credential (gRPC
+	// PermissionDenied).
+	ErrIDTaken = errors.New("worker id taken")
+)
 
 // ScrapeFailed records a static worker's failed scrape: shown on the worker; it does not
 // move its deadline.
@@ -39,6 +57,9 @@ type ScrapeFailed struct {
 type Ack struct {
 	Drain bool
 	Epoch uint64
+	// Err, when set, is why the heartbeat was refused (wrapping ErrTooManyWorkers or
+	// ErrIDTaken); Drain and Epoch are then unset.
+	Err error
 }
 
 // DrainModel drains (or undrains) every worker of a served model; the reply is *DrainResult or
@@ -62,12 +83,16 @@ type Config struct {
 	Logger *slog.Logger
 	// WorkerOptions are extra props options for every worker actor (metrics, test middleware).
 	WorkerOptions []actor.PropsOption
+	// MaxWorkers caps the registered workers ([registry] max_workers); a heartbeat of a new id
+	// beyond it is refused, an existing id still heartbeats. 0 = no cap.
+	MaxWorkers int
 }
 
 type entry struct {
 	pid  *actor.PID
 	info router.WorkerInfo
 	sent uint64 // statuses forwarded to the worker
+	cred string // the credential that registered the id
 }
 
 type state struct {
@@ -144,8 +169,15 @@ func (st *state) heartbeat(c actor.Context, m *Heartbeat) *Ack {
 		ttl = m.TTL
 	}
 	e := st.entries[info.ID]
+	switch {
+	case e != nil && e.cred != m.Credential:
+		st.cfg.Logger.Warn("heartbeat refused: the worker id is registered with another credential", "worker", info.ID)
+		return &Ack{Err: fmt.Errorf("worker id %q is registered by a live worker with another credential: %w", info.ID, ErrIDTaken)}
+	case e == nil && st.cfg.MaxWorkers > 0 && len(st.entries) >= st.cfg.MaxWorkers:
+		return &Ack{Err: fmt.Errorf("%d workers are registered, the most max_workers allows: %w", len(st.entries), ErrTooManyWorkers)}
+	}
 	if e == nil {
-		e = &entry{info: info, sent: 1}
+		e = &entry{info: info, sent: 1, cred: m.Credential}
 		props := worker.Props(worker.Config{
 			Clock: st.cfg.Clock, Router: st.cfg.Router, Registry: c.Self(), TTL: ttl,
 		}, worker.Status{Info: info, Seq: 1, TTL: ttl}, append([]actor.PropsOption{

@@ -176,6 +176,18 @@ func TestCascadeAcceptsOrEscalates(t *testing.T) {
 			t.Fatalf("%d small %d large %d %s", resp.StatusCode, *small, *large, body)
 		}
 	})
+	t.Run("a case variant of logprobs does not stop the forcing", func(t *testing.T) {
+		// R13.4: "LogProbs" is another key for the engine, so the step must still ask for
+		// logprobs, and the client, which did not ask under the real key, gets none.
+		r, small, large, smallBody := cascadeRig(t, []float64{-0.2, -0.4})
+		resp, body := r.post(t, "/v1/completions", "sk-plain", `{"model":"auto","prompt":"easy","LogProbs":5}`)
+		if resp.StatusCode != 200 || *small != 1 || *large != 0 || !strings.Contains(*smallBody, `"logprobs":1`) {
+			t.Fatalf("%d small %d large %d, step asked %s", resp.StatusCode, *small, *large, *smallBody)
+		}
+		if !strings.Contains(body, `"logprobs":null`) {
+			t.Fatalf("client got logprobs it did not ask for: %s", body)
+		}
+	})
 	t.Run("chat forces logprobs true", func(t *testing.T) {
 		r, _, _, smallBody := cascadeRig(t, []float64{-0.1})
 		r.post(t, "/v1/chat/completions", "sk-plain", `{"model":"auto","messages":[{"role":"user","content":"x"}]}`)

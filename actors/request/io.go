@@ -3,10 +3,10 @@ package request
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"strconv"
 	"strings"
@@ -25,16 +25,13 @@ const maxUpstreamJSON = 64 << 20
 var bufPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
 
 // clientAskedLogprobs reports whether the client's body asks for logprobs (a non-null,
-// non-false "logprobs").
+// non-false "logprobs"). The key is matched exactly, as the engines match it: a case variant
+// such as "LogProbs" is another field, and must not keep a cascade step from forcing
+// logprobs on (R13.4).
 func (r *requestActor) clientAskedLogprobs() bool {
-	var probe struct {
-		Logprobs json.RawMessage `json:"logprobs"`
-	}
-	if json.Unmarshal(r.x.Body, &probe) != nil {
-		return false
-	}
-	v := string(bytes.TrimSpace(probe.Logprobs))
-	return v != "" && v != "null" && v != "false"
+	raw, ok := oai.Field(r.x.Body, "logprobs")
+	v := string(raw)
+	return ok && v != "null" && v != "false"
 }
 
 // upstreamBody is the body an attempt sends: the served model id, logprobs forced on for a
@@ -120,18 +117,16 @@ func readAll(gen int, resp *http.Response) bufferedResult {
 	return bufferedResult{gen: gen, status: resp.StatusCode, header: resp.Header, body: buf.Bytes(), err: err}
 }
 
-// hop-by-hop and framing headers are not copied from the engine's response.
-var skipHeader = map[string]bool{
-	"Connection": true, "Keep-Alive": true, "Proxy-Authenticate": true, "Proxy-Authorization": true,
-	"Te": true, "Trailer": true, "Transfer-Encoding": true, "Upgrade": true, "Content-Length": true,
-	"X-Request-Id": true,
-}
+// forwardHeaders is the allow-list of engine response headers that reach the client (R13.4).
+// Everything else an engine sends stays behind: hop-by-hop and framing headers, cookies,
+// redirects, and X-TL-* (X-TL-Route is the gateway's own, for debug keys only).
+var forwardHeaders = [...]string{"Content-Type", "Cache-Control", "Retry-After"}
 
-// writeHeaders copies the engine's headers and adds the debug ones (SPEC B2, R7).
+// writeHeaders copies the allowed engine headers and adds the debug ones (SPEC B2, R7).
 func (r *requestActor) writeHeaders(from http.Header) {
 	h := r.x.W.Header()
-	for k, vs := range from {
-		if !skipHeader[k] {
+	for _, k := range forwardHeaders {
+		if vs := from.Values(k); len(vs) > 0 {
 			h[k] = vs
 		}
 	}
@@ -146,12 +141,12 @@ func (r *requestActor) writeHeaders(from http.Header) {
 // relayer is the relay goroutine's view (Relaying): values copied from the actor before the
 // goroutine starts, and the response writer, which nothing else writes to while it runs.
 type relayer struct {
-	w        http.ResponseWriter
-	ctx      context.Context
-	resp     *http.Response
-	workerID string
-	errs     ErrorWriter
-	onCut    func()
+	w     http.ResponseWriter
+	ctx   context.Context
+	resp  *http.Response
+	log   *slog.Logger // names the worker; the client's messages never do (R13.4)
+	errs  ErrorWriter
+	onCut func()
 	// out receives the result before the goroutine ends, so a crashed actor can tell (after
 	// waiting for the goroutine) whether the client already has its terminal outcome.
 	out *relayResult
@@ -189,7 +184,8 @@ func (rl relayer) json(gen int) relayResult {
 				rl.w.Header().Del(k)
 			}
 		}
-		code := rl.errs.Error(rl.w, fmt.Errorf("worker %s broke off its answer: %v: %w", rl.workerID, err, errs.ErrUpstream))
+		rl.log.Warn("the engine broke off its answer", "err", err)
+		code := rl.errs.Error(rl.w, fmt.Errorf("the engine broke off its answer: %w", errs.ErrUpstream))
 		return relayResult{gen: gen, code: code, ended: true}
 	}
 	rl.w.Header().Set("Content-Length", strconv.Itoa(buf.Len()))
@@ -221,8 +217,10 @@ func (rl relayer) sse(gen int) relayResult {
 		}
 		return rc.Flush() == nil
 	}
-	interrupted := func(why string) relayResult {
-		rl.errs.SSEError(rl.w, fmt.Sprintf("worker %s broke off the stream: %s", rl.workerID, why))
+	// message is the client's and names no engine (R13.4); the detail goes to the log only.
+	interrupted := func(message string, detail error) relayResult {
+		rl.log.Warn(message, "err", detail)
+		rl.errs.SSEError(rl.w, message)
 		_ = rc.Flush()
 		rl.onCut()
 		return relayResult{gen: gen, code: rl.resp.StatusCode, ended: true}
@@ -239,7 +237,7 @@ func (rl relayer) sse(gen int) relayResult {
 			if rl.resp.StatusCode == http.StatusOK && !tail.done() {
 				// A stream that ends without [DONE] did not finish, however cleanly the
 				// connection closed: the client must not take it for a whole answer.
-				return interrupted("the stream ended without [DONE]")
+				return interrupted("the engine ended the stream without [DONE]", nil)
 			}
 			return relayResult{gen: gen, code: rl.resp.StatusCode, finished: true, ended: true}
 		}
@@ -247,7 +245,7 @@ func (rl relayer) sse(gen int) relayResult {
 			if rl.ctx.Err() != nil || errors.Is(err, context.Canceled) {
 				return relayResult{gen: gen, code: statusClientGone}
 			}
-			return interrupted(err.Error())
+			return interrupted("the engine broke off the stream", err)
 		}
 	}
 }

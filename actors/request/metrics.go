@@ -7,6 +7,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
+// UnknownLabel is the route and model label of a request the router named no route for (an
+// unknown model, or a client that left before the pick): the client's model string is never a
+// label, so random model names add no series (R13.4).
+const UnknownLabel = "unknown"
+
 // Metrics are the request-level series of R11.
 type Metrics struct {
 	requests    *prometheus.CounterVec

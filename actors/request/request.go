@@ -223,7 +223,9 @@ func (r *requestActor) become(to State, step stepFunc) {
 
 func (r *requestActor) start(c actor.Context) {
 	r.log = r.d.Logger.With("request_id", r.x.ID)
-	r.route, r.served = r.x.Req.Model, r.x.Req.Model
+	// The labels are the router's names for the request (R13.4): until it has named a route,
+	// the model is "unknown", so no client string ever becomes a metric label.
+	r.route, r.served = UnknownLabel, UnknownLabel
 	if !r.x.Req.Stream {
 		r.cascadeStep = 0 // a cascade route starts at its first step; other routes ignore it
 	}

@@ -137,7 +137,9 @@ func (r *requestActor) stepRouting(c actor.Context, msg any) {
 		}
 		err := p.Err
 		if r.attempts > 0 && r.lastErr != nil && errors.Is(err, errs.ErrNoCapacity) {
-			err = fmt.Errorf("%d workers tried, none answered (last: %v): %w", r.attempts, r.lastErr, errs.ErrNoCapacity)
+			// The last failure names an engine (its address, its id): it is in the log of
+			// the failover, never in the client's message (R13.4).
+			err = fmt.Errorf("%d workers tried, none answered: %w", r.attempts, errs.ErrNoCapacity)
 		}
 		r.fail(c, err)
 		return
@@ -186,7 +188,7 @@ func (r *requestActor) failover(c actor.Context, excludeID string, err error) {
 		return
 	}
 	if r.attempts >= r.d.MaxAttempts {
-		r.fail(c, fmt.Errorf("%d workers tried, none answered (last: %v): %w", r.attempts, err, errs.ErrNoCapacity))
+		r.fail(c, fmt.Errorf("%d workers tried, none answered: %w", r.attempts, errs.ErrNoCapacity))
 		return
 	}
 	r.picked = nil
@@ -247,7 +249,7 @@ func (r *requestActor) stepAttempting(c actor.Context, msg any) {
 	r.writeHeaders(m.resp.Header)
 	route, metrics := r.route, r.d.Metrics
 	r.relayOut = &relayResult{}
-	rl := relayer{w: r.x.W, resp: m.resp, workerID: p.WorkerID, errs: r.d.Errors, out: r.relayOut,
+	rl := relayer{w: r.x.W, resp: m.resp, log: r.log.With("worker", p.WorkerID), errs: r.d.Errors, out: r.relayOut,
 		onCut: func() { metrics.interrupts.WithLabelValues(route).Inc() }}
 	r.become(Relaying, r.stepRelaying)
 	r.runIO(c, func(ctx context.Context, gen int) any { rl.ctx = ctx; return rl.run(gen) })

@@ -1,5 +1,7 @@
 // Package grpcapi is tlgw's gRPC surface: the WorkerRegistry service engines heartbeat to
 // (SPEC B1), next to gRPC reflection and the standard health service on the same listener.
+// Heartbeats are authenticated by registry tokens and/or client certificates (auth.go, R13.1)
+// and validated before any state changes (ValidateWorkerStatus, R13.2).
 package grpcapi
 
 import (
@@ -19,35 +21,64 @@ import (
 	"github.com/tlgw/tlgw/actors/registry"
 	"github.com/tlgw/tlgw/actors/router"
 	controlv1 "github.com/tlgw/tlgw/contracts/tl/control/v1"
+	"github.com/tlgw/tlgw/internal/engineaddr"
 )
 
 // Registry is what the heartbeat handler needs of the actor tree (*gateway.Gateway has it).
 type Registry interface {
-	HeartbeatContext(ctx context.Context, info router.WorkerInfo) (*registry.Ack, error)
+	// HeartbeatAs registers or refreshes a worker for credential; a refusal wraps
+	// registry.ErrIDTaken or registry.ErrTooManyWorkers.
+	HeartbeatAs(ctx context.Context, credential string, info router.WorkerInfo) (*registry.Ack, error)
 	HeartbeatInterval() time.Duration
+}
+
+// Limits of the registry's gRPC server (R13.2). A heartbeat is well under 1 KiB; an engine
+// sends one at a time per gateway, so 100 concurrent streams per connection (the HTTP/2
+// recommended minimum) leaves room for health checks and reflection.
+const (
+	MaxRecvMsgSize       = 64 << 10
+	MaxConcurrentStreams = 100
+)
+
+// Options configure the WorkerRegistry service.
+type Options struct {
+	// Auth is the registry's authentication; nil = open.
+	Auth *Auth
+	// Addresses are the host rules for heartbeated addresses ([registry] engine_cidrs).
+	Addresses engineaddr.Rules
 }
 
 // Server implements controlv1.WorkerRegistryServer over the registry actor.
 type Server struct {
 	controlv1.UnimplementedWorkerRegistryServer
 	reg Registry
+	o   Options
 }
 
 var _ controlv1.WorkerRegistryServer = (*Server)(nil)
 
 // NewServer returns the WorkerRegistry service.
-func NewServer(reg Registry) *Server { return &Server{reg: reg} }
+func NewServer(reg Registry, o Options) *Server { return &Server{reg: reg, o: o} }
 
-// Heartbeat validates one status and hands it to the registry actor. A bad status is
-// InvalidArgument and changes nothing.
+// Heartbeat authenticates the caller (Unauthenticated), validates the status
+// (InvalidArgument), checks the token's grant (PermissionDenied) and hands it to the registry
+// actor, which refuses an id bound to another credential (PermissionDenied) or a new id
+// beyond max_workers (ResourceExhausted). A refused heartbeat changes nothing.
 func (s *Server) Heartbeat(ctx context.Context, st *controlv1.WorkerStatus) (*controlv1.HeartbeatAck, error) {
-	info, err := Validate(st)
+	who, err := s.o.Auth.authenticate(ctx)
+	if err != nil {
+		return nil, status.Error(codes.Unauthenticated, err.Error())
+	}
+	info, err := ValidateWorkerStatus(st, s.o.Addresses)
 	if err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
-	ack, err := s.reg.HeartbeatContext(ctx, info)
+	if err := who.permit(info.ID, info.Model); err != nil {
+		return nil, status.Error(codes.PermissionDenied, err.Error())
+	}
+	ack, err := s.reg.HeartbeatAs(ctx, who.credential, info)
 	if err != nil {
-		return nil, status.Error(codes.Unavailable, err.Error())
+		return nil, status.Error(heartbeatCode(err), err.Error())
 	}
 	return &controlv1.HeartbeatAck{
 		Drain:               ack.Drain,
@@ -56,21 +87,51 @@ func (s *Server) Heartbeat(ctx context.Context, st *controlv1.WorkerStatus) (*co
 	}, nil
 }
 
-// Validate turns a WorkerStatus into the registry's form, rejecting an empty id, model or HTTP
-// address, negative counts, more free KV blocks than total, and unknown roles.
+// heartbeatCode maps the registry's refusals to gRPC codes.
+func heartbeatCode(err error) codes.Code {
+	switch {
+	case errors.Is(err, registry.ErrIDTaken):
+		return codes.PermissionDenied
+	case errors.Is(err, registry.ErrTooManyWorkers):
+		return codes.ResourceExhausted
+	default:
+		return codes.Unavailable
+	}
+}
+
+// MaxField is the longest worker_id or model accepted, in bytes.
+const MaxField = 256
+
+// ValidateWorkerStatus turns a WorkerStatus into the registry's form (R13.2), rejecting an
+// empty or over-long (> 256 bytes) id or model, an http_address (required), grpc_address or
+// kv_address (optional) that breaks the engine address rules of engineaddr (host:port, no
+// scheme, path, query, userinfo or unix:, no link-local or unspecified IP, inside
+// engine_cidrs), negative counts, more free KV blocks than total, and unknown roles.
 // ROLE_UNSPECIFIED is read as unified: an engine that predates roles serves both phases.
-func Validate(st *controlv1.WorkerStatus) (router.WorkerInfo, error) {
+func ValidateWorkerStatus(st *controlv1.WorkerStatus, rules engineaddr.Rules) (router.WorkerInfo, error) {
 	var errs []error
-	if st.GetWorkerId() == "" {
-		errs = append(errs, errors.New("worker_id is empty"))
-	} else if len(st.GetWorkerId()) > 256 {
-		errs = append(errs, errors.New("worker_id is longer than 256 bytes"))
+	for _, f := range []struct{ name, v string }{{"worker_id", st.GetWorkerId()}, {"model", st.GetModel()}} {
+		switch {
+		case f.v == "":
+			errs = append(errs, fmt.Errorf("%s is empty", f.name))
+		case len(f.v) > MaxField:
+			errs = append(errs, fmt.Errorf("%s is longer than %d bytes", f.name, MaxField))
+		}
 	}
-	if st.GetModel() == "" {
-		errs = append(errs, errors.New("model is empty"))
-	}
-	if st.GetHttpAddress() == "" {
-		errs = append(errs, errors.New("http_address is empty"))
+	for _, a := range []struct {
+		name, v  string
+		required bool
+	}{
+		{"http_address", st.GetHttpAddress(), true},
+		{"grpc_address", st.GetGrpcAddress(), false},
+		{"kv_address", st.GetKvAddress(), false},
+	} {
+		if a.v == "" && !a.required {
+			continue
+		}
+		if err := rules.HostPort(a.v); err != nil {
+			errs = append(errs, fmt.Errorf("%s %w", a.name, err))
+		}
 	}
 	for _, c := range []struct {
 		name string
@@ -115,10 +176,15 @@ type Listener struct {
 	Health *health.Server
 }
 
-// NewListener builds the gRPC server with the three services registered and health SERVING.
-func NewListener(reg Registry, opts ...grpc.ServerOption) *Listener {
+// NewListener builds the gRPC server with the three services registered and health SERVING,
+// capped at MaxRecvMsgSize per message and MaxConcurrentStreams per connection. TLS, when
+// configured, comes in opts (grpc.Creds).
+func NewListener(reg Registry, o Options, opts ...grpc.ServerOption) *Listener {
+	opts = append([]grpc.ServerOption{
+		grpc.MaxRecvMsgSize(MaxRecvMsgSize), grpc.MaxConcurrentStreams(MaxConcurrentStreams),
+	}, opts...)
 	gs := grpc.NewServer(opts...)
-	controlv1.RegisterWorkerRegistryServer(gs, NewServer(reg))
+	controlv1.RegisterWorkerRegistryServer(gs, NewServer(reg, o))
 	hs := health.NewServer()
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	hs.SetServingStatus(controlv1.WorkerRegistry_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)

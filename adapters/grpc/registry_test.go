@@ -26,16 +26,30 @@ type rig struct {
 
 func newRig(t *testing.T) *rig {
 	t.Helper()
-	h := gwtest.New(t)
+	return newRigWith(t, grpcapi.Options{}, nil)
+}
+
+// newRigWith serves the registry with o (and server options srv) on loopback; dial are the
+// client's dial options (default: insecure).
+func newRigWith(t *testing.T, o grpcapi.Options, srv []grpc.ServerOption, dial ...grpc.DialOption) *rig {
+	t.Helper()
+	return newRigGW(t, gwtest.New(t), o, srv, dial...)
+}
+
+func newRigGW(t *testing.T, h *gwtest.Harness, o grpcapi.Options, srv []grpc.ServerOption, dial ...grpc.DialOption) *rig {
+	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := grpcapi.NewListener(h.GW)
+	l := grpcapi.NewListener(h.GW, o, srv...)
 	done := make(chan struct{})
 	go func() { defer close(done); _ = l.Serve(lis) }()
 	t.Cleanup(func() { l.Stop(); <-done })
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if len(dial) == 0 {
+		dial = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	}
+	conn, err := grpc.NewClient(lis.Addr().String(), dial...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -34,6 +34,12 @@ func mapError(err error) (status int, typ, code string) {
 		return http.StatusServiceUnavailable, "service_unavailable", "queue_timeout"
 	case errors.Is(err, errs.ErrShuttingDown):
 		return http.StatusServiceUnavailable, "service_unavailable", "shutting_down"
+	case errors.Is(err, errs.ErrOverloaded):
+		return http.StatusServiceUnavailable, "service_unavailable", "overloaded"
+	case errors.Is(err, errs.ErrForbiddenOrigin):
+		return http.StatusForbidden, "permission_error", "forbidden_origin"
+	case errors.Is(err, errs.ErrBodyTimeout):
+		return http.StatusRequestTimeout, "invalid_request_error", "request_timeout"
 	case errors.Is(err, errs.ErrInvalidRequest):
 		return http.StatusBadRequest, "invalid_request_error", "invalid_request"
 	case errors.Is(err, errs.ErrBodyTooLarge):

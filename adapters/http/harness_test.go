@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -34,6 +35,9 @@ type stackOpt struct {
 	routes  []config.Route
 	maxBody int64
 	engines request.Engines
+	// R13.3
+	maxInFlight               int
+	bodyTimeout, writeTimeout time.Duration
 }
 
 func newStack(t *testing.T, o stackOpt) *stack {
@@ -49,6 +53,7 @@ func newStack(t *testing.T, o stackOpt) *stack {
 		Core: h.GW, Keys: o.keys, MaxBodyBytes: o.maxBody,
 		Serve:      func(x *request.Exchange) { request.Spawn(h.GW.System, deps, x) },
 		Registerer: reg, Gatherer: reg, Logger: quietLogger(),
+		MaxInFlight: o.maxInFlight, BodyReadTimeout: o.bodyTimeout, ClientWriteTimeout: o.writeTimeout,
 	})
 	srv := httptest.NewServer(api)
 	t.Cleanup(srv.Close)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"time"
 
@@ -22,6 +23,12 @@ func (s *Server) inference(w http.ResponseWriter, r *http.Request, kind oai.Kind
 		s.metrics.reject(writeError(w, fmt.Errorf("the gateway is shutting down: %w", errs.ErrShuttingDown)))
 		return
 	}
+	release, err := s.enter()
+	if err != nil {
+		s.metrics.reject(writeError(w, err))
+		return
+	}
+	defer release()
 	body, err := s.readBody(w, r)
 	if err != nil {
 		s.metrics.reject(writeError(w, err))
@@ -57,8 +64,19 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error
 		capHint = 4096
 	}
 	buf := bytes.NewBuffer(make([]byte, 0, capHint+1))
+	if s.bodyTimeout > 0 {
+		// The deadline is lifted once the body is in: left armed, it would fail the server's
+		// background read that watches for the client leaving, and cancel a long stream.
+		rc := http.NewResponseController(w)
+		_ = rc.SetReadDeadline(time.Now().Add(s.bodyTimeout))
+		defer func() { _ = rc.SetReadDeadline(time.Time{}) }()
+	}
 	_, err := buf.ReadFrom(http.MaxBytesReader(w, r.Body, s.maxBody))
 	if err != nil {
+		if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() {
+			w.Header().Set("Connection", "close")
+			return nil, fmt.Errorf("the request body did not arrive within %v: %w", s.bodyTimeout, errs.ErrBodyTimeout)
+		}
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
 			return nil, fmt.Errorf("the request body exceeds the limit of %d bytes: %w", s.maxBody, errs.ErrBodyTooLarge)

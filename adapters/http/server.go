@@ -65,6 +65,10 @@ type Options struct {
 	// Registerer receives the HTTP metrics; Gatherer serves /metrics. Either may be nil.
 	Registerer prometheus.Registerer
 	Gatherer   prometheus.Gatherer
+	// The HTTP trust boundary (R13.3); zero means no limit.
+	MaxInFlight        int           // inference requests at once; above it 503 overloaded
+	BodyReadTimeout    time.Duration // a request body must arrive within it (408 request_timeout)
+	ClientWriteTimeout time.Duration // a client that takes no write for it is dropped
 }
 
 // Server is the gateway's http.Handler.
@@ -79,6 +83,11 @@ type Server struct {
 	draining  atomic.Bool
 	admission Admission
 	static    StaticWorkers
+
+	maxInFlight  int
+	inFlight     atomic.Int64
+	bodyTimeout  time.Duration
+	writeTimeout time.Duration
 }
 
 // New builds the HTTP surface.
@@ -92,12 +101,13 @@ func New(o Options) *Server {
 	s := &Server{
 		core: o.Core, serve: o.Serve, keys: newKeyring(o.Keys), maxBody: o.MaxBodyBytes, admission: o.Admission, static: o.Static,
 		log: o.Logger, metrics: newHTTPMetrics(o.Registerer),
+		maxInFlight: o.MaxInFlight, bodyTimeout: o.BodyReadTimeout, writeTimeout: o.ClientWriteTimeout,
 	}
 	if o.Gatherer != nil {
 		s.metricsH = promhttp.HandlerFor(o.Gatherer, promhttp.HandlerOpts{})
 	}
 	if s.keys.open() {
-		s.log.Warn("no API keys configured: serving /v1 and /admin without authentication")
+		s.log.Warn("no API keys configured: serving /v1 and /admin without authentication; /admin answers only loopback hosts and same-origin requests")
 	}
 	return s
 }
@@ -138,6 +148,9 @@ func newRequestID() string { return "req-" + rand.Text() }
 // ServeHTTP dispatches by path. The table is small and fixed, so a switch beats a pattern mux
 // and lets every miss answer in the OpenAI error shape.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if s.writeTimeout > 0 {
+		w = newDeadlineWriter(w, s.writeTimeout)
+	}
 	id, idErr := s.requestID(r)
 	if idErr != nil {
 		id = newRequestID()
@@ -166,6 +179,12 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if _, _, err := s.keys.authorize(r, scopeAdmin); err != nil {
 			writeError(w, err)
 			return
+		}
+		if s.keys.open() {
+			if err := checkLocalAdmin(r); err != nil {
+				writeError(w, err)
+				return
+			}
 		}
 		s.serveAdmin(w, r)
 	default:

@@ -39,6 +39,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.DurationVar(&cfg.PrefillPerToken, "prefill-per-token", 0, "prefill cost per uncached prompt token")
 	fs.DurationVar(&cfg.DecodePerToken, "decode-per-token", 0, "decode cost per generated token")
 	fs.DurationVar(&cfg.KVLease, "kv-lease", 60*time.Second, "how long pushed KV is held for a request that has not used it (decode role)")
+	fs.StringVar(&cfg.RegistryAuth.Token, "token", "", "registry token, sent as authorization: Bearer metadata (empty: $TLENGINE_TOKEN)")
+	fs.StringVar(&cfg.RegistryAuth.TLSCA, "tls-ca", "", "PEM CA of the registry's certificate: heartbeat over TLS (empty: plaintext)")
+	fs.StringVar(&cfg.RegistryAuth.TLSCert, "tls-cert", "", "PEM client certificate for a registry with client_ca (needs --tls-ca)")
+	fs.StringVar(&cfg.RegistryAuth.TLSKey, "tls-key", "", "PEM key of --tls-cert")
 	fs.StringVar(&fault, "fault", "none", faults.Usage)
 	fs.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
@@ -52,6 +56,13 @@ func run(args []string, stdout, stderr io.Writer) int {
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(logLevel)); err != nil {
 		fmt.Fprintln(stderr, "tlengine: --log-level:", err)
+		return 2
+	}
+	if cfg.RegistryAuth.Token == "" {
+		cfg.RegistryAuth.Token = os.Getenv("TLENGINE_TOKEN")
+	}
+	if err := cfg.RegistryAuth.Check(); err != nil {
+		fmt.Fprintln(stderr, "tlengine:", err)
 		return 2
 	}
 	cfg.Fault, cfg.Role = f, engine.Role(role)

@@ -10,7 +10,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/prometheus/client_golang/prometheus"
@@ -70,13 +69,20 @@ func Start(cfg *config.Config, o Options) (*App, error) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	am := actormetrics.New(reg)
+	regOpts, grpcOpts, err := registryOptions(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := config.HTTPExposure(cfg); err != nil {
+		return nil, fmt.Errorf("config: gateway.allow_unauthenticated: %w", err)
+	}
 	admCfg, err := admissionConfig(cfg, o.Clock)
 	if err != nil {
 		return nil, err
 	}
 	prefixBlocks := prefixIndexBlocks(cfg, admCfg)
 	gw, err := gateway.Start(gateway.Config{
-		Admission: admCfg, PrefixIndexBlocks: prefixBlocks,
+		Admission: admCfg, PrefixIndexBlocks: prefixBlocks, MaxWorkers: cfg.Registry.MaxWorkers,
 		Clock: o.Clock, Policy: g.RoutePolicy, LoadFactor: g.AffinityLoadFactor, Routes: g.Routes,
 		HeartbeatInterval: g.HeartbeatInterval, MissLimit: g.HeartbeatMissLimit,
 		Logger: o.Logger, RouterMetrics: router.NewMetrics(reg),
@@ -127,9 +133,10 @@ func Start(cfg *config.Config, o Options) (*App, error) {
 		Admission:  httpAdmission(cfg),
 		Serve:      func(x *request.Exchange) { request.Spawn(gw.System, deps, x, reqOpts...) },
 		Registerer: reg, Gatherer: reg,
+		MaxInFlight: g.MaxInFlight, BodyReadTimeout: g.BodyReadTimeout, ClientWriteTimeout: g.ClientWriteTimeout,
 	})
-	a.httpSrv = &http.Server{Handler: a.HTTP, ReadHeaderTimeout: 10 * time.Second}
-	a.grpcLis = grpcapi.NewListener(gw)
+	a.httpSrv = newHTTPServer(a.HTTP, g)
+	a.grpcLis = grpcapi.NewListener(gw, regOpts, grpcOpts...)
 	go func() {
 		if err := a.httpSrv.Serve(httpLis); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			a.serveErr <- fmt.Errorf("http: %w", err)

@@ -59,6 +59,7 @@ type Config struct {
 	Gateway   Gateway   `json:"gateway"`
 	Auth      Auth      `json:"auth"`
 	Admission Admission `json:"admission"`
+	Registry  Registry  `json:"registry"`
 }
 
 // Gateway is the [gateway] table.
@@ -72,7 +73,13 @@ type Gateway struct {
 	MaxAttempts        int           // max_attempts: workers tried per request, >= 1
 	MaxBodyBytes       int64         // max_body_bytes: larger request bodies get 413
 	ShutdownGrace      time.Duration // shutdown_grace: how long in-flight work may finish, > 0
-	Routes             []Route       // [[gateway.routes]], normalized (NormalizeRoutes); nil when none
+	// HTTP trust boundary (R13.3): see gateway_http.go.
+	AllowUnauthenticated bool          // allow_unauthenticated: serve without keys off loopback
+	MaxInFlight          int           // max_in_flight: inference requests at once, >= 1 (503 overloaded above)
+	IdleTimeout          time.Duration // idle_timeout: an idle keep-alive connection is closed, > 0
+	BodyReadTimeout      time.Duration // body_read_timeout: headers and body must arrive within it, > 0
+	ClientWriteTimeout   time.Duration // client_write_timeout: a client that takes no write for it is dropped, > 0
+	Routes               []Route       // [[gateway.routes]], normalized (NormalizeRoutes); nil when none
 	// StaticWorkers are [[gateway.static_workers]], normalized (NormalizeStaticWorkers).
 	StaticWorkers []StaticWorker
 }
@@ -205,8 +212,13 @@ func Default() *Config {
 			MaxAttempts:        3,
 			MaxBodyBytes:       4 << 20,
 			ShutdownGrace:      30 * time.Second,
+			MaxInFlight:        10000,
+			IdleTimeout:        120 * time.Second,
+			BodyReadTimeout:    30 * time.Second,
+			ClientWriteTimeout: 30 * time.Second,
 		},
 		Admission: defaultAdmission(),
+		Registry:  defaultRegistry(),
 	}
 }
 
@@ -274,6 +286,11 @@ func Parse(data []byte, getenv func(string) string) (*Config, error) {
 	fc.Gateway.apply(&cfg.Gateway, &ps)
 	fc.Admission.apply(&cfg.Admission, classifierOptions(tree), &ps)
 	fc.Auth.apply(&cfg.Auth, &cfg.Admission, getenv, &ps)
+	fc.Registry.apply(&cfg.Registry, getenv, &ps)
+	if ps.empty() {
+		checkRegistryExposure(cfg, &ps)
+		checkHTTPExposure(cfg, &ps)
+	}
 	if !ps.empty() {
 		return fail(ps.sorted())
 	}
@@ -307,6 +324,7 @@ type fileConfig struct {
 	Gateway   *fileGateway   `json:"gateway"`
 	Auth      *fileAuth      `json:"auth"`
 	Admission *fileAdmission `json:"admission"`
+	Registry  *fileRegistry  `json:"registry"`
 }
 
 type fileGateway struct {
@@ -321,6 +339,7 @@ type fileGateway struct {
 	ShutdownGrace      *string        `json:"shutdown_grace"`
 	Routes             []Route        `json:"routes"`
 	StaticWorkers      []StaticWorker `json:"static_workers"`
+	fileGatewayHTTP
 }
 
 type fileAuth struct {
@@ -412,6 +431,7 @@ func (fg *fileGateway) apply(g *Gateway, ps *problems) {
 	setIf(&g.MaxBodyBytes, fg.MaxBodyBytes)
 	duration(&g.HeartbeatInterval, fg.HeartbeatInterval, base.with(key("heartbeat_interval")), ps)
 	duration(&g.ShutdownGrace, fg.ShutdownGrace, base.with(key("shutdown_grace")), ps)
+	fg.fileGatewayHTTP.apply(g, base, ps)
 	if fg.HeartbeatInterval != nil {
 		// Workers are told T in whole milliseconds (a uint32), and the
 		// registry computes k·T, which must fit a time.Duration.

@@ -132,6 +132,11 @@ heartbeat_miss_limit = 5
 max_attempts = 1
 max_body_bytes = 1024
 shutdown_grace = "1m30s"
+allow_unauthenticated = true
+max_in_flight = 7
+idle_timeout = "5s"
+body_read_timeout = "6s"
+client_write_timeout = "7s"
 `
 	cfg, err := Parse([]byte(src), env(nil))
 	if err != nil {
@@ -147,6 +152,12 @@ shutdown_grace = "1m30s"
 		MaxAttempts:        1,
 		MaxBodyBytes:       1024,
 		ShutdownGrace:      90 * time.Second,
+		// R13.3
+		AllowUnauthenticated: true,
+		MaxInFlight:          7,
+		IdleTimeout:          5 * time.Second,
+		BodyReadTimeout:      6 * time.Second,
+		ClientWriteTimeout:   7 * time.Second,
 	}
 	if diff := cmp.Diff(want, cfg.Gateway); diff != "" {
 		t.Fatalf("(-want +got):\n%s", diff)
@@ -165,6 +176,13 @@ func TestParseErrors(t *testing.T) {
 		{"unknown top-level key", "bogus = 1\n", nil, "bogus", "unknown key"},
 		{"unknown top-level table", "[metrics]\nport = 1\n", nil, "metrics", "unknown key"},
 		{"unknown gateway key", "[gateway]\nbogus = true\n", nil, "gateway.bogus", "unknown key"},
+		{"open gateway off loopback", "[gateway]\nhttp_listen = \"0.0.0.0:8080\"\n", nil, "gateway.allow_unauthenticated", `gateway.http_listen "0.0.0.0:8080" is not a loopback address`},
+		{"open gateway on every interface", "[gateway]\nhttp_listen = \":8080\"\n", nil, "gateway.allow_unauthenticated", "no [[auth.keys]]"},
+		{"zero max_in_flight", "[gateway]\nmax_in_flight = 0\n", nil, "gateway.max_in_flight", "must be >= 1"},
+		{"bad idle_timeout", "[gateway]\nidle_timeout = \"soon\"\n", nil, "gateway.idle_timeout", "is not a duration"},
+		{"zero body_read_timeout", "[gateway]\nbody_read_timeout = \"0s\"\n", nil, "gateway.body_read_timeout", "must be > 0"},
+		{"negative client_write_timeout", "[gateway]\nclient_write_timeout = \"-1s\"\n", nil, "gateway.client_write_timeout", "is not a duration"},
+		{"allow_unauthenticated type", "[gateway]\nallow_unauthenticated = \"yes\"\n", nil, "gateway.allow_unauthenticated", "must be a boolean"},
 		{"quoted unknown key", "[gateway]\n\"a.b\" = 1\n", nil, `gateway."a.b"`, "unknown key"},
 		{"unknown route key", "[[gateway.routes]]\nmodel = \"m\"\nweight = 1\n", nil, "gateway.routes[0].weight", "unknown key"},
 		{"unknown backend key", "[[gateway.routes]]\nmodel = \"m\"\nbackends = [{model = \"a\", wieght = 1}]\n", nil, "gateway.routes[0].backends[0].wieght", "unknown key"},
@@ -447,21 +465,31 @@ func TestSchemaDefaults(t *testing.T) {
 	}
 	g := Default().Gateway
 	want := map[string]any{
-		"http_listen":          g.HTTPListen,
-		"registry_listen":      g.RegistryListen,
-		"route_policy":         g.RoutePolicy,
-		"affinity_load_factor": g.AffinityLoadFactor,
-		"heartbeat_interval":   g.HeartbeatInterval.String(),
-		"heartbeat_miss_limit": float64(g.HeartbeatMissLimit),
-		"max_attempts":         float64(g.MaxAttempts),
-		"max_body_bytes":       float64(g.MaxBodyBytes),
-		"shutdown_grace":       g.ShutdownGrace.String(),
-		"routes":               []any{},
-		"static_workers":       []any{},
+		"http_listen":           g.HTTPListen,
+		"registry_listen":       g.RegistryListen,
+		"route_policy":          g.RoutePolicy,
+		"affinity_load_factor":  g.AffinityLoadFactor,
+		"heartbeat_interval":    g.HeartbeatInterval.String(),
+		"heartbeat_miss_limit":  float64(g.HeartbeatMissLimit),
+		"max_attempts":          float64(g.MaxAttempts),
+		"max_body_bytes":        float64(g.MaxBodyBytes),
+		"shutdown_grace":        g.ShutdownGrace.String(),
+		"allow_unauthenticated": g.AllowUnauthenticated,
+		"max_in_flight":         float64(g.MaxInFlight),
+		"idle_timeout":          g.IdleTimeout.String(),
+		"body_read_timeout":     g.BodyReadTimeout.String(),
+		"client_write_timeout":  g.ClientWriteTimeout.String(),
+		"routes":                []any{},
+		"static_workers":        []any{},
 	}
 	got := make(map[string]any)
 	for name, p := range schema.Properties.Gateway.Properties {
 		got[name] = p.Default
+		if s, ok := p.Default.(string); ok {
+			if d, err := time.ParseDuration(s); err == nil {
+				got[name] = d.String() // "120s" in the schema is Default()'s 2m0s
+			}
+		}
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Fatalf("schema defaults differ from Default() (-Default +schema):\n%s", diff)

@@ -7,6 +7,8 @@ import (
 	"net/url"
 	"strconv"
 	"time"
+
+	"github.com/tlgw/tlgw/internal/engineaddr"
 )
 
 // StaticWorker is one [[gateway.static_workers]] entry (or one of the admin API's
@@ -115,8 +117,8 @@ func validateStaticWorkers(ws []StaticWorker, base path, ps *problems) {
 			ps.add(at("metrics"), "%q is not vllm, sglang or tlengine", w.Metrics)
 		}
 		if w.MetricsURL != "" {
-			if u, err := url.Parse(w.MetricsURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-				ps.add(at("metrics_url"), "%q is not an http(s) URL", w.MetricsURL)
+			if err := checkMetricsURL(w.MetricsURL); err != nil {
+				ps.add(at("metrics_url"), "%v", err)
 			}
 		}
 		if w.ScrapeInterval < 0 || (w.ScrapeInterval > 0 && time.Duration(w.ScrapeInterval) < time.Millisecond) {
@@ -126,4 +128,25 @@ func validateStaticWorkers(ws []StaticWorker, base path, ps *problems) {
 			ps.add(at("kv_total_blocks"), "must be >= 0")
 		}
 	}
+}
+
+// checkMetricsURL: an http(s) URL without userinfo whose host follows the engine address
+// rules of R13.2 (engineaddr), so a static worker cannot point the scraper at link-local
+// metadata services or at an unspecified address.
+func checkMetricsURL(s string) error {
+	u, err := url.Parse(s)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.Opaque != "" {
+		return fmt.Errorf("%q is not an http(s) URL", s)
+	}
+	if u.User != nil {
+		return fmt.Errorf("%q carries userinfo", s)
+	}
+	check := func() error { return engineaddr.Rules{}.Host(u.Hostname()) }
+	if u.Port() != "" {
+		check = func() error { return engineaddr.Rules{}.HostPort(u.Host) }
+	}
+	if err := check(); err != nil {
+		return fmt.Errorf("%q: %w", s, err)
+	}
+	return nil
 }

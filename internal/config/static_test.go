@@ -48,3 +48,34 @@ kv_total_blocks = 2048
 		}
 	}
 }
+
+// TestStaticMetricsURLHostRules: a static worker's metrics_url follows the engine address
+// rules of R13.2, and the problem names the key.
+func TestStaticMetricsURLHostRules(t *testing.T) {
+	for u, ok := range map[string]bool{
+		"http://10.0.0.6:30001/metrics":                 true,
+		"https://engine.internal/metrics":               true,
+		"http://[2001:db8::1]:9000/metrics?x=1":         true,
+		"http://169.254.169.254/latest/meta-data":       false,
+		"http://169.254.169.254:80/latest":              false,
+		"http://[fe80::1]:80/metrics":                   false,
+		"http://0.0.0.0:8000/metrics":                   false,
+		"http://[::]:8000/metrics":                      false,
+		"http://user:pw@10.0.0.6:30001/metrics":         false,
+		"http://10.0.0.6:0/metrics":                     false,
+		"http://10.0.0.6:99999/metrics":                 false,
+		"unix:///tmp/x.sock":                            false,
+		"http:10.0.0.6/metrics":                         false,
+		"http://" + strings.Repeat("a", 300) + "/m":     false,
+		"http://[::ffff:169.254.169.254]:80/latest?x=1": false,
+	} {
+		toml := "[[gateway.static_workers]]\nid='a'\nmodel='m'\nhttp_address='h:1'\nmetrics='vllm'\nmetrics_url='" + u + "'\n"
+		_, err := Parse([]byte(toml), func(string) string { return "" })
+		if ok != (err == nil) {
+			t.Errorf("%s: %v, want ok=%v", u, err, ok)
+		}
+		if err != nil && !strings.Contains(err.Error(), "gateway.static_workers[0].metrics_url") {
+			t.Errorf("%s: %v does not name the key", u, err)
+		}
+	}
+}

@@ -4,6 +4,8 @@ package demo
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"io"
 	"log/slog"
@@ -35,11 +37,13 @@ var engines = []engine.Config{
 	{ID: "smol-decode-1", Model: "smol", Role: engine.RoleDecode, DecodePerToken: 15 * time.Millisecond},
 }
 
-// Config is the demo's gateway configuration: no API keys, four routes.
-func Config(httpListen string) *config.Config {
+// Config is the demo's gateway configuration: no API keys, four routes, and a registry that
+// takes heartbeats only with registryToken (R13.1).
+func Config(httpListen, registryToken string) *config.Config {
 	cfg := config.Default()
 	cfg.Gateway.HTTPListen = httpListen
 	cfg.Gateway.RegistryListen = "127.0.0.1:0"
+	cfg.Registry.Tokens = []config.RegistryToken{{Token: registryToken}}
 	cfg.Gateway.Routes = config.NormalizeRoutes([]config.Route{
 		{Model: "smol"},
 		{Model: "big"},
@@ -57,7 +61,11 @@ func Start(ctx context.Context, o Options) (*Demo, error) {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	cfg := Config(o.HTTPListen)
+	token, err := newToken()
+	if err != nil {
+		return nil, err
+	}
+	cfg := Config(o.HTTPListen, token)
 	if err := config.ValidateRoutes(cfg.Gateway.Routes); err != nil {
 		return nil, fmt.Errorf("demo routes: %w", err)
 	}
@@ -68,6 +76,7 @@ func Start(ctx context.Context, o Options) (*Demo, error) {
 	d := &Demo{App: a}
 	for _, ec := range engines {
 		ec.Gateways = []string{a.GRPCAddr}
+		ec.RegistryAuth = engine.RegistryAuth{Token: token}
 		ec.Logger = o.Logger
 		e, err := engine.Start(ec)
 		if err != nil {
@@ -90,6 +99,15 @@ func Start(ctx context.Context, o Options) (*Demo, error) {
 		case <-tick.C:
 		}
 	}
+}
+
+// newToken is a random registry token: 256 bits, hex.
+func newToken() (string, error) {
+	b := make([]byte, 32)
+	if _, err := rand.Read(b); err != nil {
+		return "", fmt.Errorf("demo registry token: %w", err)
+	}
+	return hex.EncodeToString(b), nil
 }
 
 // Stop stops the engines, then the gateway.

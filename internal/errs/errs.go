@@ -42,4 +42,13 @@ var (
 	ErrQueueTimeout = errors.New("queue timeout")
 	// ErrInternal: an actor did not answer in time or an invariant broke (500).
 	ErrInternal = errors.New("internal error")
+	// ErrOverloaded: gateway.max_in_flight inference requests are being served (503
+	// overloaded, R13.3).
+	ErrOverloaded = errors.New("overloaded")
+	// ErrForbiddenOrigin: with no API keys, an admin request whose Host is not loopback or
+	// whose Origin is another site (403 forbidden_origin, R13.3).
+	ErrForbiddenOrigin = errors.New("forbidden origin")
+	// ErrBodyTimeout: the request body did not arrive within gateway.body_read_timeout (408
+	// request_timeout, R13.3).
+	ErrBodyTimeout = errors.New("request body timeout")
 )

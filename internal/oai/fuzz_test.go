@@ -24,6 +24,9 @@ var fuzzSeeds = []string{
 	`{"model":"m"`,
 	"{\"model\":\"a\xffb\"}",
 	`{"model":"m","n":-0.5e+10}`,
+	`{"model":"m","model":"n","prompt":"p"}`,
+	`{"model":"m","mod\u0065l":"m","prompt":"p"}`,
+	`{"model":"m","logprobs":1,"LogProbs":2,"prompt":"p","messages":[{"role":"u","content":"c"}]}`,
 }
 
 // FuzzParse: Parse never panics and agrees with encoding/json on what is
@@ -62,6 +65,18 @@ func FuzzParse(f *testing.F) {
 			}
 			if !bytes.Equal(key, r.PrefixKey) {
 				t.Fatalf("PrefixKey %q != Parse's %q", key, r.PrefixKey)
+			}
+			// Field reads a body Parse accepted exactly as encoding/json into a map does.
+			var top map[string]json.RawMessage
+			if err := json.Unmarshal(in, &top); err != nil {
+				t.Fatal(err)
+			}
+			for _, name := range []string{"logprobs", "seed", "model"} {
+				got, ok := Field(in, name)
+				want, wok := top[name]
+				if ok != wok || !bytes.Equal(got, want) {
+					t.Fatalf("Field(%q) = %q, %v; encoding/json reads %q, %v", name, got, ok, want, wok)
+				}
 			}
 		}
 	})

@@ -9,7 +9,9 @@
 // values are, and it reads the prompt ("prompt", or "messages" for chat)
 // as it validates it, checking its shape and writing the first PrefixLen
 // bytes of its render. Nothing else is decoded, and nothing is allocated but
-// the strings and slice that Parse returns (Model, User, PrefixKey).
+// the strings and slice that Parse returns (Model, User, PrefixKey) — and, for
+// a body with an escaped top-level key or more than 16 of them, the set that
+// finds a repeated key (dupkeys.go).
 //
 // encoding/json into a struct of json.RawMessage fields was measured as the
 // alternative (the stdlib sub-benchmarks of BenchmarkParseChat and
@@ -19,9 +21,13 @@
 // which the engines' parsers do not. RewriteModel needs the same scanner to
 // keep every byte outside the model value, so both agree on what a key is:
 // its decoded text compared exactly, so "mod\u0065l" is "model" and "Model"
-// is not. Duplicate keys: the last one wins in Parse (as in encoding/json and
-// Python's json); RewriteModel rewrites them all. FuzzParse holds the scanner
-// to an encoding/json reference on validity and on every field.
+// is not. Duplicate top-level keys (compared the same way, so "mod\u0065l"
+// repeats "model" and "LogProbs" is another key than "logprobs") are refused
+// by Parse, naming the key (R13.4): parsers disagree on which one wins, so the
+// gateway could read one model or logprobs and the engine another. Nested
+// objects may repeat keys; RewriteModel still rewrites every top-level
+// "model". FuzzParse holds the scanner to an encoding/json reference on
+// validity and on every field.
 //
 // Stricter than encoding/json in one way: invalid UTF-8 inside a string is a
 // syntax error (RFC 8259 §8.1), as it is for the engines' parsers.
@@ -92,6 +98,7 @@ type fields struct {
 	model, stream, user span  // the values' spans; the last duplicate wins
 	prompt              bool  // the kind's prompt key was present
 	promptErr           error // a shape error in the last prompt value
+	dupErr              error // the first repeated top-level key (R13.4)
 }
 
 // str is a validated JSON string's contents (no quotes) and whether they
@@ -122,6 +129,7 @@ func scan(kind Kind, body []byte, p *prefix) (fields, error) {
 		return f, err
 	}
 	var buf [6 * maxKeyLen]byte
+	var keys keySet
 	for {
 		k, ok, err := it.next()
 		if err != nil {
@@ -129,6 +137,11 @@ func scan(kind Kind, body []byte, p *prefix) (fields, error) {
 		}
 		if !ok {
 			break
+		}
+		if f.dupErr == nil {
+			if name, dup := keys.add(body, k); dup {
+				f.dupErr = duplicateKey(name)
+			}
 		}
 		var v *span
 		switch string(keyName(body, k, &buf)) {
@@ -206,8 +219,8 @@ func promptKey(kind Kind) string {
 // Parse validates body as the given kind of request and returns what the
 // gateway routes on. Errors are *Error with a message that says what is
 // wrong, e.g. `invalid JSON: unexpected end of input`, `"model" must be a
-// string`, `"model" is required`. Syntax errors come first, then model,
-// stream, user, and the prompt.
+// string`, `"model" is required`. Syntax errors come first, then a repeated
+// top-level key, then model, stream, user, and the prompt.
 func Parse(kind Kind, body []byte) (Request, error) {
 	if kind != Completions && kind != Chat {
 		return Request{}, &Error{Msg: "unknown request kind " + kind.String()}
@@ -216,6 +229,9 @@ func Parse(kind Kind, body []byte) (Request, error) {
 	f, err := scan(kind, body, &p)
 	if err != nil {
 		return Request{}, err
+	}
+	if f.dupErr != nil {
+		return Request{}, f.dupErr
 	}
 	var r Request
 	if absent(body, f.model) {

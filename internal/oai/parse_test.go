@@ -2,6 +2,7 @@ package oai
 
 import (
 	"errors"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -67,8 +68,8 @@ func TestPrefixKey(t *testing.T) {
 		{"completions token ids cut", Completions,
 			`{"model":"m","prompt":[` + strings.Repeat("123456789,", 20) + `1]}`,
 			strings.Repeat("123456789 ", 7)[:64]},
-		{"duplicate prompt: last wins", Completions,
-			`{"model":"m","prompt":"old","prompt":"new"}`,
+		{"duplicate prompt: last wins (Parse refuses it)", Completions,
+			`{"prompt":"old","prompt":"new"}`,
 			"new"},
 		{"no model needed for the key", Completions,
 			`{"prompt":"p"}`,
@@ -124,9 +125,12 @@ func TestParse(t *testing.T) {
 		{"escaped model and key", Completions,
 			`{"mod\u0065l":"sm\u006fl\/v1","prompt":"x"}`,
 			Request{Model: "smol/v1", PrefixKey: []byte("x")}},
-		{"last duplicate wins", Completions,
-			`{"model":"a","model":"b","prompt":"x"}`,
-			Request{Model: "b", PrefixKey: []byte("x")}},
+		{"case variants are other keys", Completions,
+			`{"model":"a","logprobs":1,"LogProbs":null,"LOGPROBS":2,"prompt":"x"}`,
+			Request{Model: "a", PrefixKey: []byte("x")}},
+		{"nested objects may repeat keys", Completions,
+			`{"model":"a","metadata":{"k":1,"k":2},"prompt":"x"}`,
+			Request{Model: "a", PrefixKey: []byte("x")}},
 		{"keys are case-sensitive", Completions,
 			`{"Model":"a","model":"b","STREAM":"yes","prompt":"x"}`,
 			Request{Model: "b", PrefixKey: []byte("x")}},
@@ -177,6 +181,11 @@ func TestParseErrors(t *testing.T) {
 		{"array body", Chat, `[{"model":"m"}]`, `request body must be a JSON object`, ""},
 		{"string body", Chat, `"model"`, `request body must be a JSON object`, ""},
 		{"null body", Chat, `null`, `request body must be a JSON object`, ""},
+		{"duplicate model", Chat, `{"model":"a","model":"b"}`, `duplicate key "model" in the request body`, "model"},
+		{"duplicate escaped key", Chat, `{"model":"a","mod\u0065l":"a"}`, `duplicate key "model" in the request body`, "model"},
+		{"duplicate unknown key", Chat, `{"model":"a","logprobs":true,"x":1,"logprobs":false}`, `duplicate key "logprobs" in the request body`, "logprobs"},
+		{"duplicate among many keys", Chat, `{` + manyKeys(40) + `,"k7":0}`, `duplicate key "k7" in the request body`, "k7"},
+		{"duplicate before a syntax error", Chat, `{"model":"a","model":"b",}`, `invalid JSON: unexpected character '}' at offset 25`, ""},
 		{"model missing", Chat, `{"messages":[{"role":"user","content":"x"}]}`, `"model" is required`, "model"},
 		{"model null", Chat, `{"model":null}`, `"model" is required`, "model"},
 		{"model empty", Chat, `{"model":""}`, `"model" is required`, "model"},
@@ -256,5 +265,37 @@ func TestValidRequestID(t *testing.T) {
 		if got := ValidRequestID(tc.id); got != tc.want {
 			t.Errorf("ValidRequestID(%q) = %v, want %v", tc.id, got, tc.want)
 		}
+	}
+}
+
+// manyKeys is `"k0":0,"k1":0,…` with n distinct keys, more than keySet holds in place.
+func manyKeys(n int) string {
+	parts := make([]string, n)
+	for i := range parts {
+		parts[i] = `"k` + strconv.Itoa(i) + `":0`
+	}
+	return strings.Join(parts, ",")
+}
+
+func TestField(t *testing.T) {
+	body := []byte(`{"LogProbs":1, "logprobs" : [1, {"a":2}] ,"x":{"logprobs":3},"mod\u0065l":"m","a_much_longer_key":null}`)
+	for _, tc := range []struct {
+		name, want string
+		ok         bool
+	}{
+		{"logprobs", `[1, {"a":2}]`, true},
+		{"LogProbs", `1`, true},
+		{"model", `"m"`, true},
+		{"a_much_longer_key", `null`, true},
+		{"LOGPROBS", ``, false},
+		{"a", ``, false},
+	} {
+		got, ok := Field(body, tc.name)
+		if string(got) != tc.want || ok != tc.ok {
+			t.Errorf("Field(%q) = %q, %v; want %q, %v", tc.name, got, ok, tc.want, tc.ok)
+		}
+	}
+	if _, ok := Field([]byte(`[1]`), "logprobs"); ok {
+		t.Error("Field of a non-object found a key")
 	}
 }

@@ -21,6 +21,9 @@ func refRequest(kind Kind, body []byte) (Request, error) {
 	if top == nil {
 		return Request{}, errors.New("not an object")
 	}
+	if err := refDuplicateKey(body); err != nil {
+		return Request{}, err
+	}
 	var r Request
 	if err := unmarshalOpt(top["model"], &r.Model); err != nil || r.Model == "" {
 		return Request{}, errors.New("model")
@@ -239,4 +242,30 @@ func validUTF8Model(model string) string {
 		b.WriteRune(r)
 	}
 	return b.String()
+}
+
+// refDuplicateKey walks the top-level object's members with encoding/json's tokenizer and
+// reports the first key that repeats (keys compare on their decoded text).
+func refDuplicateKey(body []byte) error {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if _, err := dec.Token(); err != nil { // '{'
+		return err
+	}
+	seen := map[string]bool{}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return err
+		}
+		k := tok.(string)
+		if seen[k] {
+			return errors.New("duplicate key " + k)
+		}
+		seen[k] = true
+		var v json.RawMessage
+		if err := dec.Decode(&v); err != nil {
+			return err
+		}
+	}
+	return nil
 }

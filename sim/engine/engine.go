@@ -72,6 +72,8 @@ type Config struct {
 	Logger  *slog.Logger
 	// Exit ends the process for the crash-after fault (default os.Exit).
 	Exit func(code int)
+	// RegistryAuth is how heartbeats authenticate to the gateways' registry (R13.1).
+	RegistryAuth RegistryAuth
 }
 
 // Engine is a running simulated engine.

@@ -357,6 +357,16 @@ func TestFaultSwitches(t *testing.T) {
 			t.Fatalf("%d %s", resp.StatusCode, b)
 		}
 	})
+	t.Run("bad-headers", func(t *testing.T) {
+		e := start(t, Config{Fault: faults.Fault{Kind: faults.BadHeaders}})
+		for _, b := range []string{body, strings.Replace(body, `"seed":3`, `"seed":3,"stream":true`, 1)} {
+			resp, out := post(t, e, "/v1/completions", b)
+			h := resp.Header
+			if resp.StatusCode != 200 || h.Get("Set-Cookie") == "" || h.Get("X-TL-Route") != "spoofed" || h.Get("Location") == "" {
+				t.Fatalf("%d %v %s", resp.StatusCode, h, out)
+			}
+		}
+	})
 	t.Run("refuse", func(t *testing.T) {
 		fr, addr := startRegistry(t)
 		e := start(t, Config{Fault: faults.Fault{Kind: faults.Refuse}, Gateways: []string{addr}})

@@ -2,9 +2,15 @@ package engine
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"os"
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
 	controlv1 "github.com/tlgw/tlgw/contracts/tl/control/v1"
@@ -24,8 +30,72 @@ func (e *Engine) startHeartbeats() {
 	}
 }
 
+// RegistryAuth is what an engine presents to a registry (R13.1): a bearer token, and TLS
+// (the CA that signed the registry's certificate; a client certificate and key for mTLS).
+// The zero value heartbeats in plaintext without a token.
+type RegistryAuth struct {
+	Token                  string
+	TLSCA, TLSCert, TLSKey string
+}
+
+// Check reads the TLS files, so a bad one fails at start-up rather than in the heartbeat loop.
+func (a RegistryAuth) Check() error {
+	_, err := a.dialOptions()
+	return err
+}
+
+// dialOptions builds the heartbeat connection's credentials.
+func (a RegistryAuth) dialOptions() ([]grpc.DialOption, error) {
+	var opts []grpc.DialOption
+	if a.Token != "" {
+		opts = append(opts, grpc.WithPerRPCCredentials(bearer{token: a.Token, tls: a.TLSCA != ""}))
+	}
+	if a.TLSCA == "" {
+		if a.TLSCert != "" || a.TLSKey != "" {
+			return nil, errors.New("a client certificate needs the registry's CA (--tls-ca)")
+		}
+		return append(opts, grpc.WithTransportCredentials(insecure.NewCredentials())), nil
+	}
+	pem, err := os.ReadFile(a.TLSCA)
+	if err != nil {
+		return nil, fmt.Errorf("--tls-ca: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("--tls-ca: %s holds no PEM certificate", a.TLSCA)
+	}
+	tc := &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+	if a.TLSCert != "" || a.TLSKey != "" {
+		cert, err := tls.LoadX509KeyPair(a.TLSCert, a.TLSKey)
+		if err != nil {
+			return nil, fmt.Errorf("--tls-cert/--tls-key: %w", err)
+		}
+		tc.Certificates = []tls.Certificate{cert}
+	}
+	return append(opts, grpc.WithTransportCredentials(credentials.NewTLS(tc))), nil
+}
+
+// bearer sends `authorization: Bearer <token>` with every call.
+type bearer struct {
+	token string
+	tls   bool
+}
+
+func (b bearer) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
+	return map[string]string{"authorization": "Bearer " + b.token}, nil
+}
+
+// RequireTransportSecurity is false so a token also works against a plaintext loopback
+// registry; over a network, use TLS.
+func (b bearer) RequireTransportSecurity() bool { return b.tls }
+
 func (e *Engine) heartbeatLoop(addr string) {
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	opts, err := e.cfg.RegistryAuth.dialOptions()
+	if err != nil {
+		e.log.Error("heartbeat: registry credentials", "gateway", addr, "err", err)
+		return
+	}
+	conn, err := grpc.NewClient(addr, opts...)
 	if err != nil {
 		e.log.Error("heartbeat: bad gateway address", "gateway", addr, "err", err)
 		return

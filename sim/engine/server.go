@@ -96,6 +96,14 @@ func (e *Engine) serveTokenize(w http.ResponseWriter, r *http.Request) {
 	})
 }
 
+// badHeaders are what --fault bad-headers adds to every inference answer: headers a gateway
+// must not pass to its clients (R14.5).
+func badHeaders(h http.Header) {
+	h.Set("Set-Cookie", "tlengine_session=spoofed; Path=/")
+	h.Set("X-TL-Route", "spoofed")
+	h.Set("Location", "http://169.254.169.254/latest/meta-data/")
+}
+
 func randomSeed() uint64 {
 	var b [8]byte
 	_, _ = rand.Read(b[:])
@@ -107,6 +115,9 @@ func (e *Engine) serveInference(w http.ResponseWriter, r *http.Request, chat boo
 	endpoint := "completions"
 	if chat {
 		endpoint = "chat"
+	}
+	if e.cfg.Fault.Kind == faults.BadHeaders {
+		badHeaders(w.Header())
 	}
 	body, err := readBody(r)
 	if err == nil && e.cfg.Fault.Kind == faults.Unavailable {

@@ -29,6 +29,9 @@ const (
 	NoHeartbeat
 	// Draining: heartbeats report draining.
 	Draining
+	// BadHeaders: every answer carries headers no client may see (Set-Cookie,
+	// X-TL-Route: spoofed, Location), for the gateway's header allow-list (R13.4, R14.5).
+	BadHeaders
 )
 
 // Fault is a parsed --fault value.
@@ -54,12 +57,14 @@ func (f Fault) String() string {
 		return "no-heartbeat"
 	case Draining:
 		return "draining"
+	case BadHeaders:
+		return "bad-headers"
 	}
 	return "none"
 }
 
 // Usage lists the accepted values.
-const Usage = "none|refuse|503|cut-after=N|crash-after=N|stall|no-heartbeat|draining"
+const Usage = "none|refuse|503|cut-after=N|crash-after=N|stall|no-heartbeat|draining|bad-headers"
 
 // Parse reads a --fault value.
 func Parse(s string) (Fault, error) {
@@ -76,6 +81,8 @@ func Parse(s string) (Fault, error) {
 		return Fault{Kind: NoHeartbeat}, nil
 	case "draining":
 		return Fault{Kind: Draining}, nil
+	case "bad-headers":
+		return Fault{Kind: BadHeaders}, nil
 	}
 	for prefix, kind := range map[string]Kind{"cut-after=": CutAfter, "crash-after=": CrashAfter} {
 		if v, ok := strings.CutPrefix(s, prefix); ok {

@@ -6,7 +6,7 @@ func TestParse(t *testing.T) {
 	good := map[string]Fault{
 		"": {}, "none": {}, "refuse": {Kind: Refuse}, "503": {Kind: Unavailable},
 		"cut-after=3": {Kind: CutAfter, N: 3}, "crash-after=0": {Kind: CrashAfter, N: 0},
-		"stall": {Kind: Stall}, "no-heartbeat": {Kind: NoHeartbeat}, "draining": {Kind: Draining},
+		"stall": {Kind: Stall}, "no-heartbeat": {Kind: NoHeartbeat}, "draining": {Kind: Draining}, "bad-headers": {Kind: BadHeaders},
 	}
 	for in, want := range good {
 		got, err := Parse(in)

@@ -1,0 +1,240 @@
+package grpcapi_test
+
+import (
+	"context"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/tlgw/tlgw/actors/gateway"
+	grpcapi "github.com/tlgw/tlgw/adapters/grpc"
+	controlv1 "github.com/tlgw/tlgw/contracts/tl/control/v1"
+	"github.com/tlgw/tlgw/internal/engineaddr"
+	"github.com/tlgw/tlgw/internal/gwtest"
+)
+
+// call sends one heartbeat with token as bearer ("" = no metadata) and returns its code.
+func (r *rig) call(t *testing.T, token string, st *controlv1.WorkerStatus) (*controlv1.HeartbeatAck, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if token != "" {
+		ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+token)
+	}
+	return r.client.Heartbeat(ctx, st)
+}
+
+func wantCode(t *testing.T, what string, err error, want codes.Code) {
+	t.Helper()
+	if got := status.Code(err); got != want {
+		t.Fatalf("%s: %v, want %v", what, err, want)
+	}
+}
+
+// TestHeartbeatAddressRules (R13.2): addresses that are not a plain host:port, link-local or
+// unspecified IPs, IPs outside engine_cidrs and over-long ids or models are InvalidArgument
+// and register nothing.
+func TestHeartbeatAddressRules(t *testing.T) {
+	cidrs, err := engineaddr.ParseCIDRs([]string{"127.0.0.0/8", "10.0.0.0/8"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := newRigWith(t, grpcapi.Options{Addresses: engineaddr.Rules{CIDRs: cidrs}}, nil)
+	long := strings.Repeat("x", 257)
+	bad := map[string]func(*controlv1.WorkerStatus){
+		"metadata service": func(s *controlv1.WorkerStatus) { s.HttpAddress = "169.254.169.254/latest?x=" },
+		"link-local":       func(s *controlv1.WorkerStatus) { s.HttpAddress = "169.254.169.254:80" },
+		"link-local v6":    func(s *controlv1.WorkerStatus) { s.HttpAddress = "[fe80::1]:80" },
+		"unspecified":      func(s *controlv1.WorkerStatus) { s.HttpAddress = "0.0.0.0:8001" },
+		"path":             func(s *controlv1.WorkerStatus) { s.HttpAddress = "127.0.0.1:8001/v1" },
+		"scheme":           func(s *controlv1.WorkerStatus) { s.HttpAddress = "http://127.0.0.1:8001" },
+		"userinfo":         func(s *controlv1.WorkerStatus) { s.HttpAddress = "u@127.0.0.1:8001" },
+		"unix grpc":        func(s *controlv1.WorkerStatus) { s.GrpcAddress = "unix:/tmp/engine.sock" },
+		"bad kv port":      func(s *controlv1.WorkerStatus) { s.KvAddress = "127.0.0.1:70000" },
+		"outside cidrs":    func(s *controlv1.WorkerStatus) { s.HttpAddress = "192.168.1.5:8001" },
+		"long host":        func(s *controlv1.WorkerStatus) { s.HttpAddress = long + ":80" },
+		"long id":          func(s *controlv1.WorkerStatus) { s.WorkerId = long },
+		"long model":       func(s *controlv1.WorkerStatus) { s.Model = long },
+	}
+	for name, mutate := range bad {
+		st := status1("w-" + name)
+		mutate(st)
+		_, err := r.call(t, "", st)
+		wantCode(t, name, err, codes.InvalidArgument)
+	}
+	if ids := r.IDs(); len(ids) != 0 {
+		t.Fatalf("invalid heartbeats registered %v", ids)
+	}
+	st := status1("w-dns")
+	st.HttpAddress = "engine-1.internal:8001"
+	r.beat(t, st) // a DNS name is not resolved; CIDRs restrict IP addresses
+	r.WaitIDs("w-dns")
+}
+
+// TestHeartbeatTooLarge (R13.2): a message over 64 KiB is refused by the server.
+func TestHeartbeatTooLarge(t *testing.T) {
+	r := newRig(t)
+	st := status1("w1")
+	st.Model = strings.Repeat("m", grpcapi.MaxRecvMsgSize)
+	_, err := r.call(t, "", st)
+	wantCode(t, "65 KiB heartbeat", err, codes.ResourceExhausted)
+	if ids := r.IDs(); len(ids) != 0 {
+		t.Fatalf("registered %v", ids)
+	}
+}
+
+// TestRegistryTokens (R13.1): a missing or unknown token is Unauthenticated; a model or id
+// outside the token's grant is PermissionDenied; all change nothing.
+func TestRegistryTokens(t *testing.T) {
+	auth := grpcapi.NewAuth([]grpcapi.Token{
+		{Secret: "tok-smol", Models: []string{"smol*"}, IDPrefix: "a-"},
+		{Secret: "tok-any"},
+	}, false)
+	r := newRigWith(t, grpcapi.Options{Auth: auth}, nil)
+
+	_, err := r.call(t, "", status1("a-1"))
+	wantCode(t, "no token", err, codes.Unauthenticated)
+	_, err = r.call(t, "tok-wrong", status1("a-1"))
+	wantCode(t, "wrong token", err, codes.Unauthenticated)
+	_, err = r.call(t, "tok-smo", status1("a-1"))
+	wantCode(t, "token prefix", err, codes.Unauthenticated)
+
+	big := status1("a-big")
+	big.Model = "big"
+	_, err = r.call(t, "tok-smol", big)
+	wantCode(t, "smol* token registering big", err, codes.PermissionDenied)
+	_, err = r.call(t, "tok-smol", status1("b-1"))
+	wantCode(t, "id outside id_prefix", err, codes.PermissionDenied)
+	if ids := r.IDs(); len(ids) != 0 {
+		t.Fatalf("refused heartbeats registered %v", ids)
+	}
+
+	st := status1("a-1")
+	st.Model = "smol-instruct"
+	if _, err := r.call(t, "tok-smol", st); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.call(t, "tok-any", big); err != nil {
+		t.Fatal(err)
+	}
+	r.WaitIDs("a-1", "a-big")
+
+	// An invalid status with a valid token is still InvalidArgument.
+	bad := status1("a-2")
+	bad.HttpAddress = "169.254.169.254:80"
+	_, err = r.call(t, "tok-smol", bad)
+	wantCode(t, "link-local with a token", err, codes.InvalidArgument)
+}
+
+// TestCredentialBoundIDs (R13.1): a live worker's id cannot be taken over by another
+// credential (state unchanged); once evicted, the id is free again.
+func TestCredentialBoundIDs(t *testing.T) {
+	auth := grpcapi.NewAuth([]grpcapi.Token{{Secret: "tok-a"}, {Secret: "tok-b"}}, false)
+	r := newRigWith(t, grpcapi.Options{Auth: auth}, nil)
+	if _, err := r.call(t, "tok-a", status1("w1")); err != nil {
+		t.Fatal(err)
+	}
+	r.Eventually("w1 routable", func() bool { v, ok := r.View("w1"); return ok && v.Routable })
+
+	thief := status1("w1")
+	thief.HttpAddress = "127.0.0.1:6666"
+	thief.QueueDepth = 0
+	_, err := r.call(t, "tok-b", thief)
+	wantCode(t, "takeover by another token", err, codes.PermissionDenied)
+	// The owner's next heartbeat is taken and the thief's address never shows.
+	owner := status1("w1")
+	owner.QueueDepth = 7
+	if _, err := r.call(t, "tok-a", owner); err != nil {
+		t.Fatal(err)
+	}
+	r.Eventually("owner's heartbeat seen", func() bool { v, _ := r.View("w1"); return v.Info.QueueDepth == 7 })
+	if v, _ := r.View("w1"); v.Info.HTTPAddress != "127.0.0.1:8001" {
+		t.Fatalf("address after takeover attempt: %s", v.Info.HTTPAddress)
+	}
+
+	// k·T later the worker is evicted; then the id is free for another credential.
+	r.Clock.Advance(6 * time.Second)
+	r.WaitIDs()
+	if _, err := r.call(t, "tok-b", thief); err != nil {
+		t.Fatalf("heartbeat after eviction: %v", err)
+	}
+	r.Eventually("new owner", func() bool { v, _ := r.View("w1"); return v.Info.HTTPAddress == "127.0.0.1:6666" })
+}
+
+// TestStaticIDNotTakenOver: an open registry still binds a static worker's id to its
+// scrapes, so a heartbeat of that id is PermissionDenied.
+func TestStaticIDNotTakenOver(t *testing.T) {
+	r := newRig(t)
+	info := gwtest.Worker("vllm-0", "smol", 0)
+	info.Static = true
+	if err := r.GW.Scraped(info, 6*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	r.WaitIDs("vllm-0")
+	_, err := r.call(t, "", status1("vllm-0"))
+	wantCode(t, "heartbeat of a static id", err, codes.PermissionDenied)
+	if v, _ := r.View("vllm-0"); !v.Info.Static || v.Info.HTTPAddress != info.HTTPAddress {
+		t.Fatalf("static worker changed: %+v", v.Info)
+	}
+	// And a heartbeating worker's id cannot become static.
+	r.beat(t, status1("w1"))
+	info.ID = "w1"
+	if err := r.GW.Scraped(info, 6*time.Second); err == nil {
+		t.Fatal("a scrape took over a heartbeating worker's id")
+	}
+}
+
+// TestMaxWorkers (R13.2): a new id beyond max_workers is ResourceExhausted; registered ids
+// keep heartbeating; after an eviction a new id fits again.
+func TestMaxWorkers(t *testing.T) {
+	h := gwtest.New(t, func(c *gateway.Config) { c.MaxWorkers = 3 })
+	r := newRigGW(t, h, grpcapi.Options{}, nil)
+	for _, id := range []string{"w1", "w2", "w3"} {
+		r.beat(t, status1(id))
+	}
+	_, err := r.call(t, "", status1("w4"))
+	wantCode(t, "worker 4 of 3", err, codes.ResourceExhausted)
+	r.beat(t, status1("w2")) // an existing id still heartbeats
+	r.WaitIDs("w1", "w2", "w3")
+}
+
+// TestMaxWorkersDefault (R13.2): with the default cap of 10000, worker 10,001 is
+// ResourceExhausted.
+func TestMaxWorkersDefault(t *testing.T) {
+	h := gwtest.New(t, func(c *gateway.Config) { c.MaxWorkers = 10000 })
+	for i := range 10000 {
+		info := gwtest.Worker("w"+strconv.Itoa(i), "smol", 0)
+		if _, err := h.GW.Heartbeat(info); err != nil {
+			t.Fatalf("worker %d: %v", i, err)
+		}
+	}
+	r := newRigGW(t, h, grpcapi.Options{}, nil)
+	_, err := r.call(t, "", status1("w-10001"))
+	wantCode(t, "worker 10,001", err, codes.ResourceExhausted)
+	if _, err := r.call(t, "", status1("w0")); err != nil {
+		t.Fatalf("existing id: %v", err)
+	}
+}
+
+// TestIdentity: a client certificate's credential is its CN, else its first DNS SAN.
+func TestIdentity(t *testing.T) {
+	for _, tc := range []struct {
+		cert x509.Certificate
+		want string
+	}{
+		{x509.Certificate{Subject: pkix.Name{CommonName: "engine-a"}, DNSNames: []string{"a.internal"}}, "engine-a"},
+		{x509.Certificate{DNSNames: []string{"b.internal", "c.internal"}}, "b.internal"},
+		{x509.Certificate{}, ""},
+	} {
+		if got := grpcapi.Identity(&tc.cert); got != tc.want {
+			t.Errorf("Identity(%v) = %q, want %q", tc.cert.Subject, got, tc.want)
+		}
+	}
+}

@@ -1,0 +1,28 @@
+package app
+
+import (
+	"net/http"
+	"time"
+
+	"github.com/tlgw/tlgw/internal/config"
+)
+
+// maxHeaderWait bounds how long a client may take to send its request headers.
+const maxHeaderWait = 10 * time.Second
+
+// newHTTPServer is the gateway's http.Server with the waits of R13.3. There is deliberately no
+// ReadTimeout or WriteTimeout: ReadTimeout would also fail the server's background read and
+// cancel every stream that outlives it, and a stream may run for minutes. The body's deadline
+// (body_read_timeout) and the per-write deadline (client_write_timeout) are set by the handler
+// instead; idle_timeout closes idle keep-alive connections.
+func newHTTPServer(h http.Handler, g config.Gateway) *http.Server {
+	headerWait := maxHeaderWait
+	if g.BodyReadTimeout > 0 {
+		headerWait = min(headerWait, g.BodyReadTimeout)
+	}
+	return &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: headerWait,
+		IdleTimeout:       g.IdleTimeout,
+	}
+}

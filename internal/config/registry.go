@@ -1,0 +1,175 @@
+package config
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	pathpkg "path"
+	"strings"
+
+	"github.com/tlgw/tlgw/internal/engineaddr"
+)
+
+// Registry is the [registry] table (R13.1, R13.2): who may heartbeat, and what they may say.
+type Registry struct {
+	// Tokens are the bearer tokens engines present; with none (and no ClientCA) the registry
+	// is open to anyone who reaches registry_listen.
+	Tokens []RegistryToken
+	// TLSCert and TLSKey are PEM files for the registry's TLS; ClientCA, when set, makes
+	// client certificates required and the certificate's identity a credential.
+	TLSCert, TLSKey, ClientCA string
+	// AllowInsecure lets an unauthenticated registry listen outside loopback.
+	AllowInsecure bool
+	// EngineCIDRs restricts IP addresses in heartbeats; empty = any.
+	EngineCIDRs []netip.Prefix
+	// MaxWorkers caps the registered workers (default 10000).
+	MaxWorkers int
+}
+
+// RegistryToken is one [[registry.tokens]] entry.
+type RegistryToken struct {
+	// Token is the secret, resolved from TokenEnv when the file names one. Never marshalled.
+	Token    string `json:"-"`
+	TokenEnv string
+	// Models are path.Match globs a worker's model must match; empty = any model.
+	Models []string
+	// IDPrefix is what every worker id sent with this token must start with.
+	IDPrefix string
+}
+
+// String describes the token without its secret.
+func (t RegistryToken) String() string {
+	src := "inline"
+	if t.TokenEnv != "" {
+		src = "$" + t.TokenEnv
+	}
+	return fmt.Sprintf("{token: <redacted, %s> models: %v id_prefix: %q}", src, t.Models, t.IDPrefix)
+}
+
+// Open reports whether the registry takes heartbeats from anyone (no tokens, no client CA).
+func (r *Registry) Open() bool { return len(r.Tokens) == 0 && r.ClientCA == "" }
+
+func defaultRegistry() Registry { return Registry{MaxWorkers: 10000} }
+
+type fileRegistry struct {
+	Tokens        []fileRegistryToken `json:"tokens"`
+	TLSCert       *string             `json:"tls_cert"`
+	TLSKey        *string             `json:"tls_key"`
+	ClientCA      *string             `json:"client_ca"`
+	AllowInsecure *bool               `json:"allow_insecure"`
+	EngineCIDRs   []string            `json:"engine_cidrs"`
+	MaxWorkers    *int                `json:"max_workers"`
+}
+
+type fileRegistryToken struct {
+	Token    *string  `json:"token"`
+	TokenEnv *string  `json:"token_env"`
+	Models   []string `json:"models"`
+	IDPrefix *string  `json:"id_prefix"`
+}
+
+func (fr *fileRegistry) apply(r *Registry, getenv func(string) string, ps *problems) {
+	if fr == nil {
+		return
+	}
+	base := path{key("registry")}
+	setIf(&r.TLSCert, fr.TLSCert)
+	setIf(&r.TLSKey, fr.TLSKey)
+	setIf(&r.ClientCA, fr.ClientCA)
+	setIf(&r.AllowInsecure, fr.AllowInsecure)
+	setIf(&r.MaxWorkers, fr.MaxWorkers)
+	if (r.TLSCert == "") != (r.TLSKey == "") {
+		ps.add(base.with(key("tls_key")), "tls_cert and tls_key go together; give both or neither")
+	}
+	if r.ClientCA != "" && r.TLSCert == "" {
+		ps.add(base.with(key("client_ca")), "needs tls_cert and tls_key: client certificates are only asked for over TLS")
+	}
+	for i, s := range fr.EngineCIDRs {
+		p, err := engineaddr.ParseCIDRs([]string{s})
+		if err != nil {
+			ps.add(base.with(key("engine_cidrs"), index(i)), "%v", err)
+			continue
+		}
+		r.EngineCIDRs = append(r.EngineCIDRs, p...)
+	}
+	bySecret := make(map[string]int)
+	for i, ft := range fr.Tokens {
+		tp := base.with(key("tokens"), index(i))
+		var t RegistryToken
+		var src path
+		switch {
+		case ft.Token != nil && ft.TokenEnv != nil:
+			ps.add(tp, "token and token_env are mutually exclusive; give one")
+			continue
+		case ft.Token != nil:
+			t.Token, src = *ft.Token, tp.with(key("token"))
+			if t.Token == "" {
+				ps.add(src, "must not be empty")
+				continue
+			}
+			if !printableToken(t.Token) {
+				ps.add(src, "must not contain whitespace or control characters")
+				continue
+			}
+		case ft.TokenEnv != nil:
+			t.TokenEnv, src = *ft.TokenEnv, tp.with(key("token_env"))
+			t.Token = getenv(t.TokenEnv)
+			if t.Token == "" {
+				ps.add(src, "environment variable %s is not set or is empty", t.TokenEnv)
+				continue
+			}
+			if !printableToken(t.Token) {
+				ps.add(src, "environment variable %s holds whitespace or control characters", t.TokenEnv)
+				continue
+			}
+		default:
+			ps.add(tp, "one of token or token_env is required")
+			continue
+		}
+		if prev, dup := bySecret[t.Token]; dup {
+			ps.add(src, "same token as registry.tokens[%d]", prev)
+		} else {
+			bySecret[t.Token] = i
+		}
+		for j, g := range ft.Models {
+			if _, err := pathpkg.Match(g, ""); err != nil || g == "" {
+				ps.add(tp.with(key("models"), index(j)), "%q is not a glob such as \"smol*\"", g)
+			}
+		}
+		t.Models = append([]string(nil), ft.Models...)
+		setIf(&t.IDPrefix, ft.IDPrefix)
+		r.Tokens = append(r.Tokens, t)
+	}
+}
+
+// checkRegistryExposure refuses an unauthenticated registry_listen outside loopback (R13.1).
+func checkRegistryExposure(cfg *Config, ps *problems) {
+	if err := RegistryExposure(cfg); err != nil {
+		ps.add(path{key("registry"), key("allow_insecure")}, "%v", err)
+	}
+}
+
+// RegistryExposure is the start-up rule of R13.1: a registry_listen outside loopback with
+// neither registry tokens nor client_ca is an error unless registry.allow_insecure is true.
+// Parse applies it; app.Start applies it again for configurations built in code.
+func RegistryExposure(cfg *Config) error {
+	r := &cfg.Registry
+	if !r.Open() || r.AllowInsecure || LoopbackListen(cfg.Gateway.RegistryListen) {
+		return nil
+	}
+	return fmt.Errorf("gateway.registry_listen %q is not a loopback address and the registry has neither tokens nor client_ca; anyone who reaches it could register workers (set registry.allow_insecure = true to serve it anyway)", cfg.Gateway.RegistryListen)
+}
+
+// LoopbackListen reports whether a listen address binds only loopback: localhost or a
+// loopback IP. An empty host (":9090") binds every interface.
+func LoopbackListen(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip, err := netip.ParseAddr(host)
+	return err == nil && ip.Unmap().IsLoopback()
+}
