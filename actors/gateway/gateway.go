@@ -42,6 +42,9 @@ type Config struct {
 	PrefixIndexBlocks int
 	// MaxWorkers caps the registered workers (R13.2; 0 = no cap).
 	MaxWorkers int
+	// OnEvict, when set, is told each worker the registry evicts (on the registry's goroutine;
+	// it must return at once).
+	OnEvict func(router.WorkerInfo)
 }
 
 // Gateway is the running actor tree.
@@ -111,7 +114,7 @@ func Start(cfg Config) (*Gateway, error) {
 				Clock: cfg.Clock, Router: rt,
 				TTL:           time.Duration(cfg.MissLimit) * cfg.HeartbeatInterval,
 				Logger:        cfg.Logger.With("actor", "registry"),
-				WorkerOptions: opts("worker"), MaxWorkers: cfg.MaxWorkers,
+				WorkerOptions: opts("worker"), MaxWorkers: cfg.MaxWorkers, OnEvict: cfg.OnEvict,
 			}, opts("registry")...), "registry")
 			regPID = reg
 			ready <- started{router: rt, registry: reg, err: err}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 
+	"github.com/tlgw/tlgw/actors/gateway"
 	"github.com/tlgw/tlgw/actors/router"
 	"github.com/tlgw/tlgw/internal/config"
 	"github.com/tlgw/tlgw/internal/errs"
@@ -393,4 +394,29 @@ func TestStaticWorkerLiveness(t *testing.T) {
 	h.WaitIDs()
 	scrape() // the next good scrape brings it back, error cleared
 	h.Eventually("back", func() bool { v, ok := h.View("vllm-0"); return ok && v.Routable && v.Info.ScrapeError == "" })
+}
+
+// TestOnEvictTold: the registry tells OnEvict about each worker it evicts, with its addresses
+// (the app closes its gRPC connections, R13.4), and only then.
+func TestOnEvictTold(t *testing.T) {
+	evicted := make(chan router.WorkerInfo, 4)
+	h := gwtest.New(t, func(c *gateway.Config) { c.OnEvict = func(i router.WorkerInfo) { evicted <- i } })
+	w := gwtest.Worker("a", "smol", 0)
+	w.GRPCAddress, w.KVAddress = "127.0.0.1:7001", "127.0.0.1:7002"
+	h.Beat(w)
+	h.Clock.Advance(6*time.Second - time.Nanosecond)
+	select {
+	case i := <-evicted:
+		t.Fatalf("told before the deadline: %+v", i)
+	default:
+	}
+	h.Clock.Advance(time.Nanosecond)
+	select {
+	case i := <-evicted:
+		if i.ID != "a" || i.GRPCAddress != "127.0.0.1:7001" || i.KVAddress != "127.0.0.1:7002" {
+			t.Fatalf("told %+v", i)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("OnEvict was not told")
+	}
 }

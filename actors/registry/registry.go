@@ -83,6 +83,9 @@ type Config struct {
 	Logger *slog.Logger
 	// WorkerOptions are extra props options for every worker actor (metrics, test middleware).
 	WorkerOptions []actor.PropsOption
+	// OnEvict, when set, is told each worker evicted (its deadline passed, or its actor was
+	// stopped by its supervisor), on the registry's goroutine; it must return at once.
+	OnEvict func(router.WorkerInfo)
 	// MaxWorkers caps the registered workers ([registry] max_workers); a heartbeat of a new id
 	// beyond it is refused, an existing id still heartbeats. 0 = no cap.
 	MaxWorkers int
@@ -139,11 +142,13 @@ func (r *registryActor) Receive(c actor.Context) {
 			"last_heartbeat", e.info.LastHeartbeat, "ttl", st.cfg.TTL)
 		delete(st.entries, m.ID)
 		c.Stop(e.pid)
+		st.evicted(e)
 	case *actor.Terminated:
 		for id, e := range st.entries {
 			if e.pid.Equal(m.Who) {
 				delete(st.entries, id)
 				st.cfg.Logger.Warn("worker actor stopped by its supervisor", "worker", id)
+				st.evicted(e)
 				return
 			}
 		}
@@ -157,6 +162,13 @@ func (r *registryActor) Receive(c actor.Context) {
 		for _, e := range st.entries {
 			c.Stop(e.pid)
 		}
+	}
+}
+
+// evicted tells OnEvict about a worker that left the registry.
+func (st *state) evicted(e *entry) {
+	if st.cfg.OnEvict != nil {
+		st.cfg.OnEvict(e.info)
 	}
 }
 

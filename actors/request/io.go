@@ -156,17 +156,19 @@ type relayer struct {
 func (rl relayer) run(gen int) relayResult {
 	defer rl.resp.Body.Close()
 	var res relayResult
+	tc := tokenCounter{usage: -1}
 	if strings.HasPrefix(rl.resp.Header.Get("Content-Type"), "text/event-stream") {
-		res = rl.sse(gen)
+		res = rl.sse(gen, &tc)
 	} else {
-		res = rl.json(gen)
+		res = rl.json(gen, &tc)
 	}
+	res.usage, res.events = tc.usage, tc.events
 	*rl.out = res
 	return res
 }
 
 // json buffers a non-streamed answer, so a body cut mid-way is a 502, never a truncated 200.
-func (rl relayer) json(gen int) relayResult {
+func (rl relayer) json(gen int, tc *tokenCounter) relayResult {
 	var buf bytes.Buffer
 	if n := rl.resp.ContentLength; n > 0 && n <= maxUpstreamJSON {
 		buf.Grow(int(n))
@@ -188,6 +190,8 @@ func (rl relayer) json(gen int) relayResult {
 		code := rl.errs.Error(rl.w, fmt.Errorf("the engine broke off its answer: %w", errs.ErrUpstream))
 		return relayResult{gen: gen, code: code, ended: true}
 	}
+	tc.observe(buf.Bytes())
+	tc.events = 0 // a JSON answer is one answer, not events
 	rl.w.Header().Set("Content-Length", strconv.Itoa(buf.Len()))
 	rl.w.WriteHeader(rl.resp.StatusCode)
 	_, _ = rl.w.Write(buf.Bytes())
@@ -198,7 +202,7 @@ func (rl relayer) json(gen int) relayResult {
 // once, cut at event boundaries (framing.go), so every event reaches the client when the engine
 // sent it. If the engine breaks off, the client keeps the whole events it got and then an SSE
 // error event, with no [DONE] (R6).
-func (rl relayer) sse(gen int) relayResult {
+func (rl relayer) sse(gen int, tc *tokenCounter) relayResult {
 	rc := http.NewResponseController(rl.w)
 	rl.w.WriteHeader(rl.resp.StatusCode)
 	_ = rc.Flush()
@@ -212,6 +216,7 @@ func (rl relayer) sse(gen int) relayResult {
 			return true
 		}
 		tail.add(b)
+		tc.observe(b)
 		if _, err := rl.w.Write(b); err != nil {
 			return false
 		}
@@ -248,6 +253,44 @@ func (rl relayer) sse(gen int) relayResult {
 			return interrupted("the engine broke off the stream", err)
 		}
 	}
+}
+
+// tokenCounter reads what a relayed answer cost (R13.5): the last usage.total_tokens seen and
+// the SSE events relayed. observe gets whole events (or a whole JSON answer), so a pattern is
+// never split between two calls.
+type tokenCounter struct {
+	usage  int64
+	events int64
+}
+
+var totalTokensKey = []byte(`"total_tokens":`)
+
+func (tc *tokenCounter) observe(b []byte) {
+	tc.events += int64(bytes.Count(b, []byte("\n\n")))
+	if i := bytes.LastIndex(b, totalTokensKey); i >= 0 {
+		rest := bytes.TrimLeft(b[i+len(totalTokensKey):], " ")
+		n := 0
+		for n < len(rest) && n < 19 && rest[n] >= '0' && rest[n] <= '9' {
+			n++
+		}
+		if v, err := strconv.ParseInt(string(rest[:n]), 10, 64); err == nil {
+			tc.usage = v
+		}
+	}
+}
+
+// cost is what an answer counts against the key's tokens: the usage the engine reported, else
+// the prompt estimate (body bytes / 4) plus the events relayed. A request that relayed
+// nothing (nil) costs its prompt estimate.
+func (res *relayResult) cost(bodyBytes int) int64 {
+	prompt := int64(bodyBytes / 4)
+	switch {
+	case res == nil:
+		return prompt
+	case res.usage > 0:
+		return res.usage
+	}
+	return prompt + res.events
 }
 
 // doneTail keeps the last bytes forwarded, to tell whether a stream's last event was

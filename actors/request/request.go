@@ -41,8 +41,14 @@ type Exchange struct {
 	Class     string
 	SessionID string
 
-	done chan struct{}
+	done   chan struct{}
+	tokens int64 // set before done is closed
 }
+
+// Tokens is what the answer cost for the key's token limit (R13.5): usage.total_tokens when the
+// engine reported it, else (a stream without usage) prompt bytes/4 + events relayed, and the
+// prompt estimate alone when nothing was relayed. Read it after Done.
+func (x *Exchange) Tokens() int64 { return x.tokens }
 
 // NewExchange prepares an exchange.
 func NewExchange(ctx context.Context, w http.ResponseWriter, path string, kind oai.Kind, id string,
@@ -363,6 +369,7 @@ func (r *requestActor) finish(c actor.Context, code int) {
 	r.code = code
 	r.d.Metrics.done(r.route, r.served, code)
 	r.finished = true
+	r.x.tokens = r.relayOut.cost(len(r.x.Body))
 	close(r.x.done)
 	c.Stop(c.Self())
 }

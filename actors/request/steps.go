@@ -36,8 +36,10 @@ type (
 	relayResult struct {
 		gen      int
 		code     int
-		finished bool // the engine's answer reached its end
-		ended    bool // the client has its terminal outcome (a whole answer, 502, or an error event)
+		finished bool  // the engine's answer reached its end
+		ended    bool  // the client has its terminal outcome (a whole answer, 502, or an error event)
+		usage    int64 // usage.total_tokens of the answer (−1: none seen)
+		events   int64 // SSE events relayed
 	}
 	tokenized struct {
 		gen int

@@ -39,6 +39,26 @@ func (e *Engines) conn(addr string) (*grpc.ClientConn, error) {
 	return c, nil
 }
 
+// Forget closes the connections to addrs (an evicted engine's): nothing dials it any more,
+// and a later call to the same address dials afresh. Empty addresses are ignored.
+func (e *Engines) Forget(addrs ...string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, addr := range addrs {
+		if c := e.conns[addr]; c != nil {
+			_ = c.Close()
+			delete(e.conns, addr)
+		}
+	}
+}
+
+// Len is the number of open connections.
+func (e *Engines) Len() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return len(e.conns)
+}
+
 // Close closes every connection.
 func (e *Engines) Close() {
 	e.mu.Lock()

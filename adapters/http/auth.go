@@ -1,6 +1,8 @@
 package httpapi
 
 import (
+	"github.com/tlgw/tlgw/internal/ratelimit"
+
 	"crypto/sha256"
 	"crypto/subtle"
 	"fmt"
@@ -36,6 +38,16 @@ type apiKey struct {
 	digest [sha256.Size]byte
 	scopes scope
 	class  string // the admission class of the key's requests ("" = the default class)
+	limits ratelimit.Limits
+}
+
+// keyMatch is what a request's key grants: its scopes and class, and (index ≥ 0) which
+// configured key it is, with that key's rate limits. Open mode has index −1.
+type keyMatch struct {
+	scopes scope
+	class  string
+	index  int
+	limits ratelimit.Limits
 }
 
 // keyring checks bearer keys. Keys are compared as SHA-256 digests with
@@ -52,7 +64,8 @@ func newKeyring(keys []config.Key) *keyring {
 		for _, s := range k.Scopes {
 			sc |= parseScope(s)
 		}
-		kr.keys = append(kr.keys, apiKey{digest: sha256.Sum256([]byte(k.Key)), scopes: sc, class: k.Class})
+		kr.keys = append(kr.keys, apiKey{digest: sha256.Sum256([]byte(k.Key)), scopes: sc, class: k.Class,
+			limits: ratelimit.Limits{RPM: k.RPM, TPM: k.TPM}})
 	}
 	return kr
 }
@@ -60,36 +73,34 @@ func newKeyring(keys []config.Key) *keyring {
 // open reports whether the gateway runs without auth (no keys configured).
 func (kr *keyring) open() bool { return len(kr.keys) == 0 }
 
-// authorize returns the scopes and class of the request's key, or an error naming what is
-// wrong.
-func (kr *keyring) authorize(r *http.Request, need scope) (scope, string, error) {
+// authorize returns what the request's key grants, or an error naming what is wrong.
+func (kr *keyring) authorize(r *http.Request, need scope) (keyMatch, error) {
 	if kr.open() {
-		return scopeInference | scopeAdmin, "", nil
+		return keyMatch{scopes: scopeInference | scopeAdmin, index: -1}, nil
 	}
 	h := r.Header.Get("Authorization")
 	token, ok := strings.CutPrefix(h, "Bearer ")
 	if !ok || token == "" {
-		return 0, "", fmt.Errorf("missing bearer API key in the Authorization header: %w", errs.ErrInvalidAPIKey)
+		return keyMatch{}, fmt.Errorf("missing bearer API key in the Authorization header: %w", errs.ErrInvalidAPIKey)
 	}
 	d := sha256.Sum256([]byte(token))
-	var found scope
-	class := ""
+	m := keyMatch{index: -1}
 	matched := 0
 	for i := range kr.keys {
 		eq := subtle.ConstantTimeCompare(d[:], kr.keys[i].digest[:])
 		matched |= eq
-		found |= kr.keys[i].scopes & scope(-eq) // eq is 0 or 1: mask is 0x00 or 0xff
+		m.scopes |= kr.keys[i].scopes & scope(-eq) // eq is 0 or 1: mask is 0x00 or 0xff
 		if eq == 1 {
-			class = kr.keys[i].class
+			m.class, m.index, m.limits = kr.keys[i].class, i, kr.keys[i].limits
 		}
 	}
 	if matched == 0 {
-		return 0, "", fmt.Errorf("the API key is not valid: %w", errs.ErrInvalidAPIKey)
+		return keyMatch{}, fmt.Errorf("the API key is not valid: %w", errs.ErrInvalidAPIKey)
 	}
-	if found&need == 0 {
-		return found, "", fmt.Errorf("the API key lacks the %q scope: %w", scopeName(need), errs.ErrInsufficientScope)
+	if m.scopes&need == 0 {
+		return keyMatch{scopes: m.scopes}, fmt.Errorf("the API key lacks the %q scope: %w", scopeName(need), errs.ErrInsufficientScope)
 	}
-	return found, class, nil
+	return m, nil
 }
 
 func scopeName(s scope) string {

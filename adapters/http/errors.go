@@ -30,6 +30,8 @@ func mapError(err error) (status int, typ, code string) {
 		return http.StatusServiceUnavailable, "service_unavailable", "no_capacity"
 	case errors.Is(err, errs.ErrQueueFull):
 		return http.StatusTooManyRequests, "rate_limit_exceeded", "queue_full"
+	case errors.Is(err, errs.ErrRateLimited):
+		return http.StatusTooManyRequests, "rate_limit_exceeded", "rate_limited"
 	case errors.Is(err, errs.ErrQueueTimeout):
 		return http.StatusServiceUnavailable, "service_unavailable", "queue_timeout"
 	case errors.Is(err, errs.ErrShuttingDown):

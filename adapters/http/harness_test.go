@@ -38,6 +38,7 @@ type stackOpt struct {
 	// R13.3
 	maxInFlight               int
 	bodyTimeout, writeTimeout time.Duration
+	now                       func() time.Time // the rate limits' clock (R13.5)
 }
 
 func newStack(t *testing.T, o stackOpt) *stack {
@@ -54,6 +55,7 @@ func newStack(t *testing.T, o stackOpt) *stack {
 		Serve:      func(x *request.Exchange) { request.Spawn(h.GW.System, deps, x) },
 		Registerer: reg, Gatherer: reg, Logger: quietLogger(),
 		MaxInFlight: o.maxInFlight, BodyReadTimeout: o.bodyTimeout, ClientWriteTimeout: o.writeTimeout,
+		Now: o.now,
 	})
 	srv := httptest.NewServer(api)
 	t.Cleanup(srv.Close)

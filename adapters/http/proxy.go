@@ -4,24 +4,37 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/tlgw/tlgw/actors/request"
 	"github.com/tlgw/tlgw/internal/errs"
 	"github.com/tlgw/tlgw/internal/oai"
+	"github.com/tlgw/tlgw/internal/ratelimit"
 )
 
 // inference parses and checks a request, then hands it to a request actor (actors/request),
 // which routes, attempts, fails over, runs cascades and disaggregation, and answers; the handler
 // waits until it has.
-func (s *Server) inference(w http.ResponseWriter, r *http.Request, kind oai.Kind, id string, sc scope, keyClass string) {
+func (s *Server) inference(w http.ResponseWriter, r *http.Request, kind oai.Kind, id string, km keyMatch) {
 	start := time.Now()
 	if s.draining.Load() {
 		w.Header().Set("Connection", "close")
 		s.metrics.reject(writeError(w, fmt.Errorf("the gateway is shutting down: %w", errs.ErrShuttingDown)))
 		return
+	}
+	limited := km.index >= 0 && (km.limits.RPM > 0 || km.limits.TPM > 0)
+	if limited {
+		st, ok := s.limiter.Allow(km.index, km.limits)
+		rateLimitHeaders(w.Header(), st)
+		if !ok {
+			w.Header().Set("Retry-After", strconv.FormatInt(int64(math.Ceil(st.RetryAfter.Seconds())), 10))
+			s.metrics.reject(writeError(w, fmt.Errorf("the API key is over its rate limit: %w", errs.ErrRateLimited)))
+			return
+		}
 	}
 	release, err := s.enter()
 	if err != nil {
@@ -39,9 +52,9 @@ func (s *Server) inference(w http.ResponseWriter, r *http.Request, kind oai.Kind
 		s.metrics.reject(writeError(w, fmt.Errorf("%v: %w", err, errs.ErrInvalidRequest)))
 		return
 	}
-	x := request.NewExchange(r.Context(), w, r.URL.Path, kind, id, sc&scopeDebug != 0, body, req, start)
+	x := request.NewExchange(r.Context(), w, r.URL.Path, kind, id, km.scopes&scopeDebug != 0, body, req, start)
 	if s.admission.Enabled {
-		class, err := s.admissionClass(keyClass, r.Header.Get("X-TL-Class"))
+		class, err := s.admissionClass(km.class, r.Header.Get("X-TL-Class"))
 		if err != nil {
 			s.metrics.reject(writeError(w, err))
 			return
@@ -53,6 +66,21 @@ func (s *Server) inference(w http.ResponseWriter, r *http.Request, kind oai.Kind
 	}
 	s.serve(x)
 	<-x.Done()
+	if limited {
+		s.limiter.Spend(km.index, x.Tokens())
+	}
+}
+
+// rateLimitHeaders sets OpenAI's rate-limit headers for a limited key (R13.5).
+func rateLimitHeaders(h http.Header, st ratelimit.Status) {
+	if st.RPM > 0 {
+		h.Set("x-ratelimit-limit-requests", strconv.FormatInt(st.RPM, 10))
+		h.Set("x-ratelimit-remaining-requests", strconv.FormatInt(st.RemainingRequests, 10))
+	}
+	if st.TPM > 0 {
+		h.Set("x-ratelimit-limit-tokens", strconv.FormatInt(st.TPM, 10))
+		h.Set("x-ratelimit-remaining-tokens", strconv.FormatInt(st.RemainingTokens, 10))
+	}
 }
 
 func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {

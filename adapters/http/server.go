@@ -4,6 +4,8 @@
 package httpapi
 
 import (
+	"github.com/tlgw/tlgw/internal/ratelimit"
+
 	"crypto/rand"
 	"fmt"
 	"log/slog"
@@ -69,6 +71,8 @@ type Options struct {
 	MaxInFlight        int           // inference requests at once; above it 503 overloaded
 	BodyReadTimeout    time.Duration // a request body must arrive within it (408 request_timeout)
 	ClientWriteTimeout time.Duration // a client that takes no write for it is dropped
+	// Now is the clock of the per-key rate limits (R13.5); default time.Now.
+	Now func() time.Time
 }
 
 // Server is the gateway's http.Handler.
@@ -76,6 +80,7 @@ type Server struct {
 	core      Core
 	serve     func(*request.Exchange)
 	keys      *keyring
+	limiter   *ratelimit.Limiter // per-key rpm/tpm (R13.5)
 	maxBody   int64
 	log       *slog.Logger
 	metrics   *httpMetrics
@@ -95,11 +100,14 @@ func New(o Options) *Server {
 	if o.MaxBodyBytes <= 0 {
 		o.MaxBodyBytes = 4 << 20
 	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
 	s := &Server{
-		core: o.Core, serve: o.Serve, keys: newKeyring(o.Keys), maxBody: o.MaxBodyBytes, admission: o.Admission, static: o.Static,
+		core: o.Core, serve: o.Serve, keys: newKeyring(o.Keys), limiter: ratelimit.New(o.Now), maxBody: o.MaxBodyBytes, admission: o.Admission, static: o.Static,
 		log: o.Logger, metrics: newHTTPMetrics(o.Registerer),
 		maxInFlight: o.MaxInFlight, bodyTimeout: o.BodyReadTimeout, writeTimeout: o.ClientWriteTimeout,
 	}
@@ -169,14 +177,14 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case path == "/metrics":
 		s.only(w, r, http.MethodGet, s.serveMetrics)
 	case strings.HasPrefix(path, "/v1/"):
-		sc, class, err := s.keys.authorize(r, scopeInference)
+		km, err := s.keys.authorize(r, scopeInference)
 		if err != nil {
 			s.metrics.reject(writeError(w, err))
 			return
 		}
-		s.serveV1(w, r, id, sc, class)
+		s.serveV1(w, r, id, km)
 	case strings.HasPrefix(path, "/admin/"):
-		if _, _, err := s.keys.authorize(r, scopeAdmin); err != nil {
+		if _, err := s.keys.authorize(r, scopeAdmin); err != nil {
 			writeError(w, err)
 			return
 		}
@@ -201,15 +209,15 @@ func (s *Server) only(w http.ResponseWriter, r *http.Request, method string, h f
 	h(w, r)
 }
 
-func (s *Server) serveV1(w http.ResponseWriter, r *http.Request, id string, sc scope, class string) {
+func (s *Server) serveV1(w http.ResponseWriter, r *http.Request, id string, km keyMatch) {
 	switch path := r.URL.Path; {
 	case path == "/v1/completions":
 		s.only(w, r, http.MethodPost, func(w http.ResponseWriter, r *http.Request) {
-			s.inference(w, r, oai.Completions, id, sc, class)
+			s.inference(w, r, oai.Completions, id, km)
 		})
 	case path == "/v1/chat/completions":
 		s.only(w, r, http.MethodPost, func(w http.ResponseWriter, r *http.Request) {
-			s.inference(w, r, oai.Chat, id, sc, class)
+			s.inference(w, r, oai.Chat, id, km)
 		})
 	case path == "/v1/models":
 		s.only(w, r, http.MethodGet, s.listModels)

@@ -81,8 +81,11 @@ func Start(cfg *config.Config, o Options) (*App, error) {
 		return nil, err
 	}
 	prefixBlocks := prefixIndexBlocks(cfg, admCfg)
+	engines := grpcapi.NewEngines()
 	gw, err := gateway.Start(gateway.Config{
 		Admission: admCfg, PrefixIndexBlocks: prefixBlocks, MaxWorkers: cfg.Registry.MaxWorkers,
+		// An evicted engine's gRPC connections are closed (R13.4): nothing dials it any more.
+		OnEvict: func(info router.WorkerInfo) { engines.Forget(info.GRPCAddress, info.KVAddress) },
 		Clock: o.Clock, Policy: g.RoutePolicy, LoadFactor: g.AffinityLoadFactor, Routes: g.Routes,
 		HeartbeatInterval: g.HeartbeatInterval, MissLimit: g.HeartbeatMissLimit,
 		Logger: o.Logger, RouterMetrics: router.NewMetrics(reg),
@@ -115,7 +118,7 @@ func Start(cfg *config.Config, o Options) (*App, error) {
 	if o.Transport == nil {
 		o.Transport = httpapi.NewTransport()
 	}
-	a.engines = grpcapi.NewEngines()
+	a.engines = engines
 	deps := &request.Deps{
 		Router: gw.Router, Transport: o.Transport, Engines: a.engines, MaxAttempts: g.MaxAttempts,
 		Metrics: request.NewMetrics(reg), Logger: o.Logger, Errors: httpapi.ErrorWriter{},

@@ -101,6 +101,10 @@ type Key struct {
 	// Class is the admission class of the key's requests (the name of one of
 	// Admission.Classes), or "" for Admission.DefaultClass.
 	Class string
+	// RPM and TPM limit the key's requests and tokens per sliding 60 s window (R13.5);
+	// 0 = no limit.
+	RPM int64
+	TPM int64
 }
 
 // String describes the key without its secret, so that a logged Config
@@ -351,6 +355,8 @@ type fileKey struct {
 	KeyEnv *string  `json:"key_env"`
 	Scopes []string `json:"scopes"`
 	Class  *string  `json:"class"`
+	RPM    *int64   `json:"rpm"`
+	TPM    *int64   `json:"tpm"`
 }
 
 type fileAdmission struct {
@@ -621,6 +627,20 @@ func (fa *fileAuth) apply(a *Auth, adm *Admission, getenv func(string) string, p
 			case adm.ClassIndex(k.Class) < 0:
 				ps.add(kp.with(key("class")), "%q is not one of the classes %s", k.Class, adm.classList())
 			}
+		}
+		for _, l := range []struct {
+			name string
+			v    *int64
+			to   *int64
+		}{{"rpm", fk.RPM, &k.RPM}, {"tpm", fk.TPM, &k.TPM}} {
+			if l.v == nil {
+				continue
+			}
+			if *l.v < 0 {
+				ps.add(kp.with(key(l.name)), "must be >= 0 (0 = no limit)")
+				continue
+			}
+			*l.to = *l.v
 		}
 		a.Keys = append(a.Keys, k)
 	}

@@ -38,6 +38,8 @@ var (
 	// ErrQueueFull: the request's class (or lane) is at its queue limit, or never queues and
 	// nothing has room (429 queue_full).
 	ErrQueueFull = errors.New("queue full")
+	// ErrRateLimited: the API key is over its rpm or tpm (429 rate_limited, R13.5).
+	ErrRateLimited = errors.New("rate limited")
 	// ErrQueueTimeout: the request waited its class's max_wait (503 queue_timeout).
 	ErrQueueTimeout = errors.New("queue timeout")
 	// ErrInternal: an actor did not answer in time or an invariant broke (500).

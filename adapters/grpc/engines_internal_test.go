@@ -1,0 +1,32 @@
+package grpcapi
+
+import (
+	"testing"
+
+	"google.golang.org/grpc/connectivity"
+)
+
+// TestForgetClosesEvictedConnections (R13.4): Forget closes and drops the connections to an
+// evicted engine's addresses and leaves the others; a later call dials afresh.
+func TestForgetClosesEvictedConnections(t *testing.T) {
+	e := NewEngines()
+	defer e.Close()
+	gone, kept := "127.0.0.1:1", "127.0.0.1:2"
+	c1, err := e.conn(gone)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.conn(kept); err != nil {
+		t.Fatal(err)
+	}
+	if again, _ := e.conn(gone); again != c1 || e.Len() != 2 {
+		t.Fatalf("the cache: same conn %v, %d conns", again == c1, e.Len())
+	}
+	e.Forget(gone, "", "127.0.0.1:3")
+	if e.Len() != 1 || c1.GetState() != connectivity.Shutdown {
+		t.Fatalf("after Forget: %d conns, evicted conn %v", e.Len(), c1.GetState())
+	}
+	if fresh, _ := e.conn(gone); fresh == c1 || e.Len() != 2 {
+		t.Fatal("a later call to the address did not dial afresh")
+	}
+}

@@ -1,0 +1,85 @@
+package httpapi_test
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tlgw/tlgw/internal/config"
+)
+
+// fakeNow is a settable clock for the rate limits.
+type fakeNow struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (f *fakeNow) now() time.Time { f.mu.Lock(); defer f.mu.Unlock(); return f.t }
+func (f *fakeNow) advance(d time.Duration) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.t = f.t.Add(d)
+}
+
+// TestRateLimitRPM (R13.5): rpm = 3 → the 4th request within a minute is 429 rate_limited
+// with Retry-After; every answer to the limited key carries OpenAI's rate-limit headers; an
+// unlimited key is untouched; a minute later the key may send again.
+func TestRateLimitRPM(t *testing.T) {
+	clk := &fakeNow{t: time.Unix(2_000_000, 0)}
+	s := newStack(t, stackOpt{now: clk.now, keys: []config.Key{
+		{Key: "sk-limited", Scopes: []string{"inference"}, RPM: 3},
+		{Key: "sk-free", Scopes: []string{"inference"}},
+	}})
+	s.beat("w1", "smol", jsonEngine(t, "w1"))
+	body := `{"model":"smol","prompt":"hi"}`
+	for i, remaining := range []string{"2", "1", "0"} {
+		resp, b := s.do(t, "POST", "/v1/completions", "sk-limited", body)
+		if resp.StatusCode != 200 || resp.Header.Get("x-ratelimit-limit-requests") != "3" ||
+			resp.Header.Get("x-ratelimit-remaining-requests") != remaining {
+			t.Fatalf("request %d: %d %s, headers %v", i, resp.StatusCode, b, resp.Header)
+		}
+		clk.advance(10 * time.Second)
+	}
+	resp, b := s.do(t, "POST", "/v1/completions", "sk-limited", body)
+	if resp.StatusCode != 429 || resp.Header.Get("Retry-After") != "30" || !strings.Contains(string(b), "rate_limited") ||
+		resp.Header.Get("x-ratelimit-remaining-requests") != "0" {
+		t.Fatalf("4th: %d %s, Retry-After %q", resp.StatusCode, b, resp.Header.Get("Retry-After"))
+	}
+	if resp, _ := s.do(t, "POST", "/v1/completions", "sk-free", body); resp.StatusCode != 200 || resp.Header.Get("x-ratelimit-limit-requests") != "" {
+		t.Fatalf("unlimited key: %d %v", resp.StatusCode, resp.Header)
+	}
+	clk.advance(30 * time.Second)
+	if resp, b := s.do(t, "POST", "/v1/completions", "sk-limited", body); resp.StatusCode != 200 {
+		t.Fatalf("after the first left the window: %d %s", resp.StatusCode, b)
+	}
+}
+
+// TestRateLimitTPM (R13.5): tokens are the answer's usage.total_tokens; once the window holds
+// tpm of them the key is refused until they leave it.
+func TestRateLimitTPM(t *testing.T) {
+	clk := &fakeNow{t: time.Unix(2_000_000, 0)}
+	s := newStack(t, stackOpt{now: clk.now, keys: []config.Key{{Key: "sk-t", Scopes: []string{"inference"}, TPM: 100}}})
+	e := newEngine(t, func(w http.ResponseWriter, _ *http.Request, _ []byte) {
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprint(w, `{"choices":[{"index":0,"text":"x","finish_reason":"stop"}],"usage":{"prompt_tokens":10,"completion_tokens":50,"total_tokens":60}}`)
+	})
+	s.beat("w1", "smol", e)
+	body := `{"model":"smol","prompt":"hi"}`
+	resp, _ := s.do(t, "POST", "/v1/completions", "sk-t", body)
+	if resp.StatusCode != 200 || resp.Header.Get("x-ratelimit-remaining-tokens") != "100" {
+		t.Fatalf("first: %d %v", resp.StatusCode, resp.Header)
+	}
+	clk.advance(time.Second)
+	resp, _ = s.do(t, "POST", "/v1/completions", "sk-t", body) // 60 used: allowed
+	if resp.StatusCode != 200 || resp.Header.Get("x-ratelimit-remaining-tokens") != "40" {
+		t.Fatalf("second: %d remaining %q", resp.StatusCode, resp.Header.Get("x-ratelimit-remaining-tokens"))
+	}
+	clk.advance(time.Second)
+	resp, b := s.do(t, "POST", "/v1/completions", "sk-t", body) // 120 used: refused
+	if resp.StatusCode != 429 || resp.Header.Get("Retry-After") != "58" {
+		t.Fatalf("third: %d %s Retry-After %q", resp.StatusCode, b, resp.Header.Get("Retry-After"))
+	}
+}
