@@ -18,14 +18,14 @@ import (
 
 // samplingWire reads the sampling fields of a client's body for the Prefill call.
 type samplingWire struct {
-	MaxTokens           *int            `json:"max_tokens"`
-	MaxCompletionTokens *int            `json:"max_completion_tokens"`
-	Temperature         *float64        `json:"temperature"`
-	TopP                *float64        `json:"top_p"`
-	TopK                *int            `json:"top_k"`
-	Seed                *int64          `json:"seed"`
-	Logprobs            json.RawMessage `json:"logprobs"`
-	Stop                json.RawMessage `json:"stop"`
+	MaxTokens           *int
+	MaxCompletionTokens *int
+	Temperature         *float64
+	TopP                *float64
+	TopK                *int
+	Seed                *int64
+	Logprobs            json.RawMessage
+	Stop                json.RawMessage
 }
 
 // ParseSampling reads every sampling field, with the contract's defaults for the omitted ones
@@ -33,8 +33,21 @@ type samplingWire struct {
 // and whether the client gave a seed.
 func ParseSampling(body []byte) (Sampling, bool, error) {
 	var w samplingWire
-	if err := json.Unmarshal(body, &w); err != nil {
-		return Sampling{}, false, err
+	// Each field is read under its exact name, as the engines' parsers read it (R13.4):
+	// "Max_Tokens" is another key, not max_tokens.
+	for _, f := range []struct {
+		name string
+		dst  any
+	}{
+		{"max_tokens", &w.MaxTokens}, {"max_completion_tokens", &w.MaxCompletionTokens},
+		{"temperature", &w.Temperature}, {"top_p", &w.TopP}, {"top_k", &w.TopK}, {"seed", &w.Seed},
+		{"logprobs", &w.Logprobs}, {"stop", &w.Stop},
+	} {
+		if raw, ok := oai.Field(body, f.name); ok {
+			if err := json.Unmarshal(raw, f.dst); err != nil {
+				return Sampling{}, false, fmt.Errorf("%q: %v", f.name, err)
+			}
+		}
 	}
 	s := Sampling{MaxTokens: 16, Temperature: 1, TopP: 1}
 	switch {

@@ -1,0 +1,40 @@
+package request_test
+
+import (
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/tlgw/tlgw/actors/request"
+)
+
+// TestParseSampling: every sampling field with R8.3's defaults for the omitted ones; fields are
+// read under their exact names (a case variant such as "Max_Tokens" is another key, as the
+// engines read it, R13.4); a wrong type is an error naming the field.
+func TestParseSampling(t *testing.T) {
+	for _, c := range []struct {
+		body   string
+		want   request.Sampling
+		seeded bool
+	}{
+		{`{"prompt":"x"}`, request.Sampling{MaxTokens: 16, Temperature: 1, TopP: 1}, false},
+		{`{"max_tokens":5,"temperature":0.5,"top_p":0.9,"top_k":3,"seed":7,"logprobs":2,"stop":"\n"}`,
+			request.Sampling{MaxTokens: 5, Temperature: 0.5, TopP: 0.9, TopK: 3, Seed: 7, Logprobs: true, Stop: []string{"\n"}}, true},
+		{`{"max_completion_tokens":9,"max_tokens":5,"stop":["a","b"],"logprobs":false}`,
+			request.Sampling{MaxTokens: 9, Temperature: 1, TopP: 1, Stop: []string{"a", "b"}}, false},
+		{`{"Max_Tokens":5,"Temperature":0,"LogProbs":true,"Seed":3}`, request.Sampling{MaxTokens: 16, Temperature: 1, TopP: 1}, false},
+	} {
+		got, seeded, err := request.ParseSampling([]byte(c.body))
+		if err != nil || seeded != c.seeded {
+			t.Fatalf("%s: seeded %v err %v", c.body, seeded, err)
+		}
+		if diff := cmp.Diff(c.want, got); diff != "" {
+			t.Fatalf("%s (-want +got):\n%s", c.body, diff)
+		}
+	}
+	for _, bad := range []string{`{"max_tokens":"5"}`, `{"stop":7}`, `{"seed":"x"}`} {
+		if _, _, err := request.ParseSampling([]byte(bad)); err == nil {
+			t.Fatalf("%s: no error", bad)
+		}
+	}
+}
