@@ -86,7 +86,7 @@ func Start(cfg *config.Config, o Options) (*App, error) {
 		Admission: admCfg, PrefixIndexBlocks: prefixBlocks, MaxWorkers: cfg.Registry.MaxWorkers,
 		// An evicted engine's gRPC connections are closed (R13.4): nothing dials it any more.
 		OnEvict: func(info router.WorkerInfo) { engines.Forget(info.GRPCAddress, info.KVAddress) },
-		Clock: o.Clock, Policy: g.RoutePolicy, LoadFactor: g.AffinityLoadFactor, Routes: g.Routes,
+		Clock:   o.Clock, Policy: g.RoutePolicy, LoadFactor: g.AffinityLoadFactor, Routes: g.Routes,
 		HeartbeatInterval: g.HeartbeatInterval, MissLimit: g.HeartbeatMissLimit,
 		Logger: o.Logger, RouterMetrics: router.NewMetrics(reg),
 		Options: func(kind string) []actor.PropsOption {

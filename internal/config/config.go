@@ -574,36 +574,11 @@ func (fa *fileAuth) apply(a *Auth, adm *Admission, getenv func(string) string, p
 	for i, fk := range fa.Keys {
 		kp := path{key("auth"), key("keys"), index(i)}
 		var k Key
-		var src path // where the secret came from
-		switch {
-		case fk.Key != nil && fk.KeyEnv != nil:
-			ps.add(kp, "key and key_env are mutually exclusive; give one")
-			continue
-		case fk.Key != nil:
-			k.Key, src = *fk.Key, kp.with(key("key"))
-			if k.Key == "" {
-				ps.add(src, "must not be empty")
-				continue
-			}
-			if !printableToken(k.Key) {
-				ps.add(src, "must not contain whitespace or control characters")
-				continue
-			}
-		case fk.KeyEnv != nil:
-			k.KeyEnv, src = *fk.KeyEnv, kp.with(key("key_env"))
-			k.Key = getenv(k.KeyEnv)
-			if k.Key == "" {
-				ps.add(src, "environment variable %s is not set or is empty", k.KeyEnv)
-				continue
-			}
-			if !printableToken(k.Key) {
-				ps.add(src, "environment variable %s holds whitespace or control characters", k.KeyEnv)
-				continue
-			}
-		default:
-			ps.add(kp, "one of key or key_env is required")
+		secret, env, src, ok := resolveSecret(ps, getenv, kp, "key", fk.Key, fk.KeyEnv)
+		if !ok {
 			continue
 		}
+		k.Key, k.KeyEnv = secret, env
 		if prev, dup := bySecret[k.Key]; dup {
 			ps.add(src, "same key as auth.keys[%d]", prev)
 		} else {
@@ -656,4 +631,42 @@ func printableToken(s string) bool {
 		}
 	}
 	return true
+}
+
+// resolveSecret reads a secret given inline (name) or by environment variable (name_env, read
+// with getenv),
+// exactly one of the two: non-empty, with no whitespace or control characters. It returns the
+// secret, the variable it came from ("" inline) and the key it came from; ok is false after
+// an error has been added to ps.
+func resolveSecret(ps *problems, getenv func(string) string, at path, name string, inline, env *string) (secret, envVar string, src path, ok bool) {
+	switch {
+	case inline != nil && env != nil:
+		ps.add(at, "%s and %s_env are mutually exclusive; give one", name, name)
+		return "", "", nil, false
+	case inline != nil:
+		src = at.with(key(name))
+		if *inline == "" {
+			ps.add(src, "must not be empty")
+			return "", "", nil, false
+		}
+		if !printableToken(*inline) {
+			ps.add(src, "must not contain whitespace or control characters")
+			return "", "", nil, false
+		}
+		return *inline, "", src, true
+	case env != nil:
+		src = at.with(key(name + "_env"))
+		v := getenv(*env)
+		if v == "" {
+			ps.add(src, "environment variable %s is not set or is empty", *env)
+			return "", "", nil, false
+		}
+		if !printableToken(v) {
+			ps.add(src, "environment variable %s holds whitespace or control characters", *env)
+			return "", "", nil, false
+		}
+		return v, *env, src, true
+	}
+	ps.add(at, "one of %s or %s_env is required", name, name)
+	return "", "", nil, false
 }

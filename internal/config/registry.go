@@ -96,36 +96,11 @@ func (fr *fileRegistry) apply(r *Registry, getenv func(string) string, ps *probl
 	for i, ft := range fr.Tokens {
 		tp := base.with(key("tokens"), index(i))
 		var t RegistryToken
-		var src path
-		switch {
-		case ft.Token != nil && ft.TokenEnv != nil:
-			ps.add(tp, "token and token_env are mutually exclusive; give one")
-			continue
-		case ft.Token != nil:
-			t.Token, src = *ft.Token, tp.with(key("token"))
-			if t.Token == "" {
-				ps.add(src, "must not be empty")
-				continue
-			}
-			if !printableToken(t.Token) {
-				ps.add(src, "must not contain whitespace or control characters")
-				continue
-			}
-		case ft.TokenEnv != nil:
-			t.TokenEnv, src = *ft.TokenEnv, tp.with(key("token_env"))
-			t.Token = getenv(t.TokenEnv)
-			if t.Token == "" {
-				ps.add(src, "environment variable %s is not set or is empty", t.TokenEnv)
-				continue
-			}
-			if !printableToken(t.Token) {
-				ps.add(src, "environment variable %s holds whitespace or control characters", t.TokenEnv)
-				continue
-			}
-		default:
-			ps.add(tp, "one of token or token_env is required")
+		secret, env, src, ok := resolveSecret(ps, getenv, tp, "token", ft.Token, ft.TokenEnv)
+		if !ok {
 			continue
 		}
+		t.Token, t.TokenEnv = secret, env
 		if prev, dup := bySecret[t.Token]; dup {
 			ps.add(src, "same token as registry.tokens[%d]", prev)
 		} else {
