@@ -112,32 +112,42 @@ func (r *requestActor) tokenize(c actor.Context) {
 		return
 	}
 	url, tr := "http://"+p.Prefill.HTTPAddress+"/v1/tokenize", r.d.Transport
+	clk, timeout := r.clock(), r.controlTimeout()
 	r.runIO(c, func(ctx context.Context, gen int) any {
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
-		if err != nil {
-			return tokenized{gen: gen, err: err}
-		}
-		req.Header.Set("Content-Type", "application/json")
-		resp, err := tr.RoundTrip(req)
-		if err != nil {
-			return tokenized{gen: gen, err: err}
-		}
-		defer resp.Body.Close()
-		raw, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
-		if err != nil {
-			return tokenized{gen: gen, err: err}
-		}
-		if resp.StatusCode != http.StatusOK {
-			return tokenized{gen: gen, err: fmt.Errorf("tokenize answered %d: %s", resp.StatusCode, bytes.TrimSpace(raw))}
-		}
-		var out struct {
-			Tokens []uint32 `json:"tokens"`
-		}
-		if err := json.Unmarshal(raw, &out); err != nil {
-			return tokenized{gen: gen, err: fmt.Errorf("tokenize answer: %v", err)}
-		}
-		return tokenized{gen: gen, ids: out.Tokens}
+		ctx, cancel := withClockTimeout(ctx, clk, timeout, errControlTimeout)
+		defer cancel()
+		res := tokenizeCall(ctx, tr, url, body)
+		res.gen, res.err = gen, controlErr(ctx, res.err)
+		return res
 	})
+}
+
+// tokenizeCall is POST /v1/tokenize on the prefill worker.
+func tokenizeCall(ctx context.Context, tr http.RoundTripper, url string, body []byte) tokenized {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		return tokenized{err: err}
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := tr.RoundTrip(req)
+	if err != nil {
+		return tokenized{err: err}
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	if err != nil {
+		return tokenized{err: err}
+	}
+	if resp.StatusCode != http.StatusOK {
+		return tokenized{err: fmt.Errorf("tokenize answered %d: %s", resp.StatusCode, bytes.TrimSpace(raw))}
+	}
+	var out struct {
+		Tokens []uint32 `json:"tokens"`
+	}
+	if err := json.Unmarshal(raw, &out); err != nil {
+		return tokenized{err: fmt.Errorf("tokenize answer: %v", err)}
+	}
+	return tokenized{ids: out.Tokens}
 }
 
 func (r *requestActor) stepTokenizing(c actor.Context, msg any) {
@@ -160,9 +170,12 @@ func (r *requestActor) stepTokenizing(c actor.Context, msg any) {
 	call := PrefillCall{RequestID: r.x.ID, Model: p.ServedModel, PromptIDs: m.ids, Sampling: r.sampling,
 		DecodeTarget: p.KVAddress}
 	addr, engines := p.Prefill.GRPCAddress, r.d.Engines
+	clk, timeout := r.clock(), r.controlTimeout()
 	r.runIO(c, func(ctx context.Context, gen int) any {
+		ctx, cancel := withClockTimeout(ctx, clk, timeout, errControlTimeout)
+		defer cancel()
 		res, err := engines.Prefill(ctx, addr, call)
-		return prefilled{gen: gen, res: res, err: err}
+		return prefilled{gen: gen, res: res, err: controlErr(ctx, err)}
 	})
 }
 
@@ -187,5 +200,5 @@ func (r *requestActor) stepPrefilling(c actor.Context, msg any) {
 	}
 	r.releaseWorker(c, p.Prefill.Worker) // the prefill worker's part is done
 	r.become(Attempting, r.stepAttempting)
-	r.attempt(c)
+	r.startAttempt(c)
 }

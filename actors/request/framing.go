@@ -1,40 +1,64 @@
 package request
 
+import "fmt"
+
+// maxEventBytes bounds one SSE event the relay holds back (R14.4): an event over 1 MiB ends the
+// answer with the error event, so an engine that never ends its event cannot grow the relay's
+// memory.
+const maxEventBytes = 1 << 20
+
+// errEventTooLarge: the engine sent an event over maxEventBytes.
+var errEventTooLarge = fmt.Errorf("an event larger than %d bytes", maxEventBytes)
+
 // eventFramer cuts an SSE byte stream at event boundaries (a blank line; lines end in "\r\n",
 // "\n" or "\r"), so the relay forwards whole events only. If an engine breaks off mid-event,
 // the partial event is dropped and the error event that follows starts cleanly on its own:
 // the client never sees one event spliced into another. A well-formed engine writes whole
-// events, so nothing is held back and nothing is copied.
+// events, so nothing is held back and nothing is copied. What it holds back is one event's
+// start, never more than maxEventBytes (length and capacity).
 type eventFramer struct {
 	pending   []byte // bytes after the last boundary
 	lineStart bool   // the previous byte ended a line (or nothing came yet)
 	lastCR    bool   // the previous byte was '\r' (a '\n' now completes "\r\n")
 	started   bool
+	failed    bool // an event went over maxEventBytes; the stream is over
 }
 
 // feed adds chunk and returns the bytes up to and including the last complete event. The
-// result stays valid until the next call.
-func (f *eventFramer) feed(chunk []byte) []byte {
+// result stays valid until the next call. Once the event being read goes over maxEventBytes,
+// feed returns the whole events before it and errEventTooLarge, drops what it held, and
+// returns that error from then on.
+func (f *eventFramer) feed(chunk []byte) ([]byte, error) {
+	if f.failed {
+		return nil, errEventTooLarge
+	}
 	if !f.started {
 		f.started, f.lineStart = true, true
 	}
-	if n := len(chunk); len(f.pending) == 0 && n >= 2 && chunk[n-1] == '\n' && chunk[n-2] == '\n' {
+	if n := len(chunk); len(f.pending) == 0 && n >= 2 && n <= maxEventBytes && chunk[n-1] == '\n' && chunk[n-2] == '\n' {
 		// The common case: the engine flushed whole events. A chunk ending in a blank line
-		// ends on a boundary whatever came before it, so there is nothing to scan.
+		// ends on a boundary whatever came before it, so there is nothing to scan (and no
+		// event in it is longer than the chunk).
 		f.lineStart, f.lastCR = true, false
-		return chunk
+		return chunk, nil
 	}
-	end := -1 // boundary within chunk, exclusive
+	end := -1              // boundary within chunk, exclusive
+	size := len(f.pending) // bytes of the event being read, up to and including chunk[i]
 	for i, c := range chunk {
+		// The event's bytes include its blank line (but not the "\n" of a closing "\r\n",
+		// which comes after the boundary).
+		if size++; size > maxEventBytes {
+			return f.fail(chunk, end), errEventTooLarge
+		}
 		switch {
 		case c == '\n' && f.lastCR:
 			f.lastCR = false // the "\n" of "\r\n": the line already ended
 			if end == i {
-				end = i + 1 // a blank line that ended in "\r\n": keep the "\n" with it
+				end, size = i+1, 0 // a blank line that ended in "\r\n": keep the "\n" with it
 			}
 		case c == '\n' || c == '\r':
 			if f.lineStart {
-				end = i + 1 // a blank line: an event ends here
+				end, size = i+1, 0 // a blank line: an event ends here
 			}
 			f.lineStart, f.lastCR = true, c == '\r'
 		default:
@@ -42,18 +66,46 @@ func (f *eventFramer) feed(chunk []byte) []byte {
 		}
 	}
 	if end < 0 {
-		f.pending = append(f.pending, chunk...)
-		return nil
+		f.pending = appendCapped(f.pending, chunk, maxEventBytes)
+		return nil, nil
 	}
 	if len(f.pending) == 0 {
 		out := chunk[:end]
-		f.pending = append(f.pending[:0], chunk[end:]...)
-		return out
+		f.pending = appendCapped(f.pending[:0], chunk[end:], maxEventBytes)
+		return out, nil
 	}
-	out := append(f.pending, chunk[:end]...)
-	f.pending = append(make([]byte, 0, len(chunk)-end+64), chunk[end:]...)
+	out := appendCapped(f.pending, chunk[:end], len(f.pending)+end)
+	f.pending = appendCapped(nil, chunk[end:], min(len(chunk)-end+64, maxEventBytes))
+	return out, nil
+}
+
+// fail ends the stream after an oversized event: it returns the whole events before it (up
+// to end within chunk) and lets go of what it held.
+func (f *eventFramer) fail(chunk []byte, end int) []byte {
+	f.failed = true
+	var out []byte
+	if end > 0 {
+		out = chunk[:end]
+		if len(f.pending) > 0 {
+			out = appendCapped(f.pending, out, len(f.pending)+end)
+		}
+	}
+	f.pending = nil
 	return out
 }
 
 // rest returns what is buffered after the last complete event.
 func (f *eventFramer) rest() []byte { return f.pending }
+
+// appendCapped appends b to dst like append, but a new array is at most limit bytes long (or
+// exactly len(dst)+len(b), if that is more) and at most twice the old capacity, so an event
+// that arrives in small reads is copied O(log n) times and never held in an array past the
+// bound.
+func appendCapped(dst, b []byte, limit int) []byte {
+	need := len(dst) + len(b)
+	if need <= cap(dst) {
+		return append(dst, b...)
+	}
+	size := min(max(2*cap(dst), need, 512), max(limit, need))
+	return append(append(make([]byte, 0, size), dst...), b...)
+}

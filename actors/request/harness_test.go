@@ -98,6 +98,7 @@ type rigOpt struct {
 	routes  []config.Route
 	keys    []config.Key
 	engines request.Engines
+	deps    func(d *request.Deps, h *gwtest.Harness) // adjusts the actors' Deps (timeouts, budget)
 }
 
 func newRig(t *testing.T, o rigOpt) *rig {
@@ -108,6 +109,9 @@ func newRig(t *testing.T, o rigOpt) *rig {
 	deps := &request.Deps{
 		Router: h.GW.Router, Transport: httpapi.NewTransport(), Engines: rec, MaxAttempts: 3,
 		Metrics: request.NewMetrics(nil), Logger: slog.New(transitionHandler{t: tr}), Errors: httpapi.ErrorWriter{},
+	}
+	if o.deps != nil {
+		o.deps(deps, h)
 	}
 	api := httpapi.New(httpapi.Options{
 		Core: h.GW, Keys: o.keys, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),

@@ -109,12 +109,43 @@ func (r *requestActor) attempt(c actor.Context) {
 // readAll reads a whole answer (a non-final cascade step).
 func readAll(gen int, resp *http.Response) bufferedResult {
 	defer resp.Body.Close()
-	var buf bytes.Buffer
-	_, err := buf.ReadFrom(io.LimitReader(resp.Body, maxUpstreamJSON+1))
-	if err == nil && buf.Len() > maxUpstreamJSON {
-		err = fmt.Errorf("answer larger than %d bytes", maxUpstreamJSON)
+	body, err := readBounded(resp.Body, resp.ContentLength, maxUpstreamJSON)
+	return bufferedResult{gen: gen, status: resp.StatusCode, header: resp.Header, body: body, err: err}
+}
+
+// jsonHint is the most an engine's Content-Length sizes a buffer before its bytes arrive
+// (R14.4): 100 stalled answers that claim 64 MiB hold 100 × 64 KiB, not 6.4 GiB.
+const jsonHint = 64 << 10
+
+// errAnswerTooLarge: a non-streamed answer went over maxUpstreamJSON.
+var errAnswerTooLarge = fmt.Errorf("an answer larger than %d bytes", maxUpstreamJSON)
+
+// readBounded reads r to its end, holding at most limit bytes (more is errAnswerTooLarge). The
+// buffer starts at the announced length only up to jsonHint and then grows with what arrives,
+// doubling but never past limit+1, so memory follows the bytes received, not the bytes
+// promised. length < 0 means unknown.
+func readBounded(r io.Reader, length int64, limit int) ([]byte, error) {
+	size := 4 << 10
+	if length >= 0 {
+		size = int(min(length+1, jsonHint)) // +1: the read that sees EOF needs no new array
 	}
-	return bufferedResult{gen: gen, status: resp.StatusCode, header: resp.Header, body: buf.Bytes(), err: err}
+	b := make([]byte, 0, max(size, 512))
+	for {
+		if len(b) == cap(b) {
+			b = append(make([]byte, 0, min(2*cap(b), limit+1)), b...)
+		}
+		n, err := r.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if len(b) > limit {
+			return b, errAnswerTooLarge
+		}
+		if err == io.EOF {
+			return b, nil
+		}
+		if err != nil {
+			return b, err
+		}
+	}
 }
 
 // forwardHeaders is the allow-list of engine response headers that reach the client (R13.4).
@@ -169,14 +200,7 @@ func (rl relayer) run(gen int) relayResult {
 
 // json buffers a non-streamed answer, so a body cut mid-way is a 502, never a truncated 200.
 func (rl relayer) json(gen int, tc *tokenCounter) relayResult {
-	var buf bytes.Buffer
-	if n := rl.resp.ContentLength; n > 0 && n <= maxUpstreamJSON {
-		buf.Grow(int(n))
-	}
-	_, err := buf.ReadFrom(io.LimitReader(rl.resp.Body, maxUpstreamJSON+1))
-	if err == nil && buf.Len() > maxUpstreamJSON {
-		err = fmt.Errorf("answer larger than %d bytes", maxUpstreamJSON)
-	}
+	body, err := readBounded(rl.resp.Body, rl.resp.ContentLength, maxUpstreamJSON)
 	if err != nil {
 		if rl.ctx.Err() != nil {
 			return relayResult{gen: gen, code: statusClientGone}
@@ -186,15 +210,19 @@ func (rl relayer) json(gen int, tc *tokenCounter) relayResult {
 				rl.w.Header().Del(k)
 			}
 		}
-		rl.log.Warn("the engine broke off its answer", "err", err)
-		code := rl.errs.Error(rl.w, fmt.Errorf("the engine broke off its answer: %w", errs.ErrUpstream))
+		message := "the engine broke off its answer"
+		if errors.Is(err, errAnswerTooLarge) {
+			message = "the engine's answer is larger than 64 MiB"
+		}
+		rl.log.Warn(message, "err", err)
+		code := rl.errs.Error(rl.w, fmt.Errorf("%s: %w", message, errs.ErrUpstream))
 		return relayResult{gen: gen, code: code, ended: true}
 	}
-	tc.observe(buf.Bytes())
+	tc.observe(body)
 	tc.events = 0 // a JSON answer is one answer, not events
-	rl.w.Header().Set("Content-Length", strconv.Itoa(buf.Len()))
+	rl.w.Header().Set("Content-Length", strconv.Itoa(len(body)))
 	rl.w.WriteHeader(rl.resp.StatusCode)
-	_, _ = rl.w.Write(buf.Bytes())
+	_, _ = rl.w.Write(body)
 	return relayResult{gen: gen, code: rl.resp.StatusCode, finished: true, ended: true}
 }
 
@@ -232,8 +260,16 @@ func (rl relayer) sse(gen int, tc *tokenCounter) relayResult {
 	}
 	for {
 		n, err := rl.resp.Body.Read(buf)
-		if n > 0 && !write(framer.feed(buf[:n])) {
-			return relayResult{gen: gen, code: statusClientGone}
+		if n > 0 {
+			events, ferr := framer.feed(buf[:n])
+			if !write(events) {
+				return relayResult{gen: gen, code: statusClientGone}
+			}
+			if ferr != nil {
+				// An event over 1 MiB (R14.4): what was held of it is dropped, the engine's
+				// connection is closed, and the client gets the error event.
+				return interrupted("the engine sent an event larger than 1 MiB", ferr)
+			}
 		}
 		if err == io.EOF {
 			if !write(framer.rest()) {

@@ -21,6 +21,8 @@ type Metrics struct {
 	firstByte   *prometheus.HistogramVec
 	cascade     *prometheus.CounterVec
 	crashes     prometheus.Counter
+	timeouts    *prometheus.CounterVec
+	budget      *prometheus.CounterVec
 }
 
 // NewMetrics registers the series on reg (nil: unregistered).
@@ -55,9 +57,18 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "tlgw_request_actor_crashes_total",
 			Help: "Request actors that panicked (the client got 502 or an SSE error; everything held was released).",
 		}),
+		timeouts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tlgw_upstream_timeouts_total",
+			Help: "R14.1 timeouts that fired: stream_first_byte (failed over), stream_idle (error event) or request (answered 504).",
+		}, []string{"route", "timeout"}),
+		budget: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tlgw_retry_budget_exhausted_total",
+			Help: "Failures answered 503 no_capacity instead of failed over because the retry budget was spent (R14.3).",
+		}, []string{"route"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.requests, m.transitions, m.failovers, m.interrupts, m.firstByte, m.cascade, m.crashes)
+		reg.MustRegister(m.requests, m.transitions, m.failovers, m.interrupts, m.firstByte, m.cascade, m.crashes,
+			m.timeouts, m.budget)
 	}
 	return m
 }
@@ -72,4 +83,12 @@ func (m *Metrics) transition(from, to State) {
 
 func (m *Metrics) ttfb(route string, d time.Duration) {
 	m.firstByte.WithLabelValues(route).Observe(d.Seconds())
+}
+
+func (m *Metrics) timeout(route, which string) {
+	m.timeouts.WithLabelValues(route, which).Inc()
+}
+
+func (m *Metrics) budgetSpent(route string) {
+	m.budget.WithLabelValues(route).Inc()
 }

@@ -124,6 +124,15 @@ type Deps struct {
 	Admission bool
 	// PrefixHashes: picks carry the prompt's chunk hashes for the prefix index (R10 item 5).
 	PrefixHashes bool
+	// The R14.1 timeouts (0: the SPEC's default, see faults.go): a stream's response headers
+	// and first event, a non-streamed request's total, the gap between a stream's events, and
+	// the control calls (tokenize, Prefill, Release; ReleaseTimeout, when set, wins for Release).
+	StreamFirstByteTimeout time.Duration
+	RequestTimeout         time.Duration
+	StreamIdleTimeout      time.Duration
+	ControlTimeout         time.Duration
+	// RetryBudget caps the failovers running at once (R14.3); nil: no cap.
+	RetryBudget *RetryBudget
 }
 
 // stepFunc handles one message in one state.
@@ -161,10 +170,12 @@ type requestActor struct {
 
 	// The current I/O goroutine: gen tags its results (stale ones are ignored), cancel stops it,
 	// ioDone is closed when it has returned (so a crash never writes concurrently with it).
-	gen    int
-	cancel context.CancelFunc
-	ioCtx  context.Context
-	ioDone chan struct{}
+	// cancelCause cancels it naming why (a timeout, faults.go).
+	gen         int
+	cancel      context.CancelFunc
+	cancelCause context.CancelCauseFunc
+	ioCtx       context.Context
+	ioDone      chan struct{}
 
 	committed bool         // bytes have gone to the client
 	relayOut  *relayResult // the relay goroutine's result, readable once ioDone is closed
@@ -177,6 +188,14 @@ type requestActor struct {
 	finished  bool
 	code      int
 	log       *slog.Logger
+
+	// R14.1 timers and R14.3 budget (faults.go).
+	fbTag     uint64      // the current first-byte timer's tag
+	fbTimer   clock.Timer // stream_first_byte_timeout of the current attempt
+	reqTimer  clock.Timer // request_timeout of a non-streamed request
+	timedOut  bool        // request_timeout fired: the request ends 504
+	counted   bool        // counted in the budget's in-flight requests
+	retrySlot bool        // holds one of the budget's failover slots
 }
 
 // Props returns the props of the actor serving x. Request actors are top-level with a guardian
@@ -212,6 +231,9 @@ func (r *requestActor) Receive(c actor.Context) {
 	case *actor.Stopped, *actor.Restarting:
 		return
 	}
+	if r.faultStep(c, c.Message()) {
+		return
+	}
 	if r.step != nil {
 		r.step(c, c.Message())
 	}
@@ -236,6 +258,7 @@ func (r *requestActor) start(c actor.Context) {
 		r.cascadeStep = 0 // a cascade route starts at its first step; other routes ignore it
 	}
 	r.state, r.step = Routing, r.stepRouting
+	r.budgetStart()
 	if r.d.Admission {
 		// While the request may wait in the queue, a client that leaves must leave it at once.
 		r.stopWatch = make(chan struct{})
@@ -364,6 +387,8 @@ func (r *requestActor) releaseAll(send func(*actor.PID, any)) {
 func (r *requestActor) finish(c actor.Context, code int) {
 	r.become(Done, nil)
 	r.stopPickTimer()
+	r.stopFaultTimers()
+	r.budgetEnd()
 	r.endWatch()
 	r.releaseAll(c.Send)
 	r.code = code
@@ -405,9 +430,11 @@ func (r *requestActor) stopping(c actor.Context) {
 	// and releases its ticket when it stops, and the router, which watches an admitted
 	// request, cancels it if it still waits or ends its turn for the gate.
 	r.stopPickTimer()
+	r.stopFaultTimers()
+	r.budgetEnd()
 	r.endWatch()
 	ioDone, x, committed, stream, ew, out := r.ioDone, r.x, r.committed, r.x.Req.Stream, r.d.Errors, r.relayOut
-	kvHandle, kvAddr, engines, timeout := r.kvHandle, r.kvAddr, r.d.Engines, r.releaseTimeout()
+	kvHandle, kvAddr, engines, timeout, clk := r.kvHandle, r.kvAddr, r.d.Engines, r.releaseTimeout(), r.clock()
 	route, served, metrics := r.route, r.served, r.d.Metrics
 	go func() {
 		if ioDone != nil {
@@ -417,7 +444,7 @@ func (r *requestActor) stopping(c actor.Context) {
 			kvHandle = "" // the decode worker consumed it
 		}
 		if kvHandle != "" && engines != nil {
-			ctx, cancel := context.WithTimeout(context.Background(), timeout)
+			ctx, cancel := withClockTimeout(context.Background(), clk, timeout, errControlTimeout)
 			_ = engines.Release(ctx, kvAddr, kvHandle)
 			cancel()
 		}
@@ -443,7 +470,7 @@ func (r *requestActor) releaseTimeout() time.Duration {
 	if r.d.ReleaseTimeout > 0 {
 		return r.d.ReleaseTimeout
 	}
-	return 5 * time.Second
+	return r.controlTimeout()
 }
 
 // Spawn starts the actor serving x on sys.

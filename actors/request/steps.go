@@ -68,8 +68,9 @@ func (r *requestActor) runIO(c actor.Context, fn func(ctx context.Context, gen i
 	r.gen++
 	gen := r.gen
 	if r.cancel == nil {
-		ctx, cancel := context.WithCancel(r.x.Ctx)
-		r.cancel = cancel
+		ctx, cancel := context.WithCancelCause(r.x.Ctx)
+		r.cancel = func() { cancel(nil) }
+		r.cancelCause = cancel
 		r.ioCtx = ctx
 	}
 	ctx := r.ioCtx
@@ -86,7 +87,7 @@ func (r *requestActor) runIO(c actor.Context, fn func(ctx context.Context, gen i
 func (r *requestActor) endIO() {
 	if r.cancel != nil {
 		r.cancel()
-		r.cancel, r.ioCtx = nil, nil
+		r.cancel, r.cancelCause, r.ioCtx = nil, nil, nil
 	}
 }
 
@@ -152,13 +153,14 @@ func (r *requestActor) stepRouting(c actor.Context, msg any) {
 		r.finish(c, statusClientGone) // a routing request just ends
 		return
 	}
+	r.armRequestTimeout(c)
 	if p.Prefill != nil {
 		r.become(Tokenizing, r.stepTokenizing)
 		r.tokenize(c)
 		return
 	}
 	r.become(Attempting, r.stepAttempting)
-	r.attempt(c)
+	r.startAttempt(c)
 }
 
 // escalate moves a cascade to the step after `from`.
@@ -173,6 +175,10 @@ func (r *requestActor) escalate(c actor.Context, from int) {
 // failover gives up on the current worker(s) before the first byte (R6) and routes again, or
 // ends with 503 no_capacity after max_attempts workers.
 func (r *requestActor) failover(c actor.Context, excludeID string, err error) {
+	if cause := r.ioCause(); cause != nil {
+		err = fmt.Errorf("%w: %v", cause, err)
+	}
+	r.stopFirstByteTimer()
 	r.endIO()
 	r.releaseAll(c.Send)
 	r.releaseKVAsync()
@@ -193,6 +199,14 @@ func (r *requestActor) failover(c actor.Context, excludeID string, err error) {
 		r.fail(c, fmt.Errorf("%d workers tried, none answered: %w", r.attempts, errs.ErrNoCapacity))
 		return
 	}
+	if !r.retryAllowed() {
+		// R14.3: the failovers running at once are at the retry budget; this failure is
+		// answered instead of retried.
+		r.log.Info("retry budget spent; not failing over", "limit", r.d.RetryBudget.Limit())
+		r.d.Metrics.budgetSpent(r.route)
+		r.fail(c, fmt.Errorf("the worker failed and the retry budget is spent: %w", errs.ErrNoCapacity))
+		return
+	}
 	r.picked = nil
 	r.become(Routing, r.stepRouting)
 	r.pick(c)
@@ -203,10 +217,10 @@ func (r *requestActor) releaseKVAsync() {
 	if r.kvHandle == "" || r.d.Engines == nil {
 		return
 	}
-	h, addr, engines, timeout := r.kvHandle, r.kvAddr, r.d.Engines, r.releaseTimeout()
+	h, addr, engines, timeout, clk := r.kvHandle, r.kvAddr, r.d.Engines, r.releaseTimeout(), r.clock()
 	r.kvHandle = ""
 	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		ctx, cancel := withClockTimeout(context.Background(), clk, timeout, errControlTimeout)
 		defer cancel()
 		_ = engines.Release(ctx, addr, h)
 	}()
@@ -214,6 +228,10 @@ func (r *requestActor) releaseKVAsync() {
 
 // stepAttempting handles the engine's response headers (or failure to get them).
 func (r *requestActor) stepAttempting(c actor.Context, msg any) {
+	if fe, ok := msg.(firstEvent); ok {
+		r.stepFirstEvent(c, fe)
+		return
+	}
 	m, ok := msg.(attemptResult)
 	if !ok || m.gen != r.gen {
 		if ok && m.resp != nil {
@@ -247,11 +265,54 @@ func (r *requestActor) stepAttempting(c actor.Context, msg any) {
 		r.runIO(c, func(ctx context.Context, gen int) any { return readAll(gen, resp) })
 		return
 	}
+	if r.x.Req.Stream && m.resp.StatusCode == http.StatusOK && isSSE(m.resp) {
+		// Nothing goes to the client before the stream's first event (R14.1): until then a
+		// stall or a break is a failure before the first byte.
+		resp := m.resp
+		r.runIO(c, func(_ context.Context, gen int) any { return readFirstEvent(gen, resp) })
+		return
+	}
+	r.relay(c, m.resp)
+}
+
+// stepFirstEvent commits a stream once its first event has arrived, or fails over.
+func (r *requestActor) stepFirstEvent(c actor.Context, m firstEvent) {
+	if m.gen != r.gen {
+		if m.resp != nil && m.err == nil {
+			m.resp.Body.Close()
+		}
+		return
+	}
+	if r.x.Ctx.Err() != nil {
+		m.resp.Body.Close()
+		r.endIO()
+		r.abandon(c)
+		return
+	}
+	if m.err != nil {
+		r.failover(c, r.picked.WorkerID, fmt.Errorf("worker %s: %w", r.picked.WorkerID, m.err))
+		return
+	}
+	r.relay(c, r.withFirstEvent(m.resp, m.prefix))
+}
+
+// relay commits the request and relays the engine's answer (Relaying).
+func (r *requestActor) relay(c actor.Context, resp *http.Response) {
+	p := r.picked
+	r.stopFirstByteTimer()
+	if isSSE(resp) {
+		r.stopRequestTimer() // a stream's bound is stream_idle_timeout from here
+		if _, ok := resp.Body.(*idleBody); !ok {
+			out := *resp
+			out.Body = r.newIdleBody(resp.Body, resp.Body)
+			resp = &out
+		}
+	}
 	r.committed = true
-	r.writeHeaders(m.resp.Header)
+	r.writeHeaders(resp.Header)
 	route, metrics := r.route, r.d.Metrics
 	r.relayOut = &relayResult{}
-	rl := relayer{w: r.x.W, resp: m.resp, log: r.log.With("worker", p.WorkerID), errs: r.d.Errors, out: r.relayOut,
+	rl := relayer{w: r.x.W, resp: resp, log: r.log.With("worker", p.WorkerID), errs: r.d.Errors, out: r.relayOut,
 		onCut: func() { metrics.interrupts.WithLabelValues(route).Inc() }}
 	r.become(Relaying, r.stepRelaying)
 	r.runIO(c, func(ctx context.Context, gen int) any { rl.ctx = ctx; return rl.run(gen) })
@@ -330,9 +391,9 @@ func (r *requestActor) stepRelaying(c actor.Context, msg any) {
 
 // releaseKV calls Release on the decode worker (Releasing).
 func (r *requestActor) releaseKV(c actor.Context) {
-	h, addr, engines, timeout := r.kvHandle, r.kvAddr, r.d.Engines, r.releaseTimeout()
+	h, addr, engines, timeout, clk := r.kvHandle, r.kvAddr, r.d.Engines, r.releaseTimeout(), r.clock()
 	r.runIO(c, func(_ context.Context, gen int) any {
-		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		ctx, cancel := withClockTimeout(context.Background(), clk, timeout, errControlTimeout)
 		defer cancel()
 		if err := engines.Release(ctx, addr, h); err != nil {
 			r.log.Warn("KV release failed; the engine's lease will free it", "handle", h, "err", err)

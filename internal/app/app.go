@@ -123,6 +123,9 @@ func Start(cfg *config.Config, o Options) (*App, error) {
 		Router: gw.Router, Transport: o.Transport, Engines: a.engines, MaxAttempts: g.MaxAttempts,
 		Metrics: request.NewMetrics(reg), Logger: o.Logger, Errors: httpapi.ErrorWriter{},
 		Admission: admCfg != nil, Clock: o.Clock, PrefixHashes: prefixBlocks > 0,
+		StreamFirstByteTimeout: g.StreamFirstByteTimeout, RequestTimeout: g.RequestTimeout,
+		StreamIdleTimeout: g.StreamIdleTimeout, ControlTimeout: g.ControlTimeout,
+		RetryBudget: request.NewRetryBudget(g.RetryBudgetPercent),
 	}
 	reqOpts := am.Options("request")
 	if o.ActorOptions != nil {

@@ -79,7 +79,13 @@ type Gateway struct {
 	IdleTimeout          time.Duration // idle_timeout: an idle keep-alive connection is closed, > 0
 	BodyReadTimeout      time.Duration // body_read_timeout: headers and body must arrive within it, > 0
 	ClientWriteTimeout   time.Duration // client_write_timeout: a client that takes no write for it is dropped, > 0
-	Routes               []Route       // [[gateway.routes]], normalized (NormalizeRoutes); nil when none
+	// Engine faults (R14.1, R14.3): see gateway_faults.go.
+	StreamFirstByteTimeout time.Duration // stream_first_byte_timeout: a stream's headers and first event, > 0
+	RequestTimeout         time.Duration // request_timeout: a non-streamed request's total (504 upstream_timeout), > 0
+	StreamIdleTimeout      time.Duration // stream_idle_timeout: between a stream's events, > 0
+	ControlTimeout         time.Duration // control_timeout: tokenize, Prefill, Release, > 0
+	RetryBudgetPercent     float64       // retry_budget_percent: failovers at once ≤ max(3, this % of in-flight requests)
+	Routes                 []Route       // [[gateway.routes]], normalized (NormalizeRoutes); nil when none
 	// StaticWorkers are [[gateway.static_workers]], normalized (NormalizeStaticWorkers).
 	StaticWorkers []StaticWorker
 }
@@ -220,6 +226,12 @@ func Default() *Config {
 			IdleTimeout:        120 * time.Second,
 			BodyReadTimeout:    30 * time.Second,
 			ClientWriteTimeout: 30 * time.Second,
+
+			StreamFirstByteTimeout: 60 * time.Second,
+			RequestTimeout:         10 * time.Minute,
+			StreamIdleTimeout:      60 * time.Second,
+			ControlTimeout:         30 * time.Second,
+			RetryBudgetPercent:     20,
 		},
 		Admission: defaultAdmission(),
 		Registry:  defaultRegistry(),
@@ -344,6 +356,7 @@ type fileGateway struct {
 	Routes             []Route        `json:"routes"`
 	StaticWorkers      []StaticWorker `json:"static_workers"`
 	fileGatewayHTTP
+	fileGatewayFaults
 }
 
 type fileAuth struct {
@@ -438,6 +451,7 @@ func (fg *fileGateway) apply(g *Gateway, ps *problems) {
 	duration(&g.HeartbeatInterval, fg.HeartbeatInterval, base.with(key("heartbeat_interval")), ps)
 	duration(&g.ShutdownGrace, fg.ShutdownGrace, base.with(key("shutdown_grace")), ps)
 	fg.fileGatewayHTTP.apply(g, base, ps)
+	fg.fileGatewayFaults.apply(g, base, ps)
 	if fg.HeartbeatInterval != nil {
 		// Workers are told T in whole milliseconds (a uint32), and the
 		// registry computes k·T, which must fit a time.Duration.

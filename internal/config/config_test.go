@@ -137,6 +137,11 @@ max_in_flight = 7
 idle_timeout = "5s"
 body_read_timeout = "6s"
 client_write_timeout = "7s"
+stream_first_byte_timeout = "1s"
+request_timeout = "2m"
+stream_idle_timeout = "3s"
+control_timeout = "4s"
+retry_budget_percent = 12.5
 `
 	cfg, err := Parse([]byte(src), env(nil))
 	if err != nil {
@@ -158,6 +163,12 @@ client_write_timeout = "7s"
 		IdleTimeout:          5 * time.Second,
 		BodyReadTimeout:      6 * time.Second,
 		ClientWriteTimeout:   7 * time.Second,
+		// R14.1, R14.3
+		StreamFirstByteTimeout: time.Second,
+		RequestTimeout:         2 * time.Minute,
+		StreamIdleTimeout:      3 * time.Second,
+		ControlTimeout:         4 * time.Second,
+		RetryBudgetPercent:     12.5,
 	}
 	if diff := cmp.Diff(want, cfg.Gateway); diff != "" {
 		t.Fatalf("(-want +got):\n%s", diff)
@@ -182,6 +193,12 @@ func TestParseErrors(t *testing.T) {
 		{"bad idle_timeout", "[gateway]\nidle_timeout = \"soon\"\n", nil, "gateway.idle_timeout", "is not a duration"},
 		{"zero body_read_timeout", "[gateway]\nbody_read_timeout = \"0s\"\n", nil, "gateway.body_read_timeout", "must be > 0"},
 		{"negative client_write_timeout", "[gateway]\nclient_write_timeout = \"-1s\"\n", nil, "gateway.client_write_timeout", "is not a duration"},
+		{"zero stream_first_byte_timeout", "[gateway]\nstream_first_byte_timeout = \"0s\"\n", nil, "gateway.stream_first_byte_timeout", "must be > 0"},
+		{"bad request_timeout", "[gateway]\nrequest_timeout = \"later\"\n", nil, "gateway.request_timeout", "is not a duration"},
+		{"negative stream_idle_timeout", "[gateway]\nstream_idle_timeout = \"-5s\"\n", nil, "gateway.stream_idle_timeout", "is not a duration"},
+		{"zero control_timeout", "[gateway]\ncontrol_timeout = \"0s\"\n", nil, "gateway.control_timeout", "must be > 0"},
+		{"retry_budget_percent over 100", "[gateway]\nretry_budget_percent = 150\n", nil, "gateway.retry_budget_percent", ""},
+		{"negative retry_budget_percent", "[gateway]\nretry_budget_percent = -1\n", nil, "gateway.retry_budget_percent", ""},
 		{"allow_unauthenticated type", "[gateway]\nallow_unauthenticated = \"yes\"\n", nil, "gateway.allow_unauthenticated", "must be a boolean"},
 		{"quoted unknown key", "[gateway]\n\"a.b\" = 1\n", nil, `gateway."a.b"`, "unknown key"},
 		{"unknown route key", "[[gateway.routes]]\nmodel = \"m\"\nweight = 1\n", nil, "gateway.routes[0].weight", "unknown key"},
@@ -465,22 +482,27 @@ func TestSchemaDefaults(t *testing.T) {
 	}
 	g := Default().Gateway
 	want := map[string]any{
-		"http_listen":           g.HTTPListen,
-		"registry_listen":       g.RegistryListen,
-		"route_policy":          g.RoutePolicy,
-		"affinity_load_factor":  g.AffinityLoadFactor,
-		"heartbeat_interval":    g.HeartbeatInterval.String(),
-		"heartbeat_miss_limit":  float64(g.HeartbeatMissLimit),
-		"max_attempts":          float64(g.MaxAttempts),
-		"max_body_bytes":        float64(g.MaxBodyBytes),
-		"shutdown_grace":        g.ShutdownGrace.String(),
-		"allow_unauthenticated": g.AllowUnauthenticated,
-		"max_in_flight":         float64(g.MaxInFlight),
-		"idle_timeout":          g.IdleTimeout.String(),
-		"body_read_timeout":     g.BodyReadTimeout.String(),
-		"client_write_timeout":  g.ClientWriteTimeout.String(),
-		"routes":                []any{},
-		"static_workers":        []any{},
+		"http_listen":               g.HTTPListen,
+		"registry_listen":           g.RegistryListen,
+		"route_policy":              g.RoutePolicy,
+		"affinity_load_factor":      g.AffinityLoadFactor,
+		"heartbeat_interval":        g.HeartbeatInterval.String(),
+		"heartbeat_miss_limit":      float64(g.HeartbeatMissLimit),
+		"max_attempts":              float64(g.MaxAttempts),
+		"max_body_bytes":            float64(g.MaxBodyBytes),
+		"shutdown_grace":            g.ShutdownGrace.String(),
+		"allow_unauthenticated":     g.AllowUnauthenticated,
+		"max_in_flight":             float64(g.MaxInFlight),
+		"idle_timeout":              g.IdleTimeout.String(),
+		"body_read_timeout":         g.BodyReadTimeout.String(),
+		"client_write_timeout":      g.ClientWriteTimeout.String(),
+		"stream_first_byte_timeout": g.StreamFirstByteTimeout.String(),
+		"request_timeout":           g.RequestTimeout.String(),
+		"stream_idle_timeout":       g.StreamIdleTimeout.String(),
+		"control_timeout":           g.ControlTimeout.String(),
+		"retry_budget_percent":      g.RetryBudgetPercent,
+		"routes":                    []any{},
+		"static_workers":            []any{},
 	}
 	got := make(map[string]any)
 	for name, p := range schema.Properties.Gateway.Properties {

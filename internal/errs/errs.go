@@ -53,4 +53,7 @@ var (
 	// ErrBodyTimeout: the request body did not arrive within gateway.body_read_timeout (408
 	// request_timeout, R13.3).
 	ErrBodyTimeout = errors.New("request body timeout")
+	// ErrUpstreamTimeout: a non-streamed request had no answer within gateway.request_timeout
+	// (504 upstream_timeout, R14.1; not retried).
+	ErrUpstreamTimeout = errors.New("upstream timeout")
 )

@@ -120,6 +120,13 @@ func (e *Engine) serveInference(w http.ResponseWriter, r *http.Request, chat boo
 		badHeaders(w.Header())
 	}
 	body, err := readBody(r)
+	if err == nil && e.cfg.Fault.Kind == faults.SlowHeaders {
+		// Accepted and read; nothing of the answer is written for D (on the engine's clock).
+		if werr := e.sleep(r.Context(), e.cfg.Fault.D); werr != nil {
+			e.met.request(endpoint, context.Canceled)
+			return
+		}
+	}
 	if err == nil && e.cfg.Fault.Kind == faults.Unavailable {
 		err = &apiError{status: 503, typ: "service_unavailable", code: "engine_unavailable", msg: "the engine is unavailable (fault 503)"}
 	}
@@ -233,7 +240,13 @@ func (x *run) execute() error {
 	if x.req.stream {
 		x.startStream()
 	}
+	if e.cfg.Fault.Kind == faults.EndlessEvent {
+		return x.endless()
+	}
 	for {
+		if f := e.cfg.Fault; f.Kind == faults.StallAfter && len(x.tokens) >= f.N {
+			return x.stall()
+		}
 		tok, finish, ok := gen.Next()
 		if !ok {
 			x.finish = finish
@@ -291,14 +304,68 @@ func (x *run) faultAfterToken() error {
 func (x *run) cut() {
 	rc := http.NewResponseController(x.w)
 	if !x.req.stream {
-		x.w.Header().Set("Content-Type", "application/json")
-		x.w.Header().Set("Content-Length", "4096")
-		x.w.WriteHeader(http.StatusOK)
-		_, _ = x.w.Write([]byte(`{"id":"` + x.id + `","choices":[`))
+		x.partialJSON()
 	}
 	_ = rc.Flush()
 	if conn, _, err := rc.Hijack(); err == nil {
 		_ = conn.Close()
+	}
+}
+
+// partialJSON starts a JSON answer that will not be finished: its headers (a Content-Length it
+// will not reach) and the first bytes of its body.
+func (x *run) partialJSON() {
+	x.w.Header().Set("Content-Type", "application/json")
+	x.w.Header().Set("Content-Length", "4096")
+	x.w.WriteHeader(http.StatusOK)
+	_, _ = x.w.Write([]byte(`{"id":"` + x.id + `","choices":[`))
+}
+
+// stall stops the answer where it is, keeping the connection open until the client leaves
+// (stall-after): a streamed answer after the events sent so far, a JSON answer after its
+// headers and part of its body. The run keeps its place in the running set and its KV.
+func (x *run) stall() error {
+	if !x.req.stream {
+		x.partialJSON()
+	}
+	_ = http.NewResponseController(x.w).Flush()
+	select {
+	case <-x.r.Context().Done():
+		return x.r.Context().Err()
+	case <-x.e.stop:
+		return errStopping
+	}
+}
+
+// endless writes one SSE line that never ends (endless-event): after the stream's start, a
+// "data: " line whose JSON string never closes, with no newline, until the client leaves. A
+// non-streamed answer is a JSON body that never ends (no Content-Length). Each write waits
+// for the client to read (TCP flow control), so the engine's memory stays one chunk.
+func (x *run) endless() error {
+	head := `data: {"id":"` + x.id + `","choices":[{"index":0,"text":"`
+	if !x.req.stream {
+		x.w.Header().Set("Content-Type", "application/json")
+		x.w.WriteHeader(http.StatusOK)
+		head = `{"id":"` + x.id + `","choices":[{"index":0,"text":"`
+	}
+	rc := http.NewResponseController(x.w)
+	ctx := x.r.Context()
+	chunk, xs := []byte(head), bytes.Repeat([]byte("x"), 32<<10)
+	for {
+		if _, err := x.w.Write(chunk); err != nil {
+			return fmt.Errorf("%w: %v", context.Canceled, err) // the client left
+		}
+		if err := rc.Flush(); err != nil {
+			return fmt.Errorf("%w: %v", context.Canceled, err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-x.e.stop:
+			return errStopping
+		default:
+		}
+		chunk = xs
 	}
 }
 

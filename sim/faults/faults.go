@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // Kind is one fault switch.
@@ -32,12 +33,22 @@ const (
 	// BadHeaders: every answer carries headers no client may see (Set-Cookie,
 	// X-TL-Route: spoofed, Location), for the gateway's header allow-list (R13.4, R14.5).
 	BadHeaders
+	// SlowHeaders: every inference request waits D (on the engine's clock) before anything
+	// of its answer is written, then is served (R14.5).
+	SlowHeaders
+	// StallAfter: an answer stops after N tokens (a JSON answer after its headers and part
+	// of its body) and the connection is kept open until the client leaves (R14.5).
+	StallAfter
+	// EndlessEvent: a streamed answer is one SSE line that never ends (a non-streamed one, a
+	// JSON body that never ends): bytes without a newline until the client leaves (R14.5).
+	EndlessEvent
 )
 
 // Fault is a parsed --fault value.
 type Fault struct {
 	Kind Kind
-	N    int // tokens, for CutAfter and CrashAfter
+	N    int           // tokens, for CutAfter, CrashAfter and StallAfter
+	D    time.Duration // the wait, for SlowHeaders
 }
 
 // String gives the flag form.
@@ -59,12 +70,18 @@ func (f Fault) String() string {
 		return "draining"
 	case BadHeaders:
 		return "bad-headers"
+	case SlowHeaders:
+		return "slow-headers=" + f.D.String()
+	case StallAfter:
+		return "stall-after=" + strconv.Itoa(f.N)
+	case EndlessEvent:
+		return "endless-event"
 	}
 	return "none"
 }
 
 // Usage lists the accepted values.
-const Usage = "none|refuse|503|cut-after=N|crash-after=N|stall|no-heartbeat|draining|bad-headers"
+const Usage = "none|refuse|503|cut-after=N|crash-after=N|stall|stall-after=N|slow-headers=D|endless-event|no-heartbeat|draining|bad-headers"
 
 // Parse reads a --fault value.
 func Parse(s string) (Fault, error) {
@@ -83,8 +100,17 @@ func Parse(s string) (Fault, error) {
 		return Fault{Kind: Draining}, nil
 	case "bad-headers":
 		return Fault{Kind: BadHeaders}, nil
+	case "endless-event":
+		return Fault{Kind: EndlessEvent}, nil
 	}
-	for prefix, kind := range map[string]Kind{"cut-after=": CutAfter, "crash-after=": CrashAfter} {
+	if v, ok := strings.CutPrefix(s, "slow-headers="); ok {
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			return Fault{}, fmt.Errorf("fault %q: D must be a positive duration such as 5s", s)
+		}
+		return Fault{Kind: SlowHeaders, D: d}, nil
+	}
+	for prefix, kind := range map[string]Kind{"cut-after=": CutAfter, "crash-after=": CrashAfter, "stall-after=": StallAfter} {
 		if v, ok := strings.CutPrefix(s, prefix); ok {
 			n, err := strconv.Atoi(v)
 			if err != nil || n < 0 {

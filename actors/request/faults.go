@@ -1,0 +1,438 @@
+package request
+
+// Engine faults (R14.1 timeouts, R14.3 retry budget). Every timer here runs on the injected
+// clock (Deps.Clock): the actor arms it and receives its firing as a message, or (the idle
+// timer of a relayed stream and the control calls' deadlines) it cancels the I/O it bounds.
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/tlgw/tlgw/internal/clock"
+	"github.com/tlgw/tlgw/internal/errs"
+)
+
+// The R14.1 defaults (SPEC): a Deps field left at 0 takes these.
+const (
+	DefaultStreamFirstByteTimeout = 60 * time.Second
+	DefaultRequestTimeout         = 10 * time.Minute
+	DefaultStreamIdleTimeout      = 60 * time.Second
+	DefaultControlTimeout         = 30 * time.Second
+)
+
+// The causes an I/O context is cancelled with when a timeout fires.
+var (
+	errFirstByteTimeout = errors.New("no response headers and first event within gateway.stream_first_byte_timeout")
+	errRequestTimeout   = errors.New("no answer within gateway.request_timeout")
+	errControlTimeout   = errors.New("no answer within gateway.control_timeout")
+	errStreamIdle       = errors.New("no event within gateway.stream_idle_timeout")
+	errNoFirstEvent     = errors.New("the stream ended before its first event")
+)
+
+func orDefault(d, def time.Duration) time.Duration {
+	if d > 0 {
+		return d
+	}
+	return def
+}
+
+func (r *requestActor) firstByteTimeout() time.Duration {
+	return orDefault(r.d.StreamFirstByteTimeout, DefaultStreamFirstByteTimeout)
+}
+func (r *requestActor) requestTimeout() time.Duration {
+	return orDefault(r.d.RequestTimeout, DefaultRequestTimeout)
+}
+func (r *requestActor) idleTimeout() time.Duration {
+	return orDefault(r.d.StreamIdleTimeout, DefaultStreamIdleTimeout)
+}
+func (r *requestActor) controlTimeout() time.Duration {
+	return orDefault(r.d.ControlTimeout, DefaultControlTimeout)
+}
+
+// RetryBudget caps the failovers running at once (R14.3): at most max(3, percent% of the
+// in-flight requests). A request takes one slot at its first failover and holds it until it
+// ends; a failure beyond the budget is answered 503 no_capacity instead of retried. Shared by
+// every request actor of a gateway.
+type RetryBudget struct {
+	percent  float64
+	inFlight atomic.Int64
+	retries  atomic.Int64
+}
+
+// NewRetryBudget returns a budget of percent% of the in-flight requests (never under 3).
+func NewRetryBudget(percent float64) *RetryBudget { return &RetryBudget{percent: percent} }
+
+// InFlight is the requests being served; Retries the slots held by failovers.
+func (b *RetryBudget) InFlight() int64 { return b.inFlight.Load() }
+
+// Retries is the failovers running now.
+func (b *RetryBudget) Retries() int64 { return b.retries.Load() }
+
+// Limit is the number of failovers allowed at once now.
+func (b *RetryBudget) Limit() int64 {
+	return max(3, int64(b.percent*float64(b.inFlight.Load())/100))
+}
+
+func (b *RetryBudget) tryAcquire() bool {
+	for {
+		cur := b.retries.Load()
+		if cur >= b.Limit() {
+			return false
+		}
+		if b.retries.CompareAndSwap(cur, cur+1) {
+			return true
+		}
+	}
+}
+
+// budgetStart counts the request in flight; budgetEnd (idempotent) gives back what it holds.
+func (r *requestActor) budgetStart() {
+	if b := r.d.RetryBudget; b != nil && !r.counted {
+		b.inFlight.Add(1)
+		r.counted = true
+	}
+}
+
+func (r *requestActor) budgetEnd() {
+	b := r.d.RetryBudget
+	if b == nil {
+		return
+	}
+	if r.counted {
+		b.inFlight.Add(-1)
+		r.counted = false
+	}
+	if r.retrySlot {
+		b.retries.Add(-1)
+		r.retrySlot = false
+	}
+}
+
+// retryAllowed takes the request's failover slot (once) or reports the budget spent.
+func (r *requestActor) retryAllowed() bool {
+	b := r.d.RetryBudget
+	if b == nil || r.retrySlot {
+		return true
+	}
+	if b.tryAcquire() {
+		r.retrySlot = true
+		return true
+	}
+	return false
+}
+
+// Timer messages. The tag ties a firing to the timer that is current.
+type (
+	firstByteTimeout  struct{ tag uint64 }
+	requestTimeoutMsg struct{}
+	// firstEvent is the first event of a streamed answer read before the request commits
+	// (Attempting): until it has arrived nothing has gone to the client, so a stream that
+	// stalls or breaks before it fails over (R14.1, R6).
+	firstEvent struct {
+		gen    int
+		resp   *http.Response
+		prefix []byte
+		err    error
+	}
+)
+
+// IgnoreDeadLetterLogging: a timer may fire after the request ended.
+func (firstByteTimeout) IgnoreDeadLetterLogging()  {}
+func (requestTimeoutMsg) IgnoreDeadLetterLogging() {}
+func (firstEvent) IgnoreDeadLetterLogging()        {}
+
+// startAttempt sends the request to the picked engine, with the first-byte timer of a stream
+// armed first (so the timer exists before the engine can see the request).
+func (r *requestActor) startAttempt(c actor.Context) {
+	r.stopFirstByteTimer()
+	if r.x.Req.Stream {
+		r.fbTag++
+		tag, self, root := r.fbTag, c.Self(), c.ActorSystem().Root
+		r.fbTimer = r.clock().AfterFunc(r.firstByteTimeout(), func() { root.Send(self, firstByteTimeout{tag: tag}) })
+	}
+	r.attempt(c)
+}
+
+func (r *requestActor) stopFirstByteTimer() {
+	if r.fbTimer != nil {
+		r.fbTimer.Stop()
+		r.fbTimer = nil
+	}
+}
+
+// armRequestTimeout starts request_timeout for a non-streamed request, once: it covers
+// everything after the first pick (tokenize, prefill, every attempt, cascade steps, the answer).
+func (r *requestActor) armRequestTimeout(c actor.Context) {
+	if r.x.Req.Stream || r.reqTimer != nil {
+		return
+	}
+	self, root := c.Self(), c.ActorSystem().Root
+	r.reqTimer = r.clock().AfterFunc(r.requestTimeout(), func() { root.Send(self, requestTimeoutMsg{}) })
+}
+
+func (r *requestActor) stopRequestTimer() {
+	if r.reqTimer != nil {
+		r.reqTimer.Stop()
+		r.reqTimer = nil
+	}
+}
+
+func (r *requestActor) stopFaultTimers() {
+	r.stopFirstByteTimer()
+	r.stopRequestTimer()
+}
+
+// cancelIO cancels the running I/O goroutine with cause; its result arrives as usual.
+func (r *requestActor) cancelIO(cause error) bool {
+	if r.cancelCause == nil {
+		return false
+	}
+	r.cancelCause(cause)
+	return true
+}
+
+// ioCause is the timeout that cancelled the current I/O, or nil.
+func (r *requestActor) ioCause() error {
+	if r.ioCtx == nil {
+		return nil
+	}
+	if c := context.Cause(r.ioCtx); errors.Is(c, errFirstByteTimeout) || errors.Is(c, errRequestTimeout) {
+		return c
+	}
+	return nil
+}
+
+// faultStep runs before the state's step: the timeouts' messages, and, once request_timeout
+// has fired, the result of the I/O it cancelled. It reports whether it handled msg.
+func (r *requestActor) faultStep(c actor.Context, msg any) bool {
+	switch m := msg.(type) {
+	case firstByteTimeout:
+		if m.tag == r.fbTag && r.state == Attempting && !r.committed {
+			r.log.Info("stream_first_byte_timeout", "timeout", r.firstByteTimeout())
+			r.d.Metrics.timeout(r.route, "stream_first_byte")
+			r.cancelIO(errFirstByteTimeout) // its result fails over
+		}
+		return true
+	case requestTimeoutMsg:
+		r.reqTimer = nil
+		if r.timedOut || r.state == Done || r.state == Releasing {
+			return true
+		}
+		r.timedOut = true
+		r.log.Info("request_timeout", "timeout", r.requestTimeout(), "state", r.state.String())
+		r.d.Metrics.timeout(r.route, "request")
+		if !r.cancelIO(errRequestTimeout) {
+			r.answerTimeout(c) // routing: no I/O to wait for
+		}
+		return true
+	}
+	if !r.timedOut || r.state == Done || r.state == Releasing {
+		return false
+	}
+	gen := -1
+	switch m := msg.(type) {
+	case attemptResult:
+		gen = m.gen
+		if m.resp != nil {
+			m.resp.Body.Close()
+		}
+	case firstEvent:
+		gen = m.gen
+		if m.resp != nil && m.err == nil {
+			m.resp.Body.Close()
+		}
+	case bufferedResult:
+		gen = m.gen
+	case tokenized:
+		gen = m.gen
+	case prefilled:
+		gen = m.gen
+		if m.gen == r.gen && m.err == nil {
+			r.kvHandle, r.kvAddr = m.res.HandleID, r.picked.KVAddress
+		}
+	case relayResult:
+		if m.ended {
+			return false // the answer (or its error) went out before the timeout took effect
+		}
+		gen = m.gen
+	}
+	if gen != r.gen {
+		return gen >= 0 // a stale result: nothing to do
+	}
+	r.answerTimeout(c)
+	return true
+}
+
+// answerTimeout ends a request whose request_timeout fired: 504 upstream_timeout, not retried
+// (R14.1), the KV handle released on the way.
+func (r *requestActor) answerTimeout(c actor.Context) {
+	r.endIO()
+	r.releaseAll(c.Send)
+	code := statusClientGone
+	if r.x.Ctx.Err() == nil {
+		h := r.x.W.Header()
+		for k := range h {
+			if k != "X-Request-Id" {
+				h.Del(k) // engine headers copied for an answer that never came
+			}
+		}
+		code = r.d.Errors.Error(r.x.W, fmt.Errorf("the engine did not answer within %v: %w", r.requestTimeout(), errs.ErrUpstreamTimeout))
+	}
+	if r.kvHandle != "" && r.state != Routing && r.state != Tokenizing {
+		r.code = code
+		r.become(Releasing, r.stepReleasing)
+		r.releaseKV(c)
+		return
+	}
+	r.releaseKVAsync()
+	r.finish(c, code)
+}
+
+// isSSE reports whether an engine answer is an event stream.
+func isSSE(resp *http.Response) bool {
+	return strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
+}
+
+// maxFirstEvent bounds what is read ahead before the first event is complete (R14.4's event
+// bound): an event larger than this is handed to the relay, which ends it.
+const maxFirstEvent = 1 << 20
+
+// readFirstEvent reads resp's body up to the end of its first event. An error (a reset, the
+// I/O cancelled by a timeout, or the end of the stream before one whole event) is a failure
+// before the first byte.
+func readFirstEvent(gen int, resp *http.Response) firstEvent {
+	var buf []byte
+	chunk := make([]byte, 4<<10)
+	for {
+		n, err := resp.Body.Read(chunk)
+		buf = append(buf, chunk[:n]...)
+		if hasEventEnd(buf) || len(buf) >= maxFirstEvent {
+			return firstEvent{gen: gen, resp: resp, prefix: buf}
+		}
+		if err == io.EOF {
+			err = errNoFirstEvent
+		}
+		if err != nil {
+			resp.Body.Close()
+			return firstEvent{gen: gen, resp: resp, err: err}
+		}
+	}
+}
+
+func hasEventEnd(b []byte) bool {
+	return bytes.Contains(b, []byte("\n\n")) || bytes.Contains(b, []byte("\r\n\r\n")) || bytes.Contains(b, []byte("\r\r"))
+}
+
+// withFirstEvent is resp with the already read first event put back in front of its body, and
+// the body bounded by stream_idle_timeout between events.
+func (r *requestActor) withFirstEvent(resp *http.Response, prefix []byte) *http.Response {
+	out := *resp
+	out.Body = r.newIdleBody(io.MultiReader(bytes.NewReader(prefix), resp.Body), resp.Body)
+	return &out
+}
+
+// idleBody ends a relayed stream when no event has completed for d (R14.1): the engine's body
+// is closed, the relay's read fails with errStreamIdle, and the client gets the R6 error event.
+type idleBody struct {
+	r      io.Reader
+	closer io.Closer
+	clk    clock.Clock
+	d      time.Duration
+	onIdle func() // counts the timeout (metrics); may be nil
+
+	mu    sync.Mutex
+	timer clock.Timer
+	tail  [3]byte // the last bytes read, to see an event end split between two reads
+	ntail int
+	idle  atomic.Bool
+}
+
+func newIdleBody(r io.Reader, closer io.Closer, clk clock.Clock, d time.Duration, onIdle func()) *idleBody {
+	b := &idleBody{r: r, closer: closer, clk: clk, d: d, onIdle: onIdle}
+	b.reset()
+	return b
+}
+
+// newIdleBody bounds a relayed stream by the actor's stream_idle_timeout.
+func (r *requestActor) newIdleBody(rd io.Reader, closer io.Closer) *idleBody {
+	route, metrics := r.route, r.d.Metrics
+	return newIdleBody(rd, closer, r.clock(), r.idleTimeout(), func() { metrics.timeout(route, "stream_idle") })
+}
+
+func (b *idleBody) reset() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.timer != nil {
+		b.timer.Stop()
+	}
+	b.timer = b.clk.AfterFunc(b.d, func() {
+		if b.idle.Swap(true) {
+			return
+		}
+		if b.onIdle != nil {
+			b.onIdle()
+		}
+		go b.closer.Close() // Close may wait for the connection; the timer must not
+	})
+}
+
+func (b *idleBody) Read(p []byte) (int, error) {
+	if b.idle.Load() {
+		return 0, errStreamIdle
+	}
+	n, err := b.r.Read(p)
+	if n > 0 {
+		// An event end inside this read, or split between the last read and this one.
+		var joint [6]byte
+		k := copy(joint[:], b.tail[:b.ntail])
+		k += copy(joint[k:], p[:min(n, 3)])
+		if hasEventEnd(p[:n]) || hasEventEnd(joint[:k]) {
+			b.reset()
+		}
+		if n >= len(b.tail) {
+			b.ntail = copy(b.tail[:], p[n-len(b.tail):n])
+		} else {
+			keep := min(b.ntail, len(b.tail)-n)
+			copy(b.tail[:keep], b.tail[b.ntail-keep:b.ntail])
+			b.ntail = keep + copy(b.tail[keep:], p[:n])
+		}
+	}
+	if err != nil && err != io.EOF && b.idle.Load() {
+		return n, errStreamIdle
+	}
+	return n, err
+}
+
+func (b *idleBody) Close() error {
+	b.mu.Lock()
+	if b.timer != nil {
+		b.timer.Stop()
+	}
+	b.mu.Unlock()
+	return b.closer.Close()
+}
+
+// withClockTimeout is ctx cancelled with cause once d has passed on clk.
+func withClockTimeout(ctx context.Context, clk clock.Clock, d time.Duration, cause error) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	t := clk.AfterFunc(d, func() { cancel(cause) })
+	return ctx, func() { t.Stop(); cancel(nil) }
+}
+
+// controlErr names control_timeout when it is what ended a control call.
+func controlErr(ctx context.Context, err error) error {
+	if err != nil && errors.Is(context.Cause(ctx), errControlTimeout) {
+		return fmt.Errorf("%w: %v", errControlTimeout, err)
+	}
+	return err
+}
