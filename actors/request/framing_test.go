@@ -51,9 +51,9 @@ func FuzzEventFraming(f *testing.F) {
 	f.Add([]byte("data: partial"), uint8(1))
 	f.Add([]byte("\n\n\r\n\r\r"), uint8(2))
 	f.Fuzz(func(t *testing.T, stream []byte, step uint8) {
-		if len(stream) > maxEventBytes {
-			t.Skip("no event of a stream this short can be over the bound")
-		}
+		// The property is about events within the bound (the bound has its own tests): a
+		// longer input is cut to the bound, so no event in it can exceed it.
+		stream = stream[:min(len(stream), maxEventBytes)]
 		size := int(step%17) + 1
 		var chunks [][]byte
 		for i := 0; i < len(stream); i += size {
