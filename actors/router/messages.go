@@ -78,8 +78,42 @@ type Acquire struct {
 }
 
 // Release ends the in-flight request of Ticket. A ticket the worker does not hold (already
-// released, or released because its requester stopped) changes nothing.
-type Release struct{ Ticket uint64 }
+// released, or released because its requester stopped) changes nothing. Outcome is what the
+// attempt on this worker came to (R14.2): the worker counts consecutive failures from it.
+type Release struct {
+	Ticket  uint64
+	Outcome Outcome
+}
+
+// Outcome is the requester's verdict on one worker's part of a request (R14.2 outlier
+// detection). A failure is refused, reset, timeout or 5xx before the first byte, or an
+// interrupted stream; a success resets the worker's failure streak; OutcomeNone says nothing
+// about the worker (the client left, the router's pick was given back unused, a cascade
+// step's answer was judged and escalated).
+type Outcome uint8
+
+// The outcomes. Their names are the reason label of tlgw_outlier_ejections_total.
+const (
+	OutcomeNone        Outcome = iota
+	OutcomeSuccess             // the engine answered below 500 (a stream: its first event) and was not cut
+	OutcomeRefused             // the connection was refused (or could not be made)
+	OutcomeReset               // the connection broke before the answer's first byte
+	OutcomeTimeout             // a timeout (R14.1) fired before the first byte
+	Outcome5xx                 // the engine answered 5xx
+	OutcomeInterrupted         // a committed answer was cut by the engine
+)
+
+var outcomeNames = [...]string{"none", "success", "refused", "reset", "timeout", "5xx", "interrupted"}
+
+func (o Outcome) String() string {
+	if int(o) < len(outcomeNames) {
+		return outcomeNames[o]
+	}
+	return "unknown"
+}
+
+// Failed reports whether o counts as a failure of the worker.
+func (o Outcome) Failed() bool { return o > OutcomeSuccess && int(o) < len(outcomeNames) }
 
 // IgnoreDeadLetterLogging keeps a Release to an evicted worker out of the dead-letter log:
 // such a request was on its way to an engine the gateway no longer tracks.
@@ -88,11 +122,14 @@ func (Release) IgnoreDeadLetterLogging() {}
 // IgnoreDeadLetterLogging implements actor.IgnoreDeadLetterLogging.
 func (Acquire) IgnoreDeadLetterLogging() {}
 
-// LoadReport is a worker's in-flight change after a Release.
+// LoadReport is a worker's in-flight change after a Release. Eject, when not OutcomeNone, is
+// the last failure of a streak of consecutive_failures (R14.2): the worker asks the router to
+// eject it (the router decides: never more than max_ejected_percent of a model's workers).
 type LoadReport struct {
 	ID       string
 	InFlight int64
 	AcqSeen  uint64
+	Eject    Outcome
 }
 
 // LastStep asks for a cascade route's last step (streams go straight there, R7).
