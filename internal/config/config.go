@@ -85,9 +85,20 @@ type Gateway struct {
 	StreamIdleTimeout      time.Duration // stream_idle_timeout: between a stream's events, > 0
 	ControlTimeout         time.Duration // control_timeout: tokenize, Prefill, Release, > 0
 	RetryBudgetPercent     float64       // retry_budget_percent: failovers at once ≤ max(3, this % of in-flight requests)
+	Outlier                Outlier       // [gateway.outlier] (R14.2)
 	Routes                 []Route       // [[gateway.routes]], normalized (NormalizeRoutes); nil when none
 	// StaticWorkers are [[gateway.static_workers]], normalized (NormalizeStaticWorkers).
 	StaticWorkers []StaticWorker
+}
+
+// Outlier is [gateway.outlier] (R14.2): a worker that fails ConsecutiveFailures times in a row
+// is ejected (not routable) for BaseEjection × 2^(ejections−1), at most MaxEjection; never more
+// than MaxEjectedPercent of a model's live workers at once, and at least one stays routable.
+type Outlier struct {
+	ConsecutiveFailures int           // consecutive_failures: ≥ 0; 0 = ejection off
+	BaseEjection        time.Duration // base_ejection: > 0
+	MaxEjection         time.Duration // max_ejection: ≥ base_ejection
+	MaxEjectedPercent   float64       // max_ejected_percent: 0–100
 }
 
 // Auth is the [auth] table. With no keys the gateway serves without auth.
@@ -232,6 +243,12 @@ func Default() *Config {
 			StreamIdleTimeout:      60 * time.Second,
 			ControlTimeout:         30 * time.Second,
 			RetryBudgetPercent:     20,
+			Outlier: Outlier{
+				ConsecutiveFailures: 5,
+				BaseEjection:        30 * time.Second,
+				MaxEjection:         5 * time.Minute,
+				MaxEjectedPercent:   50,
+			},
 		},
 		Admission: defaultAdmission(),
 		Registry:  defaultRegistry(),

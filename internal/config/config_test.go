@@ -142,6 +142,12 @@ request_timeout = "2m"
 stream_idle_timeout = "3s"
 control_timeout = "4s"
 retry_budget_percent = 12.5
+
+[gateway.outlier]
+consecutive_failures = 2
+base_ejection = "10s"
+max_ejection = "40s"
+max_ejected_percent = 34
 `
 	cfg, err := Parse([]byte(src), env(nil))
 	if err != nil {
@@ -169,6 +175,8 @@ retry_budget_percent = 12.5
 		StreamIdleTimeout:      3 * time.Second,
 		ControlTimeout:         4 * time.Second,
 		RetryBudgetPercent:     12.5,
+		// R14.2
+		Outlier: Outlier{ConsecutiveFailures: 2, BaseEjection: 10 * time.Second, MaxEjection: 40 * time.Second, MaxEjectedPercent: 34},
 	}
 	if diff := cmp.Diff(want, cfg.Gateway); diff != "" {
 		t.Fatalf("(-want +got):\n%s", diff)
@@ -199,6 +207,11 @@ func TestParseErrors(t *testing.T) {
 		{"zero control_timeout", "[gateway]\ncontrol_timeout = \"0s\"\n", nil, "gateway.control_timeout", "must be > 0"},
 		{"retry_budget_percent over 100", "[gateway]\nretry_budget_percent = 150\n", nil, "gateway.retry_budget_percent", ""},
 		{"negative retry_budget_percent", "[gateway]\nretry_budget_percent = -1\n", nil, "gateway.retry_budget_percent", ""},
+		{"negative consecutive_failures", "[gateway.outlier]\nconsecutive_failures = -1\n", nil, "gateway.outlier.consecutive_failures", ""},
+		{"zero base_ejection", "[gateway.outlier]\nbase_ejection = \"0s\"\n", nil, "gateway.outlier.base_ejection", ""},
+		{"max_ejection under base", "[gateway.outlier]\nbase_ejection = \"1m\"\nmax_ejection = \"30s\"\n", nil, "gateway.outlier.max_ejection", "at least base_ejection"},
+		{"max_ejected_percent over 100", "[gateway.outlier]\nmax_ejected_percent = 101\n", nil, "gateway.outlier.max_ejected_percent", ""},
+		{"unknown outlier key", "[gateway.outlier]\nintervall = \"1s\"\n", nil, "gateway.outlier.intervall", "unknown key"},
 		{"allow_unauthenticated type", "[gateway]\nallow_unauthenticated = \"yes\"\n", nil, "gateway.allow_unauthenticated", "must be a boolean"},
 		{"quoted unknown key", "[gateway]\n\"a.b\" = 1\n", nil, `gateway."a.b"`, "unknown key"},
 		{"unknown route key", "[[gateway.routes]]\nmodel = \"m\"\nweight = 1\n", nil, "gateway.routes[0].weight", "unknown key"},
@@ -472,7 +485,10 @@ func TestSchemaDefaults(t *testing.T) {
 		Properties struct {
 			Gateway struct {
 				Properties map[string]struct {
-					Default any `json:"default"`
+					Default    any `json:"default"`
+					Properties map[string]struct {
+						Default any `json:"default"`
+					} `json:"properties"`
 				} `json:"properties"`
 			} `json:"gateway"`
 		} `json:"properties"`
@@ -482,36 +498,49 @@ func TestSchemaDefaults(t *testing.T) {
 	}
 	g := Default().Gateway
 	want := map[string]any{
-		"http_listen":               g.HTTPListen,
-		"registry_listen":           g.RegistryListen,
-		"route_policy":              g.RoutePolicy,
-		"affinity_load_factor":      g.AffinityLoadFactor,
-		"heartbeat_interval":        g.HeartbeatInterval.String(),
-		"heartbeat_miss_limit":      float64(g.HeartbeatMissLimit),
-		"max_attempts":              float64(g.MaxAttempts),
-		"max_body_bytes":            float64(g.MaxBodyBytes),
-		"shutdown_grace":            g.ShutdownGrace.String(),
-		"allow_unauthenticated":     g.AllowUnauthenticated,
-		"max_in_flight":             float64(g.MaxInFlight),
-		"idle_timeout":              g.IdleTimeout.String(),
-		"body_read_timeout":         g.BodyReadTimeout.String(),
-		"client_write_timeout":      g.ClientWriteTimeout.String(),
-		"stream_first_byte_timeout": g.StreamFirstByteTimeout.String(),
-		"request_timeout":           g.RequestTimeout.String(),
-		"stream_idle_timeout":       g.StreamIdleTimeout.String(),
-		"control_timeout":           g.ControlTimeout.String(),
-		"retry_budget_percent":      g.RetryBudgetPercent,
-		"routes":                    []any{},
-		"static_workers":            []any{},
+		"http_listen":                  g.HTTPListen,
+		"registry_listen":              g.RegistryListen,
+		"route_policy":                 g.RoutePolicy,
+		"affinity_load_factor":         g.AffinityLoadFactor,
+		"heartbeat_interval":           g.HeartbeatInterval.String(),
+		"heartbeat_miss_limit":         float64(g.HeartbeatMissLimit),
+		"max_attempts":                 float64(g.MaxAttempts),
+		"max_body_bytes":               float64(g.MaxBodyBytes),
+		"shutdown_grace":               g.ShutdownGrace.String(),
+		"allow_unauthenticated":        g.AllowUnauthenticated,
+		"max_in_flight":                float64(g.MaxInFlight),
+		"idle_timeout":                 g.IdleTimeout.String(),
+		"body_read_timeout":            g.BodyReadTimeout.String(),
+		"client_write_timeout":         g.ClientWriteTimeout.String(),
+		"stream_first_byte_timeout":    g.StreamFirstByteTimeout.String(),
+		"request_timeout":              g.RequestTimeout.String(),
+		"stream_idle_timeout":          g.StreamIdleTimeout.String(),
+		"control_timeout":              g.ControlTimeout.String(),
+		"retry_budget_percent":         g.RetryBudgetPercent,
+		"outlier.consecutive_failures": float64(g.Outlier.ConsecutiveFailures),
+		"outlier.base_ejection":        g.Outlier.BaseEjection.String(),
+		"outlier.max_ejection":         g.Outlier.MaxEjection.String(),
+		"outlier.max_ejected_percent":  g.Outlier.MaxEjectedPercent,
+		"routes":                       []any{},
+		"static_workers":               []any{},
 	}
 	got := make(map[string]any)
-	for name, p := range schema.Properties.Gateway.Properties {
-		got[name] = p.Default
-		if s, ok := p.Default.(string); ok {
+	put := func(name string, def any) {
+		got[name] = def
+		if s, ok := def.(string); ok {
 			if d, err := time.ParseDuration(s); err == nil {
 				got[name] = d.String() // "120s" in the schema is Default()'s 2m0s
 			}
 		}
+	}
+	for name, p := range schema.Properties.Gateway.Properties {
+		if p.Properties != nil {
+			for sub, sp := range p.Properties {
+				put(name+"."+sub, sp.Default)
+			}
+			continue
+		}
+		put(name, p.Default)
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Fatalf("schema defaults differ from Default() (-Default +schema):\n%s", diff)
