@@ -45,6 +45,9 @@ type Config struct {
 	// OnEvict, when set, is told each worker the registry evicts (on the registry's goroutine;
 	// it must return at once).
 	OnEvict func(router.WorkerInfo)
+	// Outlier is [gateway.outlier] (R14.2): the workers count failure streaks, the router ejects.
+	// The zero value turns ejection off.
+	Outlier config.Outlier
 }
 
 // Gateway is the running actor tree.
@@ -90,6 +93,7 @@ func Start(cfg Config) (*Gateway, error) {
 		Policy: cfg.Policy, LoadFactor: cfg.LoadFactor, Routes: cfg.Routes,
 		Metrics: cfg.RouterMetrics, Logger: cfg.Logger.With("actor", "router"),
 		Admission: cfg.Admission, Clock: cfg.Clock, PrefixIndexBlocks: cfg.PrefixIndexBlocks,
+		Outlier: cfg.Outlier,
 	}, opts("router")...)
 	if err != nil {
 		return nil, err
@@ -115,6 +119,7 @@ func Start(cfg Config) (*Gateway, error) {
 				TTL:           time.Duration(cfg.MissLimit) * cfg.HeartbeatInterval,
 				Logger:        cfg.Logger.With("actor", "registry"),
 				WorkerOptions: opts("worker"), MaxWorkers: cfg.MaxWorkers, OnEvict: cfg.OnEvict,
+				ConsecutiveFailures: cfg.Outlier.ConsecutiveFailures,
 			}, opts("registry")...), "registry")
 			regPID = reg
 			ready <- started{router: rt, registry: reg, err: err}

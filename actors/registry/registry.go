@@ -89,6 +89,8 @@ type Config struct {
 	// MaxWorkers caps the registered workers ([registry] max_workers); a heartbeat of a new id
 	// beyond it is refused, an existing id still heartbeats. 0 = no cap.
 	MaxWorkers int
+	// ConsecutiveFailures is handed to every worker actor (R14.2; 0 = ejection off).
+	ConsecutiveFailures int
 }
 
 type entry struct {
@@ -192,6 +194,7 @@ func (st *state) heartbeat(c actor.Context, m *Heartbeat) *Ack {
 		e = &entry{info: info, sent: 1, cred: m.Credential}
 		props := worker.Props(worker.Config{
 			Clock: st.cfg.Clock, Router: st.cfg.Router, Registry: c.Self(), TTL: ttl,
+			ConsecutiveFailures: st.cfg.ConsecutiveFailures,
 		}, worker.Status{Info: info, Seq: 1, TTL: ttl}, append([]actor.PropsOption{
 			actor.WithGuardian(actor.RestartingSupervisorStrategy()),
 		}, st.cfg.WorkerOptions...)...)

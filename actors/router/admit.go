@@ -334,7 +334,7 @@ func (h host) ArmTimer(at time.Time) {
 		a.timer.Stop()
 	}
 	a.armed = at
-	a.timer = h.fx.tickAfter(at.Sub(now))
+	a.timer = h.fx.after(at.Sub(now), admTick{})
 }
 
 // admissionMetrics are the queue's series (R11).

@@ -23,7 +23,7 @@ type rig struct {
 	clk     *clock.Fake
 	st      *state
 	sender  *actor.PID
-	ticks   int              // admTicks due, delivered after the message at hand
+	due     []any            // timer messages due (admTicks, ejection ends), delivered after the message at hand
 	inbox   map[string][]any // messages sent to each requester (by actor id)
 	workers map[string]*fakeWorker
 	watched map[string]bool // actors the router watches
@@ -90,18 +90,24 @@ func (r *rig) send(to *actor.PID, msg any) {
 
 func (r *rig) watch(pid *actor.PID) { r.watched[pid.Id] = true }
 
-func (r *rig) tickAfter(d time.Duration) clock.Timer {
-	return r.clk.AfterFunc(d, func() { r.ticks++ })
+func (r *rig) after(d time.Duration, msg any) clock.Timer {
+	return r.clk.AfterFunc(d, func() { r.due = append(r.due, msg) })
 }
 
-// deliver hands the router one message from `from`, then the ticks that fell due.
+// deliver hands the router one message from `from`, then the timer messages that fell due.
 func (r *rig) deliver(from *actor.PID, msg any) {
 	r.sender = from
 	r.handle(msg)
-	for r.ticks > 0 {
-		r.ticks--
+	r.flushDue()
+}
+
+// flushDue delivers the timer messages that fell due, in order.
+func (r *rig) flushDue() {
+	for len(r.due) > 0 {
+		msg := r.due[0]
+		r.due = r.due[1:]
 		r.sender = nil
-		r.handle(admTick{})
+		r.handle(msg)
 	}
 }
 
@@ -116,11 +122,7 @@ func (r *rig) handle(msg any) {
 // advance moves the clock and delivers the router's ticks.
 func (r *rig) advance(d time.Duration) {
 	r.clk.Advance(d)
-	for r.ticks > 0 {
-		r.ticks--
-		r.sender = nil
-		r.handle(admTick{})
-	}
+	r.flushDue()
 }
 
 // workerPID is the actor of worker id's current registration (a new one after each leave).

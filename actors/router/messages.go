@@ -223,6 +223,10 @@ type WorkerView struct {
 	Info     WorkerInfo
 	InFlight int64
 	Routable bool
+	// EjectedUntil and EjectionReason describe an outlier ejection in force (R14.2): zero and
+	// "" when the worker is not ejected. The reason is an Outcome's name.
+	EjectedUntil   time.Time
+	EjectionReason string
 }
 
 // WorkerList answers ListWorkers; workers are sorted by id.

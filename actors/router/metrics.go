@@ -10,6 +10,7 @@ import (
 type Metrics struct {
 	decisions *prometheus.CounterVec
 	workers   *prometheus.GaugeVec
+	ejections *prometheus.CounterVec
 	admission admissionMetrics
 }
 
@@ -22,13 +23,17 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"policy", "reason"}),
 		workers: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "tlgw_workers",
-			Help: "Registered workers by state: routable, draining (engine-reported), drained (admin).",
+			Help: "Registered workers by state: routable, draining (engine-reported), drained (admin), ejected (outlier detection).",
 		}, []string{"state"}),
+		ejections: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tlgw_outlier_ejections_total",
+			Help: "Workers ejected by outlier detection (R14.2), by the failure that ended the streak: refused, reset, timeout, 5xx, interrupted.",
+		}, []string{"reason"}),
 	}
 	m.admission = newAdmissionMetrics()
 	if reg != nil {
 		a := m.admission
-		reg.MustRegister(m.decisions, m.workers, a.queueLength, a.queueWait, a.gateDecisions, a.queueRejections)
+		reg.MustRegister(m.decisions, m.workers, m.ejections, a.queueLength, a.queueWait, a.gateDecisions, a.queueRejections)
 	}
 	return m
 }
@@ -39,6 +44,7 @@ const (
 	stateRoutable = "routable"
 	stateDraining = "draining"
 	stateDrained  = "drained"
+	stateEjected  = "ejected"
 )
 
 // decisionCounters caches the counter of every reason for one policy, so a pick does no label
@@ -61,5 +67,6 @@ func (m *Metrics) workerGauges() map[string]prometheus.Gauge {
 		stateRoutable: m.workers.WithLabelValues(stateRoutable),
 		stateDraining: m.workers.WithLabelValues(stateDraining),
 		stateDrained:  m.workers.WithLabelValues(stateDrained),
+		stateEjected:  m.workers.WithLabelValues(stateEjected),
 	}
 }

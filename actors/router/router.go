@@ -31,6 +31,10 @@ type Config struct {
 	// PrefixIndexBlocks turns the approximate prefix index on (chunk hashes remembered per
 	// worker); 0 = off.
 	PrefixIndexBlocks int
+	// Outlier is [gateway.outlier] (R14.2): how long a worker whose failure streak asked for an
+	// ejection is kept out of its pool, and how many of a model's workers may be out at once.
+	// The workers count the streaks (ConsecutiveFailures is theirs); 0 there turns it off.
+	Outlier config.Outlier
 }
 
 // state survives restarts of the router actor: a panic while handling one message must not
@@ -50,12 +54,12 @@ func newState(cfg Config) *state {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	st := &state{log: cfg.Logger, table: newRouteTable(cfg.Routes), view: newWorkerView(cfg)}
+	clk := cfg.Clock
+	if clk == nil {
+		clk = clock.Real{}
+	}
+	st := &state{log: cfg.Logger, table: newRouteTable(cfg.Routes), view: newWorkerView(cfg, clk)}
 	if cfg.Admission != nil {
-		clk := cfg.Clock
-		if clk == nil {
-			clk = clock.Real{}
-		}
 		st.adm = newAdmitter(cfg.Admission, clk, cfg.Metrics.admission, st.view)
 	}
 	return st
@@ -77,10 +81,10 @@ func Props(cfg Config, opts ...actor.PropsOption) (*actor.Props, error) {
 // effects is how the router's logic reaches other actors: the actor's context in production,
 // a recorder in tests that drive the logic without an actor system.
 type effects interface {
-	respond(msg any)                       // to the sender of the message at hand
-	send(to *actor.PID, msg any)           // to any actor
-	watch(pid *actor.PID)                  // *actor.Terminated arrives when pid stops
-	tickAfter(d time.Duration) clock.Timer // an admTick arrives after d on the clock
+	respond(msg any)                            // to the sender of the message at hand
+	send(to *actor.PID, msg any)                // to any actor
+	watch(pid *actor.PID)                       // *actor.Terminated arrives when pid stops
+	after(d time.Duration, msg any) clock.Timer // msg arrives at the router after d on the clock
 }
 
 type routerActor struct {
@@ -97,9 +101,9 @@ type ctxEffects struct {
 func (e ctxEffects) respond(msg any)             { e.c.Respond(msg) }
 func (e ctxEffects) send(to *actor.PID, msg any) { e.c.Send(to, msg) }
 func (e ctxEffects) watch(pid *actor.PID)        { e.c.Watch(pid) }
-func (e ctxEffects) tickAfter(d time.Duration) clock.Timer {
+func (e ctxEffects) after(d time.Duration, msg any) clock.Timer {
 	self, root := e.c.Self(), e.c.ActorSystem().Root
-	return e.clock.AfterFunc(d, func() { root.Send(self, admTick{}) })
+	return e.clock.AfterFunc(d, func() { root.Send(self, msg) })
 }
 
 // Receive handles the router's messages.
@@ -123,6 +127,22 @@ func (st *state) handle(msg any, fx effects) {
 	case *LoadReport:
 		if st.view.loadReport(m) {
 			st.adm.wakeCapacity(fx)
+		}
+		if m.Eject != OutcomeNone {
+			// Out of its pool: nothing queued can gain, so no wake.
+			if st.view.eject(m.ID, m.Eject, fx) {
+				s := st.view.slots[m.ID]
+				st.log.Warn("worker ejected by outlier detection", "worker", m.ID, "reason", m.Eject.String(),
+					"until", s.ej.until, "ejections_in_run", s.ej.runs)
+			} else {
+				st.log.Info("outlier ejection not applied (already ejected, or the model's ejection caps)",
+					"worker", m.ID, "reason", m.Eject.String())
+			}
+		}
+	case ejectionOver:
+		if st.view.ejectionOver(m) {
+			st.log.Info("worker back from its outlier ejection", "worker", m.id)
+			st.adm.wakeAll(fx)
 		}
 	case *WorkerState:
 		if st.view.workerState(m, fx) {

@@ -8,6 +8,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tlgw/tlgw/actors/router/policy"
+	"github.com/tlgw/tlgw/internal/clock"
+	"github.com/tlgw/tlgw/internal/config"
 	"github.com/tlgw/tlgw/internal/prefixindex"
 )
 
@@ -26,6 +28,7 @@ type slot struct {
 	member   policy.Member
 	pool     *pool // the pool the member is in while routable, else nil
 	state    string
+	ej       ejection // R14.2 (outlier.go)
 }
 
 func (s *slot) inFlight() int64 { return s.reported + int64(s.acqSent-s.acqSeen) }
@@ -33,13 +36,15 @@ func (s *slot) inFlight() int64 { return s.reported + int64(s.acqSent-s.acqSeen)
 func (s *slot) load() int64 { return s.inFlight() + s.info.QueueDepth }
 
 func (s *slot) routable() bool {
-	return s.live && !s.info.Draining && !s.info.AdminDrained
+	return s.live && !s.info.Draining && !s.info.AdminDrained && !s.ej.on
 }
 
 func (s *slot) stateName() string {
 	switch {
 	case !s.live:
 		return stateNone
+	case s.ej.on:
+		return stateEjected
 	case s.info.AdminDrained:
 		return stateDrained
 	case s.info.Draining:
@@ -92,11 +97,17 @@ type workerView struct {
 	pidx        *prefixindex.Index
 	scoreHashes []uint64
 	scoreFn     func(id string) int
+	// Outlier ejection (R14.2, outlier.go).
+	clk       clock.Clock
+	outlier   config.Outlier
+	ejections *prometheus.CounterVec
+	ejectSeq  uint64 // numbers ejections, so a stale end is ignored
 }
 
-func newWorkerView(cfg Config) *workerView {
+func newWorkerView(cfg Config, clk clock.Clock) *workerView {
 	v := &workerView{
 		policy: cfg.Policy, loadFactor: cfg.LoadFactor,
+		clk: clk, outlier: cfg.Outlier, ejections: cfg.Metrics.ejections,
 		slots:     make(map[string]*slot),
 		byPID:     make(map[string]*slot),
 		pools:     make(map[poolKey]*pool),
@@ -310,6 +321,7 @@ func (v *workerView) setState(s *slot, name string) {
 }
 
 func (v *workerView) remove(s *slot) {
+	s.ej.stop()
 	v.leavePool(s)
 	v.setState(s, stateNone)
 	if s.live {
@@ -346,7 +358,11 @@ func (v *workerView) list(epoch uint64) *WorkerList {
 		if !s.live {
 			continue // evicted (R1): no longer listed
 		}
-		out.Workers = append(out.Workers, WorkerView{Info: s.info, InFlight: s.inFlight(), Routable: s.routable()})
+		wv := WorkerView{Info: s.info, InFlight: s.inFlight(), Routable: s.routable()}
+		if s.ej.on {
+			wv.EjectedUntil, wv.EjectionReason = s.ej.until, s.ej.reason.String()
+		}
+		out.Workers = append(out.Workers, wv)
 	}
 	slices.SortFunc(out.Workers, func(a, b WorkerView) int { return cmp.Compare(a.Info.ID, b.Info.ID) })
 	return out

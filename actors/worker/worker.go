@@ -44,6 +44,9 @@ type Config struct {
 	Registry *actor.PID
 	// TTL is k·T (R1): the worker is live while now − last heartbeat < TTL.
 	TTL time.Duration
+	// ConsecutiveFailures is [gateway.outlier] consecutive_failures (R14.2): a streak of this
+	// many failed attempts asks the router to eject the worker. 0 = ejection off.
+	ConsecutiveFailures int
 }
 
 // state survives restarts: the producer hands the same state to every incarnation, so a
@@ -55,6 +58,7 @@ type state struct {
 	live    bool
 	holds   holds
 	acqSeen uint64
+	streak  int // failed attempts in a row (R14.2); a success or an ejection request resets it
 	gen     uint64
 	timer   clock.Timer
 }
@@ -93,13 +97,13 @@ func (w *workerActor) Receive(c actor.Context) {
 		}
 	case *router.Release:
 		if st.holds.release(m.Ticket) {
-			w.loadReport(c)
+			w.loadReport(c, st.judge(m.Outcome))
 		}
 	case *actor.Terminated:
 		// A requester stopped with holds left (it crashed, or its Release is still behind
 		// this system message): they end now.
 		if st.holds.stopped(m.Who) > 0 {
-			w.loadReport(c)
+			w.loadReport(c, router.OutcomeNone)
 		}
 	case *ScrapeError:
 		if st.info.ScrapeError != m.Reason {
@@ -151,7 +155,24 @@ func (w *workerActor) report(c actor.Context) {
 	})
 }
 
-func (w *workerActor) loadReport(c actor.Context) {
+func (w *workerActor) loadReport(c actor.Context, eject router.Outcome) {
 	st := w.st
-	c.Send(st.cfg.Router, &router.LoadReport{ID: st.info.ID, InFlight: st.holds.count(), AcqSeen: st.acqSeen})
+	c.Send(st.cfg.Router, &router.LoadReport{ID: st.info.ID, InFlight: st.holds.count(), AcqSeen: st.acqSeen, Eject: eject})
+}
+
+// judge counts one attempt's outcome in the failure streak (R14.2). When the streak reaches
+// consecutive_failures it returns the last failure (the report asks the router to eject the
+// worker) and starts again: the router may refuse (max_ejected_percent), and the next request
+// then takes another full streak. Otherwise it returns OutcomeNone.
+func (st *state) judge(o router.Outcome) router.Outcome {
+	switch {
+	case o == router.OutcomeSuccess:
+		st.streak = 0
+	case o.Failed() && st.cfg.ConsecutiveFailures > 0:
+		if st.streak++; st.streak >= st.cfg.ConsecutiveFailures {
+			st.streak = 0
+			return o
+		}
+	}
+	return router.OutcomeNone
 }

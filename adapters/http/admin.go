@@ -28,9 +28,12 @@ type workerJSON struct {
 	Draining      bool          `json:"draining"`
 	Drained       bool          `json:"drained"`
 	Routable      bool          `json:"routable"`
-	LastHeartbeat time.Time     `json:"last_heartbeat"`
-	Static        bool          `json:"static,omitempty"`
-	ScrapeError   string        `json:"scrape_error,omitempty"`
+	// R14.2: an outlier ejection in force (null and "" when none).
+	EjectedUntil   *time.Time `json:"ejected_until"`
+	EjectionReason string     `json:"ejection_reason"`
+	LastHeartbeat  time.Time  `json:"last_heartbeat"`
+	Static         bool       `json:"static,omitempty"`
+	ScrapeError    string     `json:"scrape_error,omitempty"`
 }
 
 type addressesJSON struct {
@@ -51,7 +54,13 @@ func (s *Server) listWorkers(w http.ResponseWriter, _ *http.Request) {
 	}{Epoch: list.Epoch, Workers: make([]workerJSON, 0, len(list.Workers))}
 	for _, v := range list.Workers {
 		in := v.Info
+		var until *time.Time
+		if !v.EjectedUntil.IsZero() {
+			u := v.EjectedUntil.UTC()
+			until = &u
+		}
 		out.Workers = append(out.Workers, workerJSON{
+			EjectedUntil: until, EjectionReason: v.EjectionReason,
 			ID: in.ID, Role: in.Role.String(), Model: in.Model,
 			Addresses:  addressesJSON{HTTP: in.HTTPAddress, GRPC: in.GRPCAddress, KV: in.KVAddress},
 			QueueDepth: in.QueueDepth, Running: in.Running, InFlight: v.InFlight,

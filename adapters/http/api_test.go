@@ -149,7 +149,8 @@ func TestAdminRoutesWorkersDrain(t *testing.T) {
 	if workers.Epoch != 1 || len(workers.Workers) != 2 || workers.Workers[0].ID != "w1" ||
 		!workers.Workers[0].Routable || workers.Workers[0].Role != "unified" ||
 		workers.Workers[0].Addresses.HTTP != e.addr() || workers.Workers[0].KVTotalBlocks != 1024 ||
-		workers.Workers[0].LastHeartbeat != "2026-01-01T00:00:00Z" {
+		workers.Workers[0].LastHeartbeat != "2026-01-01T00:00:00Z" ||
+		!strings.Contains(string(b), `"ejected_until":null,"ejection_reason":""`) {
 		t.Fatalf("workers = %s", b)
 	}
 	// Scopes: an inference key may not use the admin API; no key is 401.

@@ -84,6 +84,7 @@ func Start(cfg *config.Config, o Options) (*App, error) {
 	engines := grpcapi.NewEngines()
 	gw, err := gateway.Start(gateway.Config{
 		Admission: admCfg, PrefixIndexBlocks: prefixBlocks, MaxWorkers: cfg.Registry.MaxWorkers,
+		Outlier: g.Outlier,
 		// An evicted engine's gRPC connections are closed (R13.4): nothing dials it any more.
 		OnEvict: func(info router.WorkerInfo) { engines.Forget(info.GRPCAddress, info.KVAddress) },
 		Clock:   o.Clock, Policy: g.RoutePolicy, LoadFactor: g.AffinityLoadFactor, Routes: g.Routes,

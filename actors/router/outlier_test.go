@@ -1,0 +1,211 @@
+package router
+
+import (
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/tlgw/tlgw/internal/config"
+)
+
+var testOutlier = config.Outlier{ConsecutiveFailures: 5, BaseEjection: 30 * time.Second,
+	MaxEjection: 100 * time.Second, MaxEjectedPercent: 50}
+
+func outlierRig(t *testing.T, o config.Outlier) (*rig, *Metrics) {
+	m := NewMetrics(prometheus.NewRegistry())
+	return newRig(t, Config{Outlier: o, Metrics: m}), m
+}
+
+// askEject is worker id's report whose failure streak asks for an ejection.
+func (r *rig) askEject(id string, reason Outcome) {
+	w := r.workers[r.workerPID(id).Id]
+	r.deliver(w.pid, &LoadReport{ID: id, InFlight: int64(len(w.holds)), AcqSeen: w.acqSeen, Eject: reason})
+}
+
+func (r *rig) row(t *testing.T, id string) WorkerView {
+	t.Helper()
+	for _, w := range r.st.view.list(0).Workers {
+		if w.Info.ID == id {
+			return w
+		}
+	}
+	t.Fatalf("worker %s is not listed", id)
+	return WorkerView{}
+}
+
+// picksOf makes n picks of model, releasing each at once, and counts them per worker.
+func (r *rig) picksOf(t *testing.T, model string, n int) map[string]int {
+	t.Helper()
+	out := map[string]int{}
+	q := r.newRequester()
+	for range n {
+		p := r.st.pick(&Pick{Model: model, RequestID: "x", Requester: q.pid}, r)
+		if p.Err != nil {
+			t.Fatalf("pick: %v", p.Err)
+		}
+		out[p.WorkerID]++
+		q.release(p)
+	}
+	return out
+}
+
+// TestOutlierEjectsUntilItsTimeIsUp: an ejection request takes the worker out of every pick,
+// lists it with ejected_until and the reason, counts it by reason and in the ejected state,
+// and heartbeats do not bring it back; at ejected_until it is routable again.
+func TestOutlierEjectsUntilItsTimeIsUp(t *testing.T) {
+	r, m := outlierRig(t, testOutlier)
+	for _, id := range []string{"w1", "w2", "w3"} {
+		r.join(id, "smol", 0)
+	}
+	r.askEject("w1", Outcome5xx)
+	row := r.row(t, "w1")
+	if row.Routable || !row.EjectedUntil.Equal(t0.Add(30*time.Second)) || row.EjectionReason != "5xx" {
+		t.Fatalf("after the ejection: %+v", row)
+	}
+	if got := testutil.ToFloat64(m.ejections.WithLabelValues("5xx")); got != 1 {
+		t.Fatalf("tlgw_outlier_ejections_total{reason=5xx} = %v, want 1", got)
+	}
+	if got := testutil.ToFloat64(m.workers.WithLabelValues(stateEjected)); got != 1 {
+		t.Fatalf("tlgw_workers{state=ejected} = %v, want 1", got)
+	}
+	r.join("w1", "smol", 0) // a heartbeat: still ejected
+	if n := r.picksOf(t, "smol", 20)["w1"]; n != 0 {
+		t.Fatalf("an ejected worker got %d of 20 picks", n)
+	}
+	r.advance(30*time.Second - time.Millisecond)
+	if r.row(t, "w1").Routable {
+		t.Fatal("routable before its ejection ended")
+	}
+	r.advance(time.Millisecond)
+	row = r.row(t, "w1")
+	if !row.Routable || !row.EjectedUntil.IsZero() || row.EjectionReason != "" {
+		t.Fatalf("after the ejection ended: %+v", row)
+	}
+	if n := r.picksOf(t, "smol", 30)["w1"]; n == 0 {
+		t.Fatal("a worker back from its ejection gets no pick")
+	}
+	if got := testutil.ToFloat64(m.workers.WithLabelValues(stateEjected)); got != 0 {
+		t.Fatalf("tlgw_workers{state=ejected} = %v after the end, want 0", got)
+	}
+}
+
+// TestOutlierEjectionDoublesUpToMax: each ejection of a run doubles (30 s, 60 s, then capped at
+// max_ejection = 100 s); a worker that serves max_ejection with no ejection starts a new run.
+func TestOutlierEjectionDoublesUpToMax(t *testing.T) {
+	r, _ := outlierRig(t, testOutlier)
+	r.join("w1", "smol", 0)
+	r.join("w2", "smol", 0)
+	for i, want := range []time.Duration{30 * time.Second, 60 * time.Second, 100 * time.Second, 100 * time.Second} {
+		now := r.clk.Now()
+		r.askEject("w1", OutcomeTimeout)
+		if got := r.row(t, "w1").EjectedUntil.Sub(now); got != want {
+			t.Fatalf("ejection %d lasts %v, want %v", i+1, got, want)
+		}
+		r.advance(want)
+		if !r.row(t, "w1").Routable {
+			t.Fatalf("ejection %d did not end after %v", i+1, want)
+		}
+	}
+	r.advance(100*time.Second - time.Millisecond)
+	now := r.clk.Now()
+	r.askEject("w1", OutcomeTimeout)
+	if got := r.row(t, "w1").EjectedUntil.Sub(now); got != 100*time.Second {
+		t.Fatalf("within max_ejection of the last one: %v, want the run to go on (100s)", got)
+	}
+	r.advance(100 * time.Second)
+	r.advance(100 * time.Second)
+	now = r.clk.Now()
+	r.askEject("w1", OutcomeTimeout)
+	if got := r.row(t, "w1").EjectedUntil.Sub(now); got != 30*time.Second {
+		t.Fatalf("after max_ejection in service: %v, want a new run (30s)", got)
+	}
+}
+
+// TestOutlierNeverEjectsPastTheCaps: with 2 of 2 workers failing only one is ejected; a lone
+// worker is never ejected; with max_ejected_percent 100 one worker still stays routable; a
+// worker already ejected, a report that is no failure and another model's ejections change
+// nothing.
+func TestOutlierNeverEjectsPastTheCaps(t *testing.T) {
+	r, m := outlierRig(t, testOutlier)
+	r.join("a1", "smol", 0)
+	r.join("a2", "smol", 0)
+	r.join("lone", "big", 0)
+	r.askEject("a1", OutcomeRefused)
+	r.askEject("a2", OutcomeRefused)
+	r.askEject("lone", OutcomeRefused)
+	if r.row(t, "a1").Routable || !r.row(t, "a2").Routable || !r.row(t, "lone").Routable {
+		t.Fatalf("a1 %+v a2 %+v lone %+v", r.row(t, "a1"), r.row(t, "a2"), r.row(t, "lone"))
+	}
+	if got := testutil.ToFloat64(m.ejections.WithLabelValues("refused")); got != 1 {
+		t.Fatalf("ejections counted %v, want 1", got)
+	}
+	until := r.row(t, "a1").EjectedUntil
+	r.askEject("a1", OutcomeReset) // already ejected: not extended
+	if !r.row(t, "a1").EjectedUntil.Equal(until) || r.row(t, "a1").EjectionReason != "refused" {
+		t.Fatalf("a second request changed the ejection: %+v", r.row(t, "a1"))
+	}
+	r.askEject("a2", OutcomeSuccess)
+	r.askEject("a2", Outcome(200))
+	if !r.row(t, "a2").Routable {
+		t.Fatal("a report with no failure ejected the worker")
+	}
+
+	r2, _ := outlierRig(t, config.Outlier{ConsecutiveFailures: 1, BaseEjection: time.Second, MaxEjection: time.Second, MaxEjectedPercent: 100})
+	r2.join("b1", "smol", 0)
+	r2.join("b2", "smol", 0)
+	r2.askEject("b1", Outcome5xx)
+	r2.askEject("b2", Outcome5xx)
+	if r2.row(t, "b1").Routable || !r2.row(t, "b2").Routable {
+		t.Fatal("max_ejected_percent = 100 left no worker of the model routable")
+	}
+	// A drained worker is not routable: the last routable one stays.
+	r3, _ := outlierRig(t, config.Outlier{ConsecutiveFailures: 1, BaseEjection: time.Second, MaxEjection: time.Second, MaxEjectedPercent: 100})
+	r3.join("c1", "smol", 0)
+	r3.join("c2", "smol", 0)
+	w := r3.workers[r3.workerPID("c2").Id]
+	w.info.AdminDrained = true
+	r3.report(w)
+	r3.askEject("c1", Outcome5xx)
+	if !r3.row(t, "c1").Routable {
+		t.Fatal("the model's last routable worker was ejected")
+	}
+}
+
+// TestOutlierEjectionEndsWithTheRegistration: a worker evicted while ejected and registered
+// again starts afresh, and the old ejection's end changes nothing; ejection off (base 0) ejects
+// nobody.
+func TestOutlierEjectionEndsWithTheRegistration(t *testing.T) {
+	r, _ := outlierRig(t, testOutlier)
+	r.join("w1", "smol", 0)
+	r.join("w2", "smol", 0)
+	r.askEject("w1", Outcome5xx)
+	r.leave("w1")
+	r.join("w1", "smol", 0)
+	if !r.row(t, "w1").Routable {
+		t.Fatal("a new registration inherited the old ejection")
+	}
+	r.askEject("w1", Outcome5xx)
+	until := r.row(t, "w1").EjectedUntil
+	if got := until.Sub(r.clk.Now()); got != 30*time.Second {
+		t.Fatalf("the new registration's first ejection lasts %v, want 30s", got)
+	}
+	r.deliver(nil, ejectionOver{id: "w1", seq: r.st.view.slots["w1"].ej.seq - 1}) // the old one's end
+	r.deliver(nil, ejectionOver{id: "nobody", seq: 1})
+	if r.row(t, "w1").Routable {
+		t.Fatal("a stale ejection end put the worker back")
+	}
+	r.advance(30 * time.Second)
+	if !r.row(t, "w1").Routable {
+		t.Fatal("the ejection did not end")
+	}
+
+	off, _ := outlierRig(t, config.Outlier{})
+	off.join("w1", "smol", 0)
+	off.join("w2", "smol", 0)
+	off.askEject("w1", Outcome5xx)
+	if !off.row(t, "w1").Routable {
+		t.Fatal("ejection is off, yet the worker was ejected")
+	}
+}
