@@ -96,8 +96,11 @@ func (w *workerActor) Receive(c actor.Context) {
 			c.Watch(m.Requester)
 		}
 	case *router.Release:
-		if st.holds.release(m.Ticket) {
-			w.loadReport(c, st.judge(m.Outcome))
+		// The verdict counts even when the hold is gone already: a requester sends its last
+		// Release and stops, and its Terminated (a system message) may overtake the Release.
+		eject := st.judge(m.Outcome)
+		if st.holds.release(m.Ticket) || eject != router.OutcomeNone {
+			w.loadReport(c, eject)
 		}
 	case *actor.Terminated:
 		// A requester stopped with holds left (it crashed, or its Release is still behind

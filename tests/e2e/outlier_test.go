@@ -20,7 +20,9 @@ type ejectionRow struct {
 
 func (f *fleet) ejections(t *testing.T) map[string]ejectionRow {
 	t.Helper()
-	resp, err := http.Get(f.base + "/admin/v1/workers")
+	req, _ := http.NewRequest("GET", f.base+"/admin/v1/workers", nil)
+	req.Header.Set("Authorization", "Bearer "+f.key)
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -39,11 +41,13 @@ func (f *fleet) ejections(t *testing.T) map[string]ejectionRow {
 }
 
 // complete sends one non-streamed completion and returns its status and the worker that served
-// it (X-TL-Route needs no key in open mode).
+// it (X-TL-Route: the fleet's key has the debug scope).
 func (f *fleet) complete(t *testing.T, prompt string) (int, string) {
 	t.Helper()
-	resp, err := http.Post(f.base+"/v1/completions", "application/json", strings.NewReader(
+	req, _ := http.NewRequest("POST", f.base+"/v1/completions", strings.NewReader(
 		fmt.Sprintf(`{"model":"smol","prompt":%q,"max_tokens":4}`, prompt)))
+	req.Header.Set("Authorization", "Bearer "+f.key)
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,6 +64,10 @@ consecutive_failures = 3
 base_ejection = "2s"
 max_ejection = "8s"
 max_ejected_percent = 50
+
+[[auth.keys]]
+key = "sk-ops"
+scopes = ["inference", "admin", "debug"]
 `
 
 // TestOutlierEjectsAnAlways503Engine (R14.2): an engine that answers 503 to everything next to a
@@ -68,7 +76,7 @@ max_ejected_percent = 50
 // ejection_reason 5xx, counted in tlgw_outlier_ejections_total) and gets no request until its
 // ejection ends; then it is tried again.
 func TestOutlierEjectsAnAlways503Engine(t *testing.T) {
-	f := startFleet(t, outlierConfig,
+	f := startFleetWithKey(t, "sk-ops", outlierConfig,
 		[]string{"f-503", "--model", "smol", "--fault", "503"},
 		[]string{"f-ok", "--model", "smol"})
 	badBase := "http://" + f.engines["f-503"].HTTPAddr
@@ -128,7 +136,7 @@ func TestOutlierEjectsAnAlways503Engine(t *testing.T) {
 // max_ejected_percent = 50, only one is ever ejected at a time; clients get 503 no_capacity.
 func TestOutlierKeepsOneOfTwoFailingWorkers(t *testing.T) {
 	// Ejections long enough that none ends during the test.
-	f := startFleet(t, strings.Replace(strings.Replace(outlierConfig, `"2s"`, `"30s"`, 1), `"8s"`, `"60s"`, 1),
+	f := startFleetWithKey(t, "sk-ops", strings.Replace(strings.Replace(outlierConfig, `"2s"`, `"30s"`, 1), `"8s"`, `"60s"`, 1),
 		[]string{"f-bad1", "--model", "smol", "--fault", "503"},
 		[]string{"f-bad2", "--model", "smol", "--fault", "503"})
 	failed := func(id string) float64 {
