@@ -12,6 +12,7 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 
+	"github.com/tlgw/tlgw/actors/router"
 	"github.com/tlgw/tlgw/internal/errs"
 	"github.com/tlgw/tlgw/internal/oai"
 )
@@ -123,7 +124,7 @@ func (r *requestActor) tokenize(c actor.Context) {
 }
 
 // tokenizeCall is POST /v1/tokenize on the prefill worker.
-func tokenizeCall(ctx context.Context, tr http.RoundTripper, url string, body []byte) tokenized {
+func tokenizeCall(ctx context.Context, tr Upstream, url string, body []byte) tokenized {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
 		return tokenized{err: err}
@@ -139,7 +140,7 @@ func tokenizeCall(ctx context.Context, tr http.RoundTripper, url string, body []
 		return tokenized{err: err}
 	}
 	if resp.StatusCode != http.StatusOK {
-		return tokenized{err: fmt.Errorf("tokenize answered %d: %s", resp.StatusCode, bytes.TrimSpace(raw))}
+		return tokenized{err: fmt.Errorf("%w: %s", statusError{what: "tokenize", status: resp.StatusCode}, bytes.TrimSpace(raw))}
 	}
 	var out struct {
 		Tokens []uint32 `json:"tokens"`
@@ -152,21 +153,16 @@ func tokenizeCall(ctx context.Context, tr http.RoundTripper, url string, body []
 
 func (r *requestActor) stepTokenizing(c actor.Context, msg any) {
 	m, ok := msg.(tokenized)
-	if !ok || m.gen != r.gen {
+	if !ok {
 		return
 	}
 	p := r.picked
-	if r.x.Ctx.Err() != nil {
-		r.endIO()
-		r.finish(c, statusClientGone)
-		return
-	}
 	if m.err != nil {
-		r.failover(c, p.Prefill.WorkerID, fmt.Errorf("prefill worker %s: %w", p.Prefill.WorkerID, m.err))
+		r.failover(c, fmt.Errorf("prefill worker %s: %w", p.Prefill.WorkerID, m.err))
 		return
 	}
 	r.promptIDs = m.ids
-	r.become(Prefilling, r.stepPrefilling)
+	r.become(Prefilling)
 	call := PrefillCall{RequestID: r.x.ID, Model: p.ServedModel, PromptIDs: m.ids, Sampling: r.sampling,
 		DecodeTarget: p.KVAddress}
 	addr, engines := p.Prefill.GRPCAddress, r.d.Engines
@@ -179,26 +175,27 @@ func (r *requestActor) stepTokenizing(c actor.Context, msg any) {
 	})
 }
 
+// stepPrefilling takes the Prefill's answer: the handle pushed to the decode worker, which the
+// actor holds from here until the decode stream consumes it or it is released.
 func (r *requestActor) stepPrefilling(c actor.Context, msg any) {
 	m, ok := msg.(prefilled)
-	if !ok || m.gen != r.gen {
+	if !ok {
 		return
 	}
 	p := r.picked
 	if m.err == nil {
 		r.kvHandle, r.kvAddr = m.res.HandleID, p.KVAddress
 	}
-	if r.x.Ctx.Err() != nil {
-		r.endIO()
-		r.releaseAll(c.Send)
-		r.abandon(c)
+	if r.gone {
+		r.endIO() // the client left while the Prefill ran (leave waited for its answer)
+		r.release(c, r.finishing(statusClientGone))
 		return
 	}
 	if m.err != nil {
-		r.failover(c, p.Prefill.WorkerID, fmt.Errorf("prefill on %s: %w", p.Prefill.WorkerID, m.err))
+		r.failover(c, fmt.Errorf("prefill on %s: %w", p.Prefill.WorkerID, m.err))
 		return
 	}
-	r.releaseWorker(c, p.Prefill.Worker) // the prefill worker's part is done
-	r.become(Attempting, r.stepAttempting)
+	r.releaseWorker(c, p.Prefill.Worker, router.OutcomeSuccess) // the prefill worker's part is done
+	r.become(Attempting)
 	r.startAttempt(c)
 }

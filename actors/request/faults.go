@@ -18,6 +18,7 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 
+	"github.com/tlgw/tlgw/actors/router"
 	"github.com/tlgw/tlgw/internal/clock"
 	"github.com/tlgw/tlgw/internal/errs"
 )
@@ -225,8 +226,8 @@ func (r *requestActor) faultStep(c actor.Context, msg any) bool {
 		return true
 	case requestTimeoutMsg:
 		r.reqTimer = nil
-		if r.timedOut || r.state == Done || r.state == Releasing {
-			return true
+		if r.timedOut || r.gone || r.state == Releasing {
+			return true // a client that left is answered already, or as its state allows
 		}
 		r.timedOut = true
 		r.log.Info("request_timeout", "timeout", r.requestTimeout(), "state", r.state.String())
@@ -236,66 +237,44 @@ func (r *requestActor) faultStep(c actor.Context, msg any) bool {
 		}
 		return true
 	}
-	if !r.timedOut || r.state == Done || r.state == Releasing {
+	if !r.timedOut || r.gone || r.state == Releasing {
 		return false
 	}
-	gen := -1
+	// The result of the I/O request_timeout cancelled (Receive has dropped stale ones).
 	switch m := msg.(type) {
-	case attemptResult:
-		gen = m.gen
-		if m.resp != nil {
-			m.resp.Body.Close()
-		}
-	case firstEvent:
-		gen = m.gen
-		if m.resp != nil && m.err == nil {
-			m.resp.Body.Close()
-		}
-	case bufferedResult:
-		gen = m.gen
-	case tokenized:
-		gen = m.gen
+	case attemptResult, firstEvent, bufferedResult, tokenized:
+		discard(m)
 	case prefilled:
-		gen = m.gen
-		if m.gen == r.gen && m.err == nil {
+		if m.err == nil {
 			r.kvHandle, r.kvAddr = m.res.HandleID, r.picked.KVAddress
 		}
 	case relayResult:
 		if m.ended {
 			return false // the answer (or its error) went out before the timeout took effect
 		}
-		gen = m.gen
-	}
-	if gen != r.gen {
-		return gen >= 0 // a stale result: nothing to do
+	default:
+		return false
 	}
 	r.answerTimeout(c)
 	return true
 }
 
 // answerTimeout ends a request whose request_timeout fired: 504 upstream_timeout, not retried
-// (R14.1), the KV handle released on the way.
+// (R14.1); the worker it waited on is released with Timeout (R14.2), the KV handle through
+// Releasing.
 func (r *requestActor) answerTimeout(c actor.Context) {
 	r.endIO()
+	worker, _ := r.blame()
+	r.releaseWorker(c, worker, router.OutcomeTimeout)
 	r.releaseAll(c.Send)
-	code := statusClientGone
-	if r.x.Ctx.Err() == nil {
-		h := r.x.W.Header()
-		for k := range h {
-			if k != "X-Request-Id" {
-				h.Del(k) // engine headers copied for an answer that never came
-			}
+	h := r.x.W.Header()
+	for k := range h {
+		if k != "X-Request-Id" {
+			h.Del(k) // engine headers copied for an answer that never came
 		}
-		code = r.d.Errors.Error(r.x.W, fmt.Errorf("the engine did not answer within %v: %w", r.requestTimeout(), errs.ErrUpstreamTimeout))
 	}
-	if r.kvHandle != "" && r.state != Routing && r.state != Tokenizing {
-		r.code = code
-		r.become(Releasing, r.stepReleasing)
-		r.releaseKV(c)
-		return
-	}
-	r.releaseKVAsync()
-	r.finish(c, code)
+	code := r.d.Errors.Error(r.x.W, fmt.Errorf("the engine did not answer within %v: %w", r.requestTimeout(), errs.ErrUpstreamTimeout))
+	r.release(c, r.finishing(code))
 }
 
 // isSSE reports whether an engine answer is an event stream.

@@ -66,3 +66,34 @@ func TestIdleBodyResetsOnEventEnds(t *testing.T) {
 		t.Fatal(errStreamIdle)
 	}
 }
+
+// scriptedReader returns its reads in order, then blocks nothing: an empty read is (0, nil).
+type scriptedReader struct{ reads []string }
+
+func (s *scriptedReader) Read(p []byte) (int, error) {
+	if len(s.reads) == 0 {
+		return 0, io.EOF
+	}
+	n := copy(p, s.reads[0])
+	s.reads = s.reads[1:]
+	return n, nil
+}
+
+// TestIdleBodyEmptyReadIsNoEvent: a read of no bytes is no event end, even right after one —
+// it does not restart the idle timer.
+func TestIdleBodyEmptyReadIsNoEvent(t *testing.T) {
+	clk := clock.NewFake(time.Unix(0, 0))
+	b := newIdleBody(&scriptedReader{reads: []string{"data: a\n\n", ""}}, &closeCount{}, clk, 5*time.Second, nil)
+	buf := make([]byte, 64)
+	if n, err := b.Read(buf); err != nil || n != 9 {
+		t.Fatalf("read %d %v", n, err)
+	}
+	clk.Advance(4 * time.Second)
+	if n, err := b.Read(buf); err != nil || n != 0 {
+		t.Fatalf("empty read %d %v", n, err)
+	}
+	clk.Advance(time.Second)
+	if !b.idle.Load() {
+		t.Fatal("an empty read restarted the idle timer")
+	}
+}

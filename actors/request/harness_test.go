@@ -175,6 +175,7 @@ type recordingEngines struct {
 	prefills []request.PrefillCall
 	handles  []string
 	releases []string
+	kvAddrs  []string // where each Release went
 }
 
 func (e *recordingEngines) Prefill(ctx context.Context, addr string, c request.PrefillCall) (request.PrefillResult, error) {
@@ -196,6 +197,7 @@ func (e *recordingEngines) Prefill(ctx context.Context, addr string, c request.P
 func (e *recordingEngines) Release(ctx context.Context, addr, handle string) error {
 	e.mu.Lock()
 	e.releases = append(e.releases, handle)
+	e.kvAddrs = append(e.kvAddrs, addr)
 	e.mu.Unlock()
 	e.t.add("grpc: Release(the prefill's handle)")
 	return e.next.Release(ctx, addr, handle)

@@ -172,15 +172,26 @@ func (r *requestActor) writeHeaders(from http.Header) {
 // relayer is the relay goroutine's view (Relaying): values copied from the actor before the
 // goroutine starts, and the response writer, which nothing else writes to while it runs.
 type relayer struct {
-	w     http.ResponseWriter
-	ctx   context.Context
-	resp  *http.Response
-	log   *slog.Logger // names the worker; the client's messages never do (R13.4)
-	errs  ErrorWriter
-	onCut func()
+	w   http.ResponseWriter
+	ctx context.Context // the relay's: cancelled when the client leaves, or by the actor
+	// client is the client's own context (nil: ctx): only its end means nobody is left to tell,
+	// whatever else cancelled the relay.
+	client context.Context
+	resp   *http.Response
+	log    *slog.Logger // names the worker; the client's messages never do (R13.4)
+	errs   ErrorWriter
+	onCut  func()
 	// out receives the result before the goroutine ends, so a crashed actor can tell (after
 	// waiting for the goroutine) whether the client already has its terminal outcome.
 	out *relayResult
+}
+
+// clientLeft reports whether the client is gone (then nothing more is written to it).
+func (rl relayer) clientLeft() bool {
+	if rl.client != nil {
+		return rl.client.Err() != nil
+	}
+	return rl.ctx.Err() != nil
 }
 
 // run relays and reports the status the client saw and whether the answer reached its end.
@@ -203,6 +214,7 @@ func (rl relayer) json(gen int, tc *tokenCounter) relayResult {
 	body, err := readBounded(rl.resp.Body, rl.resp.ContentLength, maxUpstreamJSON)
 	if err != nil {
 		if rl.ctx.Err() != nil {
+			// The client left, or request_timeout fired: the actor answers 504 (faults.go).
 			return relayResult{gen: gen, code: statusClientGone}
 		}
 		for k := range rl.w.Header() {
@@ -283,7 +295,9 @@ func (rl relayer) sse(gen int, tc *tokenCounter) relayResult {
 			return relayResult{gen: gen, code: rl.resp.StatusCode, finished: true, ended: true}
 		}
 		if err != nil {
-			if rl.ctx.Err() != nil || errors.Is(err, context.Canceled) {
+			// Committed: a client still there gets the error event whatever cut the stream
+			// (R6); a clean end with neither [DONE] nor the error event would pass for whole.
+			if rl.clientLeft() {
 				return relayResult{gen: gen, code: statusClientGone}
 			}
 			return interrupted("the engine broke off the stream", err)

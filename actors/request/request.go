@@ -60,6 +60,13 @@ func NewExchange(ctx context.Context, w http.ResponseWriter, path string, kind o
 // Done is closed once the client has its terminal outcome and nothing writes to W any more.
 func (x *Exchange) Done() <-chan struct{} { return x.done }
 
+// Upstream is the HTTP round trip to an engine (tokenize, attempts): adapters/http's transport
+// in production, a fake in tests, so the machine runs without sockets. Any http.RoundTripper is
+// one.
+type Upstream interface {
+	RoundTrip(*http.Request) (*http.Response, error)
+}
+
 // Engines is what the actor needs of the engines' gRPC surfaces (adapters/grpc implements it).
 type Engines interface {
 	Prefill(ctx context.Context, grpcAddr string, call PrefillCall) (PrefillResult, error)
@@ -107,7 +114,7 @@ type ErrorWriter interface {
 type Deps struct {
 	Errors      ErrorWriter
 	Router      *actor.PID
-	Transport   http.RoundTripper
+	Transport   Upstream
 	Engines     Engines
 	MaxAttempts int
 	Metrics     *Metrics
@@ -135,16 +142,12 @@ type Deps struct {
 	RetryBudget *RetryBudget
 }
 
-// stepFunc handles one message in one state.
-type stepFunc func(c actor.Context, msg any)
-
 // requestActor is one request's state machine.
 type requestActor struct {
 	d *Deps
 	x *Exchange
 
-	state State
-	step  stepFunc
+	state State // its step function is machine[state].step
 
 	// Routing.
 	key         uint64 // the internal id: unique among live requests, whatever X-Request-ID says
@@ -153,8 +156,7 @@ type requestActor struct {
 	pickRetries int
 	hashes      []uint64 // the prompt's chunk hashes, when the prefix index is on
 	promptToks  int      // the rendered prompt's size estimate (bytes / 4), for admission
-	stopWatch   chan struct{}
-	cascadeStep int // the cascade step asked for (router.LastStep: the last)
+	cascadeStep int      // the cascade step asked for (router.LastStep: the last)
 	exclude     []string
 	attempts    int
 	lastErr     error
@@ -166,7 +168,15 @@ type requestActor struct {
 	// of a requester that stops, so a crash between two lines here leaks nothing).
 	held     []hold // worker tickets picked for it and not yet released
 	kvHandle string // a pushed KV handle on the decode worker, until consumed or released
-	kvAddr   string
+	kvAddr   string // the decode worker's KV address, where Release goes
+	// afterRelease is what Releasing does once Release has answered: finish, or route again
+	// (a failover).
+	afterRelease func(c actor.Context)
+
+	// The client leaving (clientStep): gone once it is seen; stopGone unregisters the
+	// context.AfterFunc that reports it.
+	gone     bool
+	stopGone func() bool
 
 	// The current I/O goroutine: gen tags its results (stale ones are ignored), cancel stops it,
 	// ioDone is closed when it has returned (so a crash never writes concurrently with it).
@@ -178,6 +188,7 @@ type requestActor struct {
 	ioDone      chan struct{}
 
 	committed bool         // bytes have gone to the client
+	upStatus  int          // the relayed answer's HTTP status (R14.2: a relayed 5xx counts as 5xx)
 	relayOut  *relayResult // the relay goroutine's result, readable once ioDone is closed
 	seed      uint64
 	seedFixed bool // the gateway drew the seed (disaggregated, R8.2)
@@ -219,9 +230,11 @@ type hold struct {
 
 var stopOnPanic = actor.NewOneForOneStrategy(0, 0, func(any) actor.Directive { return actor.StopDirective })
 
-// Receive dispatches to the current state's step function.
+// Receive runs the paths every state shares — the client leaving, results of I/O the machine
+// has moved past, the R14.1 timeouts — and then the current state's step function.
 func (r *requestActor) Receive(c actor.Context) {
-	switch c.Message().(type) {
+	msg := c.Message()
+	switch msg.(type) {
 	case *actor.Started:
 		r.start(c)
 		return
@@ -231,22 +244,71 @@ func (r *requestActor) Receive(c actor.Context) {
 	case *actor.Stopped, *actor.Restarting:
 		return
 	}
-	if r.faultStep(c, c.Message()) {
+	if r.clientStep(c, msg) {
 		return
 	}
-	if r.step != nil {
-		r.step(c, c.Message())
+	if gen, ok := resultGen(msg); r.state == Done || (ok && gen != r.gen) {
+		discard(msg) // the actor has moved on: a late result only needs its body closed
+		return
+	}
+	if r.faultStep(c, msg) {
+		return
+	}
+	if step := machine[r.state].step; step != nil {
+		step(r, c, msg)
 	}
 }
 
-// become moves to state to; a transition the table does not allow panics.
-func (r *requestActor) become(to State, step stepFunc) {
+// clientStep is the one path of a client that leaves: it runs on clientGone (context.AfterFunc
+// on the client's context, registered at start for every request), or on the first message
+// handled after the client's context ended, whichever comes first — an I/O result that the
+// cancellation itself produced can be queued before clientGone, and must not read as the
+// worker's failure. It reports whether msg was clientGone.
+func (r *requestActor) clientStep(c actor.Context, msg any) bool {
+	_, isGone := msg.(clientGone)
+	if !r.gone && r.state != Done && (isGone || r.x.Ctx.Err() != nil) {
+		r.gone = true
+		r.leave(c)
+	}
+	return isGone
+}
+
+// leave ends a request whose client left, as its state allows. Its holds are released with
+// no verdict on the workers (R14.2: the client, not the engine, ended the exchange).
+func (r *requestActor) leave(c actor.Context) {
+	r.log.Info("the client left", "state", r.state.String())
+	switch r.state {
+	case Routing:
+		r.finish(c, statusClientGone) // the router sees the actor stop: a queued pick leaves
+	case Tokenizing, Attempting, CascadeStep:
+		r.endIO() // its late result is discarded; nothing it carries is held
+		r.releaseAll(c.Send)
+		r.release(c, r.finishing(statusClientGone))
+	case Prefilling:
+		// The Prefill may already have pushed KV to the decode worker: its answer names the
+		// handle to release, so the actor waits for it (stepPrefilling).
+		r.cancelIO(context.Canceled)
+		r.releaseAll(c.Send)
+	case Relaying:
+		r.cancelIO(context.Canceled) // the relay's result ends the request
+	}
+	// Releasing: the Release runs to its end (afterRelease sees r.gone).
+}
+
+// finishing is the continuation that finishes with code.
+func (r *requestActor) finishing(code int) func(actor.Context) {
+	return func(c actor.Context) { r.finish(c, code) }
+}
+
+// become moves to state to, whose step function handles the messages from now on; a
+// transition the table does not allow panics.
+func (r *requestActor) become(to State) {
 	if !allowed(r.state, to) {
 		panic(IllegalTransition{From: r.state, To: to})
 	}
 	r.log.Debug("request transition", "from", r.state.String(), "to", to.String())
 	r.d.Metrics.transition(r.state, to)
-	r.state, r.step = to, step
+	r.state = to
 }
 
 func (r *requestActor) start(c actor.Context) {
@@ -257,35 +319,25 @@ func (r *requestActor) start(c actor.Context) {
 	if !r.x.Req.Stream {
 		r.cascadeStep = 0 // a cascade route starts at its first step; other routes ignore it
 	}
-	r.state, r.step = Routing, r.stepRouting
+	r.state = Routing
 	r.budgetStart()
-	if r.d.Admission {
-		// While the request may wait in the queue, a client that leaves must leave it at once.
-		r.stopWatch = make(chan struct{})
-		ctx, stop, self, root := r.x.Ctx, r.stopWatch, c.Self(), c.ActorSystem().Root
-		go func() {
-			select {
-			case <-ctx.Done():
-				root.Send(self, clientGone{})
-			case <-stop:
-			}
-		}()
-	}
+	self, root := c.Self(), c.ActorSystem().Root
+	r.stopGone = context.AfterFunc(r.x.Ctx, func() { root.Send(self, clientGone{}) })
 	r.pick(c)
 }
 
-// clientGone is the client leaving while the request is still routing or queued.
+// clientGone is the client's context ending: the client left (or its connection broke).
 type clientGone struct{}
 
 // IgnoreDeadLetterLogging: the request may have ended already.
 func (clientGone) IgnoreDeadLetterLogging() {}
 
-// endWatch stops the client watcher. (The router learns that an admitted request ended from
-// its actor stopping.)
+// endWatch unregisters the client watch. (The router learns that an admitted request ended
+// from its actor stopping.)
 func (r *requestActor) endWatch() {
-	if r.stopWatch != nil {
-		close(r.stopWatch)
-		r.stopWatch = nil
+	if r.stopGone != nil {
+		r.stopGone()
+		r.stopGone = nil
 	}
 }
 
@@ -346,14 +398,15 @@ func (r *requestActor) stopPickTimer() {
 	}
 }
 
-// giveBack releases the tickets of a pick the actor will not use (a late answer).
+// giveBack releases the tickets of a pick the actor will not use (a late answer): no verdict
+// on workers that were never asked.
 func giveBack(c actor.Context, p *router.Picked) {
-	if p == nil || p.Err != nil || p.Worker == nil {
+	if p.Err != nil {
 		return
 	}
-	c.Send(p.Worker, &router.Release{Ticket: p.Ticket})
+	c.Send(p.Worker, &router.Release{Ticket: p.Ticket, Outcome: router.OutcomeNone})
 	if p.Prefill != nil {
-		c.Send(p.Prefill.Worker, &router.Release{Ticket: p.Prefill.Ticket})
+		c.Send(p.Prefill.Worker, &router.Release{Ticket: p.Prefill.Ticket, Outcome: router.OutcomeNone})
 	}
 }
 
@@ -365,27 +418,43 @@ func (r *requestActor) acquire(p *router.Picked) {
 	}
 }
 
-// releaseWorker ends the in-flight count held on one worker.
-func (r *requestActor) releaseWorker(c actor.Context, pid *actor.PID) {
+// releaseWorker ends the in-flight count held on one worker with the verdict on its part
+// (R14.2).
+func (r *requestActor) releaseWorker(c actor.Context, pid *actor.PID, o router.Outcome) {
 	for i, h := range r.held {
 		if h.worker == pid {
-			c.Send(pid, &router.Release{Ticket: h.ticket})
+			c.Send(pid, &router.Release{Ticket: h.ticket, Outcome: o})
 			r.held = append(r.held[:i], r.held[i+1:]...)
 			return
 		}
 	}
 }
 
+// releaseAll ends every count still held, with no verdict: a worker whose part came to
+// something is released with it first (releaseWorker).
 func (r *requestActor) releaseAll(send func(*actor.PID, any)) {
 	for _, h := range r.held {
-		send(h.worker, &router.Release{Ticket: h.ticket})
+		send(h.worker, &router.Release{Ticket: h.ticket, Outcome: router.OutcomeNone})
 	}
 	r.held = nil
 }
 
+// blame is the worker whose part is under way: the prefill worker while tokenizing or
+// prefilling, else the picked (unified or decode) worker; nil while routing.
+func (r *requestActor) blame() (*actor.PID, string) {
+	p := r.picked
+	switch {
+	case p == nil:
+		return nil, ""
+	case r.state == Tokenizing || r.state == Prefilling:
+		return p.Prefill.Worker, p.Prefill.WorkerID
+	}
+	return p.Worker, p.WorkerID
+}
+
 // finish ends the request with its terminal outcome already written (code is its status).
 func (r *requestActor) finish(c actor.Context, code int) {
-	r.become(Done, nil)
+	r.become(Done)
 	r.stopPickTimer()
 	r.stopFaultTimers()
 	r.budgetEnd()
@@ -401,10 +470,6 @@ func (r *requestActor) finish(c actor.Context, code int) {
 
 // fail answers an error to a client that has received nothing yet and finishes.
 func (r *requestActor) fail(c actor.Context, err error) {
-	if r.x.Ctx.Err() != nil {
-		r.finish(c, statusClientGone)
-		return
-	}
 	r.finish(c, r.d.Errors.Error(r.x.W, err))
 }
 
@@ -418,10 +483,8 @@ func (r *requestActor) stopping(c actor.Context) {
 	if r.finished {
 		return
 	}
-	r.d.Metrics.crashes.Inc()
-	if r.log != nil {
-		r.log.Error("request actor stopped before finishing: answering the client and releasing", "state", r.state.String())
-	}
+	r.d.Metrics.crashes.Inc() // r.log is set: start is the first thing the actor runs
+	r.log.Error("request actor stopped before finishing: answering the client and releasing", "state", r.state.String())
 	if r.cancel != nil && !r.committed {
 		r.cancel() // an attempt not yet committed is abandoned; a relay runs to its end
 	}
@@ -434,7 +497,7 @@ func (r *requestActor) stopping(c actor.Context) {
 	r.budgetEnd()
 	r.endWatch()
 	ioDone, x, committed, stream, ew, out := r.ioDone, r.x, r.committed, r.x.Req.Stream, r.d.Errors, r.relayOut
-	kvHandle, kvAddr, engines, timeout, clk := r.kvHandle, r.kvAddr, r.d.Engines, r.releaseTimeout(), r.clock()
+	kvHandle, releaseKV := r.kvHandle, r.kvRelease()
 	route, served, metrics := r.route, r.served, r.d.Metrics
 	go func() {
 		if ioDone != nil {
@@ -443,10 +506,8 @@ func (r *requestActor) stopping(c actor.Context) {
 		if out != nil && out.finished {
 			kvHandle = "" // the decode worker consumed it
 		}
-		if kvHandle != "" && engines != nil {
-			ctx, cancel := withClockTimeout(context.Background(), clk, timeout, errControlTimeout)
-			_ = engines.Release(ctx, kvAddr, kvHandle)
-			cancel()
+		if kvHandle != "" {
+			releaseKV()
 		}
 		code := 502
 		switch {

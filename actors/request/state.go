@@ -1,6 +1,10 @@
 package request
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/asynkron/protoactor-go/actor"
+)
 
 // State is where a request is in its life. Each state has one step function (see steps.go);
 // a transition not in the table below is a bug and panics.
@@ -21,7 +25,9 @@ const (
 	CascadeStep
 	// Relaying: committed; the engine's answer goes to the client as it arrives.
 	Relaying
-	// Releasing: disaggregated, the decode stream did not finish; its KV handle is released.
+	// Releasing: disaggregated, a KV handle that will not be consumed (the decode stream did
+	// not finish, a failover, request_timeout, the client leaving) is released on the decode
+	// worker; then the request finishes, or (a failover) routes again.
 	Releasing
 	// Done: the client has its one terminal outcome.
 	Done
@@ -36,15 +42,30 @@ func (s State) String() string {
 	return fmt.Sprintf("state(%d)", uint8(s))
 }
 
-// legal lists every allowed transition.
-var legal = map[State][]State{
-	Routing:     {Attempting, Tokenizing, Routing, Done},
-	Tokenizing:  {Prefilling, Routing, Done},
-	Prefilling:  {Attempting, Routing, Releasing, Done},
-	Attempting:  {Relaying, CascadeStep, Routing, Releasing, Done},
-	CascadeStep: {Routing, Releasing, Done},
-	Relaying:    {Releasing, Done},
-	Releasing:   {Done},
+// stateSpec is one row of the machine: the state's step function (the handler of every
+// message the actor gets in it, after the client-gone and timeout paths) and the states it may
+// move to.
+type stateSpec struct {
+	step func(r *requestActor, c actor.Context, msg any)
+	next []State
+}
+
+// machine is the request's state machine: become(to) takes the step from here, so a state and
+// its handler cannot disagree, and a transition missing from next panics. Filled in init: the
+// step functions call become, which reads the table.
+var machine [Done + 1]stateSpec
+
+func init() {
+	machine = [Done + 1]stateSpec{
+		Routing:     {(*requestActor).stepRouting, []State{Attempting, Tokenizing, Routing, Done}},
+		Tokenizing:  {(*requestActor).stepTokenizing, []State{Prefilling, Routing, Done}},
+		Prefilling:  {(*requestActor).stepPrefilling, []State{Attempting, Routing, Releasing, Done}},
+		Attempting:  {(*requestActor).stepAttempting, []State{Relaying, CascadeStep, Routing, Releasing, Done}},
+		CascadeStep: {(*requestActor).stepCascade, []State{Routing, Releasing, Done}},
+		Relaying:    {(*requestActor).stepRelaying, []State{Releasing, Done}},
+		Releasing:   {(*requestActor).stepReleasing, []State{Routing, Done}},
+		Done:        {nil, nil},
+	}
 }
 
 // IllegalTransition is the panic value of a transition the table does not allow.
@@ -55,7 +76,10 @@ func (e IllegalTransition) Error() string {
 }
 
 func allowed(from, to State) bool {
-	for _, s := range legal[from] {
+	if int(from) >= len(machine) {
+		return false
+	}
+	for _, s := range machine[from].next {
 		if s == to {
 			return true
 		}

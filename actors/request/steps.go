@@ -62,6 +62,41 @@ func (tokenized) IgnoreDeadLetterLogging()      {}
 func (prefilled) IgnoreDeadLetterLogging()      {}
 func (releasedKV) IgnoreDeadLetterLogging()     {}
 
+// resultGen is the gen of an I/O result (ok false: msg is not one).
+func resultGen(msg any) (int, bool) {
+	switch m := msg.(type) {
+	case attemptResult:
+		return m.gen, true
+	case firstEvent:
+		return m.gen, true
+	case bufferedResult:
+		return m.gen, true
+	case relayResult:
+		return m.gen, true
+	case tokenized:
+		return m.gen, true
+	case prefilled:
+		return m.gen, true
+	case releasedKV:
+		return m.gen, true
+	}
+	return 0, false
+}
+
+// discard drops a result the machine has moved past, closing the engine's body it carries.
+func discard(msg any) {
+	switch m := msg.(type) {
+	case attemptResult:
+		if m.resp != nil {
+			m.resp.Body.Close()
+		}
+	case firstEvent:
+		if m.err == nil {
+			m.resp.Body.Close()
+		}
+	}
+}
+
 // runIO starts fn on a goroutine under a context derived from the client's; its result comes
 // back as a message. One I/O goroutine runs at a time.
 func (r *requestActor) runIO(c actor.Context, fn func(ctx context.Context, gen int) any) {
@@ -91,10 +126,11 @@ func (r *requestActor) endIO() {
 	}
 }
 
-func (r *requestActor) nonFinalStep() bool {
-	p := r.picked
-	return p != nil && p.Steps > 1 && p.Step < p.Steps-1
-}
+// nonFinalStep reports whether the current pick serves a cascade step that is not the last
+// (a route without a cascade has one step).
+func (r *requestActor) nonFinalStep() bool { return nonFinal(r.picked) }
+
+func nonFinal(p *router.Picked) bool { return p.Step < p.Steps-1 }
 
 // stepRouting handles the router's answer.
 func (r *requestActor) stepRouting(c actor.Context, msg any) {
@@ -103,13 +139,8 @@ func (r *requestActor) stepRouting(c actor.Context, msg any) {
 		if m.Tag == r.pickTag {
 			r.stopPickTimer() // the queue owns the wait now (max_wait)
 		}
-		return
-	case clientGone:
-		r.finish(c, statusClientGone) // the router sees the actor stop: a queued pick leaves
-		return
-	}
-	if t, ok := msg.(pickTimeout); ok {
-		if t.tag != r.pickTag {
+	case pickTimeout:
+		if m.tag != r.pickTag {
 			return
 		}
 		r.pickRetries++
@@ -119,12 +150,13 @@ func (r *requestActor) stepRouting(c actor.Context, msg any) {
 		}
 		r.log.Warn("the router did not answer a pick in time; asking again", "timeout", r.pickTimeout())
 		r.pick(c)
-		return
+	case *router.Picked:
+		r.onPicked(c, m)
 	}
-	p, ok := msg.(*router.Picked)
-	if !ok {
-		return
-	}
+}
+
+// onPicked takes the router's answer to the current pick.
+func (r *requestActor) onPicked(c actor.Context, p *router.Picked) {
 	if p.Tag != r.pickTag {
 		giveBack(c, p) // a late answer to a pick the actor already asked again
 		return
@@ -134,12 +166,12 @@ func (r *requestActor) stepRouting(c actor.Context, msg any) {
 		r.route, r.served = p.Route, p.ServedModel
 	}
 	if p.Err != nil {
-		if p.Steps > 1 && p.Step < p.Steps-1 && errors.Is(p.Err, errs.ErrNoCapacity) {
+		if nonFinal(p) && errors.Is(p.Err, errs.ErrNoCapacity) {
 			r.escalate(c, p.Step) // nobody serves this step: the next one may
 			return
 		}
 		err := p.Err
-		if r.attempts > 0 && r.lastErr != nil && errors.Is(err, errs.ErrNoCapacity) {
+		if r.attempts > 0 && errors.Is(err, errs.ErrNoCapacity) {
 			// The last failure names an engine (its address, its id): it is in the log of
 			// the failover, never in the client's message (R13.4).
 			err = fmt.Errorf("%d workers tried, none answered: %w", r.attempts, errs.ErrNoCapacity)
@@ -149,17 +181,13 @@ func (r *requestActor) stepRouting(c actor.Context, msg any) {
 	}
 	r.picked = p
 	r.acquire(p)
-	if r.x.Ctx.Err() != nil {
-		r.finish(c, statusClientGone) // a routing request just ends
-		return
-	}
 	r.armRequestTimeout(c)
 	if p.Prefill != nil {
-		r.become(Tokenizing, r.stepTokenizing)
+		r.become(Tokenizing)
 		r.tokenize(c)
 		return
 	}
-	r.become(Attempting, r.stepAttempting)
+	r.become(Attempting)
 	r.startAttempt(c)
 }
 
@@ -168,27 +196,36 @@ func (r *requestActor) escalate(c actor.Context, from int) {
 	r.d.Metrics.cascade.WithLabelValues(r.route, "escalated").Inc()
 	r.cascadeStep = from + 1
 	r.exclude, r.attempts, r.lastErr, r.picked = nil, 0, nil, nil
-	r.become(Routing, r.stepRouting)
+	r.become(Routing)
 	r.pick(c)
 }
 
-// failover gives up on the current worker(s) before the first byte (R6) and routes again, or
-// ends with 503 no_capacity after max_attempts workers.
-func (r *requestActor) failover(c actor.Context, excludeID string, err error) {
+// failover gives up on the current worker before the first byte (R6): it is released with the
+// verdict on err (R14.2) and excluded, a KV handle pushed for it is released (Releasing), and
+// then retry routes again or answers.
+func (r *requestActor) failover(c actor.Context, err error) {
 	if cause := r.ioCause(); cause != nil {
 		err = fmt.Errorf("%w: %v", cause, err)
 	}
+	worker, id := r.blame()
+	o := outcome(err, 0)
 	r.stopFirstByteTimer()
 	r.endIO()
+	r.releaseWorker(c, worker, o)
 	r.releaseAll(c.Send)
-	r.releaseKVAsync()
-	r.log.Info("attempt failed before the first byte", "worker", excludeID, "err", err)
+	r.log.Info("attempt failed before the first byte", "worker", id, "outcome", o.String(), "err", err)
 	r.d.Metrics.failovers.WithLabelValues(r.route).Inc()
 	r.lastErr = err
 	r.attempts++
-	r.exclude = append(r.exclude, excludeID)
-	if r.x.Ctx.Err() != nil {
-		r.finish(c, statusClientGone)
+	r.exclude = append(r.exclude, id)
+	r.release(c, r.retry)
+}
+
+// retry is a failover's second half: the next cascade step, the answer (max_attempts workers
+// tried, or the retry budget spent), or the next worker.
+func (r *requestActor) retry(c actor.Context) {
+	if r.gone {
+		r.finish(c, statusClientGone) // the client left while the handle was released
 		return
 	}
 	if r.nonFinalStep() && r.attempts >= r.d.MaxAttempts {
@@ -208,22 +245,8 @@ func (r *requestActor) failover(c actor.Context, excludeID string, err error) {
 		return
 	}
 	r.picked = nil
-	r.become(Routing, r.stepRouting)
+	r.become(Routing)
 	r.pick(c)
-}
-
-// releaseKVAsync releases a pushed KV handle that will not be consumed, off the actor.
-func (r *requestActor) releaseKVAsync() {
-	if r.kvHandle == "" || r.d.Engines == nil {
-		return
-	}
-	h, addr, engines, timeout, clk := r.kvHandle, r.kvAddr, r.d.Engines, r.releaseTimeout(), r.clock()
-	r.kvHandle = ""
-	go func() {
-		ctx, cancel := withClockTimeout(context.Background(), clk, timeout, errControlTimeout)
-		defer cancel()
-		_ = engines.Release(ctx, addr, h)
-	}()
 }
 
 // stepAttempting handles the engine's response headers (or failure to get them).
@@ -233,35 +256,23 @@ func (r *requestActor) stepAttempting(c actor.Context, msg any) {
 		return
 	}
 	m, ok := msg.(attemptResult)
-	if !ok || m.gen != r.gen {
-		if ok && m.resp != nil {
-			m.resp.Body.Close()
-		}
+	if !ok {
 		return
 	}
-	p := r.picked
-	if r.x.Ctx.Err() != nil {
-		if m.resp != nil {
-			m.resp.Body.Close()
-		}
-		r.endIO()
-		r.abandon(c)
+	if m.err != nil {
+		r.failover(c, m.err)
 		return
 	}
-	if m.err != nil || m.resp.StatusCode == http.StatusServiceUnavailable {
-		err := m.err
-		if m.resp != nil {
-			_, _ = io.Copy(io.Discard, io.LimitReader(m.resp.Body, 64<<10))
-			m.resp.Body.Close()
-			err = fmt.Errorf("worker %s answered 503", p.WorkerID)
-		}
-		r.failover(c, p.WorkerID, err)
+	if m.resp.StatusCode == http.StatusServiceUnavailable {
+		_, _ = io.Copy(io.Discard, io.LimitReader(m.resp.Body, 64<<10))
+		m.resp.Body.Close()
+		r.failover(c, statusError{what: "worker " + r.picked.WorkerID, status: m.resp.StatusCode})
 		return
 	}
 	r.d.Metrics.ttfb(r.route, time.Since(r.x.Start)) // a measurement, not a timing rule
 	if r.nonFinalStep() {
 		resp := m.resp
-		r.become(CascadeStep, r.stepCascade)
+		r.become(CascadeStep)
 		r.runIO(c, func(ctx context.Context, gen int) any { return readAll(gen, resp) })
 		return
 	}
@@ -277,20 +288,8 @@ func (r *requestActor) stepAttempting(c actor.Context, msg any) {
 
 // stepFirstEvent commits a stream once its first event has arrived, or fails over.
 func (r *requestActor) stepFirstEvent(c actor.Context, m firstEvent) {
-	if m.gen != r.gen {
-		if m.resp != nil && m.err == nil {
-			m.resp.Body.Close()
-		}
-		return
-	}
-	if r.x.Ctx.Err() != nil {
-		m.resp.Body.Close()
-		r.endIO()
-		r.abandon(c)
-		return
-	}
 	if m.err != nil {
-		r.failover(c, r.picked.WorkerID, fmt.Errorf("worker %s: %w", r.picked.WorkerID, m.err))
+		r.failover(c, fmt.Errorf("worker %s: %w", r.picked.WorkerID, m.err))
 		return
 	}
 	r.relay(c, r.withFirstEvent(m.resp, m.prefix))
@@ -309,40 +308,29 @@ func (r *requestActor) relay(c actor.Context, resp *http.Response) {
 		}
 	}
 	r.committed = true
+	r.upStatus = resp.StatusCode
 	r.writeHeaders(resp.Header)
 	route, metrics := r.route, r.d.Metrics
 	r.relayOut = &relayResult{}
-	rl := relayer{w: r.x.W, resp: resp, log: r.log.With("worker", p.WorkerID), errs: r.d.Errors, out: r.relayOut,
+	rl := relayer{w: r.x.W, client: r.x.Ctx, resp: resp, log: r.log.With("worker", p.WorkerID), errs: r.d.Errors, out: r.relayOut,
 		onCut: func() { metrics.interrupts.WithLabelValues(route).Inc() }}
-	r.become(Relaying, r.stepRelaying)
+	r.become(Relaying)
 	r.runIO(c, func(ctx context.Context, gen int) any { rl.ctx = ctx; return rl.run(gen) })
 }
 
-// abandon ends a request whose client left, releasing a KV handle on the way.
-func (r *requestActor) abandon(c actor.Context) {
-	if r.kvHandle != "" {
-		r.become(Releasing, r.stepReleasing)
-		r.releaseKV(c)
-		return
-	}
-	r.finish(c, statusClientGone)
-}
-
 // stepCascade judges a non-final cascade step's answer (R7): kept when the accept rule holds
-// on its token logprobs (an answer with no tokens never is), else escalated.
+// on its token logprobs (an answer with no tokens never is), else escalated. A step that
+// answered 200 did its part, whichever way it is judged.
 func (r *requestActor) stepCascade(c actor.Context, msg any) {
 	m, ok := msg.(bufferedResult)
-	if !ok || m.gen != r.gen {
+	if !ok {
 		return
 	}
 	r.endIO()
+	r.releaseWorker(c, r.picked.Worker, outcome(m.err, m.status))
 	r.releaseAll(c.Send)
 	r.kvHandle = "" // a decode worker that answered in full consumed its handle
 	p := r.picked
-	if r.x.Ctx.Err() != nil {
-		r.finish(c, statusClientGone)
-		return
-	}
 	if m.err != nil || m.status != http.StatusOK {
 		r.log.Info("cascade step failed; escalating", "step", p.Step, "status", m.status, "err", m.err)
 		r.escalate(c, p.Step)
@@ -368,50 +356,60 @@ func (r *requestActor) stepCascade(c actor.Context, msg any) {
 	r.finish(c, m.status)
 }
 
-// stepRelaying ends a committed request.
+// stepRelaying ends a committed request: the worker is released with the verdict on its
+// answer (R14.2), and a KV handle the decode stream did not consume is released (R8).
 func (r *requestActor) stepRelaying(c actor.Context, msg any) {
 	m, ok := msg.(relayResult)
-	if !ok || m.gen != r.gen {
+	if !ok {
 		return
 	}
 	r.endIO()
 	if m.finished {
 		r.kvHandle = "" // consumed by the decode worker
 	}
-	if r.kvHandle != "" {
-		// R8: the decode stream did not finish; give the KV blocks back now.
-		r.releaseAll(c.Send)
-		r.code = m.code
-		r.become(Releasing, r.stepReleasing)
-		r.releaseKV(c)
-		return
-	}
-	r.finish(c, m.code)
+	r.releaseWorker(c, r.picked.Worker, outcome(m.cut(), r.upStatus))
+	r.releaseAll(c.Send)
+	r.release(c, r.finishing(m.code))
 }
 
-// releaseKV calls Release on the decode worker (Releasing).
-func (r *requestActor) releaseKV(c actor.Context) {
-	h, addr, engines, timeout, clk := r.kvHandle, r.kvAddr, r.d.Engines, r.releaseTimeout(), r.clock()
+// release gives back a KV handle that will not be consumed, through Releasing, and then runs
+// then; without a handle, then runs at once. It is the one way a handle is released while the
+// actor lives (a crashed actor's stopping makes the same call, kvRelease).
+func (r *requestActor) release(c actor.Context, then func(actor.Context)) {
+	if r.kvHandle == "" {
+		then(c)
+		return
+	}
+	r.afterRelease = then
+	r.become(Releasing)
+	call := r.kvRelease()
 	r.runIO(c, func(_ context.Context, gen int) any {
-		ctx, cancel := withClockTimeout(context.Background(), clk, timeout, errControlTimeout)
-		defer cancel()
-		if err := engines.Release(ctx, addr, h); err != nil {
-			r.log.Warn("KV release failed; the engine's lease will free it", "handle", h, "err", err)
-		}
+		call()
 		return releasedKV{gen: gen}
 	})
 }
 
+// kvRelease is the one call that gives the KV handle held now back to the decode worker, at
+// its KV address (R8), bounded by the release timeout.
+func (r *requestActor) kvRelease() func() {
+	h, addr, engines, timeout, clk, log := r.kvHandle, r.kvAddr, r.d.Engines, r.releaseTimeout(), r.clock(), r.log
+	return func() {
+		ctx, cancel := withClockTimeout(context.Background(), clk, timeout, errControlTimeout)
+		defer cancel()
+		if err := engines.Release(ctx, addr, h); err != nil {
+			log.Warn("KV release failed; the engine's lease will free it", "handle", h, "err", err)
+		}
+	}
+}
+
+// stepReleasing continues once the handle is released.
 func (r *requestActor) stepReleasing(c actor.Context, msg any) {
-	m, ok := msg.(releasedKV)
-	if !ok || m.gen != r.gen {
+	if _, ok := msg.(releasedKV); !ok {
 		return
 	}
 	r.endIO()
 	r.kvHandle = ""
-	code := r.code
-	if code == 0 {
-		code = statusClientGone
-	}
-	r.finish(c, code)
+	then := r.afterRelease
+	r.afterRelease = nil
+	then(c)
 }

@@ -88,8 +88,9 @@ type Release struct {
 // Outcome is the requester's verdict on one worker's part of a request (R14.2 outlier
 // detection). A failure is refused, reset, timeout or 5xx before the first byte, or an
 // interrupted stream; a success resets the worker's failure streak; OutcomeNone says nothing
-// about the worker (the client left, the router's pick was given back unused, a cascade
-// step's answer was judged and escalated).
+// about the worker (the client left, the router's pick was given back unused, another
+// worker's part of the request failed). A cascade step that answered 200 is a success, kept or
+// escalated: the engine worked, the answer was judged.
 type Outcome uint8
 
 // The outcomes. Their names are the reason label of tlgw_outlier_ejections_total.

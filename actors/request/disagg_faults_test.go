@@ -1,0 +1,72 @@
+package request_test
+
+import (
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tlgw/tlgw/actors/router"
+	grpcapi "github.com/tlgw/tlgw/adapters/grpc"
+	"github.com/tlgw/tlgw/internal/clock"
+	"github.com/tlgw/tlgw/internal/config"
+	"github.com/tlgw/tlgw/sim/engine"
+)
+
+// TestDecodeFailsAfterThePush (R8, R6): P has pushed the prompt's KV to D, but D fails before
+// its first byte — its HTTP surface refuses, or answers 503. The request fails over (here to
+// nobody: 503 no_capacity) and the handle is released on D, at D's KV address (not its HTTP
+// one): D holds nothing long before its lease, which never runs out here (D's clock stands
+// still).
+func TestDecodeFailsAfterThePush(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	refused := lis.Addr().String()
+	lis.Close()
+	busy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		http.Error(w, "full", http.StatusServiceUnavailable)
+	}))
+	t.Cleanup(busy.Close)
+	// D's KV surface is the real engine's in both cases; its HTTP surface is not.
+	for _, c := range []struct {
+		name string
+		http string
+	}{
+		{"D refuses", refused},
+		{"D answers 503", strings.TrimPrefix(busy.URL, "http://")},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			clients := grpcapi.NewEngines()
+			t.Cleanup(clients.Close)
+			r := newRig(t, rigOpt{engines: clients, routes: []config.Route{
+				{Model: "smol-pd", Backends: []config.Backend{{Model: "smol", Weight: 1}}, Targets: []string{config.TargetDisaggregated}},
+			}})
+			pe := startEngine(t, engine.Config{ID: "p", Model: "smol", Role: engine.RolePrefill})
+			de := startEngine(t, engine.Config{ID: "d", Model: "smol", Role: engine.RoleDecode,
+				Clock: clock.NewFake(time.Unix(0, 0))})
+			r.beatRole("p", "smol", router.RolePrefill, pe.HTTPAddr, pe.GRPCAddr, pe.KVAddr)
+			r.beatRole("d", "smol", router.RoleDecode, c.http, de.GRPCAddr, de.KVAddr)
+			resp, body := r.post(t, "/v1/completions", "", `{"model":"smol-pd","prompt":"a prompt whose KV reaches D","max_tokens":4}`)
+			if resp.StatusCode != 503 || !strings.Contains(body, "no_capacity") {
+				t.Fatalf("%d %s", resp.StatusCode, body)
+			}
+			r.engines.mu.Lock()
+			handles, releases, addrs := slices.Clone(r.engines.handles), slices.Clone(r.engines.releases), slices.Clone(r.engines.kvAddrs)
+			r.engines.mu.Unlock()
+			if len(handles) != 1 || !slices.Equal(releases, handles) || !slices.Equal(addrs, []string{de.KVAddr}) {
+				t.Fatalf("handles %v, releases %v at %v (D's KV address %s)", handles, releases, addrs, de.KVAddr)
+			}
+			r.Eventually("D holds no KV handle", func() bool {
+				st := de.Status()
+				return st.KVHandlesHeld == 0 && st.KVFreeBlocks == st.KVTotalBlocks
+			})
+			r.InFlight("p", 0)
+			r.InFlight("d", 0)
+		})
+	}
+}
