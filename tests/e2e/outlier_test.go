@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -10,31 +9,11 @@ import (
 	"time"
 )
 
-// ejectionRow is a worker's outlier state in GET /admin/v1/workers.
-type ejectionRow struct {
-	ID             string     `json:"id"`
-	Routable       bool       `json:"routable"`
-	EjectedUntil   *time.Time `json:"ejected_until"`
-	EjectionReason string     `json:"ejection_reason"`
-}
-
-func (f *fleet) ejections(t *testing.T) map[string]ejectionRow {
+// ejections is the worker listing by id.
+func (f *fleet) ejections(t *testing.T) map[string]workerRow {
 	t.Helper()
-	req, _ := http.NewRequest("GET", f.base+"/admin/v1/workers", nil)
-	req.Header.Set("Authorization", "Bearer "+f.key)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	var out struct {
-		Workers []ejectionRow `json:"workers"`
-	}
-	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
-		t.Fatal(err)
-	}
-	rows := make(map[string]ejectionRow, len(out.Workers))
-	for _, w := range out.Workers {
+	rows := make(map[string]workerRow)
+	for _, w := range f.workers(t) {
 		rows[w.ID] = w
 	}
 	return rows
