@@ -20,6 +20,7 @@ import (
 
 	"github.com/tlgw/tlgw/actors/router"
 	"github.com/tlgw/tlgw/internal/cascade"
+	"github.com/tlgw/tlgw/internal/gwtest"
 	"github.com/tlgw/tlgw/internal/oai"
 )
 
@@ -795,18 +796,10 @@ func (m *mrig) transitions(from, to State) float64 {
 	return testutil.ToFloat64(m.d.Metrics.transitions.WithLabelValues(from.String(), to.String()))
 }
 
-// gwait polls cond until it holds, failing after waitFor.
+// gwait polls cond until it holds, failing after 5 s.
 func gwait(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(waitFor)
-	tick := time.NewTicker(time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for: %s", what)
-		}
-		<-tick.C
-	}
+	gwtest.Eventually(t, what, cond)
 }
 
 // TestCascadeStepNobodyServes (R7): a non-final step nobody serves escalates at once; a last

@@ -115,6 +115,36 @@ func (cr *crasher) pick(rng *rand.Rand) *actor.PID {
 	return cr.pids[rng.IntN(len(cr.pids))]
 }
 
+// crashers are one run's panic schedules: request actors on their own results every
+// reqPeriod-th message, workers when the test aims them, the router on every
+// routerPeriod-th pick.
+type crashers struct{ req, worker, router *crasher }
+
+func newCrashers(reqPeriod, routerPeriod int64) *crashers {
+	return &crashers{
+		req: &crasher{period: reqPeriod, types: map[string]bool{
+			"*router.Picked": true, "request.attemptResult": true, "request.relayResult": true, "request.prefilled": true}},
+		worker: &crasher{},
+		router: &crasher{period: routerPeriod, types: map[string]bool{"*router.Pick": true}},
+	}
+}
+
+// options puts the schedule of an actor kind in its props.
+func (cs *crashers) options(kind string) []actor.PropsOption {
+	var c *crasher
+	switch kind {
+	case "request":
+		c = cs.req
+	case "worker":
+		c = cs.worker
+	case "router":
+		c = cs.router
+	default:
+		return nil
+	}
+	return []actor.PropsOption{actor.WithReceiverMiddleware(c.middleware)}
+}
+
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m,
 		// protoactor's dead-letter throttle goroutine lives one throttle interval after a
@@ -136,22 +166,9 @@ func TestCrashInjection(t *testing.T) {
 
 	// Crash schedules: request actors panic while routing, attempting and relaying; the
 	// router and workers panic on their own traffic.
-	reqCrash := &crasher{period: 9 + rng.Int64N(5), types: map[string]bool{
-		"*router.Picked": true, "request.attemptResult": true, "request.relayResult": true, "request.prefilled": true}}
-	workerCrash := &crasher{}
 	// The router also loses a pick now and then (its requester asks again after a timeout).
-	routerCrash := &crasher{period: 151 + rng.Int64N(20), types: map[string]bool{"*router.Pick": true}}
-	opts := func(kind string) []actor.PropsOption {
-		switch kind {
-		case "request":
-			return []actor.PropsOption{actor.WithReceiverMiddleware(reqCrash.middleware)}
-		case "worker":
-			return []actor.PropsOption{actor.WithReceiverMiddleware(workerCrash.middleware)}
-		case "router":
-			return []actor.PropsOption{actor.WithReceiverMiddleware(routerCrash.middleware)}
-		}
-		return nil
-	}
+	cs := newCrashers(9+rng.Int64N(5), 151+rng.Int64N(20))
+	reqCrash, workerCrash, routerCrash, opts := cs.req, cs.worker, cs.router, cs.options
 
 	cfg := config.Default()
 	cfg.Gateway.HTTPListen, cfg.Gateway.RegistryListen = "127.0.0.1:0", "127.0.0.1:0"

@@ -19,8 +19,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/asynkron/protoactor-go/actor"
-
 	"github.com/tlgw/tlgw/internal/app"
 	"github.com/tlgw/tlgw/internal/config"
 	"github.com/tlgw/tlgw/internal/proctest"
@@ -303,21 +301,8 @@ func TestCrashRealEngines(t *testing.T) {
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 
 	// Actor panics, sparser than TestCrashInjection's: the engines' failures are the subject.
-	reqCrash := &crasher{period: 61 + rng.Int64N(7), types: map[string]bool{
-		"*router.Picked": true, "request.attemptResult": true, "request.relayResult": true, "request.prefilled": true}}
-	workerCrash := &crasher{}
-	routerCrash := &crasher{period: 211 + rng.Int64N(20), types: map[string]bool{"*router.Pick": true}}
-	opts := func(kind string) []actor.PropsOption {
-		switch kind {
-		case "request":
-			return []actor.PropsOption{actor.WithReceiverMiddleware(reqCrash.middleware)}
-		case "worker":
-			return []actor.PropsOption{actor.WithReceiverMiddleware(workerCrash.middleware)}
-		case "router":
-			return []actor.PropsOption{actor.WithReceiverMiddleware(routerCrash.middleware)}
-		}
-		return nil
-	}
+	cs := newCrashers(61+rng.Int64N(7), 211+rng.Int64N(20))
+	reqCrash, workerCrash, routerCrash, opts := cs.req, cs.worker, cs.router, cs.options
 
 	cfg := config.Default()
 	g := &cfg.Gateway
