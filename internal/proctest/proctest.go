@@ -59,6 +59,7 @@ func (p *Proc) Logs() string {
 var (
 	tlgwLine     = regexp.MustCompile(`^tlgw listening http=(\S+) registry=(\S+)$`)
 	tlengineLine = regexp.MustCompile(`^tlengine listening http=(\S+) grpc=(\S+) kv=(\S+)$`)
+	bareLine     = regexp.MustCompile(`^bareproxy listening http=(\S+)$`) // tests/bench/bareproxy
 )
 
 // StartTLGW runs `bin serve --config` with the given TOML and waits for its listening line.
@@ -78,7 +79,7 @@ func StartEngine(t testing.TB, bin string, args ...string) *Proc {
 	return Start(t, bin, args)
 }
 
-// Start runs bin with args and waits for a tlgw or tlengine listening line on stdout, whose
+// Start runs bin with args and waits for a tlgw, tlengine or bareproxy listening line on stdout, whose
 // addresses it records. The process is stopped (SIGTERM, then SIGKILL) when the test ends.
 func Start(t testing.TB, bin string, args []string) *Proc {
 	t.Helper()
@@ -108,6 +109,8 @@ func Start(t testing.TB, bin string, args []string) *Proc {
 				addrs <- append(m[1:], "")
 			} else if m := tlengineLine.FindStringSubmatch(sc.Text()); m != nil {
 				addrs <- m[1:]
+			} else if m := bareLine.FindStringSubmatch(sc.Text()); m != nil {
+				addrs <- []string{m[1], "", ""}
 			}
 		}
 	}()
