@@ -219,7 +219,7 @@ func (r *requestActor) faultStep(c actor.Context, msg any) bool {
 	switch m := msg.(type) {
 	case firstByteTimeout:
 		if m.tag == r.fbTag && r.state == Attempting && !r.committed {
-			r.log.Info("stream_first_byte_timeout", "timeout", r.firstByteTimeout())
+			r.logger().Info("stream_first_byte_timeout", "timeout", r.firstByteTimeout())
 			r.d.Metrics.timeout(r.route, "stream_first_byte")
 			r.cancelIO(errFirstByteTimeout) // its result fails over
 		}
@@ -230,7 +230,7 @@ func (r *requestActor) faultStep(c actor.Context, msg any) bool {
 			return true // a client that left is answered already, or as its state allows
 		}
 		r.timedOut = true
-		r.log.Info("request_timeout", "timeout", r.requestTimeout(), "state", r.state.String())
+		r.logger().Info("request_timeout", "timeout", r.requestTimeout(), "state", r.state.String())
 		r.d.Metrics.timeout(r.route, "request")
 		if !r.cancelIO(errRequestTimeout) {
 			r.answerTimeout(c) // routing: no I/O to wait for

@@ -162,9 +162,9 @@ func (r *requestActor) writeHeaders(from http.Header) {
 		}
 	}
 	if r.x.Debug {
-		h.Set("X-TL-Route", r.picked.WorkerID)
+		h["X-Tl-Route"] = []string{r.picked.WorkerID} // canonical keys: no per-request canonicalizing
 		if r.picked.Steps > 1 {
-			h.Set("X-TL-Cascade-Step", strconv.Itoa(r.picked.Step))
+			h["X-Tl-Cascade-Step"] = []string{strconv.Itoa(r.picked.Step)}
 		}
 	}
 }
@@ -178,9 +178,12 @@ type relayer struct {
 	// whatever else cancelled the relay.
 	client context.Context
 	resp   *http.Response
-	log    *slog.Logger // names the worker; the client's messages never do (R13.4)
-	errs   ErrorWriter
-	onCut  func()
+	// log, id and worker report a cut answer; the worker is named in the log, never in the
+	// client's messages (R13.4).
+	log        *slog.Logger
+	id, worker string
+	errs       ErrorWriter
+	onCut      func()
 	// out receives the result before the goroutine ends, so a crashed actor can tell (after
 	// waiting for the goroutine) whether the client already has its terminal outcome.
 	out *relayResult
@@ -226,7 +229,7 @@ func (rl relayer) json(gen int, tc *tokenCounter) relayResult {
 		if errors.Is(err, errAnswerTooLarge) {
 			message = "the engine's answer is larger than 64 MiB"
 		}
-		rl.log.Warn(message, "err", err)
+		rl.log.Warn(message, "request_id", rl.id, "worker", rl.worker, "err", err)
 		code := rl.errs.Error(rl.w, fmt.Errorf("%s: %w", message, errs.ErrUpstream))
 		return relayResult{gen: gen, code: code, ended: true}
 	}
@@ -264,7 +267,7 @@ func (rl relayer) sse(gen int, tc *tokenCounter) relayResult {
 	}
 	// message is the client's and names no engine (R13.4); the detail goes to the log only.
 	interrupted := func(message string, detail error) relayResult {
-		rl.log.Warn(message, "err", detail)
+		rl.log.Warn(message, "request_id", rl.id, "worker", rl.worker, "err", detail)
 		rl.errs.SSEError(rl.w, message)
 		_ = rc.Flush()
 		rl.onCut()

@@ -40,6 +40,9 @@ type Exchange struct {
 	// over the same rendered prompt as the prefix hashes, so the two compare.
 	Class     string
 	SessionID string
+	// Rendered is the whole rendered prompt when the adapter parsed it with the body
+	// (oai.ParseRendered, one pass); nil: the actor renders it itself when it needs it.
+	Rendered []byte
 
 	done   chan struct{}
 	tokens int64 // set before done is closed
@@ -140,6 +143,9 @@ type Deps struct {
 	ControlTimeout         time.Duration
 	// RetryBudget caps the failovers running at once (R14.3); nil: no cap.
 	RetryBudget *RetryBudget
+	// Go runs an I/O step on a goroutine (internal/gopool's Pool.Go in production, so the step
+	// reuses a goroutine whose stack has grown); nil: a go statement.
+	Go func(func())
 }
 
 // requestActor is one request's state machine.
@@ -198,7 +204,7 @@ type requestActor struct {
 	upBodyFor string
 	finished  bool
 	code      int
-	log       *slog.Logger
+	log       *slog.Logger // made by logger() on first use
 
 	// R14.1 timers and R14.3 budget (faults.go).
 	fbTag     uint64      // the current first-byte timer's tag
@@ -276,7 +282,7 @@ func (r *requestActor) clientStep(c actor.Context, msg any) bool {
 // leave ends a request whose client left, as its state allows. Its holds are released with
 // no verdict on the workers (R14.2: the client, not the engine, ended the exchange).
 func (r *requestActor) leave(c actor.Context) {
-	r.log.Info("the client left", "state", r.state.String())
+	r.logger().Info("the client left", "state", r.state.String())
 	switch r.state {
 	case Routing:
 		r.finish(c, statusClientGone) // the router sees the actor stop: a queued pick leaves
@@ -306,13 +312,23 @@ func (r *requestActor) become(to State) {
 	if !allowed(r.state, to) {
 		panic(IllegalTransition{From: r.state, To: to})
 	}
-	r.log.Debug("request transition", "from", r.state.String(), "to", to.String())
+	if r.d.Logger.Enabled(context.Background(), slog.LevelDebug) {
+		r.logger().Debug("request transition", "from", r.state.String(), "to", to.String())
+	}
 	r.d.Metrics.transition(r.state, to)
 	r.state = to
 }
 
+// logger is the request's logger, naming its request id; made on first use, since most
+// requests log nothing.
+func (r *requestActor) logger() *slog.Logger {
+	if r.log == nil {
+		r.log = r.d.Logger.With("request_id", r.x.ID)
+	}
+	return r.log
+}
+
 func (r *requestActor) start(c actor.Context) {
-	r.log = r.d.Logger.With("request_id", r.x.ID)
 	// The labels are the router's names for the request (R13.4): until it has named a route,
 	// the model is "unknown", so no client string ever becomes a metric label.
 	r.route, r.served = UnknownLabel, UnknownLabel
@@ -349,10 +365,13 @@ func (r *requestActor) pick(c actor.Context) {
 		// The size estimate and the cached-prefix hashes cover the same bytes: the whole
 		// rendered prompt (bounded by the body limit), so a long prompt sent again is seen
 		// as cached.
-		rendered := oai.RenderPrompt(r.x.Kind, r.x.Body, len(r.x.Body))
+		rendered := r.x.Rendered
+		if rendered == nil {
+			rendered = oai.RenderPrompt(r.x.Kind, r.x.Body, len(r.x.Body))
+		}
 		r.promptToks = len(rendered) / 4 // an estimate: the gateway has no tokenizer
 		if r.d.PrefixHashes {
-			r.hashes = prefixindex.Hashes(nil, rendered)
+			r.hashes = prefixindex.Hashes(make([]uint64, 0, len(rendered)/prefixindex.ChunkBytes), rendered)
 		}
 	}
 	p := &router.Pick{
@@ -483,8 +502,8 @@ func (r *requestActor) stopping(c actor.Context) {
 	if r.finished {
 		return
 	}
-	r.d.Metrics.crashes.Inc() // r.log is set: start is the first thing the actor runs
-	r.log.Error("request actor stopped before finishing: answering the client and releasing", "state", r.state.String())
+	r.d.Metrics.crashes.Inc()
+	r.logger().Error("request actor stopped before finishing: answering the client and releasing", "state", r.state.String())
 	if r.cancel != nil && !r.committed {
 		r.cancel() // an attempt not yet committed is abandoned; a relay runs to its end
 	}

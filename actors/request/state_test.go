@@ -57,8 +57,8 @@ func TestTheTableDrivesTheMachine(t *testing.T) {
 	// A request in Releasing gets its step from the table: the Release's answer runs the
 	// continuation and nothing else does.
 	var ran []string
-	r := &requestActor{d: &Deps{Metrics: NewMetrics(nil)}, state: Attempting, kvHandle: "h",
-		log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	r := &requestActor{d: &Deps{Metrics: NewMetrics(nil), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))},
+		state: Attempting, kvHandle: "h"}
 	r.afterRelease = func(actor.Context) { ran = append(ran, r.state.String()) }
 	r.become(Releasing)
 	machine[r.state].step(r, nil, attemptResult{})

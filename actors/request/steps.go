@@ -112,10 +112,15 @@ func (r *requestActor) runIO(c actor.Context, fn func(ctx context.Context, gen i
 	done := make(chan struct{})
 	r.ioDone = done
 	self, root := c.Self(), c.ActorSystem().Root
-	go func() {
+	step := func() {
 		defer close(done)
 		root.Send(self, fn(ctx, gen))
-	}()
+	}
+	if r.d.Go != nil {
+		r.d.Go(step)
+		return
+	}
+	go step()
 }
 
 // endIO cancels the attempt's context (after its answer was relayed or abandoned).
@@ -148,7 +153,7 @@ func (r *requestActor) stepRouting(c actor.Context, msg any) {
 			r.fail(c, fmt.Errorf("the router did not answer %d picks: %w", r.pickRetries, errs.ErrInternal))
 			return
 		}
-		r.log.Warn("the router did not answer a pick in time; asking again", "timeout", r.pickTimeout())
+		r.logger().Warn("the router did not answer a pick in time; asking again", "timeout", r.pickTimeout())
 		r.pick(c)
 	case *router.Picked:
 		r.onPicked(c, m)
@@ -213,7 +218,7 @@ func (r *requestActor) failover(c actor.Context, err error) {
 	r.endIO()
 	r.releaseWorker(c, worker, o)
 	r.releaseAll(c.Send)
-	r.log.Info("attempt failed before the first byte", "worker", id, "outcome", o.String(), "err", err)
+	r.logger().Info("attempt failed before the first byte", "worker", id, "outcome", o.String(), "err", err)
 	r.d.Metrics.failovers.WithLabelValues(r.route).Inc()
 	r.lastErr = err
 	r.attempts++
@@ -239,7 +244,7 @@ func (r *requestActor) retry(c actor.Context) {
 	if !r.retryAllowed() {
 		// R14.3: the failovers running at once are at the retry budget; this failure is
 		// answered instead of retried.
-		r.log.Info("retry budget spent; not failing over", "limit", r.d.RetryBudget.Limit())
+		r.logger().Info("retry budget spent; not failing over", "limit", r.d.RetryBudget.Limit())
 		r.d.Metrics.budgetSpent(r.route)
 		r.fail(c, fmt.Errorf("the worker failed and the retry budget is spent: %w", errs.ErrNoCapacity))
 		return
@@ -312,7 +317,7 @@ func (r *requestActor) relay(c actor.Context, resp *http.Response) {
 	r.writeHeaders(resp.Header)
 	route, metrics := r.route, r.d.Metrics
 	r.relayOut = &relayResult{}
-	rl := relayer{w: r.x.W, client: r.x.Ctx, resp: resp, log: r.log.With("worker", p.WorkerID), errs: r.d.Errors, out: r.relayOut,
+	rl := relayer{w: r.x.W, client: r.x.Ctx, resp: resp, log: r.d.Logger, id: r.x.ID, worker: p.WorkerID, errs: r.d.Errors, out: r.relayOut,
 		onCut: func() { metrics.interrupts.WithLabelValues(route).Inc() }}
 	r.become(Relaying)
 	r.runIO(c, func(ctx context.Context, gen int) any { rl.ctx = ctx; return rl.run(gen) })
@@ -332,7 +337,7 @@ func (r *requestActor) stepCascade(c actor.Context, msg any) {
 	r.kvHandle = "" // a decode worker that answered in full consumed its handle
 	p := r.picked
 	if m.err != nil || m.status != http.StatusOK {
-		r.log.Info("cascade step failed; escalating", "step", p.Step, "status", m.status, "err", m.err)
+		r.logger().Info("cascade step failed; escalating", "step", p.Step, "status", m.status, "err", m.err)
 		r.escalate(c, p.Step)
 		return
 	}
@@ -392,7 +397,7 @@ func (r *requestActor) release(c actor.Context, then func(actor.Context)) {
 // kvRelease is the one call that gives the KV handle held now back to the decode worker, at
 // its KV address (R8), bounded by the release timeout.
 func (r *requestActor) kvRelease() func() {
-	h, addr, engines, timeout, clk, log := r.kvHandle, r.kvAddr, r.d.Engines, r.releaseTimeout(), r.clock(), r.log
+	h, addr, engines, timeout, clk, log := r.kvHandle, r.kvAddr, r.d.Engines, r.releaseTimeout(), r.clock(), r.logger()
 	return func() {
 		ctx, cancel := withClockTimeout(context.Background(), clk, timeout, errControlTimeout)
 		defer cancel()

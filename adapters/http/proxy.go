@@ -47,12 +47,19 @@ func (s *Server) inference(w http.ResponseWriter, r *http.Request, kind oai.Kind
 		s.metrics.reject(writeError(w, err))
 		return
 	}
-	req, err := oai.Parse(kind, body)
+	var req oai.Request
+	var rendered []byte
+	if s.renderPrompts {
+		req, rendered, err = oai.ParseRendered(kind, body, len(body))
+	} else {
+		req, err = oai.Parse(kind, body)
+	}
 	if err != nil {
 		s.metrics.reject(writeError(w, fmt.Errorf("%v: %w", err, errs.ErrInvalidRequest)))
 		return
 	}
 	x := request.NewExchange(r.Context(), w, r.URL.Path, kind, id, km.scopes&scopeDebug != 0, body, req, start)
+	x.Rendered = rendered
 	if s.admission.Enabled {
 		class, err := s.admissionClass(km.class, r.Header.Get("X-TL-Class"))
 		if err != nil {
@@ -71,15 +78,16 @@ func (s *Server) inference(w http.ResponseWriter, r *http.Request, kind oai.Kind
 	}
 }
 
-// rateLimitHeaders sets OpenAI's rate-limit headers for a limited key (R13.5).
+// rateLimitHeaders sets OpenAI's rate-limit headers for a limited key (R13.5). The keys are
+// written in their canonical form directly (h.Set would canonicalize, and allocate, per call).
 func rateLimitHeaders(h http.Header, st ratelimit.Status) {
 	if st.RPM > 0 {
-		h.Set("x-ratelimit-limit-requests", strconv.FormatInt(st.RPM, 10))
-		h.Set("x-ratelimit-remaining-requests", strconv.FormatInt(st.RemainingRequests, 10))
+		h["X-Ratelimit-Limit-Requests"] = []string{strconv.FormatInt(st.RPM, 10)}
+		h["X-Ratelimit-Remaining-Requests"] = []string{strconv.FormatInt(st.RemainingRequests, 10)}
 	}
 	if st.TPM > 0 {
-		h.Set("x-ratelimit-limit-tokens", strconv.FormatInt(st.TPM, 10))
-		h.Set("x-ratelimit-remaining-tokens", strconv.FormatInt(st.RemainingTokens, 10))
+		h["X-Ratelimit-Limit-Tokens"] = []string{strconv.FormatInt(st.TPM, 10)}
+		h["X-Ratelimit-Remaining-Tokens"] = []string{strconv.FormatInt(st.RemainingTokens, 10)}
 	}
 }
 

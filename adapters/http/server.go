@@ -73,6 +73,9 @@ type Options struct {
 	ClientWriteTimeout time.Duration // a client that takes no write for it is dropped
 	// Now is the clock of the per-key rate limits (R13.5); default time.Now.
 	Now func() time.Time
+	// RenderPrompts: the request actors need each prompt rendered in full (the prefix index
+	// or admission is on), so the body's one parse renders it too (Exchange.Rendered).
+	RenderPrompts bool
 }
 
 // Server is the gateway's http.Handler.
@@ -88,6 +91,8 @@ type Server struct {
 	draining  atomic.Bool
 	admission Admission
 	static    StaticWorkers
+
+	renderPrompts bool
 
 	maxInFlight  int
 	inFlight     atomic.Int64
@@ -110,6 +115,7 @@ func New(o Options) *Server {
 		core: o.Core, serve: o.Serve, keys: newKeyring(o.Keys), limiter: ratelimit.New(o.Now), maxBody: o.MaxBodyBytes, admission: o.Admission, static: o.Static,
 		log: o.Logger, metrics: newHTTPMetrics(o.Registerer),
 		maxInFlight: o.MaxInFlight, bodyTimeout: o.BodyReadTimeout, writeTimeout: o.ClientWriteTimeout,
+		renderPrompts: o.RenderPrompts,
 	}
 	if o.Gatherer != nil {
 		s.metricsH = promhttp.HandlerFor(o.Gatherer, promhttp.HandlerOpts{})

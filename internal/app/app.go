@@ -26,6 +26,7 @@ import (
 	"github.com/tlgw/tlgw/internal/actormetrics"
 	"github.com/tlgw/tlgw/internal/clock"
 	"github.com/tlgw/tlgw/internal/config"
+	"github.com/tlgw/tlgw/internal/gopool"
 )
 
 // Options tune what Start builds beyond the configuration.
@@ -54,6 +55,7 @@ type App struct {
 	engines  *grpcapi.Engines
 	static   *staticWorkers
 	unwatch  func()
+	pool     *gopool.Pool
 	serveErr chan error
 }
 
@@ -82,6 +84,8 @@ func Start(cfg *config.Config, o Options) (*App, error) {
 	}
 	prefixBlocks := prefixIndexBlocks(cfg, admCfg)
 	engines := grpcapi.NewEngines()
+	// Every actor's mailbox and every request's I/O run on pooled goroutines (internal/gopool).
+	pool := gopool.New(0)
 	gw, err := gateway.Start(gateway.Config{
 		Admission: admCfg, PrefixIndexBlocks: prefixBlocks, MaxWorkers: cfg.Registry.MaxWorkers,
 		Outlier: g.Outlier,
@@ -91,7 +95,7 @@ func Start(cfg *config.Config, o Options) (*App, error) {
 		HeartbeatInterval: g.HeartbeatInterval, MissLimit: g.HeartbeatMissLimit,
 		Logger: o.Logger, RouterMetrics: router.NewMetrics(reg),
 		Options: func(kind string) []actor.PropsOption {
-			opts := am.Options(kind)
+			opts := append(am.Options(kind), actor.WithDispatcher(pool))
 			if o.ActorOptions != nil {
 				opts = append(opts, o.ActorOptions(kind)...)
 			}
@@ -99,9 +103,10 @@ func Start(cfg *config.Config, o Options) (*App, error) {
 		},
 	})
 	if err != nil {
+		pool.Close()
 		return nil, err
 	}
-	a := &App{Gateway: gw, Registry: reg, cfg: cfg, log: o.Logger, serveErr: make(chan error, 2)}
+	a := &App{Gateway: gw, Registry: reg, cfg: cfg, log: o.Logger, serveErr: make(chan error, 2), pool: pool}
 	a.unwatch = am.WatchSystem(gw.System)
 
 	httpLis, err := net.Listen("tcp", g.HTTPListen)
@@ -127,8 +132,9 @@ func Start(cfg *config.Config, o Options) (*App, error) {
 		StreamFirstByteTimeout: g.StreamFirstByteTimeout, RequestTimeout: g.RequestTimeout,
 		StreamIdleTimeout: g.StreamIdleTimeout, ControlTimeout: g.ControlTimeout,
 		RetryBudget: request.NewRetryBudget(g.RetryBudgetPercent),
+		Go:          pool.Go,
 	}
-	reqOpts := am.Options("request")
+	reqOpts := append(am.Options("request"), actor.WithDispatcher(pool))
 	if o.ActorOptions != nil {
 		reqOpts = append(reqOpts, o.ActorOptions("request")...)
 	}
@@ -141,6 +147,7 @@ func Start(cfg *config.Config, o Options) (*App, error) {
 		Serve:      func(x *request.Exchange) { request.Spawn(gw.System, deps, x, reqOpts...) },
 		Registerer: reg, Gatherer: reg,
 		MaxInFlight: g.MaxInFlight, BodyReadTimeout: g.BodyReadTimeout, ClientWriteTimeout: g.ClientWriteTimeout,
+		RenderPrompts: deps.PrefixHashes || deps.Admission,
 	})
 	a.httpSrv = newHTTPServer(a.HTTP, g)
 	a.grpcLis = grpcapi.NewListener(gw, regOpts, grpcOpts...)
@@ -180,6 +187,7 @@ func (a *App) stopActors() {
 		a.unwatch()
 	}
 	a.Gateway.Stop()
+	a.pool.Close()
 }
 
 // admissionConfig turns [admission] into the router's queue configuration (nil when absent).

@@ -47,6 +47,28 @@ func FuzzParse(f *testing.F) {
 			if keyErr != nil && err == nil {
 				t.Fatalf("PrefixKey error %v, but Parse succeeded", keyErr)
 			}
+			// ParseRendered is Parse plus the whole rendered prompt: the same answer, a render
+			// that extends the prefix key, fits in the body, equals RenderPrompt's and is cut,
+			// not changed, by a smaller limit.
+			rr, rendered, rerr := ParseRendered(kind, in, len(in))
+			if (rerr == nil) != (err == nil) || (err != nil && rerr.Error() != err.Error()) {
+				t.Fatalf("ParseRendered error %v, Parse error %v", rerr, err)
+			}
+			if err == nil {
+				if d := cmp.Diff(r, rr); d != "" {
+					t.Fatalf("ParseRendered(%v, %q) differs from Parse (-Parse +got):\n%s", kind, body, d)
+				}
+				if !bytes.HasPrefix(rendered, r.PrefixKey) || len(rendered) > len(in) ||
+					(len(r.PrefixKey) < PrefixLen && len(rendered) != len(r.PrefixKey)) {
+					t.Fatalf("render %q of %q does not extend the key %q", rendered, body, r.PrefixKey)
+				}
+				if full := RenderPrompt(kind, in, len(in)); !bytes.Equal(full, rendered) {
+					t.Fatalf("RenderPrompt %q != ParseRendered's %q", full, rendered)
+				}
+				if _, cut, _ := ParseRendered(kind, in, 70); !bytes.Equal(cut, rendered[:min(70, len(rendered))]) {
+					t.Fatalf("a 70-byte render %q is not the full render's start %q", cut, rendered)
+				}
+			}
 			if string(in) != body {
 				t.Fatal("input modified")
 			}

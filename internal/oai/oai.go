@@ -222,11 +222,35 @@ func promptKey(kind Kind) string {
 // string`, `"model" is required`. Syntax errors come first, then a repeated
 // top-level key, then model, stream, user, and the prompt.
 func Parse(kind Kind, body []byte) (Request, error) {
+	var arr [PrefixLen]byte
+	p := prefix{b: arr[:]}
+	return parse(kind, body, &p)
+}
+
+// ParseRendered is Parse that also returns the rendered prompt in full, up to max bytes (the
+// prefix key is its first PrefixLen bytes), from the same single pass over body. The
+// approximate prefix index (R10) hashes it and admission sizes the prompt by it.
+func ParseRendered(kind Kind, body []byte, max int) (Request, []byte, error) {
+	p := newRender(body, max)
+	r, err := parse(kind, body, &p)
+	if err != nil {
+		return Request{}, nil, err
+	}
+	return r, p.b[:p.n], nil
+}
+
+// newRender is a prefix for a whole prompt of up to max bytes. A rendered prompt is never
+// longer than its body (decoding only shortens strings, and the role, newlines and spaces a
+// render adds replace at least as many bytes of JSON), so len(body) bytes always suffice.
+func newRender(body []byte, limit int) prefix {
+	return prefix{b: make([]byte, max(0, min(limit, len(body))))}
+}
+
+func parse(kind Kind, body []byte, p *prefix) (Request, error) {
 	if kind != Completions && kind != Chat {
 		return Request{}, &Error{Msg: "unknown request kind " + kind.String()}
 	}
-	var p prefix
-	f, err := scan(kind, body, &p)
+	f, err := scan(kind, body, p)
 	if err != nil {
 		return Request{}, err
 	}
@@ -283,7 +307,8 @@ func PrefixKey(kind Kind, body []byte) ([]byte, error) {
 	if kind != Completions && kind != Chat {
 		return nil, &Error{Msg: "unknown request kind " + kind.String()}
 	}
-	var p prefix
+	var arr [PrefixLen]byte
+	p := prefix{b: arr[:]}
 	f, err := scan(kind, body, &p)
 	if err != nil {
 		return nil, err
@@ -294,11 +319,12 @@ func PrefixKey(kind Kind, body []byte) ([]byte, error) {
 	return p.key(), nil
 }
 
-// prefix collects the first PrefixLen bytes of a rendered prompt. Writes
-// past the end are dropped, so rendering can go on validating the rest of
-// the prompt at the cost of scanning only.
+// prefix collects the first len(b) bytes of a rendered prompt: PrefixLen for the prefix key
+// (in the caller's array, so Parse allocates nothing for it), more for ParseRendered. Writes
+// past the end are dropped, so rendering can go on validating the rest of the prompt at the
+// cost of scanning only.
 type prefix struct {
-	b [PrefixLen]byte
+	b []byte
 	n int
 }
 
@@ -333,9 +359,10 @@ func (p *prefix) writeString(raw []byte, esc bool) {
 	}
 }
 
+// key is a copy of the first PrefixLen bytes.
 func (p *prefix) key() []byte {
-	k := make([]byte, p.n)
-	copy(k, p.b[:p.n])
+	k := make([]byte, min(p.n, PrefixLen))
+	copy(k, p.b)
 	return k
 }
 
@@ -521,17 +548,37 @@ func msgParam(i int, field string) string {
 }
 
 // texts are the text parts of one message's content, in order. Only
-// non-empty ones are kept, and at most PrefixLen of them: each adds at least
-// one byte, so later ones cannot reach the prefix.
+// non-empty ones are kept, and at most limit of them (the render's byte limit):
+// each adds at least one byte, so later ones cannot reach the render. The first
+// PrefixLen live in the array; a longer render keeps the rest in more.
 type texts struct {
-	s [PrefixLen]str
-	n int
+	s     [PrefixLen]str
+	more  []str
+	n     int
+	limit int
 }
 
 func (t *texts) add(v str) {
-	if v.end > v.start && t.n < len(t.s) {
+	switch {
+	case v.end <= v.start || t.n >= t.limit:
+		return
+	case t.n < len(t.s):
 		t.s[t.n] = v
-		t.n++
+	default:
+		t.more = append(t.more, v)
+	}
+	t.n++
+}
+
+func (t *texts) reset() { t.n, t.more = 0, t.more[:0] }
+
+// each calls f with the kept parts in order.
+func (t *texts) each(f func(str)) {
+	for _, v := range t.s[:min(t.n, len(t.s))] {
+		f(v)
+	}
+	for _, v := range t.more {
+		f(v)
 	}
 }
 
@@ -555,6 +602,7 @@ func (p *prefix) message(s *scanner, i int) error {
 		contentErr error
 		buf        [6 * maxKeyLen]byte
 	)
+	parts.limit = len(p.b)
 	for {
 		k, ok, err := it.next()
 		if err != nil {
@@ -572,7 +620,8 @@ func (p *prefix) message(s *scanner, i int) error {
 			role = span{start, s.pos}
 			continue
 		case "content":
-			content, isParts, parts.n, contentErr = str{}, false, 0, nil
+			content, isParts, contentErr = str{}, false, nil
+			parts.reset()
 			switch s.data[start] {
 			case '"':
 				raw, esc, err := s.str()
@@ -614,9 +663,7 @@ func (p *prefix) message(s *scanner, i int) error {
 	p.writeString(contents(s.data, role))
 	p.writeByte('\n')
 	if isParts {
-		for _, t := range parts.s[:parts.n] {
-			p.writeStr(s.data, t)
-		}
+		parts.each(func(t str) { p.writeStr(s.data, t) })
 	} else {
 		p.writeStr(s.data, content)
 	}
