@@ -90,18 +90,22 @@ func New(reg prometheus.Registerer) *Metrics {
 
 // Options returns the props options that instrument actors of the given
 // kind: a mailbox (unbounded, protoactor's default) whose probe keeps the
-// actor in the live set from start to *actor.Stop, and a receiver middleware
-// that times every message, lifecycle messages included. Append further
-// options after these, e.g. a dispatcher.
+// actor in the live set from start to *actor.Stop and times every message the
+// mailbox hands to the actor, lifecycle and system messages included. Append
+// further options after these, e.g. a dispatcher.
+//
+// The timing sits between the mailbox and the actor's context (the probe wraps
+// the invoker the mailbox is given), not in a receiver middleware: protoactor
+// wraps every message of an actor with receiver middleware in a new envelope,
+// an allocation per message that the probe avoids.
 func (m *Metrics) Options(kindName string) []actor.PropsOption {
 	k := m.kind(kindName)
 	return []actor.PropsOption{
 		actor.WithMailbox(func() actor.Mailbox {
 			p := &probe{kind: k}
-			p.mb = actor.Unbounded(p)()
-			return p.mb
+			p.Mailbox = actor.Unbounded(p)()
+			return p
 		}),
-		actor.WithReceiverMiddleware(k.receiver),
 	}
 }
 
@@ -169,17 +173,40 @@ const (
 	probeGone
 )
 
-// probe is the per-mailbox middleware. It is reached from the mailbox's
-// own goroutine (MessageReceived) and the spawner's (MailboxStarted); the
+// probe is one actor's mailbox (protoactor's, embedded), its middleware and
+// the invoker the mailbox calls (which times each message on its way to the
+// actor's context). It is reached from the mailbox's own goroutine
+// (MessageReceived, the invoker) and the spawner's (MailboxStarted); the
 // kind's mutex orders the two.
 type probe struct {
+	actor.Mailbox
 	kind       *kind
-	mb         actor.Mailbox
+	inv        actor.MessageInvoker // the actor's context
 	prev, next *probe
 	state      uint8
 }
 
-var _ actor.MailboxMiddleware = (*probe)(nil)
+var (
+	_ actor.MailboxMiddleware = (*probe)(nil)
+	_ actor.Mailbox           = (*probe)(nil)
+	_ actor.MessageInvoker    = (*probe)(nil)
+)
+
+// RegisterHandlers implements actor.Mailbox: the mailbox invokes the probe,
+// which invokes the actor's context.
+func (p *probe) RegisterHandlers(inv actor.MessageInvoker, d actor.Dispatcher) {
+	p.inv = inv
+	p.Mailbox.RegisterHandlers(p, d)
+}
+
+// InvokeUserMessage implements actor.MessageInvoker, timing the handler.
+func (p *probe) InvokeUserMessage(msg any) { p.kind.time(msg, p.inv.InvokeUserMessage) }
+
+// InvokeSystemMessage implements actor.MessageInvoker, timing the handler.
+func (p *probe) InvokeSystemMessage(msg any) { p.kind.time(msg, p.inv.InvokeSystemMessage) }
+
+// EscalateFailure implements actor.MessageInvoker.
+func (p *probe) EscalateFailure(reason, msg any) { p.inv.EscalateFailure(reason, msg) }
 
 func (p *probe) MailboxStarted() {
 	k := p.kind
@@ -226,23 +253,20 @@ func (k *kind) sample() (queued, live int) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	for p := k.head.next; p != &k.head; p = p.next {
-		queued += p.mb.UserMessageCount()
+		queued += p.UserMessageCount()
 	}
 	return queued, k.live
 }
 
-// receiver is the ReceiverMiddleware that times each message.
-func (k *kind) receiver(next actor.ReceiverFunc) actor.ReceiverFunc {
-	return func(c actor.ReceiverContext, env *actor.MessageEnvelope) {
-		obs := k.observer(env.Message)
-		// The real monotonic clock, not the injected one: this measures
-		// how long the handler ran on this machine, and no behaviour
-		// depends on it. A handler that panics is not timed; the
-		// supervisor counts it.
-		start := time.Since(epoch)
-		next(c, env)
-		obs.Observe((time.Since(epoch) - start).Seconds())
-	}
+// time runs invoke(msg) and observes how long it took under msg's type.
+func (k *kind) time(msg any, invoke func(any)) {
+	obs := k.observer(actor.UnwrapEnvelopeMessage(msg))
+	// The real monotonic clock, not the injected one: this measures how long
+	// the handler ran on this machine, and no behaviour depends on it. A
+	// handler that panics is not timed; the supervisor counts it.
+	start := time.Since(epoch)
+	invoke(msg)
+	obs.Observe((time.Since(epoch) - start).Seconds())
 }
 
 // epoch is the base of handler timings. time.Since(epoch) reads only the
