@@ -322,23 +322,29 @@ func (r *requestActor) withFirstEvent(resp *http.Response, prefix []byte) *http.
 
 // idleBody ends a relayed stream when no event has completed for d (R14.1): the engine's body
 // is closed, the relay's read fails with errStreamIdle, and the client gets the R6 error event.
+//
+// An event only records when it ended (one clock read); the stream's one timer is moved
+// lazily: when it fires before d has passed since the last event, it is set again for the
+// rest, so a stream of many events pays for a timer once per d, not once per event.
 type idleBody struct {
 	r      io.Reader
 	closer io.Closer
 	clk    clock.Clock
 	d      time.Duration
 	onIdle func() // counts the timeout (metrics); may be nil
+	base   time.Time
 
+	last  atomic.Int64 // when the last event ended, as time since base
 	mu    sync.Mutex
-	timer clock.Timer
-	tail  [3]byte // the last bytes read, to see an event end split between two reads
+	timer clock.Timer // nil once closed
+	tail  [3]byte     // the last bytes read, to see an event end split between two reads
 	ntail int
 	idle  atomic.Bool
 }
 
 func newIdleBody(r io.Reader, closer io.Closer, clk clock.Clock, d time.Duration, onIdle func()) *idleBody {
-	b := &idleBody{r: r, closer: closer, clk: clk, d: d, onIdle: onIdle}
-	b.reset()
+	b := &idleBody{r: r, closer: closer, clk: clk, d: d, onIdle: onIdle, base: clk.Now()}
+	b.timer = clk.AfterFunc(d, b.check)
 	return b
 }
 
@@ -348,21 +354,30 @@ func (r *requestActor) newIdleBody(rd io.Reader, closer io.Closer) *idleBody {
 	return newIdleBody(rd, closer, r.clock(), r.idleTimeout(), func() { metrics.timeout(route, "stream_idle") })
 }
 
-func (b *idleBody) reset() {
+// event records that an event ended now.
+func (b *idleBody) event() { b.last.Store(int64(b.clk.Now().Sub(b.base))) }
+
+// check runs when the timer fires: the stream is idle if d has passed since its last event,
+// else the timer is set for what is left.
+func (b *idleBody) check() {
 	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.timer != nil {
-		b.timer.Stop()
+	if b.timer == nil {
+		b.mu.Unlock()
+		return // closed
 	}
-	b.timer = b.clk.AfterFunc(b.d, func() {
-		if b.idle.Swap(true) {
-			return
-		}
-		if b.onIdle != nil {
-			b.onIdle()
-		}
-		go b.closer.Close() // Close may wait for the connection; the timer must not
-	})
+	if left := time.Duration(b.last.Load()) + b.d - b.clk.Now().Sub(b.base); left > 0 {
+		b.timer = b.clk.AfterFunc(left, b.check)
+		b.mu.Unlock()
+		return
+	}
+	b.mu.Unlock()
+	if b.idle.Swap(true) {
+		return
+	}
+	if b.onIdle != nil {
+		b.onIdle()
+	}
+	go b.closer.Close() // Close may wait for the connection; the timer must not
 }
 
 func (b *idleBody) Read(p []byte) (int, error) {
@@ -376,7 +391,7 @@ func (b *idleBody) Read(p []byte) (int, error) {
 		k := copy(joint[:], b.tail[:b.ntail])
 		k += copy(joint[k:], p[:min(n, 3)])
 		if hasEventEnd(p[:n]) || hasEventEnd(joint[:k]) {
-			b.reset()
+			b.event()
 		}
 		if n >= len(b.tail) {
 			b.ntail = copy(b.tail[:], p[n-len(b.tail):n])
@@ -396,6 +411,7 @@ func (b *idleBody) Close() error {
 	b.mu.Lock()
 	if b.timer != nil {
 		b.timer.Stop()
+		b.timer = nil
 	}
 	b.mu.Unlock()
 	return b.closer.Close()

@@ -320,7 +320,17 @@ var totalTokensKey = []byte(`"total_tokens":`)
 
 func (tc *tokenCounter) observe(b []byte) {
 	tc.events += int64(bytes.Count(b, []byte("\n\n")))
-	if i := bytes.LastIndex(b, totalTokensKey); i >= 0 {
+	// The last occurrence, found with forward searches (vectorized for a short pattern; most
+	// chunks hold none, and only the usage chunk holds one).
+	i := bytes.Index(b, totalTokensKey)
+	for i >= 0 {
+		j := bytes.Index(b[i+len(totalTokensKey):], totalTokensKey)
+		if j < 0 {
+			break
+		}
+		i += len(totalTokensKey) + j
+	}
+	if i >= 0 {
 		rest := bytes.TrimLeft(b[i+len(totalTokensKey):], " ")
 		n := 0
 		for n < len(rest) && n < 19 && rest[n] >= '0' && rest[n] <= '9' {

@@ -38,24 +38,12 @@ func (e statusError) Error() string { return fmt.Sprintf("%s answered %d", e.wha
 // relay reports it as a cut (errCut), since the client got the R6 error event like any other
 // interrupted stream.
 func outcome(err error, status int) router.Outcome {
-	var se statusError
-	var ne net.Error
-	var op *net.OpError
-	switch {
-	case err == nil:
-	case errors.As(err, &se):
-		status = se.status
-	case errors.Is(err, errFirstByteTimeout), errors.Is(err, errRequestTimeout), errors.Is(err, errControlTimeout),
-		errors.Is(err, errStreamIdle), errors.As(err, &ne) && ne.Timeout():
-		return router.OutcomeTimeout
-	case errors.Is(err, syscall.ECONNREFUSED), errors.As(err, &op) && op.Op == "dial":
-		return router.OutcomeRefused
-	case errors.Is(err, errCut):
-		return router.OutcomeInterrupted
-	case errors.Is(err, context.Canceled):
-		return router.OutcomeNone
-	default:
-		return router.OutcomeReset
+	if err != nil {
+		o, s := errOutcome(err)
+		if s == 0 {
+			return o
+		}
+		status = s
 	}
 	switch {
 	case status >= 500:
@@ -64,6 +52,29 @@ func outcome(err error, status int) router.Outcome {
 		return router.OutcomeSuccess
 	}
 	return router.OutcomeNone
+}
+
+// errOutcome classifies a failed exchange's error: an outcome, or (a statusError) the status
+// it stands for. It is apart from outcome so that the success path does not pay for the
+// errors.As targets, which escape.
+func errOutcome(err error) (router.Outcome, int) {
+	var se statusError
+	var ne net.Error
+	var op *net.OpError
+	switch {
+	case errors.As(err, &se):
+		return router.OutcomeNone, se.status
+	case errors.Is(err, errFirstByteTimeout), errors.Is(err, errRequestTimeout), errors.Is(err, errControlTimeout),
+		errors.Is(err, errStreamIdle), errors.As(err, &ne) && ne.Timeout():
+		return router.OutcomeTimeout, 0
+	case errors.Is(err, syscall.ECONNREFUSED), errors.As(err, &op) && op.Op == "dial":
+		return router.OutcomeRefused, 0
+	case errors.Is(err, errCut):
+		return router.OutcomeInterrupted, 0
+	case errors.Is(err, context.Canceled):
+		return router.OutcomeNone, 0
+	}
+	return router.OutcomeReset, 0
 }
 
 // cut is what ended a relayed answer, as outcome reads it: nil when it reached its end,
