@@ -89,23 +89,14 @@ func New(reg prometheus.Registerer) *Metrics {
 }
 
 // Options returns the props options that instrument actors of the given
-// kind: a mailbox (unbounded, protoactor's default) whose probe keeps the
-// actor in the live set from start to *actor.Stop and times every message the
-// mailbox hands to the actor, lifecycle and system messages included. Append
-// further options after these, e.g. a dispatcher.
-//
-// The timing sits between the mailbox and the actor's context (the probe wraps
-// the invoker the mailbox is given), not in a receiver middleware: protoactor
-// wraps every message of an actor with receiver middleware in a new envelope,
-// an allocation per message that the probe avoids.
+// kind: the kind's mailbox (mailbox.go: unbounded, protoactor's semantics),
+// which keeps the actor in the live set from start to *actor.Stop and times
+// every message it hands to the actor, lifecycle and system messages
+// included. Append further options after these, e.g. a dispatcher.
 func (m *Metrics) Options(kindName string) []actor.PropsOption {
 	k := m.kind(kindName)
 	return []actor.PropsOption{
-		actor.WithMailbox(func() actor.Mailbox {
-			p := &probe{kind: k}
-			p.Mailbox = actor.Unbounded(p)()
-			return p
-		}),
+		actor.WithMailbox(func() actor.Mailbox { return newProbe(k) }),
 	}
 }
 
@@ -166,49 +157,15 @@ type kind struct {
 }
 
 // Probe states: a probe is registered at most once and never after it is
-// gone, whatever order MailboxStarted and the *actor.Stop arrive in.
+// gone, whatever order Start and the *actor.Stop arrive in.
 const (
 	probeNew uint8 = iota
 	probeLive
 	probeGone
 )
 
-// probe is one actor's mailbox (protoactor's, embedded), its middleware and
-// the invoker the mailbox calls (which times each message on its way to the
-// actor's context). It is reached from the mailbox's own goroutine
-// (MessageReceived, the invoker) and the spawner's (MailboxStarted); the
-// kind's mutex orders the two.
-type probe struct {
-	actor.Mailbox
-	kind       *kind
-	inv        actor.MessageInvoker // the actor's context
-	prev, next *probe
-	state      uint8
-}
-
-var (
-	_ actor.MailboxMiddleware = (*probe)(nil)
-	_ actor.Mailbox           = (*probe)(nil)
-	_ actor.MessageInvoker    = (*probe)(nil)
-)
-
-// RegisterHandlers implements actor.Mailbox: the mailbox invokes the probe,
-// which invokes the actor's context.
-func (p *probe) RegisterHandlers(inv actor.MessageInvoker, d actor.Dispatcher) {
-	p.inv = inv
-	p.Mailbox.RegisterHandlers(p, d)
-}
-
-// InvokeUserMessage implements actor.MessageInvoker, timing the handler.
-func (p *probe) InvokeUserMessage(msg any) { p.kind.time(msg, p.inv.InvokeUserMessage) }
-
-// InvokeSystemMessage implements actor.MessageInvoker, timing the handler.
-func (p *probe) InvokeSystemMessage(msg any) { p.kind.time(msg, p.inv.InvokeSystemMessage) }
-
-// EscalateFailure implements actor.MessageInvoker.
-func (p *probe) EscalateFailure(reason, msg any) { p.inv.EscalateFailure(reason, msg) }
-
-func (p *probe) MailboxStarted() {
+// started puts the mailbox in the live set (once, and never after it is gone).
+func (p *probe) started() {
 	k := p.kind
 	k.mu.Lock()
 	if p.state == probeNew {
@@ -221,15 +178,13 @@ func (p *probe) MailboxStarted() {
 	k.mu.Unlock()
 }
 
-func (p *probe) MessagePosted(any) {}
-
-// MessageReceived drops the mailbox from the live set on *actor.Stop: every
+// received drops the mailbox from the live set on *actor.Stop: every
 // way an actor stops (Stop, Poison, a parent stopping, a Stop directive)
 // posts one through its mailbox. The mailbox only calls this when handling
 // the message did not panic; a panic in a *Stopping or *Stopped handler
 // leaves protoactor itself with a half-stopped actor, which then stays
 // counted as live.
-func (p *probe) MessageReceived(msg any) {
+func (p *probe) received(msg any) {
 	if _, ok := msg.(*actor.Stop); !ok {
 		return
 	}
@@ -244,8 +199,6 @@ func (p *probe) MessageReceived(msg any) {
 	k.mu.Unlock()
 }
 
-func (p *probe) MailboxEmpty() {}
-
 // sample sums the queued user messages of the live mailboxes. The counts
 // are the mailboxes' own atomic counters, read at scrape time, so they
 // cannot drift however messages leave (a panic, a stop that drops them).
@@ -256,17 +209,6 @@ func (k *kind) sample() (queued, live int) {
 		queued += p.UserMessageCount()
 	}
 	return queued, k.live
-}
-
-// time runs invoke(msg) and observes how long it took under msg's type.
-func (k *kind) time(msg any, invoke func(any)) {
-	obs := k.observer(actor.UnwrapEnvelopeMessage(msg))
-	// The real monotonic clock, not the injected one: this measures how long
-	// the handler ran on this machine, and no behaviour depends on it. A
-	// handler that panics is not timed; the supervisor counts it.
-	start := time.Since(epoch)
-	invoke(msg)
-	obs.Observe((time.Since(epoch) - start).Seconds())
 }
 
 // epoch is the base of handler timings. time.Since(epoch) reads only the

@@ -1,0 +1,154 @@
+package actormetrics
+
+import (
+	"sync"
+	"testing"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/prometheus/client_golang/prometheus"
+	"pgregory.net/rapid"
+)
+
+// TestFifoIsAQueue: any sequence of pushes and pops behaves as a slice queue, and a drained
+// ring is back in the mailbox's own slots.
+func TestFifoIsAQueue(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		var q fifo
+		var model []any
+		next := 0
+		for _, push := range rapid.SliceOfN(rapid.Bool(), 0, 200).Draw(t, "ops") {
+			if push {
+				q.push(next)
+				model = append(model, next)
+				next++
+				continue
+			}
+			m, ok := q.pop()
+			if ok != (len(model) > 0) {
+				t.Fatalf("pop ok %v with %d queued", ok, len(model))
+			}
+			if ok {
+				if m != model[0] {
+					t.Fatalf("popped %v, want %v", m, model[0])
+				}
+				model = model[1:]
+			}
+			if len(model) == 0 && q.capacity() > smallQueue {
+				t.Fatalf("an empty queue holds %d slots", q.capacity())
+			}
+		}
+		if q.size != len(model) {
+			t.Fatalf("size %d, model %d", q.size, len(model))
+		}
+		for _, v := range q.buf {
+			if v == nil {
+				continue
+			}
+			found := false
+			for _, w := range model {
+				found = found || v == w
+			}
+			if !found {
+				t.Fatalf("the ring keeps %v, which was popped", v)
+			}
+		}
+	})
+}
+
+// TestMailboxOrder: each sender's messages arrive in the order sent, one at a time, however
+// many send at once.
+func TestMailboxOrder(t *testing.T) {
+	m := New(prometheus.NewRegistry())
+	sys := newSystem(t)
+	const senders, each = 4, 2000
+	type msg struct{ from, n int }
+	last := make([]int, senders)
+	for i := range last {
+		last[i] = -1
+	}
+	var got int
+	done := make(chan struct{})
+	var inside sync.Mutex
+	pid := sys.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
+		if v, ok := c.Message().(msg); ok {
+			if !inside.TryLock() {
+				t.Error("two messages handled at once")
+				return
+			}
+			if v.n != last[v.from]+1 {
+				t.Errorf("sender %d: %d after %d", v.from, v.n, last[v.from])
+			}
+			last[v.from] = v.n
+			inside.Unlock()
+			if got++; got == senders*each {
+				close(done)
+			}
+		}
+	}, m.Options("order")...))
+	for s := 0; s < senders; s++ {
+		go func() {
+			for i := 0; i < each; i++ {
+				sys.Root.Send(pid, msg{s, i})
+			}
+		}()
+	}
+	<-done
+}
+
+// TestMailboxSuspendHoldsUserMessages: while suspended the mailbox handles system messages
+// only; resumed, it hands over the user messages that waited, in order.
+func TestMailboxSuspendHoldsUserMessages(t *testing.T) {
+	k := New(prometheus.NewRegistry()).kind("suspend")
+	p := newProbe(k)
+	inv := &recorder{}
+	p.RegisterHandlers(inv, syncDispatcher{})
+	p.PostSystemMessage(&actor.SuspendMailbox{})
+	p.PostUserMessage("a")
+	p.PostUserMessage("b")
+	p.PostSystemMessage(&actor.Started{})
+	if _, ok := inv.got[0].(*actor.Started); len(inv.got) != 1 || !ok || inv.sys != 1 {
+		t.Fatalf("while suspended the actor got %v", inv.got)
+	}
+	if p.UserMessageCount() != 2 {
+		t.Fatalf("%d user messages queued, want 2", p.UserMessageCount())
+	}
+	p.PostSystemMessage(&actor.ResumeMailbox{})
+	if len(inv.got) != 3 || inv.got[1] != "a" || inv.got[2] != "b" || p.UserMessageCount() != 0 {
+		t.Fatalf("after resuming the actor got %v (%d queued)", inv.got, p.UserMessageCount())
+	}
+}
+
+// TestMailboxEscalatesAPanic: a handler's panic goes to EscalateFailure with its message, and
+// the mailbox goes on with the next message.
+func TestMailboxEscalatesAPanic(t *testing.T) {
+	k := New(prometheus.NewRegistry()).kind("panic")
+	p := newProbe(k)
+	inv := &recorder{panicOn: "boom"}
+	p.RegisterHandlers(inv, syncDispatcher{})
+	p.PostUserMessage("boom")
+	p.PostUserMessage("after")
+	if inv.escalated != "boom" || len(inv.got) != 2 || inv.got[1] != "after" {
+		t.Fatalf("escalated %v, got %v", inv.escalated, inv.got)
+	}
+}
+
+type syncDispatcher struct{}
+
+func (syncDispatcher) Schedule(fn func()) { fn() }
+func (syncDispatcher) Throughput() int    { return 2 } // a yield every few messages
+
+type recorder struct {
+	got       []any
+	sys       int
+	panicOn   string
+	escalated any
+}
+
+func (r *recorder) InvokeSystemMessage(m any) { r.sys++; r.got = append(r.got, m) }
+func (r *recorder) InvokeUserMessage(m any) {
+	r.got = append(r.got, m)
+	if m == r.panicOn {
+		panic(m)
+	}
+}
+func (r *recorder) EscalateFailure(_ any, m any) { r.escalated = m }
