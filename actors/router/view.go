@@ -92,11 +92,8 @@ type workerView struct {
 	ticket     uint64 // the last ticket handed out
 	decisions  [maxReasons]prometheus.Counter
 	gauges     map[string]prometheus.Gauge
-	// The approximate prefix index (nil when off) and the one scoring function prefix_aware
-	// pools use, reading the hashes of the pick at hand.
-	pidx        *prefixindex.Index
-	scoreHashes []uint64
-	scoreFn     func(id string) int
+	// The approximate prefix index (nil when off), which prefix_aware pools pick from.
+	pidx *prefixindex.Index
 	// Outlier ejection (R14.2, outlier.go).
 	clk       clock.Clock
 	outlier   config.Outlier
@@ -117,7 +114,6 @@ func newWorkerView(cfg Config, clk clock.Clock) *workerView {
 	}
 	if cfg.PrefixIndexBlocks > 0 {
 		v.pidx = prefixindex.New(cfg.PrefixIndexBlocks)
-		v.scoreFn = func(id string) int { return v.pidx.Match(id, v.scoreHashes) }
 	}
 	return v
 }
@@ -148,8 +144,7 @@ func (v *workerView) choose(ch choice, out *Picked, fx effects) bool {
 	if s == nil {
 		if pl := v.pools[ch.key]; pl != nil && v.pidx != nil && len(ch.hashes) > 0 {
 			if ps, ok := pl.p.(policy.PrefixScorer); ok {
-				v.scoreHashes = ch.hashes
-				ps.SetScores(v.scoreFn)
+				ps.SetPrefix(v.pidx, ch.hashes)
 			}
 		}
 		s, reason = v.pickIn(ch.key, ch.prefixHash, ch.exclude)

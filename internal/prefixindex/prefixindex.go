@@ -15,6 +15,13 @@
 // cache does. As a result the chunks a worker holds of any prompt are always a leading run,
 // which lets Match binary-search instead of scanning.
 //
+// Beside the per-worker lists the index keeps the inverse, from each chunk hash to the workers
+// that hold it (Holders), so a pick need not ask every worker: by the leading-run property the
+// workers that hold a prompt's k-th hash are exactly those whose match is at least k, and the
+// holders of deeper hashes are a subset of the holders of shallower ones. Every (worker, hash)
+// entry sits on exactly one holder list, so the inverse adds a fixed amount per entry and one
+// table slot per distinct hash, and stays within the same workers × blocksPerWorker bound.
+//
 // The index is approximate: it models what the gateway sent, not what the engine kept (an
 // engine under memory pressure may have evicted more, a restarted one holds nothing until
 // Forget is called), and two different prefixes share a hash with probability 2⁻⁶⁴.
@@ -26,6 +33,7 @@ import (
 	"encoding/binary"
 	"math"
 	"math/rand/v2"
+	"slices"
 
 	"github.com/cespare/xxhash/v2"
 )
@@ -69,6 +77,9 @@ type Index struct {
 	limit   int
 	seed    uint64
 	workers map[string]*lru
+	byNum   []*lru  // workers by number (lru.num); byNum[0] is never used, nil where free
+	free    []int32 // numbers of forgotten workers, reused before byNum grows
+	holders holderTable
 }
 
 // New returns an empty index that keeps at most blocksPerWorker chunk hashes per worker
@@ -78,7 +89,9 @@ func New(blocksPerWorker int) *Index {
 		blocksPerWorker = DefaultBlocksPerWorker
 	}
 	blocksPerWorker = min(blocksPerWorker, math.MaxInt32) // nodes link by int32
-	return &Index{limit: blocksPerWorker, seed: rand.Uint64(), workers: make(map[string]*lru)}
+	seed := rand.Uint64()
+	return &Index{limit: blocksPerWorker, seed: seed, workers: make(map[string]*lru),
+		byNum: make([]*lru, 1), holders: newHolderTable(seed)}
 }
 
 // BlocksPerWorker is the per-worker bound the index was built with.
@@ -95,11 +108,20 @@ func (x *Index) Record(worker string, hashes []uint64) {
 	w := x.workers[worker]
 	if w == nil {
 		w = newLRU(x.seed)
+		w.id = worker
+		if k := len(x.free); k > 0 {
+			w.num = x.free[k-1]
+			x.free = x.free[:k-1]
+		} else {
+			w.num = int32(len(x.byNum))
+			x.byNum = append(x.byNum, nil)
+		}
+		x.byNum[w.num] = w
 		x.workers[worker] = w
 	}
 	hashes = hashes[:min(len(hashes), x.limit)]
 	for i := len(hashes) - 1; i >= 0; i-- {
-		w.touch(hashes[i], x.limit)
+		x.touch(w, hashes[i])
 	}
 }
 
@@ -112,6 +134,13 @@ func (x *Index) Match(worker string, hashes []uint64) int {
 		return 0
 	}
 	return w.match(hashes, 0)
+}
+
+// Holds reports whether worker holds h, one chunk hash: for the k-th hash of a prompt,
+// whether its Match for that prompt is at least k+1. It refreshes nothing.
+func (x *Index) Holds(worker string, h uint64) bool {
+	w := x.workers[worker]
+	return w != nil && w.has(h)
 }
 
 // Best returns the worker among workers with the longest match for hashes and that match in
@@ -142,7 +171,61 @@ func (x *Index) Best(workers []string, hashes []uint64) (worker string, chunks i
 }
 
 // Forget drops everything recorded for worker, e.g. when it leaves the fleet or restarts.
-func (x *Index) Forget(worker string) { delete(x.workers, worker) }
+func (x *Index) Forget(worker string) {
+	w := x.workers[worker]
+	if w == nil {
+		return
+	}
+	for n := range w.nodes {
+		x.unlinkHolder(w, int32(n))
+	}
+	x.holders.shrink()
+	x.byNum[w.num] = nil
+	// Trailing free numbers are dropped, the others kept for reuse, so byNum never outgrows
+	// the most workers known at once.
+	x.free = append(x.free, w.num)
+	for last := int32(len(x.byNum) - 1); last > 0 && x.byNum[last] == nil; last-- {
+		k := slices.Index(x.free, last)
+		x.free[k] = x.free[len(x.free)-1]
+		x.free = x.free[:len(x.free)-1]
+		x.byNum = x.byNum[:last]
+	}
+	delete(x.workers, worker)
+}
+
+// Holders returns a cursor over the workers that hold h, in no particular order. With h the
+// k-th of a prompt's hashes (Hashes), they are the workers whose Match for that prompt is at
+// least k+1. The cursor is valid until the next Record or Forget.
+func (x *Index) Holders(h uint64) Holders {
+	if i := x.holders.find(h); i >= 0 {
+		return Holders{x: x, at: x.holders.slots[i].head}
+	}
+	return Holders{}
+}
+
+// Holders is a cursor over the workers holding one chunk hash (Index.Holders). The zero value
+// holds nobody.
+type Holders struct {
+	x  *Index
+	at ref
+}
+
+// Next returns the next holder's id, or ("", false) after the last.
+func (c *Holders) Next() (worker string, ok bool) {
+	if c.at.w == 0 {
+		return "", false
+	}
+	w := c.x.byNum[c.at.w]
+	c.at = w.links[c.at.n].next
+	return w.id, true
+}
+
+// Entries is the number of (worker, hash) entries the index holds, summed over workers: at
+// most Workers() × BlocksPerWorker().
+func (x *Index) Entries() int { return x.holders.entries }
+
+// Distinct is the number of distinct hashes held by any worker (at most Entries()).
+func (x *Index) Distinct() int { return x.holders.used }
 
 // Len returns how many chunk hashes the index holds for worker (at most BlocksPerWorker).
 func (x *Index) Len(worker string) int {
@@ -159,20 +242,30 @@ func (x *Index) Workers() int { return len(x.workers) }
 // an open-addressing table from hash to node. Nodes live in one slice and link by index, and an
 // evicted node is reused in place. The table uses linear probing with backward-shift deletion,
 // so it holds no tombstones and grows only with the number of live entries: a worker's memory
-// is at most limit nodes plus a table of the next power of two ≥ 2·limit slots, however much
-// churn it sees. (Go maps are avoided here because deleting under churn may grow them.)
+// is at most limit nodes (with their holder links) plus a table of the next power of two
+// ≥ 2·limit slots, however much churn it sees. (Go maps are avoided here because deleting
+// under churn may grow them.)
 type lru struct {
 	seed  uint64  // the index's; spreads hashes over the table unpredictably to clients
 	table []int32 // node index per slot, or nilNode; len is a power of two
 	nodes []node
+	links []link // per node, its place on its hash's holders (apart, so lookups read less)
 	head  int32
 	tail  int32
+	id    string // the worker's
+	num   int32  // the worker's number in the index (≥ 1), which holder lists link by
 }
 
 type node struct {
 	hash       uint64
 	prev, next int32
 }
+
+// link is a node's place on the list of workers holding its hash; the zero ref ends it.
+type link struct{ prev, next ref }
+
+// ref names one node of one worker; worker numbers start at 1, so the zero ref names none.
+type ref struct{ w, n int32 }
 
 const nilNode = -1
 
@@ -186,12 +279,15 @@ func newLRU(seed uint64) *lru {
 
 // home is h's first slot. The seed keeps a client that can compute chunk hashes from chosen
 // prompts from aiming them all at one slot; the finalizer (SplitMix64's) spreads every bit.
-func (w *lru) home(h uint64) int {
-	z := h ^ w.seed
+func (w *lru) home(h uint64) int { return slotOf(h, w.seed, len(w.table)) }
+
+// slotOf is h's first slot in a table of size slots (a power of two) seeded with seed.
+func slotOf(h, seed uint64, size int) int {
+	z := h ^ seed
 	z = (z ^ z>>30) * 0xbf58476d1ce4e5b9
 	z = (z ^ z>>27) * 0x94d049bb133111eb
 	z ^= z >> 31
-	return int(z & uint64(len(w.table)-1))
+	return int(z & uint64(size-1))
 }
 
 // find returns h's slot, or -1.
@@ -250,9 +346,9 @@ func (w *lru) match(hashes []uint64, from int) int {
 	return lo
 }
 
-// touch makes h the most recently used entry, evicting the least recently used one when a new
-// entry would exceed limit.
-func (w *lru) touch(h uint64, limit int) {
+// touch makes h worker w's most recently used entry, evicting its least recently used one
+// when a new entry would exceed the bound; holder lists follow.
+func (x *Index) touch(w *lru, h uint64) {
 	if i := w.find(h); i >= 0 {
 		if n := w.table[i]; n != w.head {
 			w.unlink(n)
@@ -260,16 +356,22 @@ func (w *lru) touch(h uint64, limit int) {
 		}
 		return
 	}
+	limit := x.limit
 	var n int32
 	if len(w.nodes) < limit {
 		if len(w.nodes) == cap(w.nodes) {
 			// Grow by doubling but never past limit, so a full worker holds exactly limit nodes.
-			grown := make([]node, len(w.nodes), min(max(2*cap(w.nodes), 16), limit))
+			size := min(max(2*cap(w.nodes), 16), limit)
+			grown := make([]node, len(w.nodes), size)
 			copy(grown, w.nodes)
 			w.nodes = grown
+			links := make([]link, len(w.links), size)
+			copy(links, w.links)
+			w.links = links
 		}
 		n = int32(len(w.nodes))
 		w.nodes = append(w.nodes, node{})
+		w.links = append(w.links, link{})
 		if 2*len(w.nodes) > len(w.table) {
 			w.grow()
 		}
@@ -277,10 +379,144 @@ func (w *lru) touch(h uint64, limit int) {
 		n = w.tail
 		w.unlink(n)
 		w.remove(w.find(w.nodes[n].hash))
+		x.unlinkHolder(w, n)
+		x.holders.shrink()
 	}
 	w.nodes[n].hash = h
 	w.insert(n)
 	w.pushFront(n)
+	x.linkHolder(w, n)
+}
+
+// link returns the holder link of the node r names.
+func (x *Index) link(r ref) *link { return &x.byNum[r.w].links[r.n] }
+
+// linkHolder puts node n of w, which holds its hash now, at the head of the hash's holders.
+func (x *Index) linkHolder(w *lru, n int32) {
+	h, l := w.nodes[n].hash, &w.links[n]
+	me := ref{w.num, n}
+	l.prev = ref{}
+	x.holders.entries++
+	if i := x.holders.find(h); i >= 0 {
+		e := &x.holders.slots[i]
+		l.next = e.head
+		x.link(e.head).prev = me
+		e.head = me
+		return
+	}
+	l.next = ref{}
+	x.holders.add(h, me)
+}
+
+// unlinkHolder takes node n of w off its hash's holders, dropping the hash when it was the
+// last. It does not shrink the table: callers do once they are done.
+func (x *Index) unlinkHolder(w *lru, n int32) {
+	l := &w.links[n]
+	i := x.holders.find(w.nodes[n].hash)
+	e := &x.holders.slots[i]
+	if l.next.w != 0 {
+		x.link(l.next).prev = l.prev
+	}
+	if l.prev.w != 0 {
+		x.link(l.prev).next = l.next
+	} else if e.head = l.next; e.head.w == 0 {
+		x.holders.remove(i) // it was the last holder
+	}
+	*l = link{}
+	x.holders.entries--
+}
+
+// holderTable maps each hash some worker holds to the head of its list of holders. It is an
+// open-addressing table like a worker's (linear probing, backward-shift deletion, seeded
+// slots), with the hash in the slot so that a lookup reads no node; its load stays between one
+// eighth and one half of its slots (above the minimum size), so it holds a power of two of at
+// most 8·Distinct() slots however the index churns.
+type holderTable struct {
+	seed    uint64
+	slots   []holderSlot // head.w == 0: empty; len is a power of two ≥ minHolderSlots
+	used    int          // non-empty slots: distinct hashes held
+	entries int          // holder list entries, over all hashes
+}
+
+type holderSlot struct {
+	hash uint64
+	head ref
+}
+
+const minHolderSlots = 16
+
+func newHolderTable(seed uint64) holderTable {
+	return holderTable{seed: seed, slots: make([]holderSlot, minHolderSlots)}
+}
+
+// find returns h's slot, or -1.
+func (t *holderTable) find(h uint64) int {
+	mask := len(t.slots) - 1
+	for i := slotOf(h, t.seed, len(t.slots)); ; i = (i + 1) & mask {
+		e := &t.slots[i]
+		if e.head.w == 0 {
+			return -1
+		}
+		if e.hash == h {
+			return i
+		}
+	}
+}
+
+// add enters h (not in the table) with one holder, head.
+func (t *holderTable) add(h uint64, head ref) {
+	if 2*(t.used+1) > len(t.slots) {
+		t.resize(2 * len(t.slots))
+	}
+	t.put(holderSlot{hash: h, head: head})
+	t.used++
+}
+
+// put stores e in the first free slot of its probe sequence.
+func (t *holderTable) put(e holderSlot) {
+	mask := len(t.slots) - 1
+	i := slotOf(e.hash, t.seed, len(t.slots))
+	for t.slots[i].head.w != 0 {
+		i = (i + 1) & mask
+	}
+	t.slots[i] = e
+}
+
+// remove empties slot i and shifts back the entries after it that probed past it.
+func (t *holderTable) remove(i int) {
+	mask := len(t.slots) - 1
+	for j := (i + 1) & mask; t.slots[j].head.w != 0; j = (j + 1) & mask {
+		k := slotOf(t.slots[j].hash, t.seed, len(t.slots))
+		if (j-k)&mask >= (j-i)&mask {
+			t.slots[i] = t.slots[j]
+			i = j
+		}
+	}
+	t.slots[i] = holderSlot{}
+	t.used--
+}
+
+// shrink halves the table while it is at most one-eighth full, so it follows the distinct
+// hashes held down as well as up.
+func (t *holderTable) shrink() {
+	size := len(t.slots)
+	for size > minHolderSlots && 8*t.used <= size {
+		size /= 2
+	}
+	if size != len(t.slots) {
+		t.resize(size)
+	}
+}
+
+// resize rebuilds the table with size slots.
+func (t *holderTable) resize(size int) {
+	old := t.slots
+	t.slots = make([]holderSlot, size)
+	for _, e := range old {
+		if e.head.w != 0 {
+			t.put(e)
+		}
+	}
 }
 
 // grow doubles the table, keeping its load at most one half. The node being added (the last)

@@ -3,6 +3,7 @@
 package bench
 
 import (
+	"encoding/binary"
 	"fmt"
 	"slices"
 	"testing"
@@ -11,6 +12,7 @@ import (
 	"github.com/tlgw/tlgw/actors/router"
 	"github.com/tlgw/tlgw/actors/router/policy"
 	"github.com/tlgw/tlgw/internal/gwtest"
+	"github.com/tlgw/tlgw/internal/prefixindex"
 )
 
 var sizes = []int{4, 64, 1000}
@@ -113,5 +115,147 @@ func BenchmarkRouterPickRoundTrip(b *testing.B) {
 				b.ReportMetric(float64(samples[(len(samples)-1)*99/100].Nanoseconds()), "p99-ns/pick")
 			})
 		}
+	}
+}
+
+// prefixState is a prefix index as a fleet of n workers builds it: system prompts of 2 KiB
+// (32 chunks), 64 of them each living on three workers (or one living on every worker), and
+// every worker's history of 96 conversations (a system prompt, or an unrelated stem on a worker
+// no system prompt lives on, plus a distinct 1 KiB turn) filling its default blocks and
+// evicting. The queries are new prompts: a system prompt and a turn never seen.
+type prefixState struct {
+	idx     *prefixindex.Index
+	queries [][]uint64
+}
+
+var prefixStates = map[[2]int]*prefixState{} // by workers and system prompts
+
+// benchPrompt is n bytes decided by (a, b): equal for equal seeds, unrelated otherwise.
+func benchPrompt(a, b uint64, n int) []byte {
+	p := make([]byte, n)
+	s := a*0x9e3779b97f4a7c15 ^ b*0xc2b2ae3d27d4eb4f ^ 0x165667b19e3779f9
+	for i := 0; i+8 <= n; i += 8 {
+		s ^= s << 13
+		s ^= s >> 7
+		s ^= s << 17
+		binary.LittleEndian.PutUint64(p[i:], s)
+	}
+	return p
+}
+
+// newPrefixState builds (once) the state of n workers with this many system prompts.
+func newPrefixState(n, systems int) *prefixState {
+	if st := prefixStates[[2]int{n, systems}]; st != nil {
+		return st
+	}
+	const sysBytes, turnBytes, perWorker = 2048, 1024, 96
+	sys := make([][]byte, systems)
+	for k := range sys {
+		sys[k] = benchPrompt(1, uint64(k), sysBytes)
+	}
+	// System prompt k lives on workers k·s … k·s+r−1 (mod n); one system prompt lives on all.
+	r, s := min(3, n), max(1, n/systems)
+	if systems == 1 {
+		r = n
+	}
+	home := make([][]int, n)
+	for k := range systems {
+		for j := range r {
+			w := (k*s + j) % n
+			home[w] = append(home[w], k)
+		}
+	}
+	st := &prefixState{idx: prefixindex.New(0)}
+	var hs []uint64
+	buf := make([]byte, 0, sysBytes+turnBytes)
+	for i := range n {
+		id := fmt.Sprintf("worker-%04d", i)
+		for c := range perWorker {
+			buf = buf[:0]
+			if len(home[i]) > 0 {
+				buf = append(buf, sys[home[i][c%len(home[i])]]...)
+			} else {
+				buf = append(buf, benchPrompt(2, uint64(i*perWorker+c), sysBytes)...)
+			}
+			buf = append(buf, benchPrompt(3, uint64(i*perWorker+c), turnBytes)...)
+			hs = prefixindex.Hashes(hs, buf)
+			st.idx.Record(id, hs)
+		}
+	}
+	st.queries = make([][]uint64, 1024)
+	for q := range st.queries {
+		p := append(append([]byte(nil), sys[q%systems]...), benchPrompt(4, uint64(q), turnBytes)...)
+		st.queries[q] = prefixindex.Hashes(nil, p)
+	}
+	prefixStates[[2]int{n, systems}] = st
+	return st
+}
+
+// BenchmarkPrefixAwarePick is prefix_aware's scored pick as the router makes it, over a full
+// prefix index: the new prompt's hashes are at hand, the prefix is installed, the policy picks,
+// and the reservation is recorded (SetLoad), with the ring of completions of BenchmarkPolicyPick.
+//
+// The "shared" cases are the widest: one system prompt that every worker holds, so every
+// worker ties at the deepest match and the pick compares them by load. The "scan" cases score
+// every member by Match instead (SetScores), the O(n) pick the index spares.
+func BenchmarkPrefixAwarePick(b *testing.B) {
+	type bcase struct {
+		kind    string // "", "shared/" or "scan/"
+		n       int
+		systems int
+	}
+	var cases []bcase
+	for _, n := range sizes {
+		cases = append(cases, bcase{"", n, 64})
+	}
+	for _, n := range sizes[1:] {
+		cases = append(cases, bcase{"shared/", n, 1})
+	}
+	for _, n := range sizes {
+		cases = append(cases, bcase{"scan/", n, 64})
+	}
+	for _, c := range cases {
+		n := c.n
+		b.Run(fmt.Sprintf("%sworkers=%d", c.kind, n), func(b *testing.B) {
+			st := newPrefixState(n, c.systems)
+			p := policy.NewPrefixAware(0)
+			members := make([]policy.Member, n)
+			for i := range members {
+				members[i].ID = fmt.Sprintf("worker-%04d", i)
+				p.Add(&members[i], int64(i%7), 1)
+			}
+			var q []uint64
+			score := func(id string) int { return st.idx.Match(id, q) } // made once, as a router would
+			inflight := make([]*policy.Member, 2*n)
+			prefixed := 0
+			samples := make([]time.Duration, 0, b.N/batch+1)
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i += batch {
+				t0 := time.Now()
+				for j := i; j < i+batch; j++ {
+					q = st.queries[j%len(st.queries)]
+					if c.kind == "scan/" {
+						p.SetScores(score)
+					} else {
+						p.SetPrefix(st.idx, q)
+					}
+					m, reason := p.Pick(0, nil)
+					if reason == policy.ReasonPrefix {
+						prefixed++
+					}
+					p.SetLoad(m, m.Load()+1)
+					slot := j % len(inflight)
+					if old := inflight[slot]; old != nil {
+						p.SetLoad(old, old.Load()-1)
+					}
+					inflight[slot] = m
+				}
+				samples = append(samples, time.Since(t0))
+			}
+			b.StopTimer()
+			reportPercentiles(b, samples)
+			b.ReportMetric(float64(prefixed)/float64(max(b.N, 1)), "prefix-share")
+		})
 	}
 }
