@@ -61,6 +61,7 @@ type state struct {
 	streak  int // failed attempts in a row (R14.2); a success or an ejection request resets it
 	gen     uint64
 	timer   clock.Timer
+	due     time.Time // when timer fires
 }
 
 // Props returns the props of a worker actor whose first status is first.
@@ -86,7 +87,7 @@ func (w *workerActor) Receive(c actor.Context) {
 			st.cfg.TTL = m.TTL
 		}
 		st.live = true
-		w.arm(c)
+		w.armBy(c, st.info.LastHeartbeat.Add(st.cfg.TTL))
 		w.report(c)
 	case *router.Acquire:
 		// No report: the router counted this request when it picked (its optimistic delta),
@@ -119,7 +120,11 @@ func (w *workerActor) Receive(c actor.Context) {
 			w.report(c)
 		}
 	case deadline:
-		if m.gen != st.gen || !st.live {
+		if m.gen != st.gen {
+			return
+		}
+		st.timer = nil // it fired: a heartbeat from now on sets a new one (armBy)
+		if !st.live {
 			return
 		}
 		// R1: evicted once now − t_last ≥ k·T. The timer was armed for exactly that instant;
@@ -147,8 +152,18 @@ func (w *workerActor) arm(c actor.Context) {
 	}
 	st.gen++
 	gen, self, root := st.gen, c.Self(), c.ActorSystem().Root
-	d := st.info.LastHeartbeat.Add(st.cfg.TTL).Sub(st.cfg.Clock.Now())
-	st.timer = st.cfg.Clock.AfterFunc(d, func() { root.Send(self, deadline{gen: gen}) })
+	st.due = st.info.LastHeartbeat.Add(st.cfg.TTL)
+	st.timer = st.cfg.Clock.AfterFunc(st.due.Sub(st.cfg.Clock.Now()), func() { root.Send(self, deadline{gen: gen}) })
+}
+
+// armBy makes sure the deadline timer fires no later than at: a heartbeat moves the deadline
+// later, and the timer already set fires early, finds the deadline not passed and is set again
+// for the rest (the deadline case), so a heartbeat costs no timer of its own. Only a deadline
+// that came nearer (a shorter TTL) sets the timer now.
+func (w *workerActor) armBy(c actor.Context, at time.Time) {
+	if st := w.st; st.timer == nil || at.Before(st.due) {
+		w.arm(c)
+	}
 }
 
 func (w *workerActor) report(c actor.Context) {
