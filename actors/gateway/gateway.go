@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -199,25 +200,39 @@ func (g *Gateway) HeartbeatContext(ctx context.Context, info router.WorkerInfo) 
 
 // HeartbeatAs is HeartbeatContext for a worker that presented credential (R13.1). A refusal
 // (registry.ErrIDTaken, registry.ErrTooManyWorkers) is returned as the error. The ack comes
-// back on a channel rather than a future: heartbeats are the gateway's most frequent ask.
+// back on a channel rather than a future: heartbeats are the gateway's most frequent ask, so
+// the wait allocates nothing in the steady state (a pooled reply channel and timer, the ack by
+// value) and is bounded by ctx and the ask timeout.
 func (g *Gateway) HeartbeatAs(ctx context.Context, credential string, info router.WorkerInfo) (*registry.Ack, error) {
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, g.timeout)
-		defer cancel()
-	}
-	reply := make(chan *registry.Ack, 1)
+	reply := replyPool.Get().(chan registry.Ack)
+	t := timerPool.Get().(*time.Timer)
+	t.Reset(g.timeout)
+	defer func() { t.Stop(); timerPool.Put(t) }()
 	g.System.Root.Send(g.Registry, &registry.Heartbeat{Info: info, Reply: reply, Credential: credential})
 	select {
 	case ack := <-reply:
+		replyPool.Put(reply) // drained: no late ack can land in it
 		if ack.Err != nil {
 			return nil, ack.Err
 		}
-		return ack, nil
+		return &ack, nil
 	case <-ctx.Done():
 		return nil, fmt.Errorf("heartbeat: %v: %w", ctx.Err(), errs.ErrInternal)
+	case <-t.C:
+		return nil, fmt.Errorf("heartbeat: no answer from the registry within %v: %w", g.timeout, errs.ErrInternal)
 	}
 }
+
+// The heartbeat waits' reusable parts. A timer from the pool is stopped, so Reset arms it
+// afresh and its channel holds nothing stale; a reply channel goes back only once drained.
+var (
+	replyPool = sync.Pool{New: func() any { return make(chan registry.Ack, 1) }}
+	timerPool = sync.Pool{New: func() any {
+		t := time.NewTimer(time.Hour)
+		t.Stop()
+		return t
+	}}
+)
 
 // Scraped hands one successful scrape of a static worker to the registry: a heartbeat whose
 // deadline is ttl (k·scrape_interval).

@@ -26,7 +26,7 @@ type Heartbeat struct {
 	// Reply, when set, receives the ack instead of a Respond: the gRPC handler waits on it
 	// directly, which spares a future (its registration and its timer) on every heartbeat.
 	// It must have room for one value.
-	Reply chan *Ack
+	Reply chan Ack
 	// Credential names who sent it (R13.1): "" for an open registry, CredentialStatic for a
 	// scrape, else the adapter's name for a token or a client certificate. A live worker's id
 	// is bound to the credential that registered it.
@@ -127,7 +127,7 @@ func (r *registryActor) Receive(c actor.Context) {
 	case *Heartbeat:
 		ack := st.heartbeat(c, m)
 		if m.Reply != nil {
-			m.Reply <- ack
+			m.Reply <- *ack
 		} else {
 			c.Respond(ack)
 		}
