@@ -291,7 +291,9 @@ const maxFirstEvent = 1 << 20
 // before the first byte.
 func readFirstEvent(gen int, resp *http.Response) firstEvent {
 	var buf []byte
-	chunk := make([]byte, 4<<10)
+	bp := bufPool.Get().(*[]byte) // reads go to a recycled array; buf holds only what came
+	defer bufPool.Put(bp)
+	chunk := (*bp)[:4<<10]
 	for {
 		n, err := resp.Body.Read(chunk)
 		buf = append(buf, chunk[:n]...)

@@ -1,6 +1,9 @@
 package request
 
-import "fmt"
+import (
+	"fmt"
+	"sync"
+)
 
 // maxEventBytes bounds one SSE event the relay holds back (R14.4): an event over 1 MiB ends the
 // answer with the error event, so an engine that never ends its event cannot grow the relay's
@@ -18,6 +21,7 @@ var errEventTooLarge = fmt.Errorf("an event larger than %d bytes", maxEventBytes
 // start, never more than maxEventBytes (length and capacity).
 type eventFramer struct {
 	pending   []byte // bytes after the last boundary
+	spare     []byte // the array of the last result, which the next pending reuses
 	lineStart bool   // the previous byte ended a line (or nothing came yet)
 	lastCR    bool   // the previous byte was '\r' (a '\n' now completes "\r\n")
 	started   bool
@@ -74,8 +78,12 @@ func (f *eventFramer) feed(chunk []byte) ([]byte, error) {
 		f.pending = appendCapped(f.pending[:0], chunk[end:], maxEventBytes)
 		return out, nil
 	}
+	// The held event is finished: the result is built in pending's array and the new pending in
+	// the other one (the previous result's, which is no longer valid), so a stream whose reads
+	// end mid-event alternates two arrays instead of allocating one per read.
 	out := appendCapped(f.pending, chunk[:end], len(f.pending)+end)
-	f.pending = appendCapped(nil, chunk[end:], min(len(chunk)-end+64, maxEventBytes))
+	f.pending = appendCapped(f.spare[:0], chunk[end:], min(len(chunk)-end+64, maxEventBytes))
+	f.spare = out[:0]
 	return out, nil
 }
 
@@ -90,8 +98,30 @@ func (f *eventFramer) fail(chunk []byte, end int) []byte {
 			out = appendCapped(f.pending, out, len(f.pending)+end)
 		}
 	}
-	f.pending = nil
+	f.pending, f.spare = nil, nil
 	return out
+}
+
+// framerBufs recycles the framers' arrays between streams; arrays past framerBufMax (a stream
+// with big events) are left to the collector.
+var framerBufs = sync.Pool{New: func() any { b := make([]byte, 0, 4<<10); return &b }}
+
+const framerBufMax = 64 << 10
+
+// newEventFramer is a framer with recycled arrays; release hands them back.
+func newEventFramer() eventFramer {
+	return eventFramer{pending: *framerBufs.Get().(*[]byte), spare: *framerBufs.Get().(*[]byte)}
+}
+
+// release returns the framer's arrays for reuse; the framer and its results are not used again.
+func (f *eventFramer) release() {
+	for _, b := range [2][]byte{f.pending, f.spare} {
+		if b != nil && cap(b) <= framerBufMax {
+			b = b[:0]
+			framerBufs.Put(&b)
+		}
+	}
+	f.pending, f.spare = nil, nil
 }
 
 // rest returns what is buffered after the last complete event.

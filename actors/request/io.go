@@ -247,12 +247,14 @@ func (rl relayer) json(gen int, tc *tokenCounter) relayResult {
 // error event, with no [DONE] (R6).
 func (rl relayer) sse(gen int, tc *tokenCounter) relayResult {
 	rc := http.NewResponseController(rl.w)
+	// The headers leave with the first event (every write below is flushed): one write to the
+	// client instead of two. The first event is normally in hand already (stepFirstEvent).
 	rl.w.WriteHeader(rl.resp.StatusCode)
-	_ = rc.Flush()
 	bp := bufPool.Get().(*[]byte)
 	defer bufPool.Put(bp)
 	buf := *bp
-	var framer eventFramer
+	framer := newEventFramer()
+	defer framer.release()
 	var tail doneTail
 	write := func(b []byte) bool {
 		if len(b) == 0 {

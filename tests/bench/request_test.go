@@ -79,8 +79,28 @@ func (e cannedEngine) RoundTrip(r *http.Request) (*http.Response, error) {
 	if r.Header.Get("Accept") == "text/event-stream" {
 		body, ct = e.sse, "text/event-stream"
 	}
+	var rd io.Reader = bytes.NewReader(body)
+	if ct == "text/event-stream" {
+		rd = &eventReader{rest: body} // one event per read, as an engine that flushes each
+	}
 	return &http.Response{StatusCode: 200, Header: http.Header{"Content-Type": {ct}},
-		Body: io.NopCloser(bytes.NewReader(body)), ContentLength: int64(len(body)), Request: r}, nil
+		Body: io.NopCloser(rd), ContentLength: int64(len(body)), Request: r}, nil
+}
+
+// eventReader hands out an SSE body one event per Read.
+type eventReader struct{ rest []byte }
+
+func (e *eventReader) Read(p []byte) (int, error) {
+	if len(e.rest) == 0 {
+		return 0, io.EOF
+	}
+	end := bytes.Index(e.rest, []byte("\n\n")) + 2
+	if end < 2 {
+		end = len(e.rest)
+	}
+	n := copy(p, e.rest[:end])
+	e.rest = e.rest[n:]
+	return n, nil
 }
 
 // BenchmarkRoutedRequest is one routed request through the whole gateway in this process, with
