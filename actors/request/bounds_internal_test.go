@@ -10,6 +10,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 // testErrors answers like adapters/http's ErrorWriter (which this package cannot import).
@@ -27,7 +30,7 @@ func (testErrors) SSEError(w http.ResponseWriter, message string) {
 
 func testRelayer(w http.ResponseWriter, resp *http.Response) relayer {
 	return relayer{w: w, ctx: context.Background(), resp: resp, errs: testErrors{}, out: &relayResult{},
-		log: slog.New(slog.NewTextHandler(io.Discard, nil)), onCut: func() {}}
+		log: slog.New(slog.NewTextHandler(io.Discard, nil))}
 }
 
 // stalledBody is an engine that sent its headers and stalls: it reports the buffer the relay
@@ -134,9 +137,10 @@ func TestSSERelayEndsAnOversizedEvent(t *testing.T) {
 	resp := &http.Response{StatusCode: 200, Header: http.Header{"Content-Type": {"text/event-stream"}}, Body: eng}
 	rec := httptest.NewRecorder()
 	rl := testRelayer(rec, resp)
-	cuts := 0
-	rl.onCut = func() { cuts++ }
+	rl.interrupts = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cuts"}, []string{"route"})
+	rl.route = "r"
 	res := rl.run(1)
+	cuts := int(testutil.ToFloat64(rl.interrupts.WithLabelValues("r")))
 	got := rec.Body.String()
 	if !strings.HasPrefix(got, first+"event: error\ndata: ") || strings.Contains(got, "xx") || !strings.HasSuffix(got, "\n\n") {
 		t.Fatalf("client got %.200q", got)

@@ -13,6 +13,7 @@ import (
 	"sync"
 
 	"github.com/asynkron/protoactor-go/actor"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tlgw/tlgw/internal/errs"
 	"github.com/tlgw/tlgw/internal/oai"
@@ -183,7 +184,9 @@ type relayer struct {
 	log        *slog.Logger
 	id, worker string
 	errs       ErrorWriter
-	onCut      func()
+	// interrupts counts a stream cut after its first byte, under route (nil: not counted).
+	interrupts *prometheus.CounterVec
+	route      string
 	// out receives the result before the goroutine ends, so a crashed actor can tell (after
 	// waiting for the goroutine) whether the client already has its terminal outcome.
 	out *relayResult
@@ -272,7 +275,9 @@ func (rl relayer) sse(gen int, tc *tokenCounter) relayResult {
 		rl.log.Warn(message, "request_id", rl.id, "worker", rl.worker, "err", detail)
 		rl.errs.SSEError(rl.w, message)
 		_ = rc.Flush()
-		rl.onCut()
+		if rl.interrupts != nil {
+			rl.interrupts.WithLabelValues(rl.route).Inc()
+		}
 		return relayResult{gen: gen, code: rl.resp.StatusCode, ended: true}
 	}
 	for {

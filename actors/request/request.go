@@ -160,9 +160,10 @@ type requestActor struct {
 	pickTag     uint64 // the current Pick's tag; answers with another tag are stale
 	pickTimer   clock.Timer
 	pickRetries int
-	hashes      []uint64 // the prompt's chunk hashes, when the prefix index is on
-	promptToks  int      // the rendered prompt's size estimate (bytes / 4), for admission
-	cascadeStep int      // the cascade step asked for (router.LastStep: the last)
+	hashes      []uint64         // the prompt's chunk hashes, when the prefix index is on
+	admit       router.AdmitInfo // what every pick says of the request's admission (R10)
+	promptToks  int              // the rendered prompt's size estimate (bytes / 4), for admission
+	cascadeStep int              // the cascade step asked for (router.LastStep: the last)
 	exclude     []string
 	attempts    int
 	lastErr     error
@@ -184,18 +185,18 @@ type requestActor struct {
 	gone     bool
 	stopGone func() bool
 
-	// The current I/O goroutine: gen tags its results (stale ones are ignored), cancel stops it,
-	// ioDone is closed when it has returned (so a crash never writes concurrently with it).
-	// cancelCause cancels it naming why (a timeout, faults.go).
+	// The current I/O goroutine: gen tags its results (stale ones are ignored), cancelCause
+	// stops it naming why (nil, or a timeout: faults.go), ioDone is closed when it has
+	// returned (so a crash never writes concurrently with it).
 	gen         int
-	cancel      context.CancelFunc
 	cancelCause context.CancelCauseFunc
 	ioCtx       context.Context
 	ioDone      chan struct{}
 
 	committed bool         // bytes have gone to the client
 	upStatus  int          // the relayed answer's HTTP status (R14.2: a relayed 5xx counts as 5xx)
-	relayOut  *relayResult // the relay goroutine's result, readable once ioDone is closed
+	relayOut  *relayResult // the relay goroutine's result (&relayRes; nil: nothing relayed), readable once ioDone is closed
+	relayRes  relayResult
 	seed      uint64
 	seedFixed bool // the gateway drew the seed (disaggregated, R8.2)
 	sampling  Sampling
@@ -219,11 +220,13 @@ type requestActor struct {
 // that stops (never restarts) them when they panic: a crashed request answers its client and
 // releases what it held in its *actor.Stopping handler.
 func Props(d *Deps, x *Exchange, opts ...actor.PropsOption) *actor.Props {
-	all := append([]actor.PropsOption{actor.WithGuardian(stopOnPanic)}, opts...)
 	return actor.PropsFromProducer(func() actor.Actor {
 		return &requestActor{d: d, x: x, cascadeStep: router.LastStep, key: nextKey.Add(1)}
-	}, all...)
+	}, stopOnPanicOpt).Configure(opts...)
 }
+
+// stopOnPanicOpt is the guardian option, made once (Props runs per request).
+var stopOnPanicOpt = actor.WithGuardian(stopOnPanic)
 
 // nextKey numbers request actors: the internal key every table of the router is keyed by.
 var nextKey atomic.Uint64
@@ -381,8 +384,12 @@ func (r *requestActor) pick(c actor.Context) {
 	}
 	if r.d.Admission {
 		// Every pick of the request names its admission: the router admits the first it
-		// sees and keeps the allowed workers for the others.
-		p.Admit = &router.AdmitInfo{Class: r.x.Class, SessionID: r.x.SessionID, PromptTokens: r.promptToks}
+		// sees and keeps the allowed workers for the others. It is the actor's own field,
+		// set once and never changed, so the router may keep it.
+		if r.pickTag == 1 {
+			r.admit = router.AdmitInfo{Class: r.x.Class, SessionID: r.x.SessionID, PromptTokens: r.promptToks}
+		}
+		p.Admit = &r.admit
 	}
 	c.Request(r.d.Router, p)
 	self, root := c.Self(), c.ActorSystem().Root
@@ -504,8 +511,8 @@ func (r *requestActor) stopping(c actor.Context) {
 	}
 	r.d.Metrics.crashes.Inc()
 	r.logger().Error("request actor stopped before finishing: answering the client and releasing", "state", r.state.String())
-	if r.cancel != nil && !r.committed {
-		r.cancel() // an attempt not yet committed is abandoned; a relay runs to its end
+	if r.cancelCause != nil && !r.committed {
+		r.cancelCause(nil) // an attempt not yet committed is abandoned; a relay runs to its end
 	}
 	r.releaseAll(c.Send)
 	// A pick still outstanding needs nothing here: the worker it picked watches this actor

@@ -102,11 +102,8 @@ func discard(msg any) {
 func (r *requestActor) runIO(c actor.Context, fn func(ctx context.Context, gen int) any) {
 	r.gen++
 	gen := r.gen
-	if r.cancel == nil {
-		ctx, cancel := context.WithCancelCause(r.x.Ctx)
-		r.cancel = func() { cancel(nil) }
-		r.cancelCause = cancel
-		r.ioCtx = ctx
+	if r.cancelCause == nil {
+		r.ioCtx, r.cancelCause = context.WithCancelCause(r.x.Ctx)
 	}
 	ctx := r.ioCtx
 	done := make(chan struct{})
@@ -125,9 +122,9 @@ func (r *requestActor) runIO(c actor.Context, fn func(ctx context.Context, gen i
 
 // endIO cancels the attempt's context (after its answer was relayed or abandoned).
 func (r *requestActor) endIO() {
-	if r.cancel != nil {
-		r.cancel()
-		r.cancel, r.cancelCause, r.ioCtx = nil, nil, nil
+	if r.cancelCause != nil {
+		r.cancelCause(nil)
+		r.cancelCause, r.ioCtx = nil, nil
 	}
 }
 
@@ -316,9 +313,9 @@ func (r *requestActor) relay(c actor.Context, resp *http.Response) {
 	r.upStatus = resp.StatusCode
 	r.writeHeaders(resp.Header)
 	route, metrics := r.route, r.d.Metrics
-	r.relayOut = &relayResult{}
+	r.relayOut = &r.relayRes
 	rl := relayer{w: r.x.W, client: r.x.Ctx, resp: resp, log: r.d.Logger, id: r.x.ID, worker: p.WorkerID, errs: r.d.Errors, out: r.relayOut,
-		onCut: func() { metrics.interrupts.WithLabelValues(route).Inc() }}
+		interrupts: metrics.interrupts, route: route}
 	r.become(Relaying)
 	r.runIO(c, func(ctx context.Context, gen int) any { rl.ctx = ctx; return rl.run(gen) })
 }

@@ -41,14 +41,29 @@ type admitter struct {
 	timer       clock.Timer // that timer, stopped when an earlier time is asked
 	metrics     admissionMetrics
 	policy      string
+	// The queue's Host and a head's View, reused: the router handles one message at a time
+	// and the queue keeps neither past the call, so they need no allocation per request.
+	h  host
+	hv view
+	// decided counts the gate's decisions (go, hold) for the policy, resolved once.
+	decided [2]prometheus.Counter
+}
+
+// host returns the queue's Host for the message at hand, whose effects are fx.
+func (a *admitter) host(fx effects) *host {
+	a.h = host{a, fx}
+	return &a.h
 }
 
 // admitted is one admitted request.
 type admitted struct {
-	e         *admission.Entry
+	e         *admission.Entry // &entry
 	requester *actor.PID
 	pick      *Pick  // its latest pick: the answer carries that pick's tag
 	target    target // what its first pick resolved to
+	// The queue's entry and request, in the same allocation.
+	entry admission.Entry
+	req   admission.Request
 }
 
 // admTick is the queue's timer firing.
@@ -60,12 +75,13 @@ func newAdmitter(cfg *AdmissionConfig, clk clock.Clock, m admissionMetrics, v *w
 	qc := cfg.Queue
 	qc.Now = clk.Now
 	qc.Unbounded = cfg.BusyThreshold <= 0
+	a.decided = [2]prometheus.Counter{m.gateDecisions.WithLabelValues(a.policy, "go"), m.gateDecisions.WithLabelValues(a.policy, "hold")}
 	qc.OnDecision = func(d admission.Decision) {
-		v := "go"
-		if !d.Go {
-			v = "hold"
+		if d.Go {
+			a.decided[0].Inc()
+		} else {
+			a.decided[1].Inc()
 		}
-		m.gateDecisions.WithLabelValues(a.policy, v).Inc()
 	}
 	a.q = admission.New(qc)
 	return a
@@ -96,18 +112,16 @@ func (a *admitter) pick(table *routeTable, m *Pick, fx effects) {
 		fx.send(m.Requester, t.out)
 		return
 	}
-	ad := &admitted{requester: m.Requester, pick: m, target: t}
-	ad.e = &admission.Entry{
-		Req: &admission.Request{Key: m.Key, ID: m.RequestID, Class: m.Admit.Class,
-			SessionID: m.Admit.SessionID, PromptTokens: m.Admit.PromptTokens},
-		Route:   a.view.pools[t.key].memberIDs(),
-		Pool:    t.key.String(),
-		Payload: ad,
-	}
+	pl := a.view.pools[t.key]
+	ad := &admitted{requester: m.Requester, pick: m, target: t,
+		req: admission.Request{Key: m.Key, ID: m.RequestID, Class: m.Admit.Class,
+			SessionID: m.Admit.SessionID, PromptTokens: m.Admit.PromptTokens}}
+	ad.entry = admission.Entry{Req: &ad.req, Route: pl.memberIDs(), Pool: pl.name, Payload: ad}
+	ad.e = &ad.entry
 	a.entries[m.Key] = ad
 	a.byRequester[m.Requester.Id] = m.Key
 	fx.watch(m.Requester)
-	a.q.Admit(ad.e, host{a, fx}, func(workers []string) int {
+	a.q.Admit(ad.e, a.host(fx), func(workers []string) int {
 		if a.view.pidx == nil || len(m.PrefixHashes) == 0 {
 			return 0
 		}
@@ -204,8 +218,8 @@ func (a *admitter) requesterStopped(who *actor.PID, fx effects) {
 	}
 	ad := a.entries[key]
 	a.forget(key, ad)
-	if !a.q.Cancel(ad.e, host{a, fx}) {
-		a.q.Completed(ad.e, host{a, fx})
+	if h := a.host(fx); !a.q.Cancel(ad.e, h) {
+		a.q.Completed(ad.e, h)
 	}
 	a.gauges()
 }
@@ -220,14 +234,14 @@ func (a *admitter) tick(fx effects) {
 		return
 	}
 	a.armed, a.timer = time.Time{}, nil
-	a.q.Tick(host{a, fx})
+	a.q.Tick(a.host(fx))
 	a.gauges()
 }
 
 // wakeCapacity tells the queue that room may have freed.
 func (a *admitter) wakeCapacity(fx effects) {
 	if a != nil && a.q.Len() > 0 {
-		a.q.WakeCapacity(host{a, fx})
+		a.q.WakeCapacity(a.host(fx))
 		a.gauges()
 	}
 }
@@ -235,7 +249,7 @@ func (a *admitter) wakeCapacity(fx effects) {
 // wakeAll tells the queue that workers came, went or changed.
 func (a *admitter) wakeAll(fx effects) {
 	if a != nil && a.q.Len() > 0 {
-		a.q.Wake(host{a, fx})
+		a.q.Wake(a.host(fx))
 		a.gauges()
 	}
 }
@@ -260,7 +274,7 @@ type host struct {
 	fx effects
 }
 
-var _ admission.Host = host{}
+var _ admission.Host = (*host)(nil)
 
 // view is a head's candidate workers with their loads.
 type view struct {
@@ -268,14 +282,15 @@ type view struct {
 	now     time.Time
 }
 
-func (v view) Workers() []admission.Worker { return v.workers }
-func (v view) Now() time.Time              { return v.now }
+func (v *view) Workers() []admission.Worker { return v.workers }
+func (v *view) Now() time.Time              { return v.now }
 
 // View implements admission.Host: the head's allowed members of its pool now, none when its
 // pool (or a disaggregated route's prefill pool) has no worker.
 func (h host) View(e *admission.Entry) admission.View {
 	a, ad := h.a, e.Payload.(*admitted)
-	v := view{now: a.clock.Now()}
+	v := &a.hv // the queue reads it during the call only
+	v.workers, v.now = v.workers[:0], a.clock.Now()
 	if !a.view.servable(ad.target.key, ad.target.disagg) {
 		return v
 	}

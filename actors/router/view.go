@@ -62,6 +62,7 @@ func (k poolKey) String() string { return k.role.String() + "/" + k.model }
 
 type pool struct {
 	key     poolKey
+	name    string // key.String(), made once: the admission queue names lanes by it
 	p       policy.Policy
 	members map[string]*slot // by worker id
 	ids     []string         // member ids in order, rebuilt after a membership change
@@ -278,7 +279,7 @@ func (v *workerView) joinPool(s *slot) {
 			name = "least_outstanding" // R8: the least loaded prefill worker
 		}
 		p, _ := policy.New(name, policy.Options{LoadFactor: v.loadFactor}) // validated in Props
-		pl = &pool{key: key, p: p, members: make(map[string]*slot)}
+		pl = &pool{key: key, name: key.String(), p: p, members: make(map[string]*slot)}
 		v.pools[key] = pl
 	}
 	pl.p.Add(&s.member, s.load(), s.info.KVTotalBlocks)

@@ -79,15 +79,33 @@ func (s *Server) inference(w http.ResponseWriter, r *http.Request, kind oai.Kind
 }
 
 // rateLimitHeaders sets OpenAI's rate-limit headers for a limited key (R13.5). The keys are
-// written in their canonical form directly (h.Set would canonicalize, and allocate, per call).
+// written in their canonical form directly (h.Set would canonicalize, and allocate, per call),
+// and the values are cut from one string and share one backing array: two allocations for
+// the four headers.
 func rateLimitHeaders(h http.Header, st ratelimit.Status) {
+	var buf [4 * 20]byte
+	var ends [4]int
+	b := buf[:0]
+	for i, v := range [4]int64{st.RPM, st.RemainingRequests, st.TPM, st.RemainingTokens} {
+		b = strconv.AppendInt(b, v, 10)
+		ends[i] = len(b)
+	}
+	all := string(b)
+	vals := new([4]string)
+	for i := range vals {
+		start := 0
+		if i > 0 {
+			start = ends[i-1]
+		}
+		vals[i] = all[start:ends[i]]
+	}
 	if st.RPM > 0 {
-		h["X-Ratelimit-Limit-Requests"] = []string{strconv.FormatInt(st.RPM, 10)}
-		h["X-Ratelimit-Remaining-Requests"] = []string{strconv.FormatInt(st.RemainingRequests, 10)}
+		h["X-Ratelimit-Limit-Requests"] = vals[0:1:1]
+		h["X-Ratelimit-Remaining-Requests"] = vals[1:2:2]
 	}
 	if st.TPM > 0 {
-		h["X-Ratelimit-Limit-Tokens"] = []string{strconv.FormatInt(st.TPM, 10)}
-		h["X-Ratelimit-Remaining-Tokens"] = []string{strconv.FormatInt(st.RemainingTokens, 10)}
+		h["X-Ratelimit-Limit-Tokens"] = vals[2:3:3]
+		h["X-Ratelimit-Remaining-Tokens"] = vals[3:4:4]
 	}
 }
 

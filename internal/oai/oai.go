@@ -236,7 +236,7 @@ func ParseRendered(kind Kind, body []byte, max int) (Request, []byte, error) {
 	if err != nil {
 		return Request{}, nil, err
 	}
-	return r, p.b[:p.n], nil
+	return r, p.b[:p.n:p.n], nil
 }
 
 // newRender is a prefix for a whole prompt of up to max bytes. A rendered prompt is never

@@ -81,22 +81,30 @@ func (e cannedEngine) RoundTrip(r *http.Request) (*http.Response, error) {
 	}
 	var rd io.Reader = bytes.NewReader(body)
 	if ct == "text/event-stream" {
-		rd = &eventReader{rest: body} // one event per read, as an engine that flushes each
+		rd = &eventReader{rest: body} // a few events per read, as the pinned benchmark's engines
 	}
 	return &http.Response{StatusCode: 200, Header: http.Header{"Content-Type": {ct}},
 		Body: io.NopCloser(rd), ContentLength: int64(len(body)), Request: r}, nil
 }
 
-// eventReader hands out an SSE body one event per Read.
+// eventReader hands out an SSE body eventsPerRead events per Read (a 64-event stream took
+// about six reads on the pinned set-up).
 type eventReader struct{ rest []byte }
+
+const eventsPerRead = 11
 
 func (e *eventReader) Read(p []byte) (int, error) {
 	if len(e.rest) == 0 {
 		return 0, io.EOF
 	}
-	end := bytes.Index(e.rest, []byte("\n\n")) + 2
-	if end < 2 {
-		end = len(e.rest)
+	end := 0
+	for k := 0; k < eventsPerRead && end < len(e.rest); k++ {
+		i := bytes.Index(e.rest[end:], []byte("\n\n"))
+		if i < 0 {
+			end = len(e.rest)
+			break
+		}
+		end += i + 2
 	}
 	n := copy(p, e.rest[:end])
 	e.rest = e.rest[n:]

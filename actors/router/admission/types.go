@@ -45,7 +45,8 @@ type Worker struct {
 	Full bool  // load ≥ the admission busy_threshold (never when none is configured)
 }
 
-// View is the gate's read-only view of the pool a head would go to.
+// View is the gate's read-only view of the pool a head would go to. It is valid during the
+// call it is passed to only (the host reuses it): a gate copies what it keeps.
 type View interface {
 	// Workers lists the head's candidate workers (route ∩ allowed), in id order. None means
 	// the head cannot be dispatched now, whatever the gate says.
