@@ -391,9 +391,10 @@ func (r *requestActor) pick(c actor.Context) {
 		}
 		p.Admit = &r.admit
 	}
-	c.Request(r.d.Router, p)
+	// The timeout is armed before the pick leaves, so whoever sees the pick sees its timer.
 	self, root := c.Self(), c.ActorSystem().Root
 	r.pickTimer = r.clock().AfterFunc(r.pickTimeout(), func() { root.Send(self, pickTimeout{tag: tag}) })
+	c.Request(r.d.Router, p)
 }
 
 // pickTimeout is the pick timer firing.
