@@ -88,6 +88,9 @@ func (r *requestActor) attempt(c actor.Context) {
 	if r.x.Req.Stream {
 		accept = "text/event-stream"
 	}
+	// A stream's first event is read by the same I/O step as its headers (nothing reaches the
+	// client before it, R14.1), so a stream costs the actor one result, not two.
+	firstEventToo := r.x.Req.Stream && !r.nonFinalStep()
 	r.runIO(c, func(ctx context.Context, gen int) any {
 		req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 		if err != nil {
@@ -103,6 +106,9 @@ func (r *requestActor) attempt(c actor.Context) {
 			req.Header.Set("X-TL-KV-Handle", handle)
 		}
 		resp, err := tr.RoundTrip(req)
+		if err == nil && firstEventToo && resp.StatusCode == http.StatusOK && isSSE(resp) {
+			return readFirstEvent(gen, resp)
+		}
 		return attemptResult{gen: gen, resp: resp, err: err}
 	})
 }

@@ -46,7 +46,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"route"}),
 		firstByte: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "tlgw_time_to_first_byte_seconds",
-			Help:    "From request arrival to the engine's response headers.",
+			Help:    "From request arrival to the engine's response headers (a stream: its first event).",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
 		}, []string{"route"}),
 		cascade: prometheus.NewCounterVec(prometheus.CounterOpts{

@@ -278,22 +278,18 @@ func (r *requestActor) stepAttempting(c actor.Context, msg any) {
 		r.runIO(c, func(ctx context.Context, gen int) any { return readAll(gen, resp) })
 		return
 	}
-	if r.x.Req.Stream && m.resp.StatusCode == http.StatusOK && isSSE(m.resp) {
-		// Nothing goes to the client before the stream's first event (R14.1): until then a
-		// stall or a break is a failure before the first byte.
-		resp := m.resp
-		r.runIO(c, func(_ context.Context, gen int) any { return readFirstEvent(gen, resp) })
-		return
-	}
 	r.relay(c, m.resp)
 }
 
-// stepFirstEvent commits a stream once its first event has arrived, or fails over.
+// stepFirstEvent commits a stream once its first event has arrived (read by the attempt's own
+// I/O step, right after the headers: nothing goes to the client before it, R14.1, so until
+// then a stall or a break is a failure before the first byte), or fails over.
 func (r *requestActor) stepFirstEvent(c actor.Context, m firstEvent) {
 	if m.err != nil {
 		r.failover(c, fmt.Errorf("worker %s: %w", r.picked.WorkerID, m.err))
 		return
 	}
+	r.d.Metrics.ttfb(r.route, time.Since(r.x.Start)) // for a stream: its first event
 	r.relay(c, r.withFirstEvent(m.resp, m.prefix))
 }
 
