@@ -311,7 +311,13 @@ func readFirstEvent(gen int, resp *http.Response) firstEvent {
 }
 
 func hasEventEnd(b []byte) bool {
-	return bytes.Contains(b, []byte("\n\n")) || bytes.Contains(b, []byte("\r\n\r\n")) || bytes.Contains(b, []byte("\r\r"))
+	if bytes.Contains(b, []byte("\n\n")) {
+		return true
+	}
+	if bytes.IndexByte(b, '\r') < 0 {
+		return false // the other two ends need a "\r": one vectorized pass rules both out
+	}
+	return bytes.Contains(b, []byte("\r\n\r\n")) || bytes.Contains(b, []byte("\r\r"))
 }
 
 // withFirstEvent is resp with the already read first event put back in front of its body, and

@@ -1,6 +1,7 @@
 package request
 
 import (
+	"bytes"
 	"fmt"
 	"sync"
 )
@@ -46,7 +47,19 @@ func (f *eventFramer) feed(chunk []byte) ([]byte, error) {
 		f.lineStart, f.lastCR = true, false
 		return chunk, nil
 	}
-	end := -1              // boundary within chunk, exclusive
+	end := -1 // boundary within chunk, exclusive
+	if len(chunk) > 0 && len(f.pending)+len(chunk) <= maxEventBytes && !f.lastCR && bytes.IndexByte(chunk, '\r') < 0 {
+		// Lines end in "\n" only: the last boundary is the last blank line, found by a
+		// vectorized search instead of the byte loop below (the common case of an engine whose
+		// reads end mid-event). No event here can exceed the bound: all of them together fit.
+		if i := bytes.LastIndex(chunk, []byte("\n\n")); i >= 0 {
+			end = i + 2
+		} else if f.lineStart && chunk[0] == '\n' {
+			end = 1 // the blank line's second "\n" starts this chunk
+		}
+		f.lineStart = chunk[len(chunk)-1] == '\n'
+		return f.cut(chunk, end), nil
+	}
 	size := len(f.pending) // bytes of the event being read, up to and including chunk[i]
 	for i, c := range chunk {
 		// The event's bytes include its blank line (but not the "\n" of a closing "\r\n",
@@ -69,14 +82,20 @@ func (f *eventFramer) feed(chunk []byte) ([]byte, error) {
 			f.lineStart, f.lastCR = false, false
 		}
 	}
+	return f.cut(chunk, end), nil
+}
+
+// cut returns the held bytes and chunk up to end (the last boundary; -1: none) and holds what
+// follows it.
+func (f *eventFramer) cut(chunk []byte, end int) []byte {
 	if end < 0 {
 		f.pending = appendCapped(f.pending, chunk, maxEventBytes)
-		return nil, nil
+		return nil
 	}
 	if len(f.pending) == 0 {
 		out := chunk[:end]
 		f.pending = appendCapped(f.pending[:0], chunk[end:], maxEventBytes)
-		return out, nil
+		return out
 	}
 	// The held event is finished: the result is built in pending's array and the new pending in
 	// the other one (the previous result's, which is no longer valid), so a stream whose reads
@@ -84,7 +103,7 @@ func (f *eventFramer) feed(chunk []byte) ([]byte, error) {
 	out := appendCapped(f.pending, chunk[:end], len(f.pending)+end)
 	f.pending = appendCapped(f.spare[:0], chunk[end:], min(len(chunk)-end+64, maxEventBytes))
 	f.spare = out[:0]
-	return out, nil
+	return out
 }
 
 // fail ends the stream after an oversized event: it returns the whole events before it (up

@@ -68,6 +68,19 @@ func FuzzEventFraming(f *testing.F) {
 		if !bytes.Equal(one, out) && !(len(one) == len(out)+1 && bytes.HasPrefix(one, out) && one[len(one)-1] == '\n') {
 			t.Fatalf("split reads forwarded %q, one read %q", out, one)
 		}
+		// With "\n" line ends only, one read forwards up to the last blank line (a fresh framer
+		// is at a line start, so a leading "\n" is one).
+		if !bytes.ContainsRune(stream, '\r') {
+			want := -1
+			if i := bytes.LastIndex(stream, []byte("\n\n")); i >= 0 {
+				want = i + 2
+			} else if len(stream) > 0 && stream[0] == '\n' {
+				want = 1
+			}
+			if got := len(one); (want < 0 && got != 0) || (want >= 0 && got != want) {
+				t.Fatalf("one read of %q forwarded %q, want %d bytes", stream, one, max(want, 0))
+			}
+		}
 		// The forwarded part ends where an event ends: a new event appended to it is read as
 		// its own event by a fresh framer.
 		if len(out) > 0 {
