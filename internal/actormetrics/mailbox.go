@@ -108,7 +108,10 @@ func (p *probe) run() {
 	for {
 		p.drain()
 		p.status.Store(mailboxIdle)
-		if p.sysN.Load() == 0 && (p.suspended.Load() || p.userN.Load() == 0) {
+		// A count can read -1 for a moment: a poster pushes, the drain pops and counts down,
+		// and only then the poster counts up (and schedules, finding the mailbox idle). So
+		// "nothing left" is ≤ 0, never a spin until the poster runs.
+		if p.sysN.Load() <= 0 && (p.suspended.Load() || p.userN.Load() <= 0) {
 			return
 		}
 		if !p.status.CompareAndSwap(mailboxIdle, mailboxRunning) {

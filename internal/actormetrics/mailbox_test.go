@@ -3,6 +3,7 @@ package actormetrics
 import (
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/prometheus/client_golang/prometheus"
@@ -152,3 +153,35 @@ func (r *recorder) InvokeUserMessage(m any) {
 	}
 }
 func (r *recorder) EscalateFailure(_ any, m any) { r.escalated = m }
+
+// TestMailboxRunEndsOnATransientNegativeCount: a poster that has pushed but not yet counted its
+// message leaves the count at -1 once the drain has taken it; the run ends (it used to spin
+// until the poster ran), and the poster's late count and schedule find nothing left.
+func TestMailboxRunEndsOnATransientNegativeCount(t *testing.T) {
+	k := New(prometheus.NewRegistry()).kind("race")
+	p := newProbe(k)
+	inv := &recorder{}
+	p.RegisterHandlers(inv, syncDispatcher{})
+	p.mu.Lock()
+	p.user.push("early") // a poster between its push and its count
+	p.mu.Unlock()
+	done := make(chan struct{})
+	go func() {
+		p.status.Store(mailboxRunning)
+		p.run()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the mailbox keeps running with nothing to handle")
+	}
+	if len(inv.got) != 1 || inv.got[0] != "early" || p.UserMessageCount() != -1 {
+		t.Fatalf("handled %v, count %d", inv.got, p.UserMessageCount())
+	}
+	p.userN.Add(1) // the poster counts and schedules
+	p.schedule()
+	if len(inv.got) != 1 || p.UserMessageCount() != 0 || p.status.Load() != mailboxIdle {
+		t.Fatalf("after the late count: handled %v, count %d, status %d", inv.got, p.UserMessageCount(), p.status.Load())
+	}
+}

@@ -67,12 +67,7 @@ func BenchmarkPolicyPick(b *testing.B) {
 					t0 := time.Now()
 					for j := i; j < i+batch; j++ {
 						m, _ := p.Pick(keys[j%len(keys)], nil)
-						p.SetLoad(m, m.Load()+1)
-						slot := j % len(inflight)
-						if old := inflight[slot]; old != nil {
-							p.SetLoad(old, old.Load()-1)
-						}
-						inflight[slot] = m
+						hold(p, inflight, j, m)
 					}
 					samples = append(samples, time.Since(t0))
 				}
@@ -244,12 +239,7 @@ func BenchmarkPrefixAwarePick(b *testing.B) {
 					if reason == policy.ReasonPrefix {
 						prefixed++
 					}
-					p.SetLoad(m, m.Load()+1)
-					slot := j % len(inflight)
-					if old := inflight[slot]; old != nil {
-						p.SetLoad(old, old.Load()-1)
-					}
-					inflight[slot] = m
+					hold(p, inflight, j, m)
 				}
 				samples = append(samples, time.Since(t0))
 			}
@@ -258,4 +248,15 @@ func BenchmarkPrefixAwarePick(b *testing.B) {
 			b.ReportMetric(float64(prefixed)/float64(max(b.N, 1)), "prefix-share")
 		})
 	}
+}
+
+// hold counts pick j on m in a ring of in-flight picks: each pick adds load to its member, and
+// the pick len(inflight) earlier completes.
+func hold(p policy.Policy, inflight []*policy.Member, j int, m *policy.Member) {
+	p.SetLoad(m, m.Load()+1)
+	slot := j % len(inflight)
+	if old := inflight[slot]; old != nil {
+		p.SetLoad(old, old.Load()-1)
+	}
+	inflight[slot] = m
 }
