@@ -168,6 +168,19 @@ func TestMessageHistogram(t *testing.T) {
 	if got := sampleCounts(t, reg); !reflect.DeepEqual(got, want) {
 		t.Errorf("sample counts = %v, want %v", got, want)
 	}
+	// The handlers do nothing: on average each took between 0 and 50 ms (a clock arithmetic
+	// slip would read as minus or twice the process's age).
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		for _, mt := range f.GetMetric() {
+			if h := mt.GetHistogram(); f.GetName() == MessageSecondsName && (h.GetSampleSum() < 0 || h.GetSampleSum() >= 0.05*float64(h.GetSampleCount())) {
+				t.Errorf("%v: %d samples summing to %v s", mt.GetLabel(), h.GetSampleCount(), h.GetSampleSum())
+			}
+		}
+	}
 	if n := testutil.CollectAndCount(m.handle, MessageSecondsName); n != len(want) {
 		t.Errorf("%d series, want %d", n, len(want))
 	}

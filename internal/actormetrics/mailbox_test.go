@@ -17,7 +17,17 @@ func TestFifoIsAQueue(t *testing.T) {
 		var q fifo
 		var model []any
 		next := 0
-		for _, push := range rapid.SliceOfN(rapid.Bool(), 0, 200).Draw(t, "ops") {
+		// Bursts of pushes and of pops, so rings grow past the in-struct slots and drain.
+		var ops []bool
+		for range rapid.IntRange(0, 12).Draw(t, "bursts") {
+			for range rapid.IntRange(0, 20).Draw(t, "pushes") {
+				ops = append(ops, true)
+			}
+			for range rapid.IntRange(0, 25).Draw(t, "pops") {
+				ops = append(ops, false)
+			}
+		}
+		for _, push := range ops {
 			if push {
 				q.push(next)
 				model = append(model, next)
@@ -36,6 +46,9 @@ func TestFifoIsAQueue(t *testing.T) {
 			}
 			if len(model) == 0 && q.capacity() > smallQueue {
 				t.Fatalf("an empty queue holds %d slots", q.capacity())
+			}
+			if q.capacity() > smallQueue && q.small != [smallQueue]any{} {
+				t.Fatalf("a grown ring left messages in the in-struct slots: %v", q.small)
 			}
 		}
 		if q.size != len(model) {
