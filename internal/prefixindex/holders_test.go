@@ -227,17 +227,7 @@ func TestHoldersMatchDefinition(t *testing.T) {
 		x := New(limit)
 		ref := &model{limit: limit, lists: map[string][]uint64{}}
 		workers := []string{"w0", "w1", "w2", "w3", "w4", "w5"}
-		gen := func(t *rapid.T) []uint64 {
-			stem := rapid.IntRange(0, 2).Draw(t, "stem")
-			n := rapid.IntRange(0, 14).Draw(t, "chunks")
-			branch := rapid.IntRange(0, 3).Draw(t, "branch")
-			at := rapid.IntRange(0, 14).Draw(t, "at")
-			p := prompt(byte(stem), 64*n)
-			for i := at * 64; i < len(p); i++ {
-				p[i] ^= byte(branch) * 0x55
-			}
-			return Hashes(nil, p)
-		}
+		gen := func(t *rapid.T) []uint64 { return treePromptHashes(t, 14) }
 		for step := rapid.IntRange(1, 80).Draw(t, "steps"); step > 0; step-- {
 			w := workers[rapid.IntRange(0, len(workers)-1).Draw(t, "w")]
 			switch rapid.IntRange(0, 9).Draw(t, "op") {

@@ -286,18 +286,7 @@ func TestMatchesDefinition(t *testing.T) {
 		x := New(limit)
 		ref := &model{limit: limit, lists: map[string][]uint64{}}
 		workers := []string{"w0", "w1", "w2", "w3"}
-		// Prompts from a small tree: a few stems and branches, so prefixes are shared often.
-		gen := func(t *rapid.T) []uint64 {
-			stem := rapid.IntRange(0, 2).Draw(t, "stem")
-			n := rapid.IntRange(0, 12).Draw(t, "chunks")
-			branch := rapid.IntRange(0, 3).Draw(t, "branch")
-			at := rapid.IntRange(0, 12).Draw(t, "at")
-			p := prompt(byte(stem), 64*n)
-			for i := at * 64; i < len(p); i++ {
-				p[i] ^= byte(branch) * 0x55
-			}
-			return Hashes(nil, p)
-		}
+		gen := func(t *rapid.T) []uint64 { return treePromptHashes(t, 12) }
 		for step := rapid.IntRange(1, 60).Draw(t, "steps"); step > 0; step-- {
 			w := workers[rapid.IntRange(0, len(workers)-1).Draw(t, "w")]
 			switch rapid.IntRange(0, 9).Draw(t, "op") {
@@ -403,4 +392,18 @@ func BenchmarkHashes(b *testing.B) {
 	for b.Loop() {
 		dst = Hashes(dst, p)
 	}
+}
+
+// treePromptHashes draws the hashes of a prompt of up to maxChunks chunks from a small tree: a
+// few stems and branches, so prefixes are shared often.
+func treePromptHashes(t *rapid.T, maxChunks int) []uint64 {
+	stem := rapid.IntRange(0, 2).Draw(t, "stem")
+	n := rapid.IntRange(0, maxChunks).Draw(t, "chunks")
+	branch := rapid.IntRange(0, 3).Draw(t, "branch")
+	at := rapid.IntRange(0, maxChunks).Draw(t, "at")
+	p := prompt(byte(stem), 64*n)
+	for i := at * 64; i < len(p); i++ {
+		p[i] ^= byte(branch) * 0x55
+	}
+	return Hashes(nil, p)
 }
