@@ -197,6 +197,14 @@ func TestDisaggregatedClientLeaves(t *testing.T) {
 	})
 	r.InFlight("p", 0)
 	r.InFlight("d", 0)
+	// D frees what the cancelled decode held on its own; the gateway's Release of the handle
+	// runs in the request's Releasing step, which may come after D's status above.
+	released := func() bool {
+		r.engines.mu.Lock()
+		defer r.engines.mu.Unlock()
+		return len(r.engines.releases) > 0
+	}
+	gwtest.Eventually(t, "the handle released", released)
 	r.engines.mu.Lock()
 	defer r.engines.mu.Unlock()
 	if len(r.engines.handles) != 1 || !slices.Equal(r.engines.releases, r.engines.handles) {
