@@ -146,6 +146,19 @@ func TestTokenCounter(t *testing.T) {
 	}
 }
 
+// FuzzLastTotalTokens: the anchored search finds what bytes.LastIndex finds.
+func FuzzLastTotalTokens(f *testing.F) {
+	for _, s := range []string{`"total_tokens":1`, `k"total_tokens":"total_tokens":2`, `"total_tokens`, `kkkkkkkkkk`,
+		`{"usage":{"prompt_tokens":3,"total_tokens": 109}}"total_tokens":`, `"total_"total_tokens":`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if got, want := lastTotalTokens(b), bytes.LastIndex(b, totalTokensKey); got != want {
+			t.Fatalf("%q: %d, want %d", b, got, want)
+		}
+	})
+}
+
 // TestCost (R13.5): the usage the engine reported, else prompt bytes / 4 plus the events.
 func TestCost(t *testing.T) {
 	var none *relayResult

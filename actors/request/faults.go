@@ -143,7 +143,10 @@ type (
 		gen    int
 		resp   *http.Response
 		prefix []byte
-		err    error
+		// buf is the recycled array prefix is in (nil: prefix outgrew it): the relay reads the
+		// rest of the stream into it.
+		buf *[]byte
+		err error
 	}
 )
 
@@ -290,21 +293,30 @@ const maxFirstEvent = 1 << 20
 // I/O cancelled by a timeout, or the end of the stream before one whole event) is a failure
 // before the first byte.
 func readFirstEvent(gen int, resp *http.Response) firstEvent {
-	var buf []byte
-	bp := bufPool.Get().(*[]byte) // reads go to a recycled array; buf holds only what came
-	defer bufPool.Put(bp)
-	chunk := (*bp)[:4<<10]
+	bp := bufPool.Get().(*[]byte)
+	buf := (*bp)[:0] // reads go straight to a recycled array, which the relay goes on with
+	grown := false
 	for {
-		n, err := resp.Body.Read(chunk)
-		buf = append(buf, chunk[:n]...)
-		if hasEventEnd(buf) || len(buf) >= maxFirstEvent {
-			return firstEvent{gen: gen, resp: resp, prefix: buf}
+		if len(buf) == cap(buf) {
+			buf, grown = append(buf, 0)[:len(buf)], true // an event past the recycled array
+		}
+		start := len(buf)
+		n, err := resp.Body.Read(buf[start:cap(buf)])
+		buf = buf[:start+n]
+		// An event end in this read, or split between it and the last one.
+		if hasEventEnd(buf[max(0, start-3):]) || len(buf) >= maxFirstEvent {
+			if grown {
+				bufPool.Put(bp)
+				bp = nil
+			}
+			return firstEvent{gen: gen, resp: resp, prefix: buf, buf: bp}
 		}
 		if err == io.EOF {
 			err = errNoFirstEvent
 		}
 		if err != nil {
 			resp.Body.Close()
+			bufPool.Put(bp)
 			return firstEvent{gen: gen, resp: resp, err: err}
 		}
 	}
@@ -318,14 +330,6 @@ func hasEventEnd(b []byte) bool {
 		return false // the other two ends need a "\r": one vectorized pass rules both out
 	}
 	return bytes.Contains(b, []byte("\r\n\r\n")) || bytes.Contains(b, []byte("\r\r"))
-}
-
-// withFirstEvent is resp with the already read first event put back in front of its body, and
-// the body bounded by stream_idle_timeout between events.
-func (r *requestActor) withFirstEvent(resp *http.Response, prefix []byte) *http.Response {
-	out := *resp
-	out.Body = r.newIdleBody(io.MultiReader(bytes.NewReader(prefix), resp.Body), resp.Body)
-	return &out
 }
 
 // idleBody ends a relayed stream when no event has completed for d (R14.1): the engine's body

@@ -1,7 +1,9 @@
 package request
 
 import (
+	"errors"
 	"io"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -95,5 +97,72 @@ func TestIdleBodyEmptyReadIsNoEvent(t *testing.T) {
 	clk.Advance(time.Second)
 	if !b.idle.Load() {
 		t.Fatal("an empty read restarted the idle timer")
+	}
+}
+
+// chunkedReader serves s in reads of at most size bytes, then err (io.EOF when nil).
+type chunkedReader struct {
+	s    string
+	size int
+	err  error
+}
+
+func (c *chunkedReader) Read(p []byte) (int, error) {
+	if c.s == "" {
+		if c.err != nil {
+			return 0, c.err
+		}
+		return 0, io.EOF
+	}
+	n := copy(p[:min(len(p), c.size)], c.s)
+	c.s = c.s[n:]
+	return n, nil
+}
+
+// TestReadFirstEvent: the attempt reads up to the end of the first event, however the reads
+// split it (an event end split between two reads included), and hands over what it read in
+// the recycled array; an event past that array comes whole in a new one; a stream that ends
+// or breaks before one whole event is a failure before the first byte, with the body closed.
+func TestReadFirstEvent(t *testing.T) {
+	resp := func(r io.Reader, cc *closeCount) *http.Response {
+		return &http.Response{StatusCode: 200, Body: struct {
+			io.Reader
+			io.Closer
+		}{r, cc}}
+	}
+	for _, end := range []string{"\n\n", "\r\n\r\n", "\r\r"} {
+		stream := "data: {\"a\":1}" + end + "data: {\"b\":2}" + end
+		first := len("data: {\"a\":1}") + len(end)
+		for size := 1; size <= len(stream); size++ {
+			cc := &closeCount{}
+			fe := readFirstEvent(3, resp(&chunkedReader{s: stream, size: size}, cc))
+			if fe.err != nil || fe.gen != 3 || fe.buf == nil || cc.n != 0 {
+				t.Fatalf("%q in reads of %d: %+v, closed %d", end, size, fe, cc.n)
+			}
+			// Reads stop at the first read that completes the event.
+			want := min(len(stream), (first+size-1)/size*size)
+			if string(fe.prefix) != stream[:want] || &fe.prefix[0] != &(*fe.buf)[0] {
+				t.Fatalf("%q in reads of %d: prefix %q, want %q (in the recycled array)", end, size, fe.prefix, stream[:want])
+			}
+			bufPool.Put(fe.buf)
+		}
+	}
+	big := "data: " + strings.Repeat("x", 40<<10) + "\n\n"
+	fe := readFirstEvent(1, resp(&chunkedReader{s: big, size: 4 << 10}, &closeCount{}))
+	if fe.err != nil || fe.buf != nil || string(fe.prefix) != big {
+		t.Fatalf("an event past the recycled array: err %v, buf %v, %d bytes", fe.err, fe.buf != nil, len(fe.prefix))
+	}
+	for _, c := range []struct {
+		r    io.Reader
+		want error
+	}{
+		{&chunkedReader{s: "data: half", size: 4}, errNoFirstEvent},
+		{&chunkedReader{s: "data: half\n", size: 4, err: io.ErrUnexpectedEOF}, io.ErrUnexpectedEOF},
+	} {
+		cc := &closeCount{}
+		fe := readFirstEvent(1, resp(c.r, cc))
+		if !errors.Is(fe.err, c.want) || fe.buf != nil || cc.n != 1 {
+			t.Fatalf("err %v (want %v), buf %v, closed %d", fe.err, c.want, fe.buf != nil, cc.n)
+		}
 	}
 }

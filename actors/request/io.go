@@ -185,6 +185,10 @@ type relayer struct {
 	// whatever else cancelled the relay.
 	client context.Context
 	resp   *http.Response
+	// first is the stream's first event when the attempt read it already, in the recycled
+	// array buf (nil: first is elsewhere, or there is none), which the relay owns from here.
+	first []byte
+	buf   *[]byte
 	// log, id and worker report a cut answer; the worker is named in the log, never in the
 	// client's messages (R13.4).
 	log        *slog.Logger
@@ -259,7 +263,10 @@ func (rl relayer) sse(gen int, tc *tokenCounter) relayResult {
 	// The headers leave with the first event (every write below is flushed): one write to the
 	// client instead of two. The first event is normally in hand already (stepFirstEvent).
 	rl.w.WriteHeader(rl.resp.StatusCode)
-	bp := bufPool.Get().(*[]byte)
+	bp := rl.buf
+	if bp == nil {
+		bp = bufPool.Get().(*[]byte)
+	}
 	defer bufPool.Put(bp)
 	buf := *bp
 	framer := newEventFramer()
@@ -285,6 +292,16 @@ func (rl relayer) sse(gen int, tc *tokenCounter) relayResult {
 			rl.interrupts.WithLabelValues(rl.route).Inc()
 		}
 		return relayResult{gen: gen, code: rl.resp.StatusCode, ended: true}
+	}
+	if len(rl.first) > 0 {
+		// The first event, read by the attempt (in buf's array: written before the next read).
+		events, ferr := framer.feed(rl.first)
+		if !write(events) {
+			return relayResult{gen: gen, code: statusClientGone}
+		}
+		if ferr != nil {
+			return interrupted("the engine sent an event larger than 1 MiB", ferr)
+		}
 	}
 	for {
 		n, err := rl.resp.Body.Read(buf)
@@ -331,18 +348,15 @@ type tokenCounter struct {
 
 var totalTokensKey = []byte(`"total_tokens":`)
 
+// totalTokensAnchor is the key's rarest byte in an engine's JSON, and where it sits in the key.
+const (
+	totalTokensAnchor    = 'k'
+	totalTokensAnchorOff = 9
+)
+
 func (tc *tokenCounter) observe(b []byte) {
 	tc.events += int64(bytes.Count(b, []byte("\n\n")))
-	// The last occurrence, found with forward searches (vectorized for a short pattern; most
-	// chunks hold none, and only the usage chunk holds one).
-	i := bytes.Index(b, totalTokensKey)
-	for i >= 0 {
-		j := bytes.Index(b[i+len(totalTokensKey):], totalTokensKey)
-		if j < 0 {
-			break
-		}
-		i += len(totalTokensKey) + j
-	}
+	i := lastTotalTokens(b)
 	if i >= 0 {
 		rest := bytes.TrimLeft(b[i+len(totalTokensKey):], " ")
 		n := 0
@@ -353,6 +367,26 @@ func (tc *tokenCounter) observe(b []byte) {
 			tc.usage = v
 		}
 	}
+}
+
+// lastTotalTokens is bytes.LastIndex(b, totalTokensKey). It jumps between the key's 'k's with
+// the vectorized IndexByte: bytes.Index would start from the key's '"', which an engine's JSON
+// holds every few bytes, and fall back to comparing the key at every position (most reads
+// hold no usage at all, and the search ran over each of them).
+func lastTotalTokens(b []byte) int {
+	last := -1
+	for from := totalTokensAnchorOff; from < len(b); {
+		k := bytes.IndexByte(b[from:], totalTokensAnchor)
+		if k < 0 {
+			break
+		}
+		at := from + k - totalTokensAnchorOff
+		if at+len(totalTokensKey) <= len(b) && bytes.Equal(b[at:at+len(totalTokensKey)], totalTokensKey) {
+			last = at
+		}
+		from += k + 1
+	}
+	return last
 }
 
 // cost is what an answer counts against the key's tokens: the usage the engine reported, else

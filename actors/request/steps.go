@@ -94,6 +94,9 @@ func discard(msg any) {
 		if m.err == nil {
 			m.resp.Body.Close()
 		}
+		if m.buf != nil {
+			bufPool.Put(m.buf)
+		}
 	}
 }
 
@@ -278,7 +281,7 @@ func (r *requestActor) stepAttempting(c actor.Context, msg any) {
 		r.runIO(c, func(ctx context.Context, gen int) any { return readAll(gen, resp) })
 		return
 	}
-	r.relay(c, m.resp)
+	r.relay(c, m.resp, nil, nil)
 }
 
 // stepFirstEvent commits a stream once its first event has arrived (read by the attempt's own
@@ -290,11 +293,12 @@ func (r *requestActor) stepFirstEvent(c actor.Context, m firstEvent) {
 		return
 	}
 	r.d.Metrics.ttfb(r.route, time.Since(r.x.Start)) // for a stream: its first event
-	r.relay(c, r.withFirstEvent(m.resp, m.prefix))
+	r.relay(c, m.resp, m.prefix, m.buf)
 }
 
-// relay commits the request and relays the engine's answer (Relaying).
-func (r *requestActor) relay(c actor.Context, resp *http.Response) {
+// relay commits the request and relays the engine's answer (Relaying). A stream's first
+// event may have been read already: first, in the recycled array buf (nil: none).
+func (r *requestActor) relay(c actor.Context, resp *http.Response, first []byte, buf *[]byte) {
 	p := r.picked
 	r.stopFirstByteTimer()
 	if isSSE(resp) {
@@ -310,7 +314,7 @@ func (r *requestActor) relay(c actor.Context, resp *http.Response) {
 	r.writeHeaders(resp.Header)
 	route, metrics := r.route, r.d.Metrics
 	r.relayOut = &r.relayRes
-	rl := relayer{w: r.x.W, client: r.x.Ctx, resp: resp, log: r.d.Logger, id: r.x.ID, worker: p.WorkerID, errs: r.d.Errors, out: r.relayOut,
+	rl := relayer{w: r.x.W, client: r.x.Ctx, resp: resp, first: first, buf: buf, log: r.d.Logger, id: r.x.ID, worker: p.WorkerID, errs: r.d.Errors, out: r.relayOut,
 		interrupts: metrics.interrupts, route: route}
 	r.become(Relaying)
 	r.runIO(c, func(ctx context.Context, gen int) any { rl.ctx = ctx; return rl.run(gen) })

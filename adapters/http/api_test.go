@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"slices"
 	"strings"
@@ -314,5 +315,58 @@ func TestHealthAndReadiness(t *testing.T) {
 	s.api.SetDraining()
 	if resp, b := s.do(t, "POST", "/v1/completions", "sk-inference", `{"model":"smol","prompt":"x"}`); resp.StatusCode != 503 || errCode(t, b) != "shutting_down" {
 		t.Fatalf("draining: %d %s", resp.StatusCode, b)
+	}
+}
+
+// TestBodyWithoutLength: a chunked body (no Content-Length) reaches the engine byte for byte
+// whatever its size, up to the limit; one byte over the limit is 413 and reaches nobody.
+func TestBodyWithoutLength(t *testing.T) {
+	const limit = 10000
+	s := newStack(t, stackOpt{keys: testKeys, maxBody: limit})
+	e := jsonEngine(t, "w1")
+	s.beat("w1", "smol", e)
+	send := func(body string) (*http.Response, []byte) {
+		t.Helper()
+		// A reader that is not a *strings.Reader hides the length: the client sends it chunked.
+		req, err := http.NewRequest("POST", s.srv.URL+"/v1/completions", io.MultiReader(strings.NewReader(body)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if req.ContentLength != 0 {
+			t.Fatalf("the request carries a length (%d): it would not be chunked", req.ContentLength)
+		}
+		req.Header.Set("Authorization", "Bearer sk-inference")
+		resp, err := s.srv.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp, b
+	}
+	var want [][]byte
+	for _, n := range []int{0, 1, 4095, 4096, 4097, 8193, limit - len(`{"model":"smol","prompt":""}`)} {
+		body := `{"model":"smol","prompt":"` + strings.Repeat("p", n) + `"}`
+		resp, b := send(body)
+		if resp.StatusCode != 200 {
+			t.Fatalf("%d bytes: %d %s", len(body), resp.StatusCode, b)
+		}
+		want = append(want, []byte(body))
+	}
+	resp, b := send(`{"model":"smol","prompt":"` + strings.Repeat("p", limit) + `"}`)
+	if resp.StatusCode != 413 || errCode(t, b) != "request_too_large" {
+		t.Fatalf("over the limit: %d %s", resp.StatusCode, b)
+	}
+	if got := e.calls(); len(got) != len(want) {
+		t.Fatalf("the engine got %d bodies, want %d", len(got), len(want))
+	} else {
+		for i := range got {
+			if !bytes.Equal(got[i], want[i]) {
+				t.Fatalf("body %d: %d bytes reached the engine, want %d", i, len(got[i]), len(want[i]))
+			}
+		}
 	}
 }

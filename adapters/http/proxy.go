@@ -1,9 +1,9 @@
 package httpapi
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"net"
 	"net/http"
@@ -117,7 +117,9 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error
 	if capHint < 0 || capHint > s.maxBody {
 		capHint = 4096
 	}
-	buf := bytes.NewBuffer(make([]byte, 0, capHint+1))
+	// +1: the read that sees the end needs no new array (a bytes.Buffer would ask for 512
+	// free bytes before each read and copy a small body twice).
+	buf := make([]byte, 0, capHint+1)
 	if s.bodyTimeout > 0 {
 		// The deadline is lifted once the body is in: left armed, it would fail the server's
 		// background read that watches for the client leaving, and cancel a long stream.
@@ -125,7 +127,22 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error
 		_ = rc.SetReadDeadline(time.Now().Add(s.bodyTimeout))
 		defer func() { _ = rc.SetReadDeadline(time.Time{}) }()
 	}
-	_, err := buf.ReadFrom(http.MaxBytesReader(w, r.Body, s.maxBody))
+	body := http.MaxBytesReader(w, r.Body, s.maxBody)
+	var err error
+	for {
+		if len(buf) == cap(buf) {
+			buf = append(buf, 0)[:len(buf)]
+		}
+		var n int
+		n, err = body.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if err != nil {
+			break
+		}
+	}
+	if err == io.EOF {
+		err = nil
+	}
 	if err != nil {
 		if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() {
 			w.Header().Set("Connection", "close")
@@ -137,7 +154,7 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error
 		}
 		return nil, fmt.Errorf("reading the request body: %v: %w", err, errs.ErrInvalidRequest)
 	}
-	return buf.Bytes(), nil
+	return buf, nil
 }
 
 // admissionClass resolves a request's class: its key's class (or the default), or the class
