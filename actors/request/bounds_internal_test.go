@@ -29,7 +29,7 @@ func (testErrors) SSEError(w http.ResponseWriter, message string) {
 }
 
 func testRelayer(w http.ResponseWriter, resp *http.Response) relayer {
-	return relayer{w: w, ctx: context.Background(), resp: resp, errs: testErrors{}, out: &relayResult{},
+	return relayer{w: w, ctx: context.Background(), resp: resp, body: resp.Body, errs: testErrors{}, out: &relayResult{},
 		log: slog.New(slog.NewTextHandler(io.Discard, nil))}
 }
 

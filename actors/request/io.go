@@ -76,6 +76,11 @@ func (r *requestActor) upstreamBody() ([]byte, error) {
 	return b, nil
 }
 
+var (
+	jsonContentType = []string{"application/json"}
+	sseAccept       = []string{"text/event-stream"}
+)
+
 // attempt sends the request to the picked engine (Attempting).
 func (r *requestActor) attempt(c actor.Context) {
 	body, err := r.upstreamBody()
@@ -84,10 +89,7 @@ func (r *requestActor) attempt(c actor.Context) {
 		return
 	}
 	url := "http://" + r.picked.HTTPAddress + r.x.Path
-	accept, id, handle, tr := "", r.x.ID, r.kvHandle, r.d.Transport
-	if r.x.Req.Stream {
-		accept = "text/event-stream"
-	}
+	stream, id, handle, tr := r.x.Req.Stream, r.x.ID, r.kvHandle, r.d.Transport
 	// A stream's first event is read by the same I/O step as its headers (nothing reaches the
 	// client before it, R14.1), so a stream costs the actor one result, not two.
 	firstEventToo := r.x.Req.Stream && !r.nonFinalStep()
@@ -97,14 +99,18 @@ func (r *requestActor) attempt(c actor.Context) {
 			return attemptResult{gen: gen, err: err}
 		}
 		req.ContentLength = int64(len(body))
-		req.Header.Set("Content-Type", "application/json")
-		if accept != "" {
-			req.Header.Set("Accept", accept)
+		// Canonical keys set directly; the constant values are shared (the transport only
+		// reads a request's headers).
+		h := make(http.Header, 4)
+		h["Content-Type"] = jsonContentType
+		if stream {
+			h["Accept"] = sseAccept
 		}
-		req.Header.Set("X-Request-ID", id)
+		h["X-Request-Id"] = []string{id}
 		if handle != "" {
-			req.Header.Set("X-TL-KV-Handle", handle)
+			h["X-Tl-Kv-Handle"] = []string{handle}
 		}
+		req.Header = h
 		resp, err := tr.RoundTrip(req)
 		if err == nil && firstEventToo && resp.StatusCode == http.StatusOK && isSSE(resp) {
 			return readFirstEvent(gen, resp)
@@ -185,6 +191,7 @@ type relayer struct {
 	// whatever else cancelled the relay.
 	client context.Context
 	resp   *http.Response
+	body   io.ReadCloser // resp's body as the relay reads it (a stream's: bounded by idleBody)
 	// first is the stream's first event when the attempt read it already, in the recycled
 	// array buf (nil: first is elsewhere, or there is none), which the relay owns from here.
 	first []byte
@@ -212,7 +219,7 @@ func (rl relayer) clientLeft() bool {
 
 // run relays and reports the status the client saw and whether the answer reached its end.
 func (rl relayer) run(gen int) relayResult {
-	defer rl.resp.Body.Close()
+	defer rl.body.Close()
 	var res relayResult
 	tc := tokenCounter{usage: -1}
 	if strings.HasPrefix(rl.resp.Header.Get("Content-Type"), "text/event-stream") {
@@ -227,7 +234,7 @@ func (rl relayer) run(gen int) relayResult {
 
 // json buffers a non-streamed answer, so a body cut mid-way is a 502, never a truncated 200.
 func (rl relayer) json(gen int, tc *tokenCounter) relayResult {
-	body, err := readBounded(rl.resp.Body, rl.resp.ContentLength, maxUpstreamJSON)
+	body, err := readBounded(rl.body, rl.resp.ContentLength, maxUpstreamJSON)
 	if err != nil {
 		if rl.ctx.Err() != nil {
 			// The client left, or request_timeout fired: the actor answers 504 (faults.go).
@@ -304,7 +311,7 @@ func (rl relayer) sse(gen int, tc *tokenCounter) relayResult {
 		}
 	}
 	for {
-		n, err := rl.resp.Body.Read(buf)
+		n, err := rl.body.Read(buf)
 		if n > 0 {
 			events, ferr := framer.feed(buf[:n])
 			if !write(events) {

@@ -301,12 +301,11 @@ func (r *requestActor) stepFirstEvent(c actor.Context, m firstEvent) {
 func (r *requestActor) relay(c actor.Context, resp *http.Response, first []byte, buf *[]byte) {
 	p := r.picked
 	r.stopFirstByteTimer()
+	body := resp.Body
 	if isSSE(resp) {
 		r.stopRequestTimer() // a stream's bound is stream_idle_timeout from here
-		if _, ok := resp.Body.(*idleBody); !ok {
-			out := *resp
-			out.Body = r.newIdleBody(resp.Body, resp.Body)
-			resp = &out
+		if _, ok := body.(*idleBody); !ok {
+			body = r.newIdleBody(body, body)
 		}
 	}
 	r.committed = true
@@ -314,7 +313,7 @@ func (r *requestActor) relay(c actor.Context, resp *http.Response, first []byte,
 	r.writeHeaders(resp.Header)
 	route, metrics := r.route, r.d.Metrics
 	r.relayOut = &r.relayRes
-	rl := relayer{w: r.x.W, client: r.x.Ctx, resp: resp, first: first, buf: buf, log: r.d.Logger, id: r.x.ID, worker: p.WorkerID, errs: r.d.Errors, out: r.relayOut,
+	rl := relayer{w: r.x.W, client: r.x.Ctx, resp: resp, body: body, first: first, buf: buf, log: r.d.Logger, id: r.x.ID, worker: p.WorkerID, errs: r.d.Errors, out: r.relayOut,
 		interrupts: metrics.interrupts, route: route}
 	r.become(Relaying)
 	r.runIO(c, func(ctx context.Context, gen int) any { rl.ctx = ctx; return rl.run(gen) })

@@ -47,6 +47,8 @@ type admitter struct {
 	hv view
 	// decided counts the gate's decisions (go, hold) for the policy, resolved once.
 	decided [2]prometheus.Counter
+	// lengthGauges are the queue-length gauges in the order the queue reports them (gauges).
+	lengthGauges []lengthGauge
 }
 
 // host returns the queue's Host for the message at hand, whose effects are fx.
@@ -261,11 +263,28 @@ func (a *admitter) queueView() *QueueView {
 	return &QueueView{Enabled: true, Snapshot: a.q.Snapshot()}
 }
 
-// gauges refreshes the queue-length gauges.
+// gauges refreshes the queue-length gauges. It runs twice per admitted request: the gauges
+// are resolved once and kept in the order the queue reports them (a class or kind that is not
+// where it was is resolved again).
 func (a *admitter) gauges() {
+	i := 0
 	a.q.Lengths(func(class, kind string, n int) {
-		a.metrics.queueLength.WithLabelValues(class, kind).Set(float64(n))
+		if i == len(a.lengthGauges) {
+			a.lengthGauges = append(a.lengthGauges, lengthGauge{})
+		}
+		lg := &a.lengthGauges[i]
+		if lg.g == nil || lg.class != class || lg.kind != kind {
+			*lg = lengthGauge{class: class, kind: kind, g: a.metrics.queueLength.WithLabelValues(class, kind)}
+		}
+		lg.g.Set(float64(n))
+		i++
 	})
+}
+
+// lengthGauge is one queue-length gauge, resolved.
+type lengthGauge struct {
+	class, kind string
+	g           prometheus.Gauge
 }
 
 // host adapts the admitter to admission.Host for the duration of one message.

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/tlgw/tlgw/actors/router/admission"
 	"github.com/tlgw/tlgw/actors/router/admission/coldpool"
 	"github.com/tlgw/tlgw/actors/router/admission/sessionserial"
@@ -244,5 +246,36 @@ func TestNoCrossModelStarvation(t *testing.T) {
 	r.join("a1", "a", 0)
 	if p := x.picked(); p.Err != nil || p.WorkerID != "a1" {
 		t.Fatalf("x: %+v", p)
+	}
+}
+
+// TestQueueLengthGauges: tlgw_queue_length follows the queue as requests wait and leave (the
+// gauges are resolved once and reused), per class and lane kind.
+func TestQueueLengthGauges(t *testing.T) {
+	r := newRig(t, Config{Admission: admissionCfg(nil, 1)})
+	r.join("w1", "smol", 1) // full at threshold 1
+	shared := func() float64 {
+		return testutil.ToFloat64(r.st.adm.metrics.queueLength.WithLabelValues("default", "shared"))
+	}
+	a, b := r.newRequester(), r.newRequester()
+	a.pick("a", "smol", "")
+	a.queued()
+	if n := shared(); n != 1 {
+		t.Fatalf("one waiting: gauge %v", n)
+	}
+	b.pick("b", "smol", "")
+	b.queued()
+	if n := shared(); n != 2 {
+		t.Fatalf("two waiting: gauge %v", n)
+	}
+	runBounded(t, "room", func() { r.join("w1", "smol", 0) })
+	if p := a.picked(); p.Err != nil {
+		t.Fatalf("a: %+v", p)
+	}
+	if n := shared(); n != 1 {
+		t.Fatalf("one left the queue: gauge %v", n)
+	}
+	if len(r.st.adm.lengthGauges) == 0 {
+		t.Fatal("no gauge kept")
 	}
 }

@@ -179,7 +179,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if idErr != nil {
 		id = newRequestID()
 	}
-	w.Header().Set("X-Request-ID", id)
+	w.Header()["X-Request-Id"] = []string{id} // the canonical key, set directly
 	if idErr != nil {
 		writeError(w, idErr)
 		return
