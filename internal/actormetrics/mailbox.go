@@ -77,11 +77,21 @@ func (p *probe) PostUserMessage(msg any) {
 }
 
 // PostSystemMessage implements actor.Mailbox.
+//
+// A Watch or Unwatch does not wake an idle actor; it waits for the actor's next run. It only
+// matters when the actor ends, which it cannot do without running its mailbox, and every run
+// handles the waiting system messages before anything else: the watcher still gets its
+// Terminated. A request actor waiting on its engine is watched by its worker and its router;
+// woken for each, it cost two runs of its mailbox (two goroutine hand-offs) that did nothing.
 func (p *probe) PostSystemMessage(msg any) {
 	p.mu.Lock()
 	p.sys.push(msg)
 	p.mu.Unlock()
 	p.sysN.Add(1)
+	switch msg.(type) {
+	case *actor.Watch, *actor.Unwatch:
+		return
+	}
 	p.schedule()
 }
 

@@ -198,3 +198,73 @@ func TestMailboxRunEndsOnATransientNegativeCount(t *testing.T) {
 		t.Fatalf("after the late count: handled %v, count %d, status %d", inv.got, p.UserMessageCount(), p.status.Load())
 	}
 }
+
+// countingDispatcher runs what it is given at once and counts it.
+type countingDispatcher struct{ n *int }
+
+func (d countingDispatcher) Schedule(fn func()) { *d.n++; fn() }
+func (countingDispatcher) Throughput() int      { return 300 }
+
+// TestMailboxWatchWaitsForTheNextRun: a Watch or Unwatch to an idle mailbox schedules nothing;
+// the next message runs the mailbox, which hands over the waiting system messages first.
+func TestMailboxWatchWaitsForTheNextRun(t *testing.T) {
+	k := New(prometheus.NewRegistry()).kind("watch")
+	p := newProbe(k)
+	inv := &recorder{}
+	var runs int
+	p.RegisterHandlers(inv, countingDispatcher{&runs})
+	w, u := &actor.Watch{}, &actor.Unwatch{}
+	p.PostSystemMessage(w)
+	p.PostSystemMessage(u)
+	if runs != 0 || len(inv.got) != 0 {
+		t.Fatalf("a watch woke the mailbox: %d runs, got %v", runs, inv.got)
+	}
+	p.PostUserMessage("a")
+	if runs != 1 || len(inv.got) != 3 || inv.got[0] != w || inv.got[1] != u || inv.got[2] != "a" {
+		t.Fatalf("%d runs, got %v", runs, inv.got)
+	}
+	p.PostSystemMessage(&actor.Started{})
+	if runs != 2 || len(inv.got) != 4 {
+		t.Fatalf("another system message: %d runs, got %v", runs, inv.got)
+	}
+}
+
+// TestWatcherOfAnIdleActorGetsTerminated: an actor that never runs between being watched and
+// being stopped still tells its watcher; so does one watched while it runs.
+func TestWatcherOfAnIdleActorGetsTerminated(t *testing.T) {
+	m := New(prometheus.NewRegistry())
+	sys := newSystem(t)
+	for _, busy := range []bool{false, true} {
+		release := make(chan struct{})
+		watchee := sys.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
+			if c.Message() == "block" {
+				<-release
+			}
+		}, m.Options("watchee")...))
+		if busy {
+			sys.Root.Send(watchee, "block")
+		}
+		terminated := make(chan *actor.PID, 1)
+		watching := make(chan struct{})
+		sys.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
+			switch msg := c.Message().(type) {
+			case *actor.Started:
+				c.Watch(watchee)
+				close(watching)
+			case *actor.Terminated:
+				terminated <- msg.Who
+			}
+		}, m.Options("watcher")...))
+		<-watching
+		close(release)
+		sys.Root.Stop(watchee)
+		select {
+		case who := <-terminated:
+			if who.Id != watchee.Id {
+				t.Fatalf("terminated %v, want %v", who, watchee)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("busy %v: the watcher got no Terminated", busy)
+		}
+	}
+}
