@@ -7,7 +7,7 @@
 # Targets (DEVELOPERS.md): JSON ≥ 0.9× the bare proxy's req/s; SSE ≥ 0.95× its events/s; zero
 # truncated streams; added p50 at one connection ≤ 100 µs.
 # Needs wrk and taskset (Debian: apt-get install wrk util-linux) and two cores.
-# Usage: tests/bench/proxy.sh  (TLGW_BENCH_PHASE=2s TLGW_BENCH_ROUNDS=12 by default)
+# Usage: tests/bench/proxy.sh  (TLGW_BENCH_PHASE=2s TLGW_BENCH_ROUNDS=20 by default)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 go test -run '^$' -bench 'BenchmarkProxyVsBare' -benchtime 1x -timeout 30m ./tests/bench/ |

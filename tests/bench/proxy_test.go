@@ -247,11 +247,11 @@ func needTools(b *testing.B) {
 // machine's drift hits both alike: this VM's speed changes by up to 2× within seconds, which
 // 5 s phases let fall on one proxy's phase. A ratio is the median of the rounds' ratios. Run
 // with -benchtime 1x; tests/bench/proxy.sh prints the figures. TLGW_BENCH_PHASE sets a phase's
-// length (default 2s), TLGW_BENCH_ROUNDS the rounds (default 12).
+// length (default 2s), TLGW_BENCH_ROUNDS the rounds (default 20).
 func BenchmarkProxyVsBare(b *testing.B) {
 	needTools(b)
 	phaseLen := envDuration(b, "TLGW_BENCH_PHASE", 2*time.Second)
-	rounds := 12
+	rounds := 20
 	if v := os.Getenv("TLGW_BENCH_ROUNDS"); v != "" {
 		var err error
 		if rounds, err = strconv.Atoi(v); err != nil || rounds < 1 {
