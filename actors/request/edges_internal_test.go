@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/asynkron/protoactor-go/actor"
+
 	"github.com/tlgw/tlgw/actors/router"
 	"github.com/tlgw/tlgw/internal/cascade"
 	"github.com/tlgw/tlgw/internal/clock"
@@ -346,5 +348,76 @@ func TestRequestTimeoutDropsEngineHeaders(t *testing.T) {
 	}
 	if got := m.expectReleases(1); !equalOutcomes(got, map[string][]router.Outcome{"a": {router.OutcomeTimeout}}) {
 		t.Fatalf("releases %v", got)
+	}
+}
+
+// TestFinishedRequestUnwatchesItsWorkers: a request that finishes with its holds released
+// drops its worker from its watchers, so the worker gets no Terminated when it stops (every
+// other watcher still does).
+func TestFinishedRequestUnwatchesItsWorkers(t *testing.T) {
+	m := newMRig(t)
+	m.pool = []string{"w1"}
+	type watchCmd struct{ who *actor.PID }
+	type ping struct{}
+	workerTerm, observerTerm := make(chan *actor.PID, 4), make(chan *actor.PID, 4)
+	watching := make(chan struct{}, 2)
+	watcher := func(term chan *actor.PID, worker string) *actor.PID {
+		return m.sys.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
+			switch msg := c.Message().(type) {
+			case watchCmd:
+				c.Watch(msg.who)
+				watching <- struct{}{}
+			case *actor.Terminated:
+				term <- msg.Who
+			case *router.Release:
+				m.releases <- released{worker: worker, ticket: msg.Ticket, outcome: msg.Outcome}
+			case ping:
+				c.Respond(true)
+			}
+		}))
+	}
+	worker := watcher(workerTerm, "w1")
+	m.workers["w1"] = worker
+	observer := watcher(observerTerm, "")
+	gate := make(chan struct{})
+	m.upstream = func(string, *http.Request, string) (*http.Response, error) {
+		<-gate
+		return reply(200, "application/json", okJSON), nil
+	}
+	r := m.start(`{"model":"m","prompt":"hi"}`)
+	var p *router.Pick
+	select {
+	case p = <-m.picks:
+	case <-time.After(waitFor):
+		t.Fatal("no pick")
+	}
+	// Watched as the worker watches from the pick's Acquire on, while the attempt is out.
+	m.sys.Root.Send(worker, watchCmd{p.Requester})
+	m.sys.Root.Send(observer, watchCmd{p.Requester})
+	for range 2 {
+		<-watching
+	}
+	close(gate)
+	if w := r.wait(t); w.Code != 200 {
+		t.Fatalf("%d %s", w.Code, w.Body)
+	}
+	m.expectReleases(1)
+	select {
+	case who := <-observerTerm:
+		if !who.Equal(p.Requester) {
+			t.Fatalf("the observer was told of %v", who)
+		}
+	case <-time.After(waitFor):
+		t.Fatal("the request actor never stopped")
+	}
+	// Both Terminated were sent at the stop, before the ping: the worker handles system
+	// messages first, so by its answer it would have seen one.
+	if _, err := m.sys.Root.RequestFuture(worker, ping{}, waitFor).Result(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case who := <-workerTerm:
+		t.Fatalf("the worker was told %v stopped, though it held nothing on it", who)
+	default:
 	}
 }

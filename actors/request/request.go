@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -174,6 +175,9 @@ type requestActor struct {
 	// What the actor holds and must release on every path (a worker also releases the holds
 	// of a requester that stops, so a crash between two lines here leaks nothing).
 	held     []hold // worker tickets picked for it and not yet released
+	// watchers are the workers of every pick it got (each watches it from the pick's Acquire
+	// on), dropped from its watchers when it finishes with nothing held on them (finish).
+	watchers []*actor.PID
 	kvHandle string // a pushed KV handle on the decode worker, until consumed or released
 	kvAddr   string // the decode worker's KV address, where Release goes
 	// afterRelease is what Releasing does once Release has answered: finish, or route again
@@ -427,10 +431,11 @@ func (r *requestActor) stopPickTimer() {
 
 // giveBack releases the tickets of a pick the actor will not use (a late answer): no verdict
 // on workers that were never asked.
-func giveBack(c actor.Context, p *router.Picked) {
+func (r *requestActor) giveBack(c actor.Context, p *router.Picked) {
 	if p.Err != nil {
 		return
 	}
+	r.watchedBy(p)
 	c.Send(p.Worker, &router.Release{Ticket: p.Ticket, Outcome: router.OutcomeNone})
 	if p.Prefill != nil {
 		c.Send(p.Prefill.Worker, &router.Release{Ticket: p.Prefill.Ticket, Outcome: router.OutcomeNone})
@@ -439,10 +444,46 @@ func giveBack(c actor.Context, p *router.Picked) {
 
 // acquire takes over the in-flight counts the router's pick holds on the worker(s).
 func (r *requestActor) acquire(p *router.Picked) {
+	r.watchedBy(p)
 	r.held = append(r.held, hold{p.Worker, p.Ticket})
 	if p.Prefill != nil {
 		r.held = append(r.held, hold{p.Prefill.Worker, p.Prefill.Ticket})
 	}
+}
+
+// watchedBy notes the workers of pick p: its Acquire makes each watch this actor.
+func (r *requestActor) watchedBy(p *router.Picked) {
+	for _, w := range [2]*actor.PID{p.Worker, prefillWorker(p)} {
+		if w != nil && !slices.ContainsFunc(r.watchers, w.Equal) {
+			r.watchers = append(r.watchers, w)
+		}
+	}
+}
+
+func prefillWorker(p *router.Picked) *actor.PID {
+	if p.Prefill == nil {
+		return nil
+	}
+	return p.Prefill.Worker
+}
+
+// unwatchWorkers drops the workers from this actor's watchers once it holds nothing on them
+// (finish, after releaseAll): the Terminated each would get at its stop only tells it to end
+// holds that the Releases already ended, and cost each worker a message, and a run of its
+// mailbox, per request. An Unwatch to itself is handled before the Stop that follows it (system
+// messages keep their order). A crashed actor does not get here: its workers are told.
+func (r *requestActor) unwatchWorkers(c actor.Context) {
+	if len(r.watchers) == 0 || len(r.held) != 0 {
+		return
+	}
+	self, ok := c.ActorSystem().ProcessRegistry.Get(c.Self())
+	if !ok {
+		return
+	}
+	for _, w := range r.watchers {
+		self.SendSystemMessage(c.Self(), &actor.Unwatch{Watcher: w})
+	}
+	r.watchers = nil
 }
 
 // releaseWorker ends the in-flight count held on one worker with the verdict on its part
@@ -487,6 +528,7 @@ func (r *requestActor) finish(c actor.Context, code int) {
 	r.budgetEnd()
 	r.endWatch()
 	r.releaseAll(c.Send)
+	r.unwatchWorkers(c)
 	r.code = code
 	r.d.Metrics.done(r.route, r.served, code)
 	r.finished = true

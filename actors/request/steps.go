@@ -163,7 +163,7 @@ func (r *requestActor) stepRouting(c actor.Context, msg any) {
 // onPicked takes the router's answer to the current pick.
 func (r *requestActor) onPicked(c actor.Context, p *router.Picked) {
 	if p.Tag != r.pickTag {
-		giveBack(c, p) // a late answer to a pick the actor already asked again
+		r.giveBack(c, p) // a late answer to a pick the actor already asked again
 		return
 	}
 	r.stopPickTimer()
