@@ -174,7 +174,7 @@ type requestActor struct {
 
 	// What the actor holds and must release on every path (a worker also releases the holds
 	// of a requester that stops, so a crash between two lines here leaks nothing).
-	held     []hold // worker tickets picked for it and not yet released
+	held []hold // worker tickets picked for it and not yet released
 	// watchers are the workers of every pick it got (each watches it from the pick's Acquire
 	// on), dropped from its watchers when it finishes with nothing held on them (finish).
 	watchers []*actor.PID
