@@ -1,6 +1,8 @@
 package gopool
 
 import (
+	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -68,6 +70,21 @@ func TestGoNeverBlocks(t *testing.T) {
 	eventually(t, "the idle ones exit on Close", func() bool { return p.Live() == 0 && p.Idle() == 0 })
 }
 
+// parkedWorkers counts the pool goroutines blocked waiting for work. Idle counts a goroutine
+// from just before it waits; a Go in between finds no receiver and starts a new goroutine, as
+// documented, so a test of reuse waits for the goroutine to be parked.
+func parkedWorkers() int {
+	buf := make([]byte, 1<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	n := 0
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		if strings.Contains(g, "[select") && strings.Contains(g, "gopool.(*Pool).worker") {
+			n++
+		}
+	}
+	return n
+}
+
 // TestIdleGoroutineIsReused: work handed out one at a time runs on one goroutine.
 func TestIdleGoroutineIsReused(t *testing.T) {
 	defer goleak.VerifyNone(t)
@@ -75,7 +92,7 @@ func TestIdleGoroutineIsReused(t *testing.T) {
 	defer func() { p.Close(); eventually(t, "no goroutines left", func() bool { return p.Live() == 0 }) }()
 	done := make(chan struct{})
 	for i := 0; i < 100; i++ {
-		eventually(t, "the goroutine is idle", func() bool { return i == 0 || p.Idle() == 1 })
+		eventually(t, "the goroutine is parked", func() bool { return i == 0 || (p.Idle() == 1 && parkedWorkers() == 1) })
 		p.Go(func() { done <- struct{}{} })
 		<-done
 	}
