@@ -325,27 +325,14 @@ func TestBodyWithoutLength(t *testing.T) {
 	s := newStack(t, stackOpt{keys: testKeys, maxBody: limit})
 	e := jsonEngine(t, "w1")
 	s.beat("w1", "smol", e)
+	// The premise: the client knows no length for such a reader, so it sends the body chunked.
+	if r, err := http.NewRequest("POST", s.srv.URL, io.MultiReader(strings.NewReader("x"))); err != nil || r.ContentLength != 0 {
+		t.Fatalf("a request over a MultiReader carries a length (%v)", err)
+	}
 	send := func(body string) (*http.Response, []byte) {
 		t.Helper()
 		// A reader that is not a *strings.Reader hides the length: the client sends it chunked.
-		req, err := http.NewRequest("POST", s.srv.URL+"/v1/completions", io.MultiReader(strings.NewReader(body)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if req.ContentLength != 0 {
-			t.Fatalf("the request carries a length (%d): it would not be chunked", req.ContentLength)
-		}
-		req.Header.Set("Authorization", "Bearer sk-inference")
-		resp, err := s.srv.Client().Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, err := io.ReadAll(resp.Body)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return resp, b
+		return s.doBody(t, "POST", "/v1/completions", "sk-inference", io.MultiReader(strings.NewReader(body)))
 	}
 	var want [][]byte
 	for _, n := range []int{0, 1, 4095, 4096, 4097, 8193, limit - len(`{"model":"smol","prompt":""}`)} {

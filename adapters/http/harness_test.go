@@ -65,7 +65,14 @@ func newStack(t *testing.T, o stackOpt) *stack {
 // do sends a request to the gateway and returns the response with its body read.
 func (s *stack) do(t *testing.T, method, path, key string, body string, hdr ...string) (*http.Response, []byte) {
 	t.Helper()
-	req, err := http.NewRequest(method, s.srv.URL+path, strings.NewReader(body))
+	return s.doBody(t, method, path, key, strings.NewReader(body), hdr...)
+}
+
+// doBody is do with the body as a reader: one that is not a *strings.Reader (or another of
+// the kinds whose length the client knows) goes out chunked, without a Content-Length.
+func (s *stack) doBody(t *testing.T, method, path, key string, body io.Reader, hdr ...string) (*http.Response, []byte) {
+	t.Helper()
+	req, err := http.NewRequest(method, s.srv.URL+path, body)
 	if err != nil {
 		t.Fatal(err)
 	}
