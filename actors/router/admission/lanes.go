@@ -72,14 +72,13 @@ type capGroup struct {
 	full  uint64 // the pump in which a head of the set found no room
 }
 
-// laneFor finds (or opens) the request's lane: its classifier-named lane, else its session's,
+// laneOf names the request's lane and finds it (nil: not open): its classifier-named lane, else its session's,
 // else the class's shared lane. Shared and named lanes are per candidate set, so a head
 // waiting for full workers never blocks requests that want others (a session keeps one lane:
 // its turns stay in order).
-func (q *Queue) laneFor(c *class, e *Entry) *lane {
+func (q *Queue) laneOf(c *class, e *Entry) (l *lane, key string, kind laneKind) {
 	r := e.Req
-	var key string
-	kind := sharedLane
+	kind = sharedLane
 	switch {
 	case r.Lane != "":
 		key, kind = "l:"+r.Lane+"\x00"+e.capKey, namedLane
@@ -88,15 +87,18 @@ func (q *Queue) laneFor(c *class, e *Entry) *lane {
 	default:
 		key = "p:" + e.capKey
 	}
-	l := c.lanes[key]
-	if l == nil {
-		l = &lane{key: key, kind: kind, cls: c}
-		if kind == namedLane {
-			l.name = r.Lane
-			l.limit, l.hasLim = q.lanes[r.Lane]
-		}
-		c.lanes[key] = l
+	return c.lanes[key], key, kind
+}
+
+// openLane opens the lane laneOf named for e (a request about to wait in it). A request that
+// goes at once needs none: a lane is made only to hold waiting requests.
+func (q *Queue) openLane(c *class, e *Entry, key string, kind laneKind) *lane {
+	l := &lane{key: key, kind: kind, cls: c}
+	if kind == namedLane {
+		l.name = e.Req.Lane
+		l.limit, l.hasLim = q.lanes[e.Req.Lane]
 	}
+	c.lanes[key] = l
 	return l
 }
 

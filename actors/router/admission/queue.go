@@ -194,16 +194,21 @@ func (q *Queue) Admit(e *Entry, h Host, cached func([]string) int) {
 	if r.Allowed != nil {
 		e.capKey += "\x00" + strings.Join(r.Allowed, "\x00")
 	}
-	l := q.laneFor(c, e)
-	if len(l.entries) == 0 {
+	l, key, kind := q.laneOf(c, e)
+	if l == nil || len(l.entries) == 0 {
 		if d, ok := q.ask(e, h); ok {
 			if w, ok := h.Dispatch(e, d.Target); ok {
 				q.dispatched(e, w)
-				q.dropIfEmpty(l)
+				if l != nil {
+					q.dropIfEmpty(l)
+				}
 				return
 			}
 			e.wait = WaitCapacity // the host found no room after all
 		}
+	}
+	if l == nil {
+		l = q.openLane(c, e, key, kind)
 	}
 	limit, maxWait, count := c.cfg.QueueLimit, c.cfg.MaxWait, c.queued
 	if l.hasLim {

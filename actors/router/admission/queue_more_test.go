@@ -325,3 +325,31 @@ func TestDRRCreditOnlyWhenSpent(t *testing.T) {
 		t.Fatalf("order %v", got)
 	}
 }
+
+// TestImmediateDispatchOpensNoLane: a request that goes at once (shared, session or named
+// lane) leaves no lane open; one that waits opens its lane, which closes when it goes.
+func TestImmediateDispatchOpensNoLane(t *testing.T) {
+	h := newHost("w")
+	h.threshold = 1
+	q := newQueue(h, nil)
+	shared, session := entry("a", "", "", "w"), entry("b", "", "s1", "w")
+	named := entry("c", "", "", "w")
+	named.Req.Lane = "tools"
+	for _, e := range []*Entry{shared, session, named} {
+		q.Admit(e, h, nil)
+		if e.state != dispatched || len(q.classes[0].lanes) != 0 {
+			t.Fatalf("%s: state %v, %d lanes open", e.Req.ID, e.state, len(q.classes[0].lanes))
+		}
+		h.loads["w"] = 0
+	}
+	h.loads["w"] = 1
+	waiting := entry("d", "", "", "w")
+	q.Admit(waiting, h, nil)
+	if waiting.state == dispatched || len(q.classes[0].lanes) != 1 {
+		t.Fatalf("a waiting request: state %v, %d lanes open", waiting.state, len(q.classes[0].lanes))
+	}
+	h.release(q, "w")
+	if waiting.state != dispatched || len(q.classes[0].lanes) != 0 {
+		t.Fatalf("after it went: state %v, %d lanes open", waiting.state, len(q.classes[0].lanes))
+	}
+}
