@@ -2,6 +2,8 @@ package request
 
 import (
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -23,6 +25,19 @@ type Metrics struct {
 	crashes     prometheus.Counter
 	timeouts    *prometheus.CounterVec
 	budget      *prometheus.CounterVec
+
+	// The series every request touches, resolved once: WithLabelValues hashes its labels and
+	// takes the vector's lock on each call, and a request made about six such calls. The label
+	// values are the gateway's own (states, route names from the configuration, served model
+	// names, status codes), so these caches are bounded like the series themselves.
+	transitionCounters [len(stateNames)][len(stateNames)]atomic.Pointer[prometheus.Counter]
+	doneCounters       sync.Map // doneKey → prometheus.Counter
+	firstByteObservers sync.Map // route → prometheus.Observer
+}
+
+type doneKey struct {
+	route, model string
+	code         int
 }
 
 // NewMetrics registers the series on reg (nil: unregistered).
@@ -74,15 +89,35 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 }
 
 func (m *Metrics) done(route, model string, code int) {
-	m.requests.WithLabelValues(route, model, strconv.Itoa(code)).Inc()
+	k := doneKey{route, model, code}
+	c, ok := m.doneCounters.Load(k)
+	if !ok {
+		c, _ = m.doneCounters.LoadOrStore(k, m.requests.WithLabelValues(route, model, strconv.Itoa(code)))
+	}
+	c.(prometheus.Counter).Inc()
 }
 
 func (m *Metrics) transition(from, to State) {
-	m.transitions.WithLabelValues(from.String(), to.String()).Inc()
+	if int(from) >= len(stateNames) || int(to) >= len(stateNames) {
+		m.transitions.WithLabelValues(from.String(), to.String()).Inc()
+		return
+	}
+	slot := &m.transitionCounters[from][to]
+	c := slot.Load()
+	if c == nil {
+		v := m.transitions.WithLabelValues(from.String(), to.String())
+		c = &v
+		slot.Store(c) // a race stores the same counter twice: the vector returns one per labels
+	}
+	(*c).Inc()
 }
 
 func (m *Metrics) ttfb(route string, d time.Duration) {
-	m.firstByte.WithLabelValues(route).Observe(d.Seconds())
+	o, ok := m.firstByteObservers.Load(route)
+	if !ok {
+		o, _ = m.firstByteObservers.LoadOrStore(route, m.firstByte.WithLabelValues(route))
+	}
+	o.(prometheus.Observer).Observe(d.Seconds())
 }
 
 func (m *Metrics) timeout(route, which string) {
