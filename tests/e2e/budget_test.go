@@ -19,7 +19,7 @@ type budgetAnswer struct {
 	err    error
 }
 
-// TestRetryBudgetCapsFailovers (R14.3): a tlgw process with retry_budget_percent = 2 and
+// TestRetryBudgetCapsFailovers (R14.3): a tlgw process with retry_budget_percent = 4 and
 // outlier ejection off, an always-503 engine (a-503) and a healthy one (b-ok) for smol, and a
 // healthy engine (c-big) for big. Under least_outstanding an idle fleet picks a-503 first (the
 // smallest id), so every failure is an a-503 answer and every failover goes on to b-ok.
@@ -31,10 +31,11 @@ type budgetAnswer struct {
 // holding its failover slot until the test SIGCONTs it: the failovers granted are then all
 // running at once, and the count the metrics give (tlgw_failovers_total minus
 // tlgw_retry_budget_exhausted_total) is the peak number of concurrent failovers. A burst of 48
-// smol requests (budget max(3, 2% of ≤ 48 in flight) = 3) gets exactly 3 failovers; every
-// other failure is answered 503 no_capacity and counted as budget spent. With 200 big requests
-// parked on a SIGSTOPped c-big, a burst of 40 (budget max(3, 2% of 201..240) = 4) gets exactly
-// 4. A request can only avoid a-503 when the router sees more in flight on a-503 than on b-ok,
+// smol requests (budget max(3, 4% of ≤ 48 in flight) = 3) gets exactly 3 failovers; every
+// other failure is answered 503 no_capacity and counted as budget spent. With 100 big requests
+// parked on a SIGSTOPped c-big, a burst of 20 (budget max(3, 4% of 101..120) = 4) gets exactly
+// 4. (100 parked, not more: a stopped engine accepts no connection, so every parked request
+// sits in its listener's accept queue, which a host may cap at 128.) A request can only avoid a-503 when the router sees more in flight on a-503 than on b-ok,
 // which takes as many requests sent to a-503, so at least half of each burst fails: always
 // more failures than the budget. After SIGCONT the parked requests get b-ok's 200, and every in-flight count
 // returns to 0.
@@ -46,7 +47,7 @@ registry_listen = "127.0.0.1:0"
 # A SIGSTOPped engine stays registered for the whole test (50 s without heartbeats).
 heartbeat_interval = "500ms"
 heartbeat_miss_limit = 100
-retry_budget_percent = 2
+retry_budget_percent = 4
 
 [gateway.outlier]
 consecutive_failures = 0
@@ -264,13 +265,25 @@ scopes = ["inference", "admin", "debug"]
 	pressure("a burst of 48", 200, 48, 3)
 	idle()
 
-	// 200 big requests parked on a stopped c-big raise the in-flight count: 2% of 201..240
+	// 100 big requests parked on a stopped c-big raise the in-flight count: 4% of 101..120
 	// is 4 failovers at once.
-	const bigParked = 200
+	const bigParked = 100
 	signal("c-big", syscall.SIGSTOP)
 	big := burst("big", 0, bigParked)
-	eventually(t, "200 big requests parked on c-big", 20*time.Second, func() bool { return inFlight()["c-big"] == bigParked })
-	pressure("a burst of 40 over 200 parked", 300, 40, 4)
+	parkedBig := func() bool { return inFlight()["c-big"] == bigParked }
+	for deadline := time.Now().Add(20 * time.Second); !parkedBig(); {
+		if time.Now().After(deadline) {
+			// Say where the requests went: answered early (how) or never counted.
+			var early []budgetAnswer
+			for len(big) > 0 {
+				early = append(early, <-big)
+			}
+			t.Fatalf("%d big requests not parked on c-big after 20s: in flight %v, %d answered early %+v, budget counters %+v",
+				bigParked, inFlight(), len(early), early, read())
+		}
+		<-time.After(10 * time.Millisecond)
+	}
+	pressure("a burst of 20 over 100 parked", 300, 20, 4)
 	signal("c-big", syscall.SIGCONT)
 	bigAnswers := receive(big, bigParked, 30*time.Second)
 	for i, a := range bigAnswers {
