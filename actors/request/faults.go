@@ -367,7 +367,7 @@ func (r *requestActor) newIdleBody(rd io.Reader, closer io.Closer) *idleBody {
 }
 
 // event records that an event ended now.
-func (b *idleBody) event() { b.last.Store(int64(b.clk.Now().Sub(b.base))) }
+func (b *idleBody) event() { b.last.Store(int64(clock.Since(b.clk, b.base))) }
 
 // check runs when the timer fires: the stream is idle if d has passed since its last event,
 // else the timer is set for what is left.
@@ -377,7 +377,7 @@ func (b *idleBody) check() {
 		b.mu.Unlock()
 		return // closed
 	}
-	if left := time.Duration(b.last.Load()) + b.d - b.clk.Now().Sub(b.base); left > 0 {
+	if left := time.Duration(b.last.Load()) + b.d - clock.Since(b.clk, b.base); left > 0 {
 		b.timer = b.clk.AfterFunc(left, b.check)
 		b.mu.Unlock()
 		return

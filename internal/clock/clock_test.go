@@ -47,3 +47,22 @@ func TestFakeCallbackMayReschedule(t *testing.T) {
 		t.Fatalf("ticks = %d, want 5", n)
 	}
 }
+
+func TestSince(t *testing.T) {
+	start := time.Unix(1000, 0)
+	fake := NewFake(start)
+	fake.Advance(1500 * time.Millisecond)
+	if got := Since(fake, start); got != 1500*time.Millisecond {
+		t.Fatalf("Since on Fake = %v, want 1.5s", got)
+	}
+	// On Real: the monotonic interval, never negative, within what passed around it.
+	before := time.Now()
+	t0 := Real{}.Now()
+	got := Since(Real{}, t0)
+	if bound := time.Since(before); got < 0 || got > bound {
+		t.Fatalf("Since on Real = %v, want within [0, %v]", got, bound)
+	}
+	if got := Since(Real{}, time.Now().Add(-time.Hour)); got < time.Hour {
+		t.Fatalf("Since an hour ago = %v", got)
+	}
+}
