@@ -24,7 +24,9 @@ import (
 //
 // TLGW_AB_A and TLGW_AB_B name the two module trees (tests/bench/ab.sh makes them from git
 // revisions); TLGW_AB_KIND is sse (default) or json, TLGW_AB_ROUNDS the slices (default 20),
-// TLGW_BENCH_PHASE a slice's length (default 2s). Reported: the median ratio A ÷ B of
+// TLGW_BENCH_PHASE a slice's length (default 2s); TLGW_AB_CONFIG_A or TLGW_AB_CONFIG_B
+// replaces that side's configuration (the proxy benchmark's by default), so one build against
+// itself with a feature off says what the feature costs. Reported: the median ratio A ÷ B of
 // events/s (sse) or req/s (json), and each build's median CPU per stream or request.
 func BenchmarkGatewayAB(b *testing.B) {
 	dirA, dirB := os.Getenv("TLGW_AB_A"), os.Getenv("TLGW_AB_B")
@@ -51,6 +53,10 @@ func BenchmarkGatewayAB(b *testing.B) {
 		b.Fatal(err)
 	}
 	side := func(name, tree string) (target, *rig) {
+		cfg := cfg
+		if own := os.Getenv("TLGW_AB_CONFIG_" + strings.ToUpper(name)); own != "" {
+			cfg = own // this side's own configuration: what a feature costs, on one build
+		}
 		bin := filepath.Join(dir, "tlgw-"+name)
 		cmd := exec.Command("go", "build", "-C", tree, "-o", bin, "./cmd/tlgw")
 		if out, err := cmd.CombinedOutput(); err != nil {
