@@ -344,11 +344,17 @@ func (h host) Reject(e *admission.Entry, err error) {
 	a, ad := h.a, e.Payload.(*admitted)
 	out := *ad.target.out
 	out.Tag = ad.pick.Tag
-	reason := "queue_full"
-	if errors.Is(err, admission.ErrQueueTimeout) {
+	var reason string
+	switch {
+	case errors.Is(err, admission.ErrQueueTimeout):
 		reason = "queue_timeout"
 		out.Err = fmt.Errorf("the request waited its class's max_wait in the %q queue: %w", e.Req.Class, errs.ErrQueueTimeout)
-	} else {
+	case errors.Is(err, admission.ErrClassifierFailed):
+		// R15.3: the policy panicked on this request; the class may not be resolved yet.
+		reason = "classifier_failed"
+		out.Err = fmt.Errorf("the admission classifier failed on this request: %w", errs.ErrInternal)
+	default:
+		reason = "queue_full"
 		out.Err = fmt.Errorf("the %q queue is full: %w", e.Req.Class, errs.ErrQueueFull)
 	}
 	a.metrics.queueRejections.WithLabelValues(e.Req.Class, reason).Inc()
@@ -392,7 +398,7 @@ func newAdmissionMetrics() admissionMetrics {
 			Name: "tlgw_gate_decisions_total", Help: "Dispatch gate answers by policy and decision (go, hold).",
 		}, []string{"policy", "decision"}),
 		queueRejections: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "tlgw_queue_rejections_total", Help: "Requests the queue rejected by class and reason (queue_full, queue_timeout).",
+			Name: "tlgw_queue_rejections_total", Help: "Requests the queue rejected by class and reason (queue_full, queue_timeout, classifier_failed).",
 		}, []string{"class", "reason"}),
 	}
 }

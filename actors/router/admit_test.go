@@ -3,6 +3,7 @@ package router
 import (
 	"errors"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -277,5 +278,38 @@ func TestQueueLengthGauges(t *testing.T) {
 	}
 	if len(r.st.adm.lengthGauges) == 0 {
 		t.Fatal("no gauge kept")
+	}
+}
+
+// panicOn is a classifier that panics on the request with the given id and lets the rest go.
+type panicOn string
+
+func (p panicOn) Classify(r *admission.Request, _ []string, _ func([]string) int) {
+	if r.ID == string(p) {
+		panic("classifier bug")
+	}
+}
+func (p panicOn) Gate() admission.Gate { return nil }
+
+// TestClassifierPanicAnswersInternalError (R15.3): the router answers the one request whose
+// classification panicked with internal_error (500), counts it as a classifier_failed
+// rejection, forgets it, and keeps serving the next request with the same classifier.
+func TestClassifierPanicAnswersInternalError(t *testing.T) {
+	r := newRig(t, Config{Admission: admissionCfg(panicOn("bad"), 0)})
+	r.join("w1", "smol", 0)
+	bad, good := r.newRequester(), r.newRequester()
+	runBounded(t, "bad", func() { bad.pick("bad", "smol", "") })
+	if p := bad.picked(); !errors.Is(p.Err, errs.ErrInternal) || !strings.Contains(p.Err.Error(), "classifier") {
+		t.Fatalf("the panicking request got %+v, want internal_error", p)
+	}
+	runBounded(t, "good", func() { good.pick("good", "smol", "") })
+	if p := good.picked(); p.Err != nil || p.WorkerID != "w1" {
+		t.Fatalf("the next request got %+v", p)
+	}
+	if n := len(r.st.adm.entries); n != 1 {
+		t.Fatalf("%d admitted requests known, want only the good one", n)
+	}
+	if got := testutil.ToFloat64(r.st.adm.metrics.queueRejections.WithLabelValues("default", "classifier_failed")); got != 1 {
+		t.Fatalf("classifier_failed rejections %v, want 1", got)
 	}
 }

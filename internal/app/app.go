@@ -205,15 +205,17 @@ func admissionConfig(cfg *config.Config, clk clock.Clock) (*router.AdmissionConf
 	for _, cl := range a.Classes {
 		q.Classes = append(q.Classes, admission.ClassConfig{
 			Name: cl.Name, Quantum: cl.Quantum, QueueLimit: cl.QueueLimit, MaxWait: cl.MaxWait,
+			Priority: cl.Priority, Order: cl.Order, Cost: cl.Cost,
 		})
 	}
 	return &router.AdmissionConfig{Queue: q, BusyThreshold: a.BusyThreshold, PolicyName: c.Type}, nil
 }
 
 // prefixIndexBlocks sizes the router's prefix index: on (BlocksPerWorker) for route_policy =
-// "prefix_aware" or an admission policy that reads cached tokens, off (0) otherwise.
+// "prefix_aware", an admission policy that reads cached tokens or a class that orders or
+// charges by them (wspt, uncached_tokens); off (0) otherwise.
 func prefixIndexBlocks(cfg *config.Config, adm *router.AdmissionConfig) int {
-	if cfg.Gateway.RoutePolicy == config.PolicyPrefixAware || (adm != nil && admission.NeedsPrefixIndex(adm.Queue.Policy)) {
+	if cfg.Gateway.RoutePolicy == config.PolicyPrefixAware || (adm != nil && adm.Queue.NeedsPrefixIndex()) {
 		return cfg.Admission.PrefixIndex.BlocksPerWorker
 	}
 	return 0

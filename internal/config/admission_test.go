@@ -8,6 +8,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/tlgw/tlgw/actors/router/admission"
 	"github.com/tlgw/tlgw/contracts"
 )
 
@@ -87,6 +88,7 @@ quantum = 3
 queue_limit = 100
 max_wait = "5s"
 allow_header = true
+priority = 1
 
 [[admission.classes]]
 name = "batch"
@@ -96,6 +98,9 @@ queue_limit = 0
 [[admission.classes]]
 name = "v1.bulk-2_x"
 max_wait = "10m"
+quantum = 8192
+order = "wspt"
+cost = "uncached_tokens"
 `
 
 func TestAdmissionFullExample(t *testing.T) {
@@ -108,9 +113,10 @@ func TestAdmissionFullExample(t *testing.T) {
 		BusyThreshold: 8,
 		DefaultClass:  "interactive",
 		Classes: []Class{
-			{Name: "interactive", Quantum: 3, QueueLimit: 100, MaxWait: 5 * time.Second, Header: true},
+			{Name: "interactive", Quantum: 3, QueueLimit: 100, MaxWait: 5 * time.Second, Header: true, Priority: 1},
 			{Name: "batch", Quantum: 1, QueueLimit: 0, MaxWait: 30 * time.Second},
-			{Name: "v1.bulk-2_x", Quantum: 1, QueueLimit: 1024, MaxWait: 10 * time.Minute},
+			{Name: "v1.bulk-2_x", Quantum: 8192, QueueLimit: 1024, MaxWait: 10 * time.Minute,
+				Order: admission.OrderWSPT, Cost: admission.CostUncachedTokens},
 		},
 		Classifier: Classifier{Type: "cold_pool", Options: map[string]any{
 			"cold_threshold_tokens": int64(2048), "workers": int64(2), "soft_drain_timeout": "1.5s",
@@ -254,6 +260,9 @@ func TestAdmissionSchemaDefaults(t *testing.T) {
 		"class.queue_limit":                        float64(c.QueueLimit),
 		"class.max_wait":                           c.MaxWait.String(),
 		"class.allow_header":                       c.Header,
+		"class.priority":                           float64(c.Priority),
+		"class.order":                              nameOf(admission.Orders, c.Order),
+		"class.cost":                               nameOf(admission.Costs, c.Cost),
 		"classifier.type":                          nil, // required inside the table; default when absent
 	}
 	for k, v := range got {
@@ -269,5 +278,135 @@ func TestAdmissionSchemaDefaults(t *testing.T) {
 	}
 	if a.Classifier.Type != ClassifierDefault || a.Enabled {
 		t.Fatalf("Default().Admission = %+v", a)
+	}
+}
+
+// nameOf is the configuration name of v in names ("" when none).
+func nameOf[T comparable](names map[string]T, v T) string {
+	for n, x := range names {
+		if x == v {
+			return n
+		}
+	}
+	return ""
+}
+
+// TestAdmissionClassOrderDefaults: a class that leaves out priority, order
+// and cost has priority 0, fcfs and requests.
+func TestAdmissionClassOrderDefaults(t *testing.T) {
+	for _, src := range []string{"[admission]\n", "[[admission.classes]]\nname = \"default\"\n"} {
+		cfg, err := Parse([]byte(src), env(nil))
+		if err != nil {
+			t.Fatalf("Parse(%q): %v", src, err)
+		}
+		c := cfg.Admission.Classes[0]
+		if c.Priority != 0 || c.Order != admission.OrderFCFS || c.Cost != admission.CostRequests {
+			t.Fatalf("Parse(%q): class %+v, want priority 0, fcfs, requests", src, c)
+		}
+	}
+	if c := DefaultAdmissionClass(); c.Priority != 0 || c.Order != admission.OrderFCFS || c.Cost != admission.CostRequests {
+		t.Fatalf("DefaultAdmissionClass() = %+v", c)
+	}
+}
+
+// TestAdmissionClassOrderKeys: each value of priority, order and cost is
+// read into its class (the second class, to check the right one gets it).
+func TestAdmissionClassOrderKeys(t *testing.T) {
+	for _, c := range []struct {
+		line string
+		want func(*Class)
+	}{
+		{"priority = 0", func(*Class) {}},
+		{"priority = 1", func(c *Class) { c.Priority = 1 }},
+		{"priority = 1000", func(c *Class) { c.Priority = 1000 }},
+		{`order = "fcfs"`, func(*Class) {}},
+		{`order = "wspt"`, func(c *Class) { c.Order = admission.OrderWSPT }},
+		{`cost = "requests"`, func(*Class) {}},
+		{`cost = "uncached_tokens"`, func(c *Class) { c.Cost = admission.CostUncachedTokens }},
+		{"priority = 7\norder = \"wspt\"\ncost = \"uncached_tokens\"\nquantum = 4096", func(c *Class) {
+			c.Priority, c.Order, c.Cost, c.Quantum = 7, admission.OrderWSPT, admission.CostUncachedTokens, 4096
+		}},
+	} {
+		src := "[[admission.classes]]\nname = \"default\"\n[[admission.classes]]\nname = \"b\"\n" + c.line + "\n"
+		cfg, err := Parse([]byte(src), env(nil))
+		if err != nil {
+			t.Fatalf("%q: %v", c.line, err)
+		}
+		first, second := DefaultAdmissionClass(), DefaultAdmissionClass()
+		second.Name = "b"
+		c.want(&second)
+		if diff := cmp.Diff([]Class{first, second}, cfg.Admission.Classes); diff != "" {
+			t.Fatalf("%q (-want +got):\n%s", c.line, diff)
+		}
+	}
+}
+
+// TestAdmissionClassOrderProblems: a bad priority, order or cost fails Parse
+// with a problem at its key naming what is allowed, alongside the others.
+func TestAdmissionClassOrderProblems(t *testing.T) {
+	for _, c := range []struct{ line, want string }{
+		{"priority = -1", "admission.classes[1].priority: must be >= 0"},
+		{"priority = 1001", "admission.classes[1].priority: must be <= 1000"},
+		{"priority = 1.5", "admission.classes[1].priority: must be an integer, not a number"},
+		{`priority = "high"`, "admission.classes[1].priority: must be an integer, not a string"},
+		{`order = "lifo"`, `admission.classes[1].order: "lifo" is not one of "fcfs", "wspt"`},
+		{`order = "FCFS"`, `admission.classes[1].order: "FCFS" is not one of "fcfs", "wspt"`},
+		{"order = 1", `admission.classes[1].order: 1 is not one of "fcfs", "wspt"`},
+		{`cost = "tokens"`, `admission.classes[1].cost: "tokens" is not one of "requests", "uncached_tokens"`},
+		{`cost = ""`, `admission.classes[1].cost: "" is not one of "requests", "uncached_tokens"`},
+	} {
+		src := "[[admission.classes]]\nname = \"default\"\n[[admission.classes]]\nname = \"b\"\n" + c.line + "\n"
+		_, err := Parse([]byte(src), env(nil))
+		if want := "config: " + c.want; err == nil || err.Error() != want {
+			t.Fatalf("%q: got\n%v\nwant\n%s", c.line, err, want)
+		}
+	}
+
+	src := "[admission]\nrecheck = \"0s\"\n[[admission.classes]]\nname = \"default\"\npriority = 2000\norder = \"sjf\"\ncost = \"bytes\"\n"
+	_, err := Parse([]byte(src), env(nil))
+	want := strings.Join([]string{
+		`config: admission.classes[0].cost: "bytes" is not one of "requests", "uncached_tokens"`,
+		`config: admission.classes[0].order: "sjf" is not one of "fcfs", "wspt"`,
+		`config: admission.classes[0].priority: must be <= 1000`,
+	}, "\n")
+	if err == nil || err.Error() != want {
+		t.Fatalf("got:\n%v\nwant:\n%s", err, want)
+	}
+}
+
+// TestAdmissionClassOrderApplyChecks: the checks behind the schema's (apply
+// on its own, which the schema normally shields) reject the same values at
+// the same keys and leave the defaults.
+func TestAdmissionClassOrderApplyChecks(t *testing.T) {
+	ptr := func(s string) *string { return &s }
+	for _, c := range []struct {
+		fc   fileClass
+		want string
+	}{
+		{fileClass{Name: "default", Priority: new(-1)}, "admission.classes[0].priority: -1 is not between 0 and 1000"},
+		{fileClass{Name: "default", Priority: new(1001)}, "admission.classes[0].priority: 1001 is not between 0 and 1000"},
+		{fileClass{Name: "default", Order: ptr("lifo")}, `admission.classes[0].order: "lifo" is not one of "fcfs", "wspt"`},
+		{fileClass{Name: "default", Cost: ptr("tokens")}, `admission.classes[0].cost: "tokens" is not one of "requests", "uncached_tokens"`},
+	} {
+		a := defaultAdmission()
+		var ps problems
+		(&fileAdmission{Classes: []fileClass{c.fc}}).apply(&a, nil, &ps)
+		got := ps.sorted()
+		if len(got) != 1 || got[0].String() != c.want {
+			t.Fatalf("%+v: problems %v, want %s", c.fc, got, c.want)
+		}
+		if diff := cmp.Diff([]Class{DefaultAdmissionClass()}, a.Classes); diff != "" {
+			t.Fatalf("%+v: classes (-want +got):\n%s", c.fc, diff)
+		}
+	}
+	a := defaultAdmission()
+	var ps problems
+	fc := fileClass{Name: "default", Priority: new(1000), Order: ptr("wspt"), Cost: ptr("uncached_tokens")}
+	(&fileAdmission{Classes: []fileClass{fc}}).apply(&a, nil, &ps)
+	if !ps.empty() {
+		t.Fatalf("problems %v", ps.sorted())
+	}
+	if c := a.Classes[0]; c.Priority != 1000 || c.Order != admission.OrderWSPT || c.Cost != admission.CostUncachedTokens {
+		t.Fatalf("class %+v", c)
 	}
 }

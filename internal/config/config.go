@@ -16,9 +16,11 @@ package config
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"os"
 	"slices"
@@ -170,7 +172,9 @@ type Admission struct {
 // Class is one [[admission.classes]] entry.
 type Class struct {
 	Name string // name: unique, matching ^[A-Za-z0-9_.-]+$
-	// Quantum is the class's deficit-round-robin weight, >= 1.
+	// Quantum is the class's deficit-round-robin weight, >= 1: requests per
+	// round with Cost requests, uncached prompt tokens per round with Cost
+	// uncached_tokens.
 	Quantum int
 	// QueueLimit is how many requests of the class may wait, >= 0; 0 = the
 	// class never queues (dispatched when capacity exists, else 429).
@@ -180,7 +184,21 @@ type Class struct {
 	// Header (allow_header) lets a request whose class is this one pick
 	// another configured class with X-TL-Class.
 	Header bool
+	// Priority orders classes strictly, 0 to MaxClassPriority (default 0):
+	// higher classes drain first; classes of equal priority share by DRR.
+	Priority int
+	// Order (order) is how the class's waiting requests are ordered: fcfs
+	// (default, oldest first) or wspt (fewest estimated uncached prompt
+	// tokens first, ties by arrival).
+	Order admission.Order
+	// Cost (cost) is what a dispatch costs the class's DRR credit: requests
+	// (default, one per request) or uncached_tokens (its estimated uncached
+	// prompt tokens, at least 1; Quantum is then tokens per round).
+	Cost admission.Cost
 }
+
+// MaxClassPriority is the largest [[admission.classes]] priority.
+const MaxClassPriority = 1000
 
 // Classifier is admission.classifier: which classifier, and its own keys.
 // The config package does not know those keys: each classifier parses and
@@ -404,6 +422,9 @@ type fileClass struct {
 	QueueLimit *int    `json:"queue_limit"`
 	MaxWait    *string `json:"max_wait"`
 	Header     *bool   `json:"allow_header"`
+	Priority   *int    `json:"priority"`
+	Order      *string `json:"order"`
+	Cost       *string `json:"cost"`
 }
 
 // fileClassifier is the classifier's type; its other keys are the
@@ -492,6 +513,23 @@ func (fg *fileGateway) apply(g *Gateway, ps *problems) {
 	}
 }
 
+// named sets dst to the value called *src in names; an unknown name is a
+// problem at p listing the names (in value order).
+func named[T cmp.Ordered](dst *T, names map[string]T, src *string, p path, ps *problems) {
+	if src == nil {
+		return
+	}
+	if v, ok := names[*src]; ok {
+		*dst = v
+		return
+	}
+	all := slices.SortedFunc(maps.Keys(names), func(a, b string) int { return cmp.Compare(names[a], names[b]) })
+	for i, n := range all {
+		all[i] = strconv.Quote(n)
+	}
+	ps.add(p, "%q is not one of %s", *src, strings.Join(all, ", "))
+}
+
 // duration parses a duration field, which must be positive.
 func duration(dst *time.Duration, src *string, p path, ps *problems) {
 	if src == nil {
@@ -537,6 +575,17 @@ func (fa *fileAdmission) apply(a *Admission, classifierOpts map[string]any, ps *
 			setIf(&c.QueueLimit, fc.QueueLimit)
 			setIf(&c.Header, fc.Header)
 			duration(&c.MaxWait, fc.MaxWait, cp.with(key("max_wait")), ps)
+			if p := fc.Priority; p != nil {
+				// The schema bounds it too; this keeps Class's contract for
+				// any caller of apply.
+				if *p < 0 || *p > MaxClassPriority {
+					ps.add(cp.with(key("priority")), "%d is not between 0 and %d", *p, MaxClassPriority)
+				} else {
+					c.Priority = *p
+				}
+			}
+			named(&c.Order, admission.Orders, fc.Order, cp.with(key("order")), ps)
+			named(&c.Cost, admission.Costs, fc.Cost, cp.with(key("cost")), ps)
 			a.Classes = append(a.Classes, c)
 		}
 	}

@@ -278,7 +278,7 @@ func TestParseErrors(t *testing.T) {
 		{"bad recheck", "[admission]\nrecheck = \"soon\"\n", nil, "admission.recheck", `"soon" is not a duration`},
 		{"zero recheck", "[admission]\nrecheck = \"0s\"\n", nil, "admission.recheck", "must be > 0"},
 		{"classes not an array", "[admission]\nclasses = \"default\"\n", nil, "admission.classes", "must be an array, not a string"},
-		{"unknown class key", "[[admission.classes]]\nname = \"default\"\npriority = 1\n", nil, "admission.classes[0].priority", "unknown key"},
+		{"unknown class key", "[[admission.classes]]\nname = \"default\"\nweight = 1\n", nil, "admission.classes[0].weight", "unknown key"},
 		{"class without name", "[[admission.classes]]\nquantum = 2\n", nil, "admission.classes[0].name", "required key is missing"},
 		{"bad class name", "[[admission.classes]]\nname = \"gold class\"\n", nil, "admission.classes[0].name", `"gold class" does not match ^[A-Za-z0-9_.-]+$`},
 		{"empty class name", "[[admission.classes]]\nname = \"\"\n", nil, "admission.classes[0].name", "does not match"},
@@ -624,7 +624,8 @@ func FuzzParse(f *testing.F) {
 			t.Fatalf("Parse accepted a classifier its own parser rejects: %v", err)
 		}
 		for _, c := range a.Classes {
-			if c.Quantum < 1 || c.QueueLimit < 0 || c.MaxWait <= 0 {
+			if c.Quantum < 1 || c.QueueLimit < 0 || c.MaxWait <= 0 || c.Priority < 0 || c.Priority > MaxClassPriority ||
+				nameOf(admission.Orders, c.Order) == "" || nameOf(admission.Costs, c.Cost) == "" {
 				t.Fatalf("Parse accepted an out-of-range class: %+v", c)
 			}
 		}

@@ -47,6 +47,10 @@ const (
 
 func (l *lane) head() *Entry { return l.entries[0] }
 
+// sorted reports whether l keeps its entries in its class's order rather than arrival order:
+// a wspt class's shared and classifier lanes (a session's turns always keep theirs).
+func sorted(l *lane) bool { return l.cls.cfg.Order == OrderWSPT && l.kind != sessionLane }
+
 // class is one admission class: its lanes and where each waits.
 type class struct {
 	cfg     ClassConfig
@@ -61,7 +65,34 @@ type class struct {
 	queued  int
 	byKind  [3]int         // queued per lane kind
 	named   map[string]int // queued per classifier lane name (its limit spans candidate sets)
-	index   int
+	tier    *tier
+	index   int // its place in its tier's ring
+}
+
+// tier is the classes of one priority, served by deficit round robin among themselves while
+// no higher tier has a head that can go (R15.2).
+type tier struct {
+	priority int
+	classes  []*class
+	cursor   int
+	carry    *class // the class served last, while it has credit left
+}
+
+// before reports whether a waits ahead of b in class c: the older first (fcfs), or the fewer
+// estimated uncached prompt tokens first and then the older (wspt).
+func (c *class) before(a, b *Entry) bool {
+	if c.cfg.Order == OrderWSPT && a.uncached != b.uncached {
+		return a.uncached < b.uncached
+	}
+	return a.seq < b.seq
+}
+
+// cost is what dispatching e takes from c's credit.
+func (c *class) cost(e *Entry) int {
+	if c.cfg.Cost == CostUncachedTokens {
+		return max(1, e.uncached)
+	}
+	return 1
 }
 
 // capGroup is one candidate set's capacity-blocked lanes of a class.
@@ -187,11 +218,11 @@ func (q *Queue) pop(e *Entry) {
 	heap.Fix(&l.cls.ready, l.idx)
 }
 
-// laneHeap orders lanes by their head's arrival.
+// laneHeap orders one class's lanes by their heads, as the class orders requests.
 type laneHeap []*lane
 
 func (h laneHeap) Len() int           { return len(h) }
-func (h laneHeap) Less(i, j int) bool { return h[i].head().seq < h[j].head().seq }
+func (h laneHeap) Less(i, j int) bool { return h[i].cls.before(h[i].head(), h[j].head()) }
 func (h laneHeap) Swap(i, j int) {
 	h[i], h[j] = h[j], h[i]
 	h[i].idx, h[j].idx = i, j

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"maps"
+	"slices"
 	"strings"
 	"time"
 
@@ -34,15 +35,54 @@ var (
 	ErrQueueFull = errors.New("queue full")
 	// ErrQueueTimeout: the request waited its class's max_wait (503 queue_timeout).
 	ErrQueueTimeout = errors.New("queue timeout")
+	// ErrClassifierFailed: the policy panicked classifying the request or checking it as a
+	// lane head (R15.3): that request fails (500 internal_error) and the queue goes on.
+	ErrClassifierFailed = errors.New("the admission classifier failed")
 )
 
 // ClassConfig is one class.
 type ClassConfig struct {
-	Name       string
-	Quantum    int           // DRR weight, ≥ 1 (requests per round)
+	Name string
+	// Quantum is the DRR weight, ≥ 1: requests per round (Cost requests) or uncached prompt
+	// tokens per round (Cost uncached_tokens).
+	Quantum    int
 	QueueLimit int           // 0: never queues
 	MaxWait    time.Duration // > 0
+	// Priority orders classes strictly (R15.2): a class is served only while no class of a
+	// higher priority has a head that can go; classes of equal priority share by DRR.
+	Priority int
+	Order    Order // how a class's waiting requests are ordered
+	Cost     Cost  // what a dispatch costs a class's DRR credit
 }
+
+// Order is how a class orders its waiting requests (R15.2).
+type Order uint8
+
+const (
+	// OrderFCFS serves a class's requests oldest first.
+	OrderFCFS Order = iota
+	// OrderWSPT serves the fewest estimated uncached prompt tokens first, ties oldest first. A
+	// session's turns keep their own order: only which lane goes next, and the order within
+	// shared and classifier lanes, follow the estimate.
+	OrderWSPT
+)
+
+// Orders are the orders by configuration name.
+var Orders = map[string]Order{"fcfs": OrderFCFS, "wspt": OrderWSPT}
+
+// Cost is what one dispatch costs a class's DRR credit (R15.2).
+type Cost uint8
+
+const (
+	// CostRequests: one per request; the quantum is requests per round.
+	CostRequests Cost = iota
+	// CostUncachedTokens: the request's estimated uncached prompt tokens (at least 1), taken
+	// when it is admitted; the quantum is tokens per round.
+	CostUncachedTokens
+)
+
+// Costs are the costs by configuration name.
+var Costs = map[string]Cost{"requests": CostRequests, "uncached_tokens": CostUncachedTokens}
 
 // LaneLimit overrides the class limits for a classifier-named lane (cold_pool's "cold").
 type LaneLimit struct {
@@ -95,6 +135,9 @@ type Entry struct {
 	worker   string
 	dlIdx    int
 	capKey   string // Pool and Allowed: entries with equal keys see the same candidates
+	// uncached is the estimated uncached prompt tokens when admitted (the prompt less the
+	// best cached prefix among its candidates), for classes that order or charge by it.
+	uncached int
 
 	// Why the entry waits, for the admin view.
 	wait        Wait
@@ -124,16 +167,17 @@ type Queue struct {
 	gate     Gate
 	observer QueueObserver
 	lanes    map[string]LaneLimit
-	classes  []*class
+	classes  []*class // in configuration order
+	tiers    []*tier  // the classes by priority, highest first
 	byName   map[string]*class
-	cursor   int
-	carry    *class
 	seq      uint64
 	sessKey  [16]byte
 	expiry   deadlineHeap
 	armed    time.Time
-	asks     uint64 // gate Check calls, for tests of the no-spin rule
-	pump     uint64 // numbers the pumps: a capacity group found full is skipped for the pump
+	asks     uint64   // gate Check calls, for tests of the no-spin rule
+	panics   uint64   // the policy's panics recovered (R15.3)
+	failed   []*Entry // heads the gate failed on, to be rejected after the pump
+	pump     uint64   // numbers the pumps: a capacity group found full is skipped for the pump
 }
 
 // New builds a queue. Unknown or duplicate class names are the caller's to validate.
@@ -151,12 +195,23 @@ func New(cfg Config) *Queue {
 			maps.Copy(q.lanes, l.LaneLimits())
 		}
 	}
-	for i, cc := range cfg.Classes {
+	for _, cc := range cfg.Classes {
 		cc.Quantum = max(cc.Quantum, 1)
 		c := &class{cfg: cc, lanes: make(map[string]*lane), groupBy: make(map[string]*capGroup),
-			held: make(map[*lane]struct{}), named: make(map[string]int), index: i}
+			held: make(map[*lane]struct{}), named: make(map[string]int)}
 		q.classes = append(q.classes, c)
 		q.byName[cc.Name] = c
+		// The tier of its priority (tiers stay sorted, highest first).
+		i := slices.IndexFunc(q.tiers, func(t *tier) bool { return t.priority <= cc.Priority })
+		if i < 0 {
+			i = len(q.tiers)
+		}
+		if i == len(q.tiers) || q.tiers[i].priority != cc.Priority {
+			q.tiers = slices.Insert(q.tiers, i, &tier{priority: cc.Priority})
+		}
+		t := q.tiers[i]
+		c.tier, c.index = t, len(t.classes)
+		t.classes = append(t.classes, c)
 	}
 	_, _ = rand.Read(q.sessKey[:])
 	return q
@@ -182,8 +237,10 @@ func (q *Queue) sessionLaneKey(id string) string {
 // (GATE-PITFALLS 1, 9): what the gate would hold, or what finds no room, is rejected 429.
 func (q *Queue) Admit(e *Entry, h Host, cached func([]string) int) {
 	r := e.Req
-	if q.cfg.Policy != nil {
-		q.cfg.Policy.Classify(r, e.Route, cached)
+	if q.cfg.Policy != nil && !q.classify(r, e.Route, cached) {
+		e.state = left
+		h.Reject(e, ErrClassifierFailed)
+		return
 	}
 	c := q.byName[r.Class]
 	if c == nil {
@@ -194,8 +251,17 @@ func (q *Queue) Admit(e *Entry, h Host, cached func([]string) int) {
 	if r.Allowed != nil {
 		e.capKey += "\x00" + strings.Join(r.Allowed, "\x00")
 	}
+	if c.cfg.Order == OrderWSPT || c.cfg.Cost == CostUncachedTokens {
+		// A snapshot at admission: the estimate the request is ordered and charged by.
+		if cached != nil {
+			r.CachedTokens = min(max(cached(Intersect(e.Route, r.Allowed)), 0), r.PromptTokens)
+		}
+		e.uncached = max(r.PromptTokens-r.CachedTokens, 0)
+	}
 	l, key, kind := q.laneOf(c, e)
-	if l == nil || len(l.entries) == 0 {
+	// A request asks to go at once when nothing of its lane waits ahead of it: the lane is
+	// empty, or (wspt) it would be the lane's new head.
+	if l == nil || len(l.entries) == 0 || (sorted(l) && c.before(e, l.head())) {
 		if d, ok := q.ask(e, h); ok {
 			if w, ok := h.Dispatch(e, d.Target); ok {
 				q.dispatched(e, w)
@@ -205,6 +271,11 @@ func (q *Queue) Admit(e *Entry, h Host, cached func([]string) int) {
 				return
 			}
 			e.wait = WaitCapacity // the host found no room after all
+		} else if e.wait == WaitFailed {
+			q.failed = q.failed[:len(q.failed)-1] // answered here, not after a pump
+			e.state = left
+			h.Reject(e, ErrClassifierFailed)
+			return
 		}
 	}
 	if l == nil {
@@ -226,13 +297,22 @@ func (q *Queue) Admit(e *Entry, h Host, cached func([]string) int) {
 	now := q.cfg.Now()
 	q.seq++
 	e.seq, e.enqueued, e.deadline, e.lane = q.seq, now, now.Add(maxWait), l
-	l.entries = append(l.entries, e)
+	at := len(l.entries)
+	if sorted(l) {
+		at, _ = slices.BinarySearchFunc(l.entries, e, func(x, e *Entry) int {
+			if c.before(x, e) {
+				return -1
+			}
+			return 1
+		})
+	}
+	l.entries = slices.Insert(l.entries, at, e)
 	q.count(l, +1)
 	heap.Push(&q.expiry, e)
 	if q.observer != nil {
 		q.observer.Enqueued(r)
 	}
-	if len(l.entries) == 1 {
+	if at == 0 {
 		// A new head: the check above held it, so the lane waits for a wake or its time.
 		q.block(l, e, h)
 	}
@@ -241,6 +321,40 @@ func (q *Queue) Admit(e *Entry, h Host, cached func([]string) int) {
 		q.arm(h, now.Add(r))
 	}
 }
+
+// classify runs the policy's Classify; a panic in it is recovered and reported false
+// (R15.3): the request fails, the classifier stays.
+func (q *Queue) classify(r *Request, route []string, cached func([]string) int) (ok bool) {
+	class, lane, allowed, tag := r.Class, r.Lane, r.Allowed, r.Tag
+	defer func() {
+		if p := recover(); p != nil {
+			q.panics++
+			// Nothing a failed classifier wrote is kept: the class names a configured one
+			// (it labels the rejection's metric).
+			r.Class, r.Lane, r.Allowed, r.Tag = class, lane, allowed, tag
+			if q.byName[r.Class] == nil {
+				r.Class = q.cfg.DefaultClass
+			}
+			ok = false
+		}
+	}()
+	q.cfg.Policy.Classify(r, route, cached)
+	return true
+}
+
+// check asks the gate about head; a panic in it is recovered and reported false (R15.3).
+func (q *Queue) check(head *Request, v View) (d Decision, ok bool) {
+	defer func() {
+		if p := recover(); p != nil {
+			q.panics++
+			d, ok = Decision{}, false
+		}
+	}()
+	return q.gate.Check(head, v), true
+}
+
+// Panics counts the policy's panics recovered so far (each failed its request).
+func (q *Queue) Panics() uint64 { return q.panics }
 
 // count adds d to the queued counts of l's class.
 func (q *Queue) count(l *lane, d int) {
@@ -260,7 +374,14 @@ func (q *Queue) ask(e *Entry, h Host) (Decision, bool) {
 	d := Decision{Go: true}
 	if q.gate != nil {
 		q.asks++
-		d = q.gate.Check(e.Req, v)
+		var ok bool
+		if d, ok = q.check(e.Req, v); !ok {
+			// The gate failed on this head: it leaves with an error once the pump is over
+			// (failHeads); until then its lane is held, so nothing asks it again.
+			e.wait, e.holdUntil, e.sessionOnly = WaitFailed, time.Time{}, false
+			q.failed = append(q.failed, e)
+			return d, false
+		}
 		if q.cfg.OnDecision != nil {
 			q.cfg.OnDecision(d)
 		}

@@ -97,6 +97,17 @@ func NeedsPrefixIndex(p Policy) bool {
 	return ok && pr.NeedsPrefixIndex()
 }
 
+// NeedsPrefixIndex reports whether a queue of cfg reads cached tokens: its policy does, or a
+// class orders (wspt) or charges (uncached_tokens) by the uncached part of the prompt.
+func (cfg Config) NeedsPrefixIndex() bool {
+	for _, c := range cfg.Classes {
+		if c.Order == OrderWSPT || c.Cost == CostUncachedTokens {
+			return true
+		}
+	}
+	return NeedsPrefixIndex(cfg.Policy)
+}
+
 // OptionError is a problem with one key of a classifier's table, e.g.
 //
 //	admission.classifier.cold_max_wait: must be > 0

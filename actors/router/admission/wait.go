@@ -21,6 +21,8 @@ var (
 	WaitNoWorker = NewWait("no_worker")
 	// WaitHeld: a gate held the head without naming a kind.
 	WaitHeld = NewWait("held")
+	// WaitFailed: the gate panicked on the head, which is about to be answered 500 (R15.3).
+	WaitFailed = NewWait("failed")
 )
 
 var waits struct {
