@@ -45,6 +45,9 @@ type WorkerInfo struct {
 	Running       int64
 	KVFreeBlocks  int64
 	KVTotalBlocks int64
+	// BlockSize is the engine's tokens per KV block (WorkerStatus.block_size, at most 1 << 20);
+	// 0 = unknown, and then the worker has no known KV capacity (see KVCapacityTokens).
+	BlockSize     int64
 	Draining      bool // the engine reports draining
 	AdminDrained  bool // its model is drained through the admin API
 	LastHeartbeat time.Time
@@ -53,6 +56,15 @@ type WorkerInfo struct {
 	// ("" after a success).
 	Static      bool
 	ScrapeError string
+}
+
+// KVCapacityTokens is the worker's KV capacity in tokens, KVTotalBlocks × BlockSize (SPEC
+// R15.1); 0 when either is unknown (0 or below).
+func (i WorkerInfo) KVCapacityTokens() int64 {
+	if i.KVTotalBlocks <= 0 || i.BlockSize <= 0 {
+		return 0
+	}
+	return i.KVTotalBlocks * i.BlockSize
 }
 
 // WorkerState is a worker actor's full report: sent when it registers, on every heartbeat, on

@@ -141,3 +141,26 @@ func TestRouteTable(t *testing.T) {
 		t.Fatal("the old alias still resolves after the table was replaced")
 	}
 }
+
+// TestViewCarriesBlockSize (R15.1): a worker's block_size reaches the router's view next to
+// its KV total, and its KV capacity in tokens is their product; 0 (unknown) gives none.
+func TestViewCarriesBlockSize(t *testing.T) {
+	r := newRig(t, Config{})
+	r.join("w1", "smol", 0)
+	w := r.workers[r.workerPID("w1").Id]
+	w.info.BlockSize = 16
+	r.report(w)
+	if got := r.row(t, "w1").Info; got.BlockSize != 16 || got.KVCapacityTokens() != 1024*16 {
+		t.Fatalf("view: block size %d, capacity %d, want 16 and %d", got.BlockSize, got.KVCapacityTokens(), 1024*16)
+	}
+	w.info.BlockSize = 0
+	r.report(w)
+	if got := r.row(t, "w1").Info; got.BlockSize != 0 || got.KVCapacityTokens() != 0 {
+		t.Fatalf("unknown block size: %d, capacity %d, want 0 and 0", got.BlockSize, got.KVCapacityTokens())
+	}
+	for _, c := range []struct{ total, bs, want int64 }{{0, 16, 0}, {100, 0, 0}, {-1, 16, 0}, {1 << 31, 1 << 20, 1 << 51}} {
+		if got := (WorkerInfo{KVTotalBlocks: c.total, BlockSize: c.bs}).KVCapacityTokens(); got != c.want {
+			t.Errorf("capacity of %d blocks × %d = %d, want %d", c.total, c.bs, got, c.want)
+		}
+	}
+}

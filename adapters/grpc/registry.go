@@ -103,11 +103,16 @@ func heartbeatCode(err error) codes.Code {
 // MaxField is the longest worker_id or model accepted, in bytes.
 const MaxField = 256
 
+// MaxBlockSize is the largest block_size (tokens per KV block) a heartbeat may report; 0 means
+// unknown and is accepted.
+const MaxBlockSize = 1 << 20
+
 // ValidateWorkerStatus turns a WorkerStatus into the registry's form (R13.2), rejecting an
 // empty or over-long (> 256 bytes) id or model, an http_address (required), grpc_address or
 // kv_address (optional) that breaks the engine address rules of engineaddr (host:port, no
 // scheme, path, query, userinfo or unix:, no link-local or unspecified IP, inside
-// engine_cidrs), negative counts, more free KV blocks than total, and unknown roles.
+// engine_cidrs), negative counts, more free KV blocks than total, a block_size over
+// MaxBlockSize (0 = unknown is accepted), and unknown roles.
 // ROLE_UNSPECIFIED is read as unified: an engine that predates roles serves both phases.
 func ValidateWorkerStatus(st *controlv1.WorkerStatus, rules engineaddr.Rules) (router.WorkerInfo, error) {
 	var errs []error
@@ -148,6 +153,9 @@ func ValidateWorkerStatus(st *controlv1.WorkerStatus, rules engineaddr.Rules) (r
 	if st.GetKvTotalBlocks() > 0 && st.GetKvFreeBlocks() > st.GetKvTotalBlocks() {
 		errs = append(errs, fmt.Errorf("kv_free_blocks (%d) exceeds kv_total_blocks (%d)", st.GetKvFreeBlocks(), st.GetKvTotalBlocks()))
 	}
+	if st.GetBlockSize() > MaxBlockSize {
+		errs = append(errs, fmt.Errorf("block_size (%d) exceeds %d tokens per KV block", st.GetBlockSize(), MaxBlockSize))
+	}
 	var role router.Role
 	switch st.GetRole() {
 	case controlv1.Role_ROLE_UNSPECIFIED, controlv1.Role_ROLE_UNIFIED:
@@ -167,7 +175,7 @@ func ValidateWorkerStatus(st *controlv1.WorkerStatus, rules engineaddr.Rules) (r
 		HTTPAddress: st.GetHttpAddress(), GRPCAddress: st.GetGrpcAddress(), KVAddress: st.GetKvAddress(),
 		KVFormat: st.GetKvFormat(), QueueDepth: int64(st.GetQueueDepth()), Running: int64(st.GetRunning()),
 		KVFreeBlocks: int64(st.GetKvFreeBlocks()), KVTotalBlocks: int64(st.GetKvTotalBlocks()),
-		Draining: st.GetDraining(),
+		BlockSize: int64(st.GetBlockSize()), Draining: st.GetDraining(),
 	}, nil
 }
 

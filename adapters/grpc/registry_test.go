@@ -3,6 +3,7 @@ package grpcapi_test
 import (
 	"context"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -157,6 +158,7 @@ func TestHeartbeatInvalidArgument(t *testing.T) {
 		"negative total":    func(s *controlv1.WorkerStatus) { s.KvTotalBlocks = -1 },
 		"free above total":  func(s *controlv1.WorkerStatus) { s.KvFreeBlocks = 2000 },
 		"unknown role enum": func(s *controlv1.WorkerStatus) { s.Role = controlv1.Role(9) },
+		"huge block size":   func(s *controlv1.WorkerStatus) { s.BlockSize = grpcapi.MaxBlockSize + 1 },
 	}
 	for name, mutate := range bad {
 		st := status1("bad-" + name)
@@ -177,5 +179,41 @@ func TestHeartbeatInvalidArgument(t *testing.T) {
 	r.Eventually("latest address wins", func() bool { v, _ := r.View("w1"); return v.Info.HTTPAddress == "127.0.0.1:8999" })
 	if ids := r.IDs(); len(ids) != 1 {
 		t.Fatalf("duplicate id made %v", ids)
+	}
+}
+
+// TestHeartbeatBlockSize (R15.1): block_size reaches the router's view of the worker next to
+// kv_total_blocks, so capacity = kv_total_blocks × block_size; 0 (unknown) and 1<<20 are
+// accepted; a block_size over 1<<20 is InvalidArgument and changes nothing.
+func TestHeartbeatBlockSize(t *testing.T) {
+	r := newRig(t)
+	st := status1("w1")
+	st.BlockSize = 16
+	r.beat(t, st)
+	r.Eventually("w1 listed", func() bool { _, ok := r.View("w1"); return ok })
+	v, _ := r.View("w1")
+	if v.Info.BlockSize != 16 || v.Info.KVTotalBlocks != 1024 || v.Info.KVCapacityTokens() != 1024*16 {
+		t.Fatalf("view = %+v, capacity %d, want block size 16 and capacity %d", v.Info, v.Info.KVCapacityTokens(), 1024*16)
+	}
+
+	bad := status1("w1")
+	bad.BlockSize = grpcapi.MaxBlockSize + 1
+	bad.QueueDepth = 77
+	_, err := r.client.Heartbeat(context.Background(), bad)
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(status.Convert(err).Message(), "block_size (1048577) exceeds 1048576") {
+		t.Fatalf("block_size 1<<20 + 1: %v, want InvalidArgument naming block_size", err)
+	}
+	if v, _ := r.View("w1"); v.Info.BlockSize != 16 || v.Info.QueueDepth != 1 {
+		t.Fatalf("a refused heartbeat changed the worker: %+v", v.Info)
+	}
+
+	st.BlockSize = grpcapi.MaxBlockSize
+	r.beat(t, st)
+	r.Eventually("block size 1<<20", func() bool { v, _ := r.View("w1"); return v.Info.BlockSize == grpcapi.MaxBlockSize })
+	st.BlockSize = 0
+	r.beat(t, st)
+	r.Eventually("block size unknown", func() bool { v, _ := r.View("w1"); return v.Info.BlockSize == 0 })
+	if v, _ := r.View("w1"); v.Info.KVCapacityTokens() != 0 {
+		t.Fatalf("unknown block size: capacity %d, want 0", v.Info.KVCapacityTokens())
 	}
 }

@@ -25,6 +25,7 @@ type workerJSON struct {
 	InFlight      int64         `json:"in_flight"`
 	KVFreeBlocks  int64         `json:"kv_free_blocks"`
 	KVTotalBlocks int64         `json:"kv_total_blocks"`
+	BlockSize     int64         `json:"block_size"` // tokens per KV block; 0 = unknown
 	Draining      bool          `json:"draining"`
 	Drained       bool          `json:"drained"`
 	Routable      bool          `json:"routable"`
@@ -64,7 +65,7 @@ func (s *Server) listWorkers(w http.ResponseWriter, _ *http.Request) {
 			ID: in.ID, Role: in.Role.String(), Model: in.Model,
 			Addresses:  addressesJSON{HTTP: in.HTTPAddress, GRPC: in.GRPCAddress, KV: in.KVAddress},
 			QueueDepth: in.QueueDepth, Running: in.Running, InFlight: v.InFlight,
-			KVFreeBlocks: in.KVFreeBlocks, KVTotalBlocks: in.KVTotalBlocks,
+			KVFreeBlocks: in.KVFreeBlocks, KVTotalBlocks: in.KVTotalBlocks, BlockSize: in.BlockSize,
 			Draining: in.Draining, Drained: in.AdminDrained, Routable: v.Routable,
 			LastHeartbeat: in.LastHeartbeat.UTC(), Static: in.Static, ScrapeError: in.ScrapeError,
 		})

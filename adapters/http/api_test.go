@@ -124,8 +124,10 @@ func TestModelsList(t *testing.T) {
 func TestAdminRoutesWorkersDrain(t *testing.T) {
 	s := newStack(t, stackOpt{keys: testKeys, routes: []config.Route{{Model: "smol", Targets: []string{"unified"}}}})
 	e := jsonEngine(t, "w1")
-	s.beat("w1", "smol", e)
-	s.beat("w2", "smol", e)
+	w1 := gwtest.Worker("w1", "smol", 0)
+	w1.HTTPAddress, w1.BlockSize = e.addr(), 16 // R15.1: shown as block_size
+	s.Beat(w1)
+	s.beat("w2", "smol", e) // block size unknown: 0
 
 	resp, b := s.do(t, "GET", "/admin/v1/workers", "sk-admin", "")
 	var workers struct {
@@ -139,6 +141,7 @@ func TestAdminRoutesWorkersDrain(t *testing.T) {
 			} `json:"addresses"`
 			InFlight      int64  `json:"in_flight"`
 			KVTotalBlocks int64  `json:"kv_total_blocks"`
+			BlockSize     *int64 `json:"block_size"`
 			Routable      bool   `json:"routable"`
 			Draining      bool   `json:"draining"`
 			LastHeartbeat string `json:"last_heartbeat"`
@@ -150,6 +153,8 @@ func TestAdminRoutesWorkersDrain(t *testing.T) {
 	if workers.Epoch != 1 || len(workers.Workers) != 2 || workers.Workers[0].ID != "w1" ||
 		!workers.Workers[0].Routable || workers.Workers[0].Role != "unified" ||
 		workers.Workers[0].Addresses.HTTP != e.addr() || workers.Workers[0].KVTotalBlocks != 1024 ||
+		workers.Workers[0].BlockSize == nil || *workers.Workers[0].BlockSize != 16 ||
+		workers.Workers[1].BlockSize == nil || *workers.Workers[1].BlockSize != 0 ||
 		workers.Workers[0].LastHeartbeat != "2026-01-01T00:00:00Z" ||
 		!strings.Contains(string(b), `"ejected_until":null,"ejection_reason":""`) {
 		t.Fatalf("workers = %s", b)

@@ -491,7 +491,7 @@ func TestTwoManagersShareARegistry(t *testing.T) {
 // read the engine's live load, which is what its heartbeat would report.
 func TestAgainstTLEngine(t *testing.T) {
 	efc := clock.NewFake(gwtest.Epoch0) // the engine's timing model
-	e, err := engine.Start(engine.Config{ID: "e1", Model: "smol", KVBlocks: 64, MaxRunning: 1,
+	e, err := engine.Start(engine.Config{ID: "e1", Model: "smol", KVBlocks: 64, BlockSize: 32, MaxRunning: 1,
 		DecodePerToken: time.Second, Clock: efc})
 	if err != nil {
 		t.Fatal(err)
@@ -519,7 +519,7 @@ func TestAgainstTLEngine(t *testing.T) {
 		return st.Running == 1 && st.QueueDepth == 1
 	})
 	st := e.Status()
-	want := Status{QueueDepth: 1, Running: 1, KVFreeBlocks: int64(st.KVFreeBlocks), KVTotalBlocks: 64}
+	want := Status{QueueDepth: 1, Running: 1, KVFreeBlocks: int64(st.KVFreeBlocks), KVTotalBlocks: 64, BlockSize: 32}
 	if want.KVFreeBlocks >= 64 {
 		t.Fatalf("a running request holds no KV: %+v", st)
 	}
@@ -556,7 +556,7 @@ func TestAgainstTLEngine(t *testing.T) {
 	fc.Advance(2 * time.Second)
 	for range 2 {
 		ev := next(t, sink)
-		if idle := (Status{KVFreeBlocks: 64, KVTotalBlocks: 64}); ev.err != nil || ev.st != idle {
+		if idle := (Status{KVFreeBlocks: 64, KVTotalBlocks: 64, BlockSize: 32}); ev.err != nil || ev.st != idle {
 			t.Fatalf("%s after the requests: %+v %v, want %+v", ev.t.ID, ev.st, ev.err, idle)
 		}
 	}

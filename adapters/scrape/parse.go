@@ -33,10 +33,19 @@ const (
 
 // Status is the load read from one metrics page, in the heartbeat's terms (SPEC B1). For the
 // kinds that report KV use as a fraction (vLLM, SGLang), KVTotalBlocks and KVFreeBlocks are 0
-// when neither the engine nor the target gives a total.
+// when neither the engine nor the target gives a total. BlockSize is the engine's tokens per
+// KV block (the heartbeat's block_size, R15.1) from vLLM's cache_config_info block_size label
+// (which tlengine serves too); 0 = unknown: SGLang exposes no block size in its metrics, and a
+// vLLM page without the label, with "None", a value over MaxBlockSize or engines that disagree
+// gives none.
 type Status struct {
 	QueueDepth, Running, KVFreeBlocks, KVTotalBlocks int64
+	BlockSize                                        int64
 }
+
+// MaxBlockSize is the largest block size read from a page, as for a heartbeat's block_size
+// (adapters/grpc.MaxBlockSize); a larger one reads as unknown (0).
+const MaxBlockSize = 1 << 20
 
 // The reasons a scrape fails, as passed to Sink.Failed and counted in
 // tlgw_scrape_errors_total{reason}.
@@ -83,6 +92,9 @@ type dialect struct {
 	free, total string
 	// info is an info gauge whose infoLabel holds the engine's total blocks (vLLM).
 	info, infoLabel string
+	// blockInfo is an info gauge whose block_size label holds the engine's tokens per KV block
+	// (vLLM's cache_config_info, which tlengine serves as well); "" = the dialect has none.
+	blockInfo string
 	// modelLabels are the labels that name the model a series belongs to.
 	modelLabels []string
 }
@@ -94,8 +106,10 @@ var dialects = map[Kind]dialect{
 		usage:       []string{"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"},
 		info:        "vllm:cache_config_info",
 		infoLabel:   "num_gpu_blocks",
+		blockInfo:   "vllm:cache_config_info",
 		modelLabels: []string{"model_name"},
 	},
+	// SGLang's metrics expose no block (page) size: its BlockSize stays 0 (unknown).
 	SGLang: {
 		queue:       "sglang:num_queue_reqs",
 		running:     "sglang:num_running_reqs",
@@ -103,10 +117,11 @@ var dialects = map[Kind]dialect{
 		modelLabels: []string{"model_name", "model"},
 	},
 	TLEngine: {
-		queue:   "tlengine_queue_depth",
-		running: "tlengine_running",
-		free:    "tlengine_kv_blocks_free",
-		total:   "tlengine_kv_blocks_total",
+		queue:     "tlengine_queue_depth",
+		running:   "tlengine_running",
+		free:      "tlengine_kv_blocks_free",
+		total:     "tlengine_kv_blocks_total",
+		blockInfo: "vllm:cache_config_info",
 	},
 }
 
@@ -120,7 +135,8 @@ const engineLabel = "engine"
 // series when model is empty. Several matching series of a gauge are summed. The KV total is
 // the engine's own when it reports one (vLLM's cache_config_info num_gpu_blocks, tlengine's
 // tlengine_kv_blocks_total), else kvTotal; free blocks are round(total × (1 − usage)) for the
-// fraction gauges; when a fraction has no total to apply to, both KV fields are 0.
+// fraction gauges; when a fraction has no total to apply to, both KV fields are 0. BlockSize is
+// read from the block_size label of vLLM's cache_config_info when the page has it (see Status).
 //
 // Errors name what is wrong: a malformed page (reason parse), a required series absent for the
 // model (missing_series), an unknown kind (invalid_target).
@@ -136,7 +152,7 @@ func Parse(kind Kind, model string, page io.Reader, kvTotal int64) (Status, erro
 	}
 	pg := parsed{fams: fams, model: model, labels: d.modelLabels}
 
-	var st Status
+	st := Status{BlockSize: pg.blockSize(d)}
 	if st.QueueDepth, err = pg.count(d.queue); err != nil {
 		return Status{}, err
 	}
@@ -351,6 +367,27 @@ func (p parsed) reportedTotals(d dialect) map[string]int64 {
 		out[labelValue(m, engineLabel)] = n
 	}
 	return out
+}
+
+// blockSize reads the engine's tokens per KV block from the block_size label of the dialect's
+// info gauge: the value every series with a usable label agrees on, else 0 (unknown). A label
+// that is not an integer from 1 to MaxBlockSize ("None", say) is ignored.
+func (p parsed) blockSize(d dialect) int64 {
+	if d.blockInfo == "" {
+		return 0
+	}
+	var bs int64
+	for _, m := range p.series(d.blockInfo) {
+		n, err := strconv.ParseInt(labelValue(m, "block_size"), 10, 64)
+		if err != nil || n <= 0 || n > MaxBlockSize {
+			continue
+		}
+		if bs != 0 && n != bs {
+			return 0 // engines behind one endpoint disagree: no one block size
+		}
+		bs = n
+	}
+	return bs
 }
 
 func labelValue(m *dto.Metric, name string) string {

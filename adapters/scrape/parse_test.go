@@ -49,17 +49,17 @@ func TestParseRecordedPages(t *testing.T) {
 		want              Status
 	}{
 		// vLLM V1: kv_cache_usage_perc 0.25 of the reported 8000 blocks.
-		{"vllm new generation", "vllm_v1.txt", llama, VLLM, 0, Status{QueueDepth: 3, Running: 7, KVFreeBlocks: 6000, KVTotalBlocks: 8000}},
-		{"vllm reported total beats configured", "vllm_v1.txt", llama, VLLM, 100, Status{QueueDepth: 3, Running: 7, KVFreeBlocks: 6000, KVTotalBlocks: 8000}},
+		{"vllm new generation", "vllm_v1.txt", llama, VLLM, 0, Status{QueueDepth: 3, Running: 7, KVFreeBlocks: 6000, KVTotalBlocks: 8000, BlockSize: 16}},
+		{"vllm reported total beats configured", "vllm_v1.txt", llama, VLLM, 100, Status{QueueDepth: 3, Running: 7, KVFreeBlocks: 6000, KVTotalBlocks: 8000, BlockSize: 16}},
 		// vLLM V0: gpu_cache_usage_perc 0.5 of the reported 2810 blocks.
-		{"vllm older generation", "vllm_v0.txt", mistral, VLLM, 0, Status{QueueDepth: 2, Running: 4, KVFreeBlocks: 1405, KVTotalBlocks: 2810}},
+		{"vllm older generation", "vllm_v0.txt", mistral, VLLM, 0, Status{QueueDepth: 2, Running: 4, KVFreeBlocks: 1405, KVTotalBlocks: 2810, BlockSize: 16}},
 		// SGLang reports no block total: token_usage 0.4 of the configured 10000.
 		{"sglang", "sglang.txt", qwen, SGLang, 10000, Status{QueueDepth: 5, Running: 12, KVFreeBlocks: 6000, KVTotalBlocks: 10000}},
 		{"sglang without a total", "sglang.txt", qwen, SGLang, 0, Status{QueueDepth: 5, Running: 12}},
 		// tlengine's own names, and the vLLM names it also serves: the same load.
-		{"tlengine", "tlengine.txt", "smol", TLEngine, 0, Status{QueueDepth: 2, Running: 1, KVFreeBlocks: 253, KVTotalBlocks: 256}},
-		{"tlengine read as vllm", "tlengine.txt", "smol", VLLM, 0, Status{QueueDepth: 2, Running: 1, KVFreeBlocks: 253, KVTotalBlocks: 256}},
-		{"empty model reads every series", "vllm_v1.txt", "", VLLM, 0, Status{QueueDepth: 3, Running: 7, KVFreeBlocks: 6000, KVTotalBlocks: 8000}},
+		{"tlengine", "tlengine.txt", "smol", TLEngine, 0, Status{QueueDepth: 2, Running: 1, KVFreeBlocks: 253, KVTotalBlocks: 256, BlockSize: 16}},
+		{"tlengine read as vllm", "tlengine.txt", "smol", VLLM, 0, Status{QueueDepth: 2, Running: 1, KVFreeBlocks: 253, KVTotalBlocks: 256, BlockSize: 16}},
+		{"empty model reads every series", "vllm_v1.txt", "", VLLM, 0, Status{QueueDepth: 3, Running: 7, KVFreeBlocks: 6000, KVTotalBlocks: 8000, BlockSize: 16}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			got, err := Parse(c.kind, c.model, strings.NewReader(page(t, c.file)), c.kvTotal)
@@ -77,17 +77,18 @@ func TestParseFallsBackToConfiguredTotal(t *testing.T) {
 	v0 := page(t, "vllm_v0.txt")
 	for _, c := range []struct {
 		name, page string
+		blockSize  int64
 	}{
-		{"no cache_config_info", without(v0, "vllm:cache_config_info")},
-		// vLLM writes "None" before it has sized the cache.
-		{"num_gpu_blocks None", strings.Replace(v0, `num_gpu_blocks="2810"`, `num_gpu_blocks="None"`, 1)},
+		{"no cache_config_info", without(v0, "vllm:cache_config_info"), 0},
+		// vLLM writes "None" before it has sized the cache; block_size is known already.
+		{"num_gpu_blocks None", strings.Replace(v0, `num_gpu_blocks="2810"`, `num_gpu_blocks="None"`, 1), 16},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			got, err := Parse(VLLM, mistral, strings.NewReader(c.page), 1000)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if want := (Status{QueueDepth: 2, Running: 4, KVFreeBlocks: 500, KVTotalBlocks: 1000}); got != want {
+			if want := (Status{QueueDepth: 2, Running: 4, KVFreeBlocks: 500, KVTotalBlocks: 1000, BlockSize: c.blockSize}); got != want {
 				t.Fatalf("got %+v, want %+v", got, want)
 			}
 		})
@@ -97,7 +98,7 @@ func TestParseFallsBackToConfiguredTotal(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := (Status{QueueDepth: 2, Running: 1, KVFreeBlocks: 253, KVTotalBlocks: 300}); got != want {
+	if want := (Status{QueueDepth: 2, Running: 1, KVFreeBlocks: 253, KVTotalBlocks: 300, BlockSize: 16}); got != want {
 		t.Fatalf("tlengine: got %+v, want %+v", got, want)
 	}
 }
@@ -169,7 +170,7 @@ vllm:cache_config_info{block_size="16",engine="1",num_gpu_blocks="2000"} 1
 		t.Fatal(err)
 	}
 	// Free: 1000·0.5 + 2000·0.75.
-	if want := (Status{QueueDepth: 5, Running: 2, KVFreeBlocks: 2000, KVTotalBlocks: 3000}); got != want {
+	if want := (Status{QueueDepth: 5, Running: 2, KVFreeBlocks: 2000, KVTotalBlocks: 3000, BlockSize: 16}); got != want {
 		t.Fatalf("paired: got %+v, want %+v", got, want)
 	}
 
@@ -277,5 +278,41 @@ func TestParseUnknownKind(t *testing.T) {
 	_, err := Parse("triton", "m", strings.NewReader(""), 0)
 	if err == nil || reasonOf(err) != ReasonInvalidTarget || !strings.Contains(err.Error(), `unknown metrics kind "triton"`) {
 		t.Fatalf("got %v", err)
+	}
+}
+
+// TestParseBlockSize (R15.1): the block size comes from cache_config_info's block_size label
+// (vLLM, and tlengine by its own names too); without a usable one it is 0 (unknown), and
+// SGLang never reports one.
+func TestParseBlockSize(t *testing.T) {
+	v1, tl := page(t, "vllm_v1.txt"), page(t, "tlengine.txt")
+	dp := func(a, b string) string {
+		return "vllm:num_requests_waiting 0\nvllm:num_requests_running 0\nvllm:kv_cache_usage_perc 0\n" +
+			`vllm:cache_config_info{block_size="` + a + `",engine="0",num_gpu_blocks="10"} 1` + "\n" +
+			`vllm:cache_config_info{block_size="` + b + `",engine="1",num_gpu_blocks="10"} 1` + "\n"
+	}
+	for _, c := range []struct {
+		name, page string
+		kind       Kind
+		want       int64
+	}{
+		{"vllm 32", strings.Replace(v1, `block_size="16"`, `block_size="32"`, 1), VLLM, 32},
+		{"tlengine 8", strings.Replace(tl, `block_size="16"`, `block_size="8"`, 1), TLEngine, 8},
+		{"vllm None", strings.Replace(v1, `block_size="16"`, `block_size="None"`, 1), VLLM, 0},
+		{"vllm without the label", strings.Replace(v1, `block_size="16",`, ``, 1), VLLM, 0},
+		{"over 1<<20", strings.Replace(v1, `block_size="16"`, `block_size="1048577"`, 1), VLLM, 0},
+		{"at 1<<20", strings.Replace(v1, `block_size="16"`, `block_size="1048576"`, 1), VLLM, 1 << 20},
+		{"engines agree", dp("16", "16"), VLLM, 16},
+		{"engines disagree", dp("16", "32"), VLLM, 0},
+		{"one engine unknown", dp("None", "32"), VLLM, 32},
+		{"sglang", page(t, "sglang.txt"), SGLang, 0},
+	} {
+		got, err := Parse(c.kind, "", strings.NewReader(c.page), 100)
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		if got.BlockSize != c.want {
+			t.Errorf("%s: block size %d, want %d", c.name, got.BlockSize, c.want)
+		}
 	}
 }

@@ -34,7 +34,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&cfg.KVListen, "kv-listen", "127.0.0.1:0", "KV transfer gRPC address (port 0: any)")
 	fs.StringVar(&gateways, "gateway", "", "gateway registry addresses to heartbeat, comma-separated (empty: none)")
 	fs.IntVar(&cfg.KVBlocks, "kv-blocks", 1024, "KV blocks in the pool")
-	fs.IntVar(&cfg.BlockSize, "block-size", 16, "tokens per KV block")
+	fs.IntVar(&cfg.BlockSize, "block-size", 16, "tokens per KV block, 1 to 1048576; sent in heartbeats as block_size (KV capacity = kv-blocks × block-size tokens)")
 	fs.IntVar(&cfg.MaxRunning, "max-running", 256, "requests running at once; more wait in the queue")
 	fs.DurationVar(&cfg.PrefillPerToken, "prefill-per-token", 0, "prefill cost per uncached prompt token")
 	fs.DurationVar(&cfg.DecodePerToken, "decode-per-token", 0, "decode cost per generated token")

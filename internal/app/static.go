@@ -71,7 +71,7 @@ func (s scrapeSink) Scraped(t scrape.Target, st scrape.Status) {
 	info := router.WorkerInfo{
 		ID: t.ID, Model: t.Model, Role: roleOf[t.Role], HTTPAddress: t.HTTPAddress,
 		QueueDepth: st.QueueDepth, Running: st.Running, KVFreeBlocks: st.KVFreeBlocks,
-		KVTotalBlocks: st.KVTotalBlocks, Static: true,
+		KVTotalBlocks: st.KVTotalBlocks, BlockSize: st.BlockSize, Static: true,
 	}
 	_ = s.gw.Scraped(info, time.Duration(s.gw.MissLimit())*t.Interval)
 }

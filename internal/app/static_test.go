@@ -77,7 +77,7 @@ func TestStaticWorkersAdmin(t *testing.T) {
 			return false
 		}
 		w := l.Workers[0]
-		return w.Info.ID == "st-1" && w.Info.Static && w.Routable && w.Info.KVTotalBlocks == 1024
+		return w.Info.ID == "st-1" && w.Info.Static && w.Routable && w.Info.KVTotalBlocks == 1024 && w.Info.BlockSize == 16
 	})
 	// Served through the gateway.
 	r, err := http.Post("http://"+a.HTTPAddr+"/v1/completions", "application/json", strings.NewReader(`{"model":"llama","prompt":"hi","max_tokens":2}`))

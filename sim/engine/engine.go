@@ -49,6 +49,10 @@ const (
 	RoleDecode  Role = "decode"
 )
 
+// MaxBlockSize is the largest --block-size: the gateway refuses a heartbeat whose block_size
+// is over 1 << 20 tokens (adapters/grpc.MaxBlockSize).
+const MaxBlockSize = 1 << 20
+
 // Config is one engine's configuration (tlengine's flags).
 type Config struct {
 	ID, Model       string
@@ -58,7 +62,7 @@ type Config struct {
 	KVListen        string
 	Gateways        []string // registry addresses to heartbeat; empty = none
 	KVBlocks        int      // default 1024
-	BlockSize       int      // default 16
+	BlockSize       int      // tokens per KV block, default 16, at most MaxBlockSize
 	MaxRunning      int      // default 256
 	PrefillPerToken time.Duration
 	DecodePerToken  time.Duration
@@ -122,6 +126,9 @@ func (c *Config) defaults() error {
 	}
 	if c.KVBlocks < 1 || c.BlockSize < 1 || c.MaxRunning < 1 {
 		return errors.New("engine: --kv-blocks, --block-size and --max-running must be positive")
+	}
+	if c.BlockSize > MaxBlockSize {
+		return fmt.Errorf("engine: --block-size %d is over %d (a gateway refuses such a heartbeat)", c.BlockSize, MaxBlockSize)
 	}
 	if c.PrefillPerToken < 0 || c.DecodePerToken < 0 {
 		return errors.New("engine: per-token costs must not be negative")

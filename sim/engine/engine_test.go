@@ -328,14 +328,14 @@ func startRegistry(t *testing.T) (*fakeRegistry, string) {
 func TestHeartbeatsCarryRealValues(t *testing.T) {
 	fr, addr := startRegistry(t)
 	fc := clock.NewFake(time.Unix(0, 0))
-	e := start(t, Config{ID: "hb-1", Role: RoleDecode, Gateways: []string{addr}, KVBlocks: 100, Clock: fc})
+	e := start(t, Config{ID: "hb-1", Role: RoleDecode, Gateways: []string{addr}, KVBlocks: 100, BlockSize: 32, Clock: fc})
 	// The loop arms its next tick on the fake clock after each ack.
 	armed := func(n int) func() bool { return func() bool { return fr.count() >= n && fc.Pending() == 1 } }
 	gwtest.Eventually(t, "first heartbeat", armed(1))
 	st := fr.last()
 	if st.GetWorkerId() != "hb-1" || st.GetModel() != "smol" || st.GetRole() != controlv1.Role_ROLE_DECODE ||
 		st.GetHttpAddress() != e.HTTPAddr || st.GetGrpcAddress() != e.GRPCAddr || st.GetKvAddress() != e.KVAddr ||
-		st.GetKvTotalBlocks() != 100 || st.GetKvFreeBlocks() != 100 || st.GetDraining() {
+		st.GetKvTotalBlocks() != 100 || st.GetKvFreeBlocks() != 100 || st.GetBlockSize() != 32 || st.GetDraining() {
 		t.Fatalf("heartbeat %v", st)
 	}
 	// Every T on the engine's clock; a drain in the ack makes the engine report draining.
@@ -457,4 +457,23 @@ func TestFaultSwitches(t *testing.T) {
 			t.Fatal("draining fault not reported")
 		}
 	})
+}
+
+// TestBlockSizeBounds: --block-size defaults to 16 (what heartbeats report) and is 1 to
+// MaxBlockSize; a size the gateway would refuse in every heartbeat fails at start.
+func TestBlockSizeBounds(t *testing.T) {
+	c := Config{ID: "b", Model: "smol"}
+	if err := c.defaults(); err != nil || c.BlockSize != 16 {
+		t.Fatalf("default block size %d (%v), want 16", c.BlockSize, err)
+	}
+	for _, bs := range []int{-1, MaxBlockSize + 1} {
+		c := Config{ID: "b", Model: "smol", BlockSize: bs}
+		if err := c.defaults(); err == nil || !strings.Contains(err.Error(), "block-size") {
+			t.Errorf("block size %d: err %v, want a --block-size error", bs, err)
+		}
+	}
+	c = Config{ID: "b", Model: "smol", BlockSize: MaxBlockSize}
+	if err := c.defaults(); err != nil {
+		t.Fatalf("block size %d: %v", MaxBlockSize, err)
+	}
 }

@@ -141,6 +141,8 @@ func (e *Engine) workerStatus() *controlv1.WorkerStatus {
 		Role: roles[e.cfg.Role], Model: e.cfg.Model, KvFormat: kvFormat,
 		QueueDepth: int32(st.QueueDepth), Running: int32(st.Running),
 		KvFreeBlocks: int32(st.KVFreeBlocks), KvTotalBlocks: int32(st.KVTotalBlocks),
-		Draining: st.Draining,
+		// The KV pool's tokens per block (--block-size): capacity = kv_total_blocks × block_size.
+		BlockSize: uint32(e.cfg.BlockSize),
+		Draining:  st.Draining,
 	}
 }

@@ -114,7 +114,11 @@ type WorkerStatus struct {
 	// Must be >= 0.
 	KvTotalBlocks int32 `protobuf:"varint,11,opt,name=kv_total_blocks,json=kvTotalBlocks,proto3" json:"kv_total_blocks,omitempty"`
 	// True when the worker itself is draining and must receive no new work.
-	Draining      bool `protobuf:"varint,12,opt,name=draining,proto3" json:"draining,omitempty"`
+	Draining bool `protobuf:"varint,12,opt,name=draining,proto3" json:"draining,omitempty"`
+	// Tokens per KV cache block, so the worker's KV capacity in tokens is
+	// kv_total_blocks * block_size. 0 = unknown: the worker then has no known
+	// capacity. At most 1048576 (1 << 20).
+	BlockSize     uint32 `protobuf:"varint,13,opt,name=block_size,json=blockSize,proto3" json:"block_size,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -233,6 +237,13 @@ func (x *WorkerStatus) GetDraining() bool {
 	return false
 }
 
+func (x *WorkerStatus) GetBlockSize() uint32 {
+	if x != nil {
+		return x.BlockSize
+	}
+	return 0
+}
+
 // HeartbeatAck is the gateway's answer to a heartbeat.
 type HeartbeatAck struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -302,7 +313,7 @@ var File_tl_control_v1_control_proto protoreflect.FileDescriptor
 
 const file_tl_control_v1_control_proto_rawDesc = "" +
 	"\n" +
-	"\x1btl/control/v1/control.proto\x12\rtl.control.v1\"\x91\x03\n" +
+	"\x1btl/control/v1/control.proto\x12\rtl.control.v1\"\xb0\x03\n" +
 	"\fWorkerStatus\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12!\n" +
 	"\fhttp_address\x18\x02 \x01(\tR\vhttpAddress\x12!\n" +
@@ -318,7 +329,9 @@ const file_tl_control_v1_control_proto_rawDesc = "" +
 	"\x0ekv_free_blocks\x18\n" +
 	" \x01(\x05R\fkvFreeBlocks\x12&\n" +
 	"\x0fkv_total_blocks\x18\v \x01(\x05R\rkvTotalBlocks\x12\x1a\n" +
-	"\bdraining\x18\f \x01(\bR\bdraining\"n\n" +
+	"\bdraining\x18\f \x01(\bR\bdraining\x12\x1d\n" +
+	"\n" +
+	"block_size\x18\r \x01(\rR\tblockSize\"n\n" +
 	"\fHeartbeatAck\x12\x14\n" +
 	"\x05drain\x18\x01 \x01(\bR\x05drain\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x122\n" +
