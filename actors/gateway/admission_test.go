@@ -31,8 +31,15 @@ func admitPick(h *gwtest.Harness, key uint64, id, model, session string) *gwtest
 	return p
 }
 
+// finish ends a probe's admitted request as a request actor's end does: it tells the router
+// (router.Finished) and stops.
+func finish(h *gwtest.Harness, p *gwtest.Probe, key uint64) {
+	h.GW.System.Root.Send(h.GW.Router, &router.Finished{Key: key})
+	p.Stop()
+}
+
 // TestSessionSerialThroughRouter: the router queues a session's second turn until the first
-// has ended (its request actor stopped); another session is not delayed.
+// has ended (its request actor said so); another session is not delayed.
 func TestSessionSerialThroughRouter(t *testing.T) {
 	h := gwtest.New(t, gwtest.WithAdmission(admissionConfig(sessionserial.New(), 0)))
 	h.Beat(gwtest.Worker("w1", "smol", 0))
@@ -47,7 +54,7 @@ func TestSessionSerialThroughRouter(t *testing.T) {
 	if m, ok := b1.Next().(*router.Picked); !ok || m.Err != nil {
 		t.Fatalf("another session was delayed: %#v", m)
 	}
-	t1.Stop() // the first turn's request actor ends
+	finish(h, t1, 1) // the first turn's request actor ends
 	if m, ok := t2.Next().(*router.Picked); !ok || m.Err != nil || !m.Admitted {
 		t.Fatalf("second turn after the first finished: %#v", m)
 	}
@@ -64,7 +71,7 @@ func TestQueueTimeoutAndCancelThroughRouter(t *testing.T) {
 			t.Fatal("not queued")
 		}
 	}
-	b.Stop() // its client left: the request actor ends
+	finish(h, b, 2) // its client left: the request actor ends
 	h.Eventually("b left the queue", func() bool {
 		v, err := h.GW.Queue()
 		return err == nil && v.Snapshot.Classes[0].Queued == 1

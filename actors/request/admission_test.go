@@ -151,3 +151,89 @@ func TestLongPromptSentTwiceIsNotColdAgain(t *testing.T) {
 		}
 	}
 }
+
+// completions is a session_serial policy that records what each completed request told the
+// gate.
+type completions struct {
+	*sessionserial.Policy
+	done chan admission.Request
+}
+
+func (p *completions) Gate() admission.Gate { return p }
+func (p *completions) Completed(r *admission.Request, w string) {
+	p.done <- *r
+	p.Policy.Completed(r, w)
+}
+
+// TestFinishedCarriesCostAndOutcome (R15): an admitted request's end reaches the gate once,
+// with what its answer cost (the engine's usage.total_tokens) and whether it was a whole
+// successful answer; an engine's 400 is an aborted turn.
+func TestFinishedCarriesCostAndOutcome(t *testing.T) {
+	pol := &completions{Policy: sessionserial.New(), done: make(chan admission.Request, 4)}
+	h := gwtest.New(t, gwtest.WithAdmission(&router.AdmissionConfig{
+		Queue: admission.Config{
+			Classes:      []admission.ClassConfig{{Name: "default", Quantum: 1, QueueLimit: 10, MaxWait: time.Minute}},
+			DefaultClass: "default", Policy: pol, Recheck: time.Second,
+		},
+		PolicyName: "session_serial",
+	}))
+	engine := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		if strings.Contains(string(b), "refuse") {
+			w.WriteHeader(http.StatusBadRequest)
+			_, _ = io.WriteString(w, `{"error":{"message":"no"}}`)
+			return
+		}
+		_, _ = io.WriteString(w, `{"choices":[{"text":"ok"}],"usage":{"prompt_tokens":100,"completion_tokens":23,"total_tokens":123}}`)
+	}))
+	defer engine.Close()
+	w := gwtest.Worker("w1", "smol", 0)
+	w.HTTPAddress = strings.TrimPrefix(engine.URL, "http://")
+	h.Beat(w)
+	deps := &request.Deps{
+		Router: h.GW.Router, Transport: httpapi.NewTransport(), MaxAttempts: 3, Admission: true,
+		Metrics: request.NewMetrics(nil), Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Errors: httpapi.ErrorWriter{},
+	}
+	api := httpapi.New(httpapi.Options{
+		Core: h.GW, Logger: deps.Logger,
+		Admission: httpapi.Admission{Enabled: true, DefaultClass: "default", AllowHeader: map[string]bool{"default": false}},
+		Serve:     func(x *request.Exchange) { request.Spawn(h.GW.System, deps, x) },
+	})
+	srv := httptest.NewServer(api)
+	defer srv.Close()
+	for _, c := range []struct {
+		prompt  string
+		code    int
+		tokens  int
+		aborted bool
+	}{
+		{"hello", 200, 123, false},
+		{"refuse", 400, len(`{"model":"smol","prompt":"refuse"}`) / 4, true},
+	} {
+		req, _ := http.NewRequest("POST", srv.URL+"/v1/completions", strings.NewReader(`{"model":"smol","prompt":"`+c.prompt+`"}`))
+		req.Header.Set("X-Session-ID", "alice")
+		resp, err := (&http.Client{Timeout: 10 * time.Second}).Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != c.code {
+			t.Fatalf("%s: %d, want %d", c.prompt, resp.StatusCode, c.code)
+		}
+		select {
+		case got := <-pol.done:
+			if got.ContextTokens != c.tokens || got.Aborted != c.aborted || got.SessionID != "alice" {
+				t.Fatalf("%s: the gate saw tokens %d, aborted %v (session %q); want %d, %v", c.prompt, got.ContextTokens, got.Aborted, got.SessionID, c.tokens, c.aborted)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s: the gate never saw the request complete", c.prompt)
+		}
+	}
+	select {
+	case extra := <-pol.done:
+		t.Fatalf("a request completed twice: %+v", extra)
+	default:
+	}
+	h.InFlight("w1", 0)
+}

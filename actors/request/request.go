@@ -157,20 +157,22 @@ type requestActor struct {
 	state State // its step function is machine[state].step
 
 	// Routing.
-	key         uint64 // the internal id: unique among live requests, whatever X-Request-ID says
-	pickTag     uint64 // the current Pick's tag; answers with another tag are stale
-	pickTimer   clock.Timer
-	pickRetries int
-	hashes      []uint64         // the prompt's chunk hashes, when the prefix index is on
-	admit       router.AdmitInfo // what every pick says of the request's admission (R10)
-	promptToks  int              // the rendered prompt's size estimate (bytes / 4), for admission
-	cascadeStep int              // the cascade step asked for (router.LastStep: the last)
-	exclude     []string
-	attempts    int
-	lastErr     error
-	picked      *router.Picked
-	route       string
-	served      string
+	key uint64 // the internal id: unique among live requests, whatever X-Request-ID says
+	// toldFinished: the router has its router.Finished (sent once, by finish or stopping).
+	toldFinished bool
+	pickTag      uint64 // the current Pick's tag; answers with another tag are stale
+	pickTimer    clock.Timer
+	pickRetries  int
+	hashes       []uint64         // the prompt's chunk hashes, when the prefix index is on
+	admit        router.AdmitInfo // what every pick says of the request's admission (R10)
+	promptToks   int              // the rendered prompt's size estimate (bytes / 4), for admission
+	cascadeStep  int              // the cascade step asked for (router.LastStep: the last)
+	exclude      []string
+	attempts     int
+	lastErr      error
+	picked       *router.Picked
+	route        string
+	served       string
 
 	// What the actor holds and must release on every path (a worker also releases the holds
 	// of a requester that stops, so a crash between two lines here leaks nothing).
@@ -533,8 +535,25 @@ func (r *requestActor) finish(c actor.Context, code int) {
 	r.d.Metrics.done(r.route, r.served, code)
 	r.finished = true
 	r.x.tokens = r.relayOut.cost(len(r.x.Body))
+	r.tellFinished(c.Send, r.x.tokens, !r.answered(code))
 	close(r.x.done)
 	c.Stop(c.Self())
+}
+
+// answered reports whether the request ended with a whole successful answer.
+func (r *requestActor) answered(code int) bool {
+	return r.relayOut != nil && r.relayOut.finished && code >= 200 && code < 300
+}
+
+// tellFinished tells the router, once, that an admitted request ended (router.Finished): from
+// finish, or from the stop after a crash. A request that never asked for a pick, or runs
+// without admission, sends nothing.
+func (r *requestActor) tellFinished(send func(*actor.PID, any), tokens int64, aborted bool) {
+	if !r.d.Admission || r.pickTag == 0 || r.toldFinished {
+		return
+	}
+	r.toldFinished = true
+	send(r.d.Router, &router.Finished{Key: r.key, Tokens: tokens, Aborted: aborted})
 }
 
 // fail answers an error to a client that has received nothing yet and finishes.
@@ -558,9 +577,11 @@ func (r *requestActor) stopping(c actor.Context) {
 		r.cancelCause(nil) // an attempt not yet committed is abandoned; a relay runs to its end
 	}
 	r.releaseAll(c.Send)
-	// A pick still outstanding needs nothing here: the worker it picked watches this actor
-	// and releases its ticket when it stops, and the router, which watches an admitted
-	// request, cancels it if it still waits or ends its turn for the gate.
+	// A pick still outstanding needs nothing more: the worker it picked watches this actor and
+	// releases its ticket when it stops, and the router, told here, cancels an admitted
+	// request that still waits or ends its turn for the gate.
+	// The relay may still be writing its result: the cost is the prompt's estimate.
+	r.tellFinished(c.Send, (*relayResult)(nil).cost(len(r.x.Body)), true)
 	r.stopPickTimer()
 	r.stopFaultTimers()
 	r.budgetEnd()

@@ -25,22 +25,21 @@ type AdmissionConfig struct {
 // admitter is the router's admission concern: the queue, the admitted requests by internal
 // key, and the queue's host over the worker view.
 //
-// An admitted request is known from its first pick until its requester (the request actor)
-// stops: the router watches it, and *actor.Terminated cancels it if it still waits or
-// completes its turn for the gate if it was dispatched. So a request that ends in any way —
-// answered, crashed, client gone — ends its turn exactly once, and no message of its own is
-// needed.
+// An admitted request is known from its first pick until its request actor says it ended
+// (Finished, sent once from its finish or, after a crash, from its stop): that cancels it if
+// it still waits, or completes its turn for the gate, with what its answer cost. So a request
+// that ends in any way — answered, crashed, client gone — ends its turn exactly once, without
+// a watch per request.
 type admitter struct {
-	q           *admission.Queue
-	view        *workerView
-	threshold   int64
-	entries     map[uint64]*admitted // by request key
-	byRequester map[string]uint64    // requester actor id → request key
-	clock       clock.Clock
-	armed       time.Time   // when the one queue timer fires (zero: none)
-	timer       clock.Timer // that timer, stopped when an earlier time is asked
-	metrics     admissionMetrics
-	policy      string
+	q         *admission.Queue
+	view      *workerView
+	threshold int64
+	entries   map[uint64]*admitted // by request key
+	clock     clock.Clock
+	armed     time.Time   // when the one queue timer fires (zero: none)
+	timer     clock.Timer // that timer, stopped when an earlier time is asked
+	metrics   admissionMetrics
+	policy    string
 	// The queue's Host and a head's View, reused: the router handles one message at a time
 	// and the queue keeps neither past the call, so they need no allocation per request.
 	h  host
@@ -73,7 +72,7 @@ type admTick struct{}
 
 func newAdmitter(cfg *AdmissionConfig, clk clock.Clock, m admissionMetrics, v *workerView) *admitter {
 	a := &admitter{view: v, threshold: cfg.BusyThreshold, entries: make(map[uint64]*admitted),
-		byRequester: make(map[string]uint64), clock: clk, metrics: m, policy: cfg.PolicyName}
+		clock: clk, metrics: m, policy: cfg.PolicyName}
 	qc := cfg.Queue
 	qc.Now = clk.Now
 	qc.Unbounded = cfg.BusyThreshold <= 0
@@ -121,8 +120,6 @@ func (a *admitter) pick(table *routeTable, m *Pick, fx effects) {
 	ad.entry = admission.Entry{Req: &ad.req, Route: pl.memberIDs(), Pool: pl.name, Payload: ad}
 	ad.e = &ad.entry
 	a.entries[m.Key] = ad
-	a.byRequester[m.Requester.Id] = m.Key
-	fx.watch(m.Requester)
 	a.q.Admit(ad.e, a.host(fx), func(workers []string) int {
 		if a.view.pidx == nil || len(m.PrefixHashes) == 0 {
 			return 0
@@ -208,27 +205,32 @@ func (a *admitter) choice(ad *admitted, t target, soft string, checkFull bool) c
 
 func (a *admitter) full(s *slot) bool { return a.threshold > 0 && s.load() >= a.threshold }
 
-// requesterStopped ends the admitted request of a requester that stopped: cancelled if it
-// still waits, completed for the gate if it was dispatched.
-func (a *admitter) requesterStopped(who *actor.PID, fx effects) {
+// finished ends an admitted request its request actor says ended: cancelled if it still
+// waits, completed for the gate (with its answer's cost and outcome) if it was dispatched.
+// Only the request's own actor can end it: the key is the router's internal id, never a
+// client's string.
+func (a *admitter) finished(m *Finished, fx effects) {
 	if a == nil {
 		return
 	}
-	key, ok := a.byRequester[who.Id]
+	ad, ok := a.entries[m.Key]
 	if !ok {
 		return
 	}
-	ad := a.entries[key]
-	a.forget(key, ad)
+	a.forget(m.Key)
+	ad.req.ContextTokens, ad.req.Aborted = int(min(max(m.Tokens, 0), maxContextTokens)), m.Aborted
 	if h := a.host(fx); !a.q.Cancel(ad.e, h) {
 		a.q.Completed(ad.e, h)
 	}
 	a.gauges()
 }
 
-func (a *admitter) forget(key uint64, ad *admitted) {
+// maxContextTokens bounds what an answer's usage can add to a program's context (an engine's
+// usage is its own claim): far above any model's context window.
+const maxContextTokens = 1 << 30
+
+func (a *admitter) forget(key uint64) {
 	delete(a.entries, key)
-	delete(a.byRequester, ad.requester.Id)
 }
 
 func (a *admitter) tick(fx effects) {
@@ -358,7 +360,7 @@ func (h host) Reject(e *admission.Entry, err error) {
 		out.Err = fmt.Errorf("the %q queue is full: %w", e.Req.Class, errs.ErrQueueFull)
 	}
 	a.metrics.queueRejections.WithLabelValues(e.Req.Class, reason).Inc()
-	a.forget(e.Req.Key, ad)
+	a.forget(e.Req.Key)
 	h.fx.send(ad.requester, &out)
 }
 

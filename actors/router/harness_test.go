@@ -246,8 +246,8 @@ func (q *requester) release(p *Picked) {
 	}
 }
 
-// stop ends the requester: every worker releases its holds (each reports), and the router
-// hears Terminated if it watches it.
+// stop ends the requester as a request actor's stop does: every worker releases its holds
+// (each reports), and the router is told it finished.
 func (q *requester) stop() {
 	for _, id := range sortedKeys(q.r.workers) {
 		w := q.r.workers[id]
@@ -262,9 +262,7 @@ func (q *requester) stop() {
 			q.r.deliver(w.pid, &LoadReport{ID: w.info.ID, InFlight: int64(len(w.holds)), AcqSeen: w.acqSeen})
 		}
 	}
-	if q.r.watched[q.pid.Id] {
-		q.r.deliver(nil, &actor.Terminated{Who: q.pid})
-	}
+	q.r.deliver(q.pid, &Finished{Key: q.key})
 }
 
 func sortedKeys[V any](m map[string]V) []string {

@@ -431,8 +431,8 @@ func (m *routerModel) drainAll() {
 		m.stop(q)
 	}
 	a := m.r.st.adm
-	if a.q.Len() != 0 || len(a.entries) != 0 || len(a.byRequester) != 0 {
-		m.t.Fatalf("after the end: %d queued, %d entries, %d requesters", a.q.Len(), len(a.entries), len(a.byRequester))
+	if a.q.Len() != 0 || len(a.entries) != 0 {
+		m.t.Fatalf("after the end: %d queued, %d entries", a.q.Len(), len(a.entries))
 	}
 	if len(m.pol.running) != 0 {
 		m.t.Fatalf("the gate still counts %d requests running", len(m.pol.running))

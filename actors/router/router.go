@@ -153,9 +153,9 @@ func (st *state) handle(msg any, fx effects) {
 	case *actor.Terminated:
 		if st.view.removeByPID(m.Who) {
 			st.adm.wakeAll(fx)
-			return
 		}
-		st.adm.requesterStopped(m.Who, fx)
+	case *Finished:
+		st.adm.finished(m, fx)
 	case admTick:
 		st.adm.tick(fx)
 	case *GetQueue:

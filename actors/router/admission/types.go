@@ -36,6 +36,11 @@ type Request struct {
 	CachedTokens int
 	// Tag is the policy's own mark (e.g. cold_pool's "warm"/"cold"); shown in the admin view.
 	Tag string
+	// Set when the request ends, before the gate's Completed: ContextTokens is what its answer
+	// cost (usage.total_tokens, prompt and completion, else the gateway's estimate), Aborted
+	// that it ended without a whole successful answer (an error, the client gone, a crash).
+	ContextTokens int
+	Aborted       bool
 }
 
 // Worker is one candidate worker as the queue and gates see it.
