@@ -167,7 +167,8 @@ func (p *completions) Completed(r *admission.Request, w string) {
 
 // TestFinishedCarriesCostAndOutcome (R15): an admitted request's end reaches the gate once,
 // with what its answer cost (the engine's usage.total_tokens) and whether it was a whole
-// successful answer; an engine's 400 is an aborted turn.
+// successful answer; an engine's 400 is an aborted turn. X-TL-Session-Final: true reaches the
+// policy as the request's Final (R15.1), from the HTTP header through the pick's AdmitInfo.
 func TestFinishedCarriesCostAndOutcome(t *testing.T) {
 	pol := &completions{Policy: sessionserial.New(), done: make(chan admission.Request, 4)}
 	h := gwtest.New(t, gwtest.WithAdmission(&router.AdmissionConfig{
@@ -207,12 +208,17 @@ func TestFinishedCarriesCostAndOutcome(t *testing.T) {
 		code    int
 		tokens  int
 		aborted bool
+		final   bool
 	}{
-		{"hello", 200, 123, false},
-		{"refuse", 400, len(`{"model":"smol","prompt":"refuse"}`) / 4, true},
+		{"hello", 200, 123, false, false},
+		{"refuse", 400, len(`{"model":"smol","prompt":"refuse"}`) / 4, true, false},
+		{"goodbye", 200, 123, false, true},
 	} {
 		req, _ := http.NewRequest("POST", srv.URL+"/v1/completions", strings.NewReader(`{"model":"smol","prompt":"`+c.prompt+`"}`))
 		req.Header.Set("X-Session-ID", "alice")
+		if c.final {
+			req.Header.Set("X-TL-Session-Final", "true")
+		}
 		resp, err := (&http.Client{Timeout: 10 * time.Second}).Do(req)
 		if err != nil {
 			t.Fatal(err)
@@ -223,8 +229,9 @@ func TestFinishedCarriesCostAndOutcome(t *testing.T) {
 		}
 		select {
 		case got := <-pol.done:
-			if got.ContextTokens != c.tokens || got.Aborted != c.aborted || got.SessionID != "alice" {
-				t.Fatalf("%s: the gate saw tokens %d, aborted %v (session %q); want %d, %v", c.prompt, got.ContextTokens, got.Aborted, got.SessionID, c.tokens, c.aborted)
+			if got.ContextTokens != c.tokens || got.Aborted != c.aborted || got.SessionID != "alice" || got.Final != c.final {
+				t.Fatalf("%s: the gate saw tokens %d, aborted %v, final %v (session %q); want %d, %v, %v",
+					c.prompt, got.ContextTokens, got.Aborted, got.Final, got.SessionID, c.tokens, c.aborted, c.final)
 			}
 		case <-time.After(10 * time.Second):
 			t.Fatalf("%s: the gate never saw the request complete", c.prompt)

@@ -37,10 +37,12 @@ type Exchange struct {
 	Req   oai.Request
 	Start time.Time
 	// Admission inputs (R10): the class from the key or X-TL-Class, the session id from
-	// X-Session-ID or the body's user. The prompt-size estimate is the actor's: it is taken
+	// X-Session-ID or the body's user, and whether this is the session's last turn
+	// (X-TL-Session-Final: true, R15.1). The prompt-size estimate is the actor's: it is taken
 	// over the same rendered prompt as the prefix hashes, so the two compare.
-	Class     string
-	SessionID string
+	Class        string
+	SessionID    string
+	SessionFinal bool
 	// Rendered is the whole rendered prompt when the adapter parsed it with the body
 	// (oai.ParseRendered, one pass); nil: the actor renders it itself when it needs it.
 	Rendered []byte
@@ -393,7 +395,8 @@ func (r *requestActor) pick(c actor.Context) {
 		// sees and keeps the allowed workers for the others. It is the actor's own field,
 		// set once and never changed, so the router may keep it.
 		if r.pickTag == 1 {
-			r.admit = router.AdmitInfo{Class: r.x.Class, SessionID: r.x.SessionID, PromptTokens: r.promptToks}
+			r.admit = router.AdmitInfo{Class: r.x.Class, SessionID: r.x.SessionID, PromptTokens: r.promptToks,
+				Final: r.x.SessionFinal}
 		}
 		p.Admit = &r.admit
 	}

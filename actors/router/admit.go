@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -116,7 +117,7 @@ func (a *admitter) pick(table *routeTable, m *Pick, fx effects) {
 	pl := a.view.pools[t.key]
 	ad := &admitted{requester: m.Requester, pick: m, target: t,
 		req: admission.Request{Key: m.Key, ID: m.RequestID, Class: m.Admit.Class,
-			SessionID: m.Admit.SessionID, PromptTokens: m.Admit.PromptTokens}}
+			SessionID: m.Admit.SessionID, PromptTokens: m.Admit.PromptTokens, Final: m.Admit.Final}}
 	ad.entry = admission.Entry{Req: &ad.req, Route: pl.memberIDs(), Pool: pl.name, Payload: ad}
 	ad.e = &ad.entry
 	a.entries[m.Key] = ad
@@ -318,7 +319,8 @@ func (h host) View(e *admission.Entry) admission.View {
 	pl := a.view.pools[ad.target.key]
 	for _, id := range a.allowedIn(ad, ad.target.key) {
 		if s := pl.members[id]; s != nil && !slices.Contains(ad.pick.Exclude, id) {
-			v.workers = append(v.workers, admission.Worker{ID: id, Load: s.load(), Full: a.full(s)})
+			v.workers = append(v.workers, admission.Worker{ID: id, Load: s.load(), Full: a.full(s),
+				Capacity: s.info.KVCapacityTokens()})
 		}
 	}
 	return v
@@ -355,6 +357,11 @@ func (h host) Reject(e *admission.Entry, err error) {
 		// R15.3: the policy panicked on this request; the class may not be resolved yet.
 		reason = "classifier_failed"
 		out.Err = fmt.Errorf("the admission classifier failed on this request: %w", errs.ErrInternal)
+	case err != admission.ErrQueueFull && errors.Is(err, admission.ErrQueueFull):
+		// The classifier's own refusal (Request.Refuse, e.g. a program limit): still 429
+		// queue_full, but the client reads the policy's reason, not a queue limit.
+		reason = "refused"
+		out.Err = fmt.Errorf("%s: %w", strings.TrimSuffix(err.Error(), ": "+admission.ErrQueueFull.Error()), errs.ErrQueueFull)
 	default:
 		reason = "queue_full"
 		out.Err = fmt.Errorf("the %q queue is full: %w", e.Req.Class, errs.ErrQueueFull)
@@ -400,7 +407,7 @@ func newAdmissionMetrics() admissionMetrics {
 			Name: "tlgw_gate_decisions_total", Help: "Dispatch gate answers by policy and decision (go, hold).",
 		}, []string{"policy", "decision"}),
 		queueRejections: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "tlgw_queue_rejections_total", Help: "Requests the queue rejected by class and reason (queue_full, queue_timeout, classifier_failed).",
+			Name: "tlgw_queue_rejections_total", Help: "Requests the queue rejected by class and reason (queue_full, queue_timeout, classifier_failed, refused).",
 		}, []string{"class", "reason"}),
 	}
 }

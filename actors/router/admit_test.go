@@ -2,11 +2,13 @@ package router
 
 import (
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/tlgw/tlgw/actors/router/admission"
@@ -311,5 +313,94 @@ func TestClassifierPanicAnswersInternalError(t *testing.T) {
 	}
 	if got := testutil.ToFloat64(r.st.adm.metrics.queueRejections.WithLabelValues("default", "classifier_failed")); got != 1 {
 		t.Fatalf("classifier_failed rejections %v, want 1", got)
+	}
+}
+
+// viewRecorder is a policy whose gate lets every head go and records each head it was asked
+// about with the workers of its view.
+type viewRecorder struct {
+	heads   []admission.Request
+	workers [][]admission.Worker
+}
+
+var _ admission.Policy = (*viewRecorder)(nil)
+
+func (p *viewRecorder) Classify(*admission.Request, []string, func([]string) int) {}
+func (p *viewRecorder) Gate() admission.Gate                                      { return p }
+func (p *viewRecorder) Check(head *admission.Request, v admission.View) admission.Decision {
+	p.heads = append(p.heads, *head)
+	p.workers = append(p.workers, slices.Clone(v.Workers())) // the view is valid during the call only
+	return admission.Decision{Go: true}
+}
+func (p *viewRecorder) Dispatched(*admission.Request, string)    {}
+func (p *viewRecorder) Moved(*admission.Request, string, string) {}
+func (p *viewRecorder) Completed(*admission.Request, string)     {}
+func (p *viewRecorder) Recheck() time.Duration                   { return 0 }
+
+// TestGateSeesCapacityAndFinal (R15.1): the gate's view gives each worker its KV capacity in
+// tokens, kv_total_blocks × block_size (0 when the block size is unknown), and a pick's
+// AdmitInfo.Final (X-TL-Session-Final) reaches the policy as the request's Final.
+func TestGateSeesCapacityAndFinal(t *testing.T) {
+	pol := &viewRecorder{}
+	r := newRig(t, Config{Admission: admissionCfg(pol, 0)})
+	r.joinWith("w1", "smol", RoleUnified, 0, func(i *WorkerInfo) { i.KVTotalBlocks, i.BlockSize = 2000, 16 })
+	r.joinWith("w2", "smol", RoleUnified, 0, func(i *WorkerInfo) { i.KVTotalBlocks, i.BlockSize = 500, 0 })
+	for _, final := range []bool{false, true} {
+		q := r.newRequester()
+		runBounded(t, "pick", func() { q.pickWith(fmt.Sprint("final-", final), "smol", AdmitInfo{SessionID: "prog-1", Final: final}) })
+		if p := q.picked(); p.Err != nil {
+			t.Fatalf("final %v: %+v", final, p)
+		}
+		q.stop()
+	}
+	if len(pol.heads) != 2 {
+		t.Fatalf("the gate was asked %d times, want 2", len(pol.heads))
+	}
+	for i, final := range []bool{false, true} {
+		if h := pol.heads[i]; h.Final != final || h.SessionID != "prog-1" {
+			t.Fatalf("head %d: Final %v (session %q), want %v", i, h.Final, h.SessionID, final)
+		}
+	}
+	want := []admission.Worker{{ID: "w1", Capacity: 2000 * 16}, {ID: "w2", Capacity: 0}}
+	if diff := cmp.Diff(want, pol.workers[0]); diff != "" {
+		t.Fatalf("the gate's view (-want +got):\n%s", diff)
+	}
+}
+
+// refuser is a classifier that refuses the request with the given id with its own reason.
+type refuser string
+
+func (p refuser) Classify(r *admission.Request, _ []string, _ func([]string) int) {
+	if r.ID == string(p) {
+		r.Refuse = fmt.Errorf("the program limit is reached: %w", admission.ErrQueueFull)
+	}
+}
+func (p refuser) Gate() admission.Gate { return nil }
+
+// TestClassifierRefusalAnswersItsReason: a classifier's own refusal (Request.Refuse) is a 429
+// queue_full that carries the classifier's reason, not a queue limit, counted as a "refused"
+// rejection; the router forgets the request and serves the next.
+func TestClassifierRefusalAnswersItsReason(t *testing.T) {
+	r := newRig(t, Config{Admission: admissionCfg(refuser("over"), 0)})
+	r.join("w1", "smol", 0)
+	over, next := r.newRequester(), r.newRequester()
+	runBounded(t, "over", func() { over.pickWith("over", "smol", AdmitInfo{Class: "default", SessionID: "prog-1"}) })
+	p := over.picked()
+	if !errors.Is(p.Err, errs.ErrQueueFull) || !strings.Contains(p.Err.Error(), "program limit") || strings.Contains(p.Err.Error(), "queue is full") || strings.Count(p.Err.Error(), "queue full") != 1 {
+		t.Fatalf("the refused request got %+v, want queue_full naming the program limit", p)
+	}
+	runBounded(t, "next", func() { next.pickWith("next", "smol", AdmitInfo{Class: "default", SessionID: "prog-2"}) })
+	if p := next.picked(); p.Err != nil || p.WorkerID != "w1" {
+		t.Fatalf("the next request got %+v", p)
+	}
+	if n := len(r.st.adm.entries); n != 1 {
+		t.Fatalf("%d admitted requests known, want only the next one", n)
+	}
+	rej := r.st.adm.metrics.queueRejections
+	if got := testutil.ToFloat64(rej.WithLabelValues("default", "refused")); got != 1 {
+		t.Fatalf("refused rejections %v, want 1", got)
+	}
+	if got := testutil.ToFloat64(rej.WithLabelValues("default", "queue_full")); got != 0 {
+		t.Fatalf("queue_full rejections %v, want 0", got)
 	}
 }

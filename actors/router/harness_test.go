@@ -136,6 +136,12 @@ func (r *rig) join(id, model string, queue int64) {
 }
 
 func (r *rig) joinRole(id, model string, role Role, queue int64) {
+	r.joinWith(id, model, role, queue, func(*WorkerInfo) {})
+}
+
+// joinWith is joinRole with the worker's info changed by set before it reports (its KV
+// blocks, its block size).
+func (r *rig) joinWith(id, model string, role Role, queue int64, set func(*WorkerInfo)) {
 	pid := r.workerPID(id)
 	w := r.workers[pid.Id]
 	if w == nil {
@@ -145,6 +151,7 @@ func (r *rig) joinRole(id, model string, role Role, queue int64) {
 	w.live = true
 	w.info = WorkerInfo{ID: id, Model: model, Role: role, HTTPAddress: "127.0.0.1:9", QueueDepth: queue,
 		KVTotalBlocks: 1024, KVFreeBlocks: 1024, LastHeartbeat: r.clk.Now()}
+	set(&w.info)
 	r.report(w)
 }
 
@@ -192,9 +199,14 @@ func (r *rig) newRequester() *requester {
 
 // pick sends an admitted pick (id is the client's X-Request-ID).
 func (q *requester) pick(id, model, session string, exclude ...string) {
+	q.pickWith(id, model, AdmitInfo{SessionID: session}, exclude...)
+}
+
+// pickWith sends an admitted pick with the given admission inputs.
+func (q *requester) pickWith(id, model string, admit AdmitInfo, exclude ...string) {
 	q.tag++
 	q.r.deliver(q.pid, &Pick{Model: model, RequestID: id, Key: q.key, Requester: q.pid, Tag: q.tag,
-		Exclude: exclude, Admit: &AdmitInfo{SessionID: session}})
+		Exclude: exclude, Admit: &admit})
 }
 
 // answers returns and clears what the requester received.

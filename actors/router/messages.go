@@ -178,6 +178,9 @@ type AdmitInfo struct {
 	Class        string // from the API key or X-TL-Class ("" = the default class)
 	SessionID    string // X-Session-ID or the body's user ("" = none)
 	PromptTokens int    // an estimate (rendered prompt bytes / 4)
+	// Final marks the session's last turn (X-TL-Session-Final: true, R15.1); meaningful only
+	// with a SessionID (without one, policies ignore it).
+	Final bool
 }
 
 // Queued answers an admitted Pick that waits in the queue; *Picked follows when it leaves.

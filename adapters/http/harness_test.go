@@ -39,6 +39,10 @@ type stackOpt struct {
 	maxInFlight               int
 	bodyTimeout, writeTimeout time.Duration
 	now                       func() time.Time // the rate limits' clock (R13.5)
+	// admission is the HTTP surface's admission settings (the router's queue stays off);
+	// served, when set, sees each exchange before its request actor does.
+	admission httpapi.Admission
+	served    func(*request.Exchange)
 }
 
 func newStack(t *testing.T, o stackOpt) *stack {
@@ -52,7 +56,13 @@ func newStack(t *testing.T, o stackOpt) *stack {
 	}
 	api := httpapi.New(httpapi.Options{
 		Core: h.GW, Keys: o.keys, MaxBodyBytes: o.maxBody,
-		Serve:      func(x *request.Exchange) { request.Spawn(h.GW.System, deps, x) },
+		Serve: func(x *request.Exchange) {
+			if o.served != nil {
+				o.served(x)
+			}
+			request.Spawn(h.GW.System, deps, x)
+		},
+		Admission:  o.admission,
 		Registerer: reg, Gatherer: reg, Logger: quietLogger(),
 		MaxInFlight: o.maxInFlight, BodyReadTimeout: o.bodyTimeout, ClientWriteTimeout: o.writeTimeout,
 		Now: o.now,

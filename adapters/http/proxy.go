@@ -66,7 +66,12 @@ func (s *Server) inference(w http.ResponseWriter, r *http.Request, kind oai.Kind
 			s.metrics.reject(writeError(w, err))
 			return
 		}
-		x.Class, x.SessionID = class, r.Header.Get("X-Session-ID")
+		final, err := sessionFinal(r.Header.Get("X-TL-Session-Final"))
+		if err != nil {
+			s.metrics.reject(writeError(w, err))
+			return
+		}
+		x.Class, x.SessionID, x.SessionFinal = class, r.Header.Get("X-Session-ID"), final
 		if x.SessionID == "" {
 			x.SessionID = req.User
 		}
@@ -155,6 +160,20 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error
 		return nil, fmt.Errorf("reading the request body: %v: %w", err, errs.ErrInvalidRequest)
 	}
 	return buf, nil
+}
+
+// sessionFinal reads X-TL-Session-Final (R15.1): "true" marks the session's last turn,
+// "false" or no header does not, and anything else is a client error. A final turn without a
+// session id (no X-Session-ID, no body user) is accepted and means nothing: there is no
+// session to end, and the policies ignore Final without one.
+func sessionFinal(header string) (bool, error) {
+	switch header {
+	case "true":
+		return true, nil
+	case "", "false":
+		return false, nil
+	}
+	return false, fmt.Errorf("X-TL-Session-Final must be \"true\" or \"false\", not %q: %w", header, errs.ErrInvalidRequest)
 }
 
 // admissionClass resolves a request's class: its key's class (or the default), or the class

@@ -410,3 +410,27 @@ func TestAdmissionClassOrderApplyChecks(t *testing.T) {
 		t.Fatalf("class %+v", c)
 	}
 }
+
+// TestAdmissionThunderagent: the thunderagent classifier's keys load; one valid only by the
+// schema's bounds but not by the classifier's own rules (pause_target above pause_threshold)
+// fails naming its key; a cold_pool key is refused with it.
+func TestAdmissionThunderagent(t *testing.T) {
+	src := "[admission]\nclassifier = { type = \"thunderagent\", pause_threshold = 0.9, session_retention = \"5m\", max_tracked_requests = 50 }\n"
+	cfg, err := Parse([]byte(src), env(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]any{"pause_threshold": 0.9, "session_retention": "5m", "max_tracked_requests": int64(50)}
+	if diff := cmp.Diff(want, cfg.Admission.Classifier.Options); diff != "" || cfg.Admission.Classifier.Type != "thunderagent" {
+		t.Fatalf("%s (-want +got):\n%s", cfg.Admission.Classifier.Type, diff)
+	}
+	for _, c := range []struct{ src, want string }{
+		{"[admission]\nclassifier = { type = \"thunderagent\", pause_threshold = 0.5 }\n", "admission.classifier.pause_target: must be <= pause_threshold (0.5)"},
+		{"[admission]\nclassifier = { type = \"thunderagent\", workers = 1 }\n", "admission.classifier"},
+		{"[admission]\nclassifier = { type = \"cold_pool\", cold_threshold_tokens = 1, pause_target = 0.5 }\n", "admission.classifier"},
+	} {
+		if _, err := Parse([]byte(c.src), env(nil)); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%q: %v, want %q", c.src, err, c.want)
+		}
+	}
+}

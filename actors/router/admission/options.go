@@ -71,6 +71,34 @@ func (o *Options) Int(key string, dst *int, least int) {
 	}
 }
 
+// Float reads a finite number in [least, most] (an integer counts as one).
+func (o *Options) Float(key string, dst *float64, least, most float64) {
+	v, ok := o.get(key)
+	if !ok {
+		return
+	}
+	var f float64
+	switch x := v.(type) {
+	case float64:
+		f = x
+	case int64:
+		f = float64(x)
+	case int:
+		f = float64(x)
+	default:
+		o.Fail(key, "must be a number, not %s", kindOf(v))
+		return
+	}
+	switch {
+	case math.IsNaN(f) || math.IsInf(f, 0):
+		o.Fail(key, "must be a finite number")
+	case f < least || f > most:
+		o.Fail(key, "must be between %g and %g", least, most)
+	default:
+		*dst = f
+	}
+}
+
 // Bool reads a boolean.
 func (o *Options) Bool(key string, dst *bool) {
 	v, ok := o.get(key)

@@ -237,6 +237,7 @@ func (q *Queue) sessionLaneKey(id string) string {
 // (GATE-PITFALLS 1, 9): what the gate would hold, or what finds no room, is rejected 429.
 func (q *Queue) Admit(e *Entry, h Host, cached func([]string) int) {
 	r := e.Req
+	r.Pool = e.Pool
 	if q.cfg.Policy != nil && !q.classify(r, e.Route, cached) {
 		e.state = left
 		h.Reject(e, ErrClassifierFailed)
@@ -246,6 +247,11 @@ func (q *Queue) Admit(e *Entry, h Host, cached func([]string) int) {
 	if c == nil {
 		c = q.byName[q.cfg.DefaultClass]
 		r.Class = c.cfg.Name
+	}
+	if r.Refuse != nil {
+		e.state = left // refused before anything was made for it (under a configured class)
+		h.Reject(e, r.Refuse)
+		return
 	}
 	e.capKey = e.Pool
 	if r.Allowed != nil {
@@ -274,6 +280,9 @@ func (q *Queue) Admit(e *Entry, h Host, cached func([]string) int) {
 		} else if e.wait == WaitFailed {
 			q.failed = q.failed[:len(q.failed)-1] // answered here, not after a pump
 			e.state = left
+			if q.observer != nil {
+				q.observer.Left(r) // classified: the policy may hold state for it
+			}
 			h.Reject(e, ErrClassifierFailed)
 			return
 		}

@@ -150,3 +150,26 @@ func TestAsIntBounds(t *testing.T) {
 		}
 	}
 }
+
+// TestOptionsFloat: a finite number in range is read (an integer too); anything else is a
+// problem naming the key, and leaves the destination as it was.
+func TestOptionsFloat(t *testing.T) {
+	o := NewOptions(map[string]any{"f": 0.5, "i": int64(1), "hi": 1.5, "lo": -0.1, "s": "half", "inf": math.Inf(1), "nan": math.NaN()})
+	f, i, keep := 0.0, 0.0, 0.25
+	o.Float("f", &f, 0, 1)
+	o.Float("i", &i, 0, 1)
+	for _, k := range []string{"hi", "lo", "s", "inf", "nan"} {
+		o.Float(k, &keep, 0, 1)
+	}
+	o.Float("absent", &keep, 0, 1)
+	if f != 0.5 || i != 1 || keep != 0.25 {
+		t.Fatalf("f %v, i %v, keep %v", f, i, keep)
+	}
+	err := o.Err()
+	for _, want := range []string{"hi: must be between 0 and 1", "lo: must be between 0 and 1", "s: must be a number, not a string",
+		"inf: must be a finite number", "nan: must be a finite number"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("missing %q in %v", want, err)
+		}
+	}
+}

@@ -36,6 +36,15 @@ type Request struct {
 	CachedTokens int
 	// Tag is the policy's own mark (e.g. cold_pool's "warm"/"cold"); shown in the admin view.
 	Tag string
+	// Pool names the pool the request goes to (its model and role; the queue sets it from the
+	// entry before Classify): requests of one pool compete for the same workers.
+	Pool string
+	// Final marks a session's last turn (X-TL-Session-Final: true): a program policy frees the
+	// session's state when it is admitted (R15.1).
+	Final bool
+	// Refuse, set by Classify, rejects the request before it is queued or counted (a policy's
+	// own limit); it must wrap ErrQueueFull (429 queue_full).
+	Refuse error
 	// Set when the request ends, before the gate's Completed: ContextTokens is what its answer
 	// cost (usage.total_tokens, prompt and completion, else the gateway's estimate), Aborted
 	// that it ended without a whole successful answer (an error, the client gone, a crash).
@@ -48,6 +57,9 @@ type Worker struct {
 	ID   string
 	Load int64 // R2: in flight + reported queue depth
 	Full bool  // load ≥ the admission busy_threshold (never when none is configured)
+	// Capacity is the worker's KV capacity in tokens (kv_total_blocks × block_size; 0 =
+	// unknown: the worker is live but has no known capacity).
+	Capacity int64
 }
 
 // View is the gate's read-only view of the pool a head would go to. It is valid during the

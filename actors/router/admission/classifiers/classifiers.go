@@ -18,10 +18,12 @@ import (
 	"github.com/tlgw/tlgw/actors/router/admission"
 	"github.com/tlgw/tlgw/actors/router/admission/coldpool"
 	"github.com/tlgw/tlgw/actors/router/admission/sessionserial"
+	"github.com/tlgw/tlgw/actors/router/admission/thunderagent"
 )
 
 func init() {
 	admission.Register("default", admission.DefaultFactory)
 	admission.Register("session_serial", sessionserial.Factory)
 	admission.Register("cold_pool", coldpool.Factory)
+	admission.Register("thunderagent", thunderagent.Factory)
 }

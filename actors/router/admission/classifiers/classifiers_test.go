@@ -9,13 +9,14 @@ import (
 	_ "github.com/tlgw/tlgw/actors/router/admission/classifiers"
 	"github.com/tlgw/tlgw/actors/router/admission/coldpool"
 	"github.com/tlgw/tlgw/actors/router/admission/sessionserial"
+	"github.com/tlgw/tlgw/actors/router/admission/thunderagent"
 	"github.com/tlgw/tlgw/contracts"
 )
 
 // TestTable: the registered names, what each builds, and a second registration of a name
 // panics.
 func TestTable(t *testing.T) {
-	if got, want := admission.Names(), []string{"cold_pool", "default", "session_serial"}; !slices.Equal(got, want) {
+	if got, want := admission.Names(), []string{"cold_pool", "default", "session_serial", "thunderagent"}; !slices.Equal(got, want) {
 		t.Fatalf("Names() = %v, want %v", got, want)
 	}
 	for _, c := range []struct {
@@ -27,6 +28,7 @@ func TestTable(t *testing.T) {
 		{"default", nil, func(p admission.Policy) bool { return p == nil }, false},
 		{"session_serial", nil, func(p admission.Policy) bool { _, ok := p.(*sessionserial.Policy); return ok }, false},
 		{"cold_pool", map[string]any{"cold_threshold_tokens": int64(8)}, func(p admission.Policy) bool { _, ok := p.(*coldpool.Policy); return ok }, true},
+		{"thunderagent", map[string]any{"pause_threshold": 0.9}, func(p admission.Policy) bool { _, ok := p.(*thunderagent.Policy); return ok }, false},
 	} {
 		p, err := admission.NewPolicy(c.name, c.raw, admission.Env{})
 		if err != nil || !c.check(p) || admission.NeedsPrefixIndex(p) != c.prefix {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"maps"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -114,7 +115,8 @@ func TestSchemaDocumentsConfig(t *testing.T) {
 		Defs struct {
 			Classifier struct {
 				Properties map[string]struct {
-					Default any `json:"default"`
+					Default     any    `json:"default"`
+					Description string `json:"description"`
 				} `json:"properties"`
 			} `json:"classifier"`
 		} `json:"$defs"`
@@ -122,14 +124,22 @@ func TestSchemaDocumentsConfig(t *testing.T) {
 	if err := json.Unmarshal(contracts.RuntimeSchema, &schema); err != nil {
 		t.Fatal(err)
 	}
-	keys := slices.Sorted(maps.Keys(schema.Defs.Classifier.Properties))
+	// cold_pool's keys are those the schema describes as cold_pool's.
+	props := schema.Defs.Classifier.Properties
+	maps.DeleteFunc(props, func(k string, p struct {
+		Default     any    `json:"default"`
+		Description string `json:"description"`
+	}) bool {
+		return k != "type" && !strings.HasPrefix(p.Description, "cold_pool:")
+	})
+	keys := slices.Sorted(maps.Keys(props))
 	want := []string{"cold_max_wait", "cold_queue_limit", "cold_threshold_tokens", "soft_drain_timeout", "steer_warm", "type", "workers"}
 	if !slices.Equal(keys, want) {
 		t.Fatalf("schema classifier keys %v, want %v", keys, want)
 	}
 	// The schema's defaults, read as the config loader hands them over, give DefaultConfig.
 	raw := map[string]any{"cold_threshold_tokens": int64(1)}
-	for k, p := range schema.Defs.Classifier.Properties {
+	for k, p := range props {
 		switch v := p.Default.(type) {
 		case nil:
 			if k != "type" && k != "cold_threshold_tokens" {

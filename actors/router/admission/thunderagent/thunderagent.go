@@ -1,0 +1,676 @@
+// Package thunderagent is the thunderagent admission classifier (SPEC R15.1; the upstream
+// facts in COLD-POOL.md §5): agent programs — a session's turns of reasoning (a request in
+// flight) and acting (tool time between turns) — kept on workers whose KV capacity holds
+// them, paused when a worker's programs outgrow it and resumed when room comes back, so that a
+// program's prefix stays cached on its worker instead of being evicted and recomputed.
+//
+// It is a DispatchGate on the one admission queue: no queue and no scheduler tick of its own.
+// The ledger is settled, in upstream's tick order, on every ask about a lane head (expire
+// retained programs, clear assignments on workers gone, decide the head, greedy resume,
+// forced resume, pause until safe) and on every event (Dispatched, Moved, Completed, Left).
+// No request in flight is ever preempted: pausing only holds a program's next turn.
+//
+// Like every gate it is used from the router actor's goroutine only.
+package thunderagent
+
+import (
+	"cmp"
+	"crypto/rand"
+	"fmt"
+	"math"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+
+	"github.com/tlgw/tlgw/actors/router/admission"
+)
+
+// WaitPaused is the wait of a paused program's next turn.
+var WaitPaused = admission.NewWait("program_paused")
+
+// WaitTurn is the wait of a session's turn while its previous turn runs.
+var WaitTurn = admission.NewWait("program_turn_running")
+
+// Program states, as the admin view and the metrics name them.
+const (
+	StateReasoning = "reasoning"
+	StateActing    = "acting"
+	StatePaused    = "paused"
+)
+
+type state uint8
+
+const (
+	reasoning state = iota // a turn is queued or running
+	acting                 // between turns
+	paused                 // held: its next turn waits for room
+)
+
+var stateNames = [...]string{reasoning: StateReasoning, acting: StateActing, paused: StatePaused}
+
+// program is one session's ledger entry.
+type program struct {
+	sid   string
+	pool  string // the pool its turns go to: it is balanced against that pool's workers
+	seq   uint64 // creation order: the stable order among equals
+	state state
+	// pausedFrom is what a paused program resumes as (reasoning when a turn waits).
+	pausedFrom state
+	worker     string // the worker it is assigned to ("": none)
+	// tokens is its context: the last completed turn's usage (prompt and completion), else
+	// the estimate of its current turn's prompt.
+	tokens      int
+	turnTokens  int       // the current turn's prompt estimate
+	actingSince time.Time // when its last turn completed (zero: never)
+	pausedSince time.Time // when it was first deferred or paused (zero: not paused)
+	markPause   bool      // pause at its next completion (it was reasoning on an overfull worker)
+	steps       int       // turns completed
+	live        int       // its requests tracked now (queued or running)
+	running     uint64    // the key of its turn in flight (0: none)
+	// prior is the program as it was before its current turn was first decided, restored if
+	// the turn is aborted; nil when the program was new then (an aborted first turn removes
+	// it). priorFor is the request it was taken for.
+	prior    *program
+	priorFor uint64
+	// pin is the one worker its turns may go to (a request allowed on one worker only: a hard
+	// pin, never rerouted), "" when none.
+	pin string
+}
+
+// Policy is the thunderagent classifier and gate.
+type Policy struct {
+	cfg      Config
+	now      func() time.Time
+	programs map[string]*program // by session id
+	reqs     map[uint64]*program // tracked requests (request key) → their program
+	final    map[uint64]bool     // tracked final turns, whose program is already gone
+	seq      uint64
+	key      [16]byte // for the admin view's session hashes
+	pauses   uint64
+	forced   uint64
+}
+
+var (
+	_ admission.Policy        = (*Policy)(nil)
+	_ admission.Gate          = (*Policy)(nil)
+	_ admission.QueueObserver = (*Policy)(nil)
+)
+
+// New returns an empty policy reading time from now.
+func New(cfg Config, now func() time.Time) *Policy {
+	p := &Policy{cfg: cfg, now: now, programs: make(map[string]*program), reqs: make(map[uint64]*program),
+		final: make(map[uint64]bool)}
+	_, _ = rand.Read(p.key[:])
+	return p
+}
+
+// Gate returns the policy itself.
+func (p *Policy) Gate() admission.Gate { return p }
+
+// Recheck is 0: a held head carries its own time (Decision.Until: its forced resume, or the
+// next retention deadline that frees room), and capacity frees and completions are wakes.
+func (p *Policy) Recheck() time.Duration { return 0 }
+
+// Classify tracks a session's request (rule 1: a request without a session passes through).
+// The tracked-request limit is enforced before any state is made (rule 3); a new program
+// beyond the program limit (the same number) evicts the oldest idle program, or is refused.
+func (p *Policy) Classify(r *admission.Request, _ []string, _ func([]string) int) {
+	if r.SessionID == "" {
+		return
+	}
+	if len(p.reqs)+len(p.final) >= p.cfg.MaxTrackedRequests {
+		r.Refuse = fmt.Errorf("the thunderagent classifier tracks its limit of %d requests: %w", p.cfg.MaxTrackedRequests, admission.ErrQueueFull)
+		return
+	}
+	pr := p.programs[r.SessionID]
+	if pr == nil {
+		if r.Final {
+			return // the last turn of a program not tracked: nothing to free
+		}
+		if len(p.programs) >= p.cfg.MaxTrackedRequests && !p.evictOne() {
+			r.Refuse = fmt.Errorf("the thunderagent classifier holds its limit of %d programs, none idle: %w", p.cfg.MaxTrackedRequests, admission.ErrQueueFull)
+			return
+		}
+		p.seq++
+		pr = &program{sid: r.SessionID, pool: r.Pool, seq: p.seq, state: reasoning, tokens: r.PromptTokens}
+		p.programs[r.SessionID] = pr
+	}
+	if len(r.Allowed) == 1 {
+		pr.pin = r.Allowed[0]
+	}
+	pr.live++
+	p.reqs[r.Key] = pr
+}
+
+// evictOne removes the program with the oldest acting_since (never set first) that has no
+// request queued or running; false when every program has one.
+func (p *Policy) evictOne() bool {
+	var victim *program
+	for _, pr := range p.programs {
+		if pr.live > 0 {
+			continue
+		}
+		if victim == nil || pr.actingSince.Before(victim.actingSince) ||
+			(pr.actingSince.Equal(victim.actingSince) && pr.seq < victim.seq) {
+			victim = pr
+		}
+	}
+	if victim == nil {
+		return false
+	}
+	delete(p.programs, victim.sid)
+	return true
+}
+
+// Check decides a lane head, settling the ledger first (see the package comment).
+func (p *Policy) Check(head *admission.Request, v admission.View) admission.Decision {
+	pr := p.reqs[head.Key]
+	if pr == nil {
+		return admission.Decision{Go: true} // no session (or a final turn already decided)
+	}
+	if p.programs[pr.sid] != pr {
+		// A turn queued behind its program's final turn: the program is gone, the turn is
+		// not tracked any more and passes through.
+		delete(p.reqs, head.Key)
+		pr.live--
+		return admission.Decision{Go: true}
+	}
+	now := v.Now()
+	ws := v.Workers()
+	p.expire(now)
+	p.clearGone(pr.pool, ws)
+	if pr.running != 0 && pr.running != head.Key {
+		return admission.Decision{Wait: WaitTurn, SessionOnly: true} // rule 4
+	}
+	if pr.priorFor != head.Key {
+		// The turn's first decision: what an abort of it restores.
+		pr.priorFor, pr.prior = head.Key, nil
+		if pr.steps > 0 {
+			snap := *pr
+			snap.prior = nil
+			pr.prior = &snap
+		}
+	}
+	d, decided := p.admit(head, pr, ws, now)
+	p.greedyResume(pr.pool, ws, now)
+	p.forceTimedOut(pr.pool, ws, now)
+	p.pauseUntilSafe(pr.pool, ws, now)
+	if !decided && pr.state != paused && p.programs[pr.sid] == pr {
+		// Resumed in this settling: decided again at once rather than at the next wake.
+		d, _ = p.admit(head, pr, ws, now)
+	}
+	if !d.Go {
+		d.Until = p.holdUntil(pr, now)
+	}
+	return d
+}
+
+// admit is rule 5 for the head of program pr; decided is false when it was deferred.
+func (p *Policy) admit(head *admission.Request, pr *program, ws []admission.Worker, now time.Time) (admission.Decision, bool) {
+	live := func(id string) bool {
+		return id != "" && slices.ContainsFunc(ws, func(w admission.Worker) bool { return w.ID == id })
+	}
+	if head.Final {
+		// 5.1: the program ends here; its capacity is free at once and not restored if
+		// this turn is aborted.
+		target := pr.worker
+		p.forget(pr)
+		delete(p.reqs, head.Key)
+		p.final[head.Key] = true
+		if !live(target) {
+			target = ""
+		}
+		return admission.Decision{Go: true, Target: target}, true
+	}
+	if pr.state == paused {
+		return p.deferHead(pr, now), false // 5.2
+	}
+	input := head.PromptTokens + p.cfg.BufferPerProgram
+	if !slices.ContainsFunc(ws, func(w admission.Worker) bool { return w.Capacity > 0 }) {
+		return p.release(pr, head, live(pr.worker), pr.worker), true // 5.3: no capacity known anywhere
+	}
+	if live(pr.worker) {
+		return p.release(pr, head, true, pr.worker), true // 5.4: continuing where it is
+	}
+	if pr.steps == 0 && p.anyPaused(pr.pool) {
+		return p.deferHead(pr, now), false // 5.5: a new program waits behind paused ones
+	}
+	used := p.usage(pr.pool, now, false)
+	if len(head.Allowed) == 1 {
+		// 5.6: a hard pin goes only where it is pinned, and only with room there.
+		w := head.Allowed[0]
+		for _, x := range ws {
+			if x.ID == w && x.Capacity > 0 && float64(x.Capacity)-used[w] >= float64(input) {
+				return p.release(pr, head, true, w), true
+			}
+		}
+		return p.deferHead(pr, now), false
+	}
+	best, bestUsed := "", 0.0
+	for _, w := range ws { // 5.7: the least-used worker that fits, ties to the lowest id
+		if w.Capacity <= 0 || float64(w.Capacity)-used[w.ID] < float64(input) {
+			continue
+		}
+		if best == "" || used[w.ID] < bestUsed || (used[w.ID] == bestUsed && w.ID < best) {
+			best, bestUsed = w.ID, used[w.ID]
+		}
+	}
+	if best == "" {
+		return p.deferHead(pr, now), false
+	}
+	return p.release(pr, head, true, best), true
+}
+
+// release lets the head go, soft-targeted at worker when target is set.
+func (p *Policy) release(pr *program, head *admission.Request, target bool, worker string) admission.Decision {
+	pr.state, pr.pausedSince, pr.turnTokens = reasoning, time.Time{}, head.PromptTokens
+	d := admission.Decision{Go: true}
+	if target {
+		pr.worker, d.Target = worker, worker
+	}
+	return d
+}
+
+// deferHead is rule 6's defer: the program is paused (since the first time), unassigned.
+func (p *Policy) deferHead(pr *program, now time.Time) admission.Decision {
+	p.pause(pr, reasoning, now)
+	return admission.Decision{Wait: WaitPaused}
+}
+
+// pause holds pr, which resumes as from; its assignment is cleared.
+func (p *Policy) pause(pr *program, from state, now time.Time) {
+	if pr.state != paused {
+		pr.pausedFrom = from
+	}
+	pr.state, pr.worker = paused, ""
+	if pr.pausedSince.IsZero() {
+		pr.pausedSince = now
+	}
+}
+
+// holdUntil is when a held head of pr must be asked again at the latest: its forced resume,
+// or the next retention deadline (which frees room), whichever comes first.
+func (p *Policy) holdUntil(pr *program, now time.Time) time.Time {
+	var at time.Time
+	if pr.state == paused {
+		at = pr.pausedSince.Add(p.cfg.ResumeTimeout)
+	}
+	for _, x := range p.programs {
+		if x.state == acting && x.live == 0 {
+			if d := x.actingSince.Add(p.cfg.SessionRetention); d.After(now) && (at.IsZero() || d.Before(at)) {
+				at = d
+			}
+		}
+	}
+	return at
+}
+
+// expire forgets acting programs idle past their retention (rule 9.1), on read.
+func (p *Policy) expire(now time.Time) {
+	for _, pr := range p.programs {
+		if pr.state == acting && pr.live == 0 && !now.Before(pr.actingSince.Add(p.cfg.SessionRetention)) {
+			p.forget(pr)
+		}
+	}
+}
+
+// clearGone drops the assignments of pool's programs to workers no longer live (rule 9.2).
+func (p *Policy) clearGone(pool string, ws []admission.Worker) {
+	for _, pr := range p.programs {
+		if pr.pool == pool && pr.worker != "" && pr.running == 0 &&
+			!slices.ContainsFunc(ws, func(w admission.Worker) bool { return w.ID == pr.worker }) {
+			pr.worker = ""
+		}
+	}
+}
+
+func (p *Policy) anyPaused(pool string) bool {
+	for _, pr := range p.programs {
+		if pr.pool == pool && pr.state == paused {
+			return true
+		}
+	}
+	return false
+}
+
+// forget removes pr from the ledger (its tracked requests stay tracked until they end).
+func (p *Policy) forget(pr *program) {
+	if p.programs[pr.sid] == pr {
+		delete(p.programs, pr.sid)
+	}
+}
+
+// size is what pr takes on a worker while it reasons: its context (or its turn's prompt, if
+// larger) plus the buffer for its output.
+func (p *Policy) size(pr *program) float64 {
+	return float64(max(pr.tokens, pr.turnTokens) + p.cfg.BufferPerProgram)
+}
+
+// usage is each worker's use by pool's programs (rule 8): a reasoning program its size; an
+// acting one its tokens × acting_token_weight (pause side) or × 2^(−idle/τ) (resume side).
+func (p *Policy) usage(pool string, now time.Time, resumeSide bool) map[string]float64 {
+	used := make(map[string]float64)
+	for _, pr := range p.programs {
+		if pr.pool != pool || pr.worker == "" {
+			continue
+		}
+		switch pr.state {
+		case reasoning:
+			used[pr.worker] += p.size(pr)
+		case acting:
+			used[pr.worker] += p.actingUse(pr, now, resumeSide)
+		}
+	}
+	return used
+}
+
+func (p *Policy) actingUse(pr *program, now time.Time, resumeSide bool) float64 {
+	if !resumeSide {
+		return float64(pr.tokens) * p.cfg.ActingTokenWeight
+	}
+	idle := now.Sub(pr.actingSince)
+	return float64(pr.tokens) * math.Exp2(-float64(idle)/float64(p.cfg.ActingDecayTau))
+}
+
+// resumeKind orders resume candidates: continuing reasoning, then new, then acting.
+func resumeKind(pr *program) int {
+	switch {
+	case pr.pausedFrom == acting:
+		return 2
+	case pr.steps == 0:
+		return 1
+	}
+	return 0
+}
+
+// greedyResume is rule 10: the paused programs, ordered (continuing reasoning, new, acting;
+// fewer tokens, then session id), are resumed as the longest prefix of that order that fits
+// the workers' total headroom below pause_threshold − resume_hysteresis, packed largest
+// first, first fit, onto workers by headroom (most first); workers with no more headroom
+// than one buffer take none.
+func (p *Policy) greedyResume(pool string, ws []admission.Worker, now time.Time) {
+	var cands []*program
+	for _, pr := range p.programs {
+		if pr.pool == pool && pr.state == paused {
+			cands = append(cands, pr)
+		}
+	}
+	if len(cands) == 0 {
+		return
+	}
+	used := p.usage(pool, now, true)
+	ceiling := p.cfg.PauseThreshold - p.cfg.ResumeHysteresis
+	type room struct {
+		id   string
+		left float64
+	}
+	var rooms []room
+	total := 0.0
+	for _, w := range ws {
+		if w.Capacity <= 0 {
+			continue
+		}
+		if left := float64(w.Capacity)*ceiling - used[w.ID]; left > float64(p.cfg.BufferPerProgram) {
+			rooms = append(rooms, room{w.ID, left})
+			total += left
+		}
+	}
+	slices.SortFunc(cands, func(a, b *program) int {
+		return cmp.Or(cmp.Compare(resumeKind(a), resumeKind(b)), cmp.Compare(p.size(a), p.size(b)), cmp.Compare(a.sid, b.sid))
+	})
+	n, sum := 0, 0.0
+	for n < len(cands) && sum+p.size(cands[n]) <= total {
+		sum += p.size(cands[n])
+		n++
+	}
+	set := slices.Clone(cands[:n])
+	slices.SortStableFunc(set, func(a, b *program) int { return cmp.Compare(p.size(b), p.size(a)) })
+	slices.SortStableFunc(rooms, func(a, b room) int { return cmp.Or(cmp.Compare(b.left, a.left), cmp.Compare(a.id, b.id)) })
+	for _, pr := range set {
+		for i := range rooms {
+			if (pr.pin == "" || rooms[i].id == pr.pin) && rooms[i].left >= p.size(pr) {
+				rooms[i].left -= p.size(pr)
+				p.resume(pr, rooms[i].id, now)
+				break
+			}
+		}
+	}
+}
+
+// resume puts a paused program back, on worker.
+func (p *Policy) resume(pr *program, worker string, now time.Time) {
+	pr.state, pr.worker, pr.pausedSince = pr.pausedFrom, worker, time.Time{}
+	if pr.state == acting {
+		pr.actingSince = now // its idle time restarts: retention counts from its resumption
+	}
+}
+
+// forceTimedOut is rule 11: a program paused for resume_timeout is resumed on the worker with
+// the most capacity left after its decayed usage (ties to the lowest id), room or not.
+func (p *Policy) forceTimedOut(pool string, ws []admission.Worker, now time.Time) {
+	var due []*program
+	for _, pr := range p.programs {
+		if pr.pool == pool && pr.state == paused && !now.Before(pr.pausedSince.Add(p.cfg.ResumeTimeout)) {
+			due = append(due, pr)
+		}
+	}
+	if len(due) == 0 || len(ws) == 0 {
+		return
+	}
+	slices.SortFunc(due, func(a, b *program) int { return cmp.Compare(a.seq, b.seq) })
+	used := p.usage(pool, now, true)
+	for _, pr := range due {
+		best, bestLeft := "", 0.0
+		for _, w := range ws {
+			if pr.pin != "" && w.ID != pr.pin {
+				continue // a hard pin is never rerouted
+			}
+			left := float64(w.Capacity) - used[w.ID]
+			if best == "" || left > bestLeft || (left == bestLeft && w.ID < best) {
+				best, bestLeft = w.ID, left
+			}
+		}
+		if best == "" {
+			continue // its pin is gone: it waits for it
+		}
+		p.resume(pr, best, now)
+		used[best] += p.size(pr)
+		p.forced++
+	}
+}
+
+// pauseUntilSafe is rule 12: on each worker over pause_threshold of its capacity, the smallest
+// acting programs are paused (equal sizes in their existing order) until it is at pause_target;
+// if it is still above, every reasoning program there is marked to pause at its next
+// completion. A turn in flight is never preempted.
+func (p *Policy) pauseUntilSafe(pool string, ws []admission.Worker, now time.Time) {
+	used := p.usage(pool, now, false)
+	for _, w := range ws {
+		if w.Capacity <= 0 || used[w.ID] <= float64(w.Capacity)*p.cfg.PauseThreshold {
+			continue
+		}
+		target := float64(w.Capacity) * p.cfg.PauseTarget
+		var actors, reasoners []*program
+		for _, pr := range p.programs {
+			if pr.pool != pool || pr.worker != w.ID {
+				continue
+			}
+			switch pr.state {
+			case acting:
+				actors = append(actors, pr)
+			case reasoning:
+				reasoners = append(reasoners, pr)
+			}
+		}
+		slices.SortFunc(actors, func(a, b *program) int { return cmp.Compare(a.seq, b.seq) })
+		slices.SortStableFunc(actors, func(a, b *program) int { return cmp.Compare(a.tokens, b.tokens) })
+		u := used[w.ID]
+		for _, pr := range actors {
+			if u <= target {
+				break
+			}
+			u -= p.actingUse(pr, now, false)
+			p.pause(pr, acting, now)
+			p.pauses++
+		}
+		if u > target {
+			for _, pr := range reasoners {
+				pr.markPause = true
+			}
+		}
+	}
+}
+
+// Dispatched is Sent: the program is on the worker the request went to.
+func (p *Policy) Dispatched(r *admission.Request, worker string) {
+	pr := p.reqs[r.Key]
+	if pr == nil || p.programs[pr.sid] != pr {
+		return
+	}
+	pr.running, pr.worker, pr.state, pr.pausedSince = r.Key, worker, reasoning, time.Time{}
+	pr.turnTokens = r.PromptTokens
+}
+
+// Moved follows a turn to the worker it went on on.
+func (p *Policy) Moved(r *admission.Request, _, to string) {
+	if pr := p.reqs[r.Key]; pr != nil && pr.running == r.Key {
+		pr.worker = to
+	}
+}
+
+// Completed ends a turn: a whole answer makes the program acting with the answer's context
+// (and pauses it if it was marked); an aborted turn rolls the program back (or removes a new
+// one). A final turn's program is gone already and is not restored.
+func (p *Policy) Completed(r *admission.Request, _ string) {
+	if p.final[r.Key] {
+		delete(p.final, r.Key)
+		return
+	}
+	pr := p.reqs[r.Key]
+	if pr == nil {
+		return
+	}
+	delete(p.reqs, r.Key)
+	pr.live--
+	if pr.running != r.Key || p.programs[pr.sid] != pr {
+		return
+	}
+	pr.running = 0
+	now := p.now()
+	if r.Aborted {
+		p.rollback(pr)
+		return
+	}
+	pr.prior, pr.priorFor = nil, 0
+	pr.state, pr.actingSince = acting, now
+	if r.ContextTokens > 0 {
+		pr.tokens = r.ContextTokens
+	} else {
+		pr.tokens = max(pr.tokens, pr.turnTokens)
+	}
+	pr.turnTokens = 0
+	pr.steps++
+	if pr.markPause {
+		pr.markPause = false
+		p.pause(pr, acting, now)
+		p.pauses++
+	}
+}
+
+// rollback undoes an aborted turn: the program as it was before it, or gone if it was new.
+func (p *Policy) rollback(pr *program) {
+	if pr.prior == nil {
+		if pr.live == 0 {
+			p.forget(pr)
+		} else {
+			pr.state, pr.worker, pr.turnTokens = reasoning, "", 0
+		}
+		return
+	}
+	live := pr.live
+	*pr = *pr.prior
+	pr.live, pr.running, pr.prior, pr.priorFor = live, 0, nil, 0
+}
+
+// Enqueued changes nothing: a waiting turn is counted from Classify.
+func (p *Policy) Enqueued(*admission.Request) {}
+
+// Left is a tracked request that leaves without being dispatched (cancelled, expired,
+// rejected): a program it created and nothing else uses is dropped.
+func (p *Policy) Left(r *admission.Request) {
+	if p.final[r.Key] {
+		delete(p.final, r.Key)
+		return
+	}
+	pr := p.reqs[r.Key]
+	if pr == nil {
+		return
+	}
+	delete(p.reqs, r.Key)
+	pr.live--
+	if pr.live == 0 && pr.steps == 0 && pr.running == 0 && pr.state != acting {
+		p.forget(pr)
+	}
+}
+
+// ProgramView is one program in GET /admin/v1/programs.
+type ProgramView struct {
+	Session     string     `json:"session"` // a keyed hash of the session id, never the id
+	State       string     `json:"state"`
+	Worker      string     `json:"worker,omitempty"`
+	Tokens      int        `json:"tokens"`
+	PausedSince *time.Time `json:"paused_since,omitempty"`
+}
+
+// Programs lists the programs (expired ones excluded), by session hash.
+func (p *Policy) Programs() []ProgramView {
+	now := p.now()
+	out := make([]ProgramView, 0, len(p.programs))
+	for _, pr := range p.programs {
+		if pr.state == acting && pr.live == 0 && !now.Before(pr.actingSince.Add(p.cfg.SessionRetention)) {
+			continue // expired: retention is computed on read
+		}
+		v := ProgramView{Session: p.hash(pr.sid), State: stateNames[pr.state], Worker: pr.worker, Tokens: pr.tokens}
+		if pr.state == paused {
+			t := pr.pausedSince
+			v.PausedSince = &t
+		}
+		out = append(out, v)
+	}
+	slices.SortFunc(out, func(a, b ProgramView) int { return cmp.Compare(a.Session, b.Session) })
+	return out
+}
+
+func (p *Policy) hash(sid string) string {
+	d := xxhash.New()
+	_, _ = d.Write(p.key[:])
+	_, _ = d.WriteString(sid)
+	return strconv.FormatUint(d.Sum64(), 16)
+}
+
+// Stats are the programs by state and the pause and forced-resume counts so far (metrics).
+type Stats struct {
+	Reasoning, Acting, Paused int
+	Pauses, ForcedResumes     uint64
+}
+
+// Stats counts the programs (expired ones excluded).
+func (p *Policy) Stats() Stats {
+	s := Stats{Pauses: p.pauses, ForcedResumes: p.forced}
+	for _, v := range p.Programs() {
+		switch v.State {
+		case StateReasoning:
+			s.Reasoning++
+		case StateActing:
+			s.Acting++
+		case StatePaused:
+			s.Paused++
+		}
+	}
+	return s
+}
+
+// Tracked counts the ledger's entries: 0 once every program ended and every request left.
+func (p *Policy) Tracked() int { return len(p.programs) + len(p.reqs) + len(p.final) }

@@ -1,0 +1,78 @@
+package httpapi_test
+
+import (
+	"encoding/json"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/tlgw/tlgw/actors/request"
+	httpapi "github.com/tlgw/tlgw/adapters/http"
+)
+
+// TestSessionFinalHeader (R15.1): X-TL-Session-Final: true marks the exchange as its session's
+// last turn; "false" or no header does not; any other value is a 400 invalid_request naming
+// the header, and reaches no engine. Without a session id the header is accepted (and means
+// nothing to the policies).
+func TestSessionFinalHeader(t *testing.T) {
+	var mu sync.Mutex
+	var seen []*request.Exchange
+	s := newStack(t, stackOpt{keys: testKeys,
+		admission: httpapi.Admission{Enabled: true, DefaultClass: "default", AllowHeader: map[string]bool{"default": false}},
+		served: func(x *request.Exchange) {
+			mu.Lock()
+			defer mu.Unlock()
+			seen = append(seen, x)
+		}})
+	e := jsonEngine(t, "w1")
+	s.beat("w1", "smol", e)
+	body := `{"model":"smol","prompt":"hi"}`
+	for _, c := range []struct {
+		name  string
+		hdr   []string
+		final bool
+	}{
+		{"final", []string{"X-Session-ID", "alice", "X-TL-Session-Final", "true"}, true},
+		{"not final", []string{"X-Session-ID", "alice", "X-TL-Session-Final", "false"}, false},
+		{"absent", []string{"X-Session-ID", "alice"}, false},
+		{"no session", []string{"X-TL-Session-Final", "true"}, true},
+	} {
+		mu.Lock()
+		seen = nil
+		mu.Unlock()
+		resp, b := s.do(t, "POST", "/v1/completions", "sk-inference", body, c.hdr...)
+		if resp.StatusCode != 200 {
+			t.Fatalf("%s: %d %s, want 200", c.name, resp.StatusCode, b)
+		}
+		mu.Lock()
+		if len(seen) != 1 || seen[0].SessionFinal != c.final {
+			t.Fatalf("%s: %d exchanges, want one with SessionFinal %v", c.name, len(seen), c.final)
+		}
+		mu.Unlock()
+	}
+	calls := len(e.calls())
+	for _, v := range []string{"yes", "TRUE", "1", "True"} {
+		mu.Lock()
+		seen = nil
+		mu.Unlock()
+		resp, b := s.do(t, "POST", "/v1/completions", "sk-inference", body, "X-Session-ID", "alice", "X-TL-Session-Final", v)
+		if resp.StatusCode != 400 || errCode(t, b) != "invalid_request" {
+			t.Fatalf("%q: %d %s, want 400 invalid_request", v, resp.StatusCode, b)
+		}
+		var eb struct {
+			Error struct{ Message string } `json:"error"`
+		}
+		if err := json.Unmarshal(b, &eb); err != nil || !strings.Contains(eb.Error.Message, "X-TL-Session-Final") {
+			t.Fatalf("%q: the error %s does not name X-TL-Session-Final", v, b)
+		}
+		mu.Lock()
+		if len(seen) != 0 {
+			t.Fatalf("%q: the request was served", v)
+		}
+		mu.Unlock()
+	}
+	if n := len(e.calls()); n != calls {
+		t.Fatalf("bad headers reached the engine %d times", n-calls)
+	}
+	s.InFlight("w1", 0)
+}
