@@ -290,3 +290,8 @@ func (g *Gateway) Drain(model string, drained bool) (*registry.DrainResult, erro
 func (g *Gateway) Queue() (*router.QueueView, error) {
 	return ask[*router.QueueView](g, g.Router, &router.GetQueue{})
 }
+
+// Programs returns the admission classifier's agent programs (GET /admin/v1/programs).
+func (g *Gateway) Programs() (*router.ProgramList, error) {
+	return ask[*router.ProgramList](g, g.Router, &router.GetPrograms{})
+}

@@ -49,6 +49,8 @@ type admitter struct {
 	decided [2]prometheus.Counter
 	// lengthGauges are the queue-length gauges in the order the queue reports them (gauges).
 	lengthGauges []lengthGauge
+	// progs is the policy's programs and their metrics; nil when the policy keeps none.
+	progs *programTracker
 }
 
 // host returns the queue's Host for the message at hand, whose effects are fx.
@@ -86,6 +88,7 @@ func newAdmitter(cfg *AdmissionConfig, clk clock.Clock, m admissionMetrics, v *w
 		}
 	}
 	a.q = admission.New(qc)
+	a.progs = newProgramTracker(qc.Policy, &a.metrics)
 	return a
 }
 
@@ -266,7 +269,8 @@ func (a *admitter) queueView() *QueueView {
 	return &QueueView{Enabled: true, Snapshot: a.q.Snapshot()}
 }
 
-// gauges refreshes the queue-length gauges. It runs twice per admitted request: the gauges
+// gauges refreshes the queue-length gauges, and the program series of a policy that keeps
+// programs. It runs twice per admitted request: the gauges
 // are resolved once and kept in the order the queue reports them (a class or kind that is not
 // where it was is resolved again).
 func (a *admitter) gauges() {
@@ -282,6 +286,9 @@ func (a *admitter) gauges() {
 		lg.g.Set(float64(n))
 		i++
 	})
+	if a.progs != nil {
+		a.progs.refresh()
+	}
 }
 
 // lengthGauge is one queue-length gauge, resolved.
@@ -392,10 +399,16 @@ type admissionMetrics struct {
 	queueWait       *prometheus.HistogramVec
 	gateDecisions   *prometheus.CounterVec
 	queueRejections *prometheus.CounterVec
+	// The program series (R15.1) are registered, and the three states resolved at 0, whatever
+	// the policy: every gateway exports them, and only a policy that keeps programs (a
+	// programLister: thunderagent) moves them.
+	programs             *prometheus.GaugeVec // by state
+	programPauses        prometheus.Counter
+	programForcedResumes prometheus.Counter
 }
 
 func newAdmissionMetrics() admissionMetrics {
-	return admissionMetrics{
+	m := admissionMetrics{
 		queueLength: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "tlgw_queue_length", Help: "Requests waiting in the admission queue by class and lane kind.",
 		}, []string{"class", "lane_kind"}),
@@ -409,5 +422,18 @@ func newAdmissionMetrics() admissionMetrics {
 		queueRejections: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tlgw_queue_rejections_total", Help: "Requests the queue rejected by class and reason (queue_full, queue_timeout, classifier_failed, refused).",
 		}, []string{"class", "reason"}),
+		programs: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "tlgw_programs", Help: "Agent programs the admission classifier keeps, by state (reasoning, acting, paused).",
+		}, []string{"state"}),
+		programPauses: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tlgw_program_pauses_total", Help: "Agent programs paused because their worker's programs outgrew its KV capacity.",
+		}),
+		programForcedResumes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tlgw_program_forced_resumes_total", Help: "Paused agent programs resumed after resume_timeout, room or not.",
+		}),
 	}
+	for _, s := range programStates {
+		m.programs.WithLabelValues(s)
+	}
+	return m
 }

@@ -6,6 +6,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 
 	"github.com/tlgw/tlgw/actors/router/admission"
+	"github.com/tlgw/tlgw/actors/router/admission/thunderagent"
 	"github.com/tlgw/tlgw/actors/router/policy"
 	"github.com/tlgw/tlgw/internal/cascade"
 	"github.com/tlgw/tlgw/internal/config"
@@ -193,6 +194,21 @@ type GetQueue struct{}
 type QueueView struct {
 	Enabled  bool
 	Snapshot admission.Snapshot
+}
+
+// GetPrograms asks for the agent programs of the admission classifier (SPEC R15.1, GET
+// /admin/v1/programs); the reply is *ProgramList.
+type GetPrograms struct{}
+
+// ProgramList answers GetPrograms.
+type ProgramList struct {
+	// Classifier is the admission policy's name ("" when admission is off).
+	Classifier string
+	// Tracks: the classifier keeps programs (thunderagent). A classifier that does not has
+	// an empty list, as has one that keeps none now.
+	Tracks bool
+	// Programs are by session hash; never nil.
+	Programs []thunderagent.ProgramView
 }
 
 // Picked answers Pick. On success the router has sent Worker (and Prefill.Worker for a

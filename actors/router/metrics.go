@@ -33,7 +33,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m.admission = newAdmissionMetrics()
 	if reg != nil {
 		a := m.admission
-		reg.MustRegister(m.decisions, m.workers, m.ejections, a.queueLength, a.queueWait, a.gateDecisions, a.queueRejections)
+		reg.MustRegister(m.decisions, m.workers, m.ejections, a.queueLength, a.queueWait, a.gateDecisions, a.queueRejections,
+			a.programs, a.programPauses, a.programForcedResumes)
 	}
 	return m
 }

@@ -1,6 +1,7 @@
 package router
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"testing"
@@ -12,6 +13,7 @@ import (
 	"github.com/tlgw/tlgw/actors/router/admission/coldpool"
 	"github.com/tlgw/tlgw/actors/router/admission/sessionserial"
 	"github.com/tlgw/tlgw/internal/config"
+	"github.com/tlgw/tlgw/internal/errs"
 )
 
 // checkedPolicy wraps a policy (nil: the default classifier) and checks the gate's contract
@@ -29,6 +31,7 @@ type checkedPolicy struct {
 	on      map[uint64]string             // where each runs
 	events  map[uint64][]string
 	fail    func(format string, args ...any)
+	tw      *thunderWatch // the thunderagent policy's own checks (nil: another policy)
 }
 
 var (
@@ -49,6 +52,10 @@ func checked(inner admission.Policy) *checkedPolicy {
 }
 
 func (p *checkedPolicy) Classify(r *admission.Request, route []string, cached func([]string) int) {
+	if p.tw != nil {
+		p.tw.classify(p, r, route, cached)
+		return
+	}
 	if p.inner != nil {
 		p.inner.Classify(r, route, cached)
 	}
@@ -62,7 +69,11 @@ func (p *checkedPolicy) Check(r *admission.Request, v admission.View) admission.
 	if p.gate == nil {
 		return admission.Decision{Go: true}
 	}
-	return p.gate.Check(r, v)
+	d := p.gate.Check(r, v)
+	if p.tw != nil {
+		p.tw.checked(r, d)
+	}
+	return d
 }
 
 func (p *checkedPolicy) placed(r *admission.Request, w string) {
@@ -89,6 +100,9 @@ func (p *checkedPolicy) Dispatched(r *admission.Request, w string) {
 		if s := p.r.st.view.slots[w]; s != nil && s.load() > p.r.st.adm.threshold {
 			p.fail("request %d dispatched to %s at load %d over threshold %d", r.Key, w, s.load()-1, p.r.st.adm.threshold)
 		}
+	}
+	if p.tw != nil {
+		p.tw.dispatched(p, r)
 	}
 	p.placed(r, w)
 	p.running[r.Key], p.on[r.Key] = r, w
@@ -153,6 +167,7 @@ type modelRequest struct {
 	session  string
 	id       string
 	prompt   int
+	final    bool // the session's last turn (thunderagent runs only)
 	exclude  []string
 	outcome  int     // answers that ended its admission (a *Picked to its first pick)
 	holding  *Picked // the pick whose tickets it holds
@@ -185,31 +200,42 @@ func TestAdmissionRouterModel(t *testing.T) {
 				SoftDrainTimeout: time.Duration(rapid.IntRange(0, 2).Draw(rt, "soft_drain_s")) * time.Second,
 				SteerWarm:        rapid.Bool().Draw(rt, "steer_warm"), QueueLimit: 4, MaxWait: 5 * time.Second}, nil)
 		}
-		pol := checked(inner)
-		cfg := admissionCfg(pol, threshold)
-		cfg.Queue.Classes = []admission.ClassConfig{
-			{Name: "default", Quantum: 2, QueueLimit: 6, MaxWait: 10 * time.Second},
-			{Name: "batch", Quantum: 1, QueueLimit: rapid.IntRange(0, 3).Draw(rt, "batch_limit"), MaxWait: 4 * time.Second},
-		}
-		r := newRig(rt, Config{Admission: cfg, Routes: []config.Route{routeOf("r", "nobody")}})
-		pol.r = r
-		r.onMessage = func() { pol.base = pol.asks }
-		pol.fail = func(format string, args ...any) { rt.Fatalf(format, args...) }
-		m := &routerModel{r: r, pol: pol, t: rt}
-		rt.Repeat(map[string]func(*rapid.T){
-			"admit":    m.admit,
-			"finish":   m.finish,
-			"cancel":   m.cancel,
-			"failover": m.failover,
-			"repeat":   m.repeat,
-			"join":     m.join,
-			"leave":    m.leave,
-			"drain":    m.drain,
-			"advance":  m.advance,
-			"":         m.check,
-		})
-		m.drainAll()
+		runRouterModel(rt, checked(inner), threshold)
 	})
+}
+
+// runRouterModel runs one sequence of the model with pol and busy threshold.
+func runRouterModel(rt *rapid.T, pol *checkedPolicy, threshold int64) {
+	cfg := admissionCfg(pol, threshold)
+	cfg.Queue.Classes = []admission.ClassConfig{
+		{Name: "default", Quantum: 2, QueueLimit: 6, MaxWait: 10 * time.Second},
+		{Name: "batch", Quantum: 1, QueueLimit: rapid.IntRange(0, 3).Draw(rt, "batch_limit"), MaxWait: 4 * time.Second},
+	}
+	r := newRig(rt, Config{Admission: cfg, Routes: []config.Route{routeOf("r", "nobody")}})
+	pol.r = r
+	if pol.tw != nil {
+		pol.tw.r = r
+	}
+	r.onMessage = func() { pol.base = pol.asks }
+	pol.fail = func(format string, args ...any) { rt.Fatalf(format, args...) }
+	m := &routerModel{r: r, pol: pol, t: rt, tw: pol.tw}
+	actions := map[string]func(*rapid.T){
+		"admit":    m.admit,
+		"finish":   m.finish,
+		"cancel":   m.cancel,
+		"failover": m.failover,
+		"repeat":   m.repeat,
+		"join":     m.join,
+		"leave":    m.leave,
+		"drain":    m.drain,
+		"advance":  m.advance,
+		"":         m.check,
+	}
+	if m.tw != nil {
+		m.thunderActions(actions)
+	}
+	rt.Repeat(actions)
+	m.drainAll()
 }
 
 type routerModel struct {
@@ -218,6 +244,7 @@ type routerModel struct {
 	t    *rapid.T
 	reqs []*modelRequest
 	ids  int
+	tw   *thunderWatch // thunderagent runs: its sessions, capacities and ends
 }
 
 var modelWorkers = []string{"a1", "a2", "a3", "b1", "b2"}
@@ -247,10 +274,16 @@ func (m *routerModel) collect() {
 		for _, a := range q.q.answers() {
 			switch v := a.(type) {
 			case *Queued:
+				if m.tw != nil && m.tw.refused[q.q.key] {
+					m.t.Fatalf("request %d refused by the policy but queued", q.q.key)
+				}
 				if q.outcome > 0 {
 					m.t.Fatalf("request %d queued after its outcome", q.q.key)
 				}
 			case *Picked:
+				if m.tw != nil && m.tw.refused[q.q.key] && !errors.Is(v.Err, errs.ErrQueueFull) {
+					m.t.Fatalf("request %d refused by the policy answered %v, want queue_full", q.q.key, v.Err)
+				}
 				q.answered[v.Tag]++
 				if q.answered[v.Tag] > 1 {
 					m.t.Fatalf("request %d answered twice for pick %d", q.q.key, v.Tag)
@@ -280,11 +313,18 @@ func (m *routerModel) admit(t *rapid.T) {
 		return // enough requests live
 	}
 	m.ids++
+	sessions, prompts := []string{"", "", "s1", "s2"}, []int{10, 1000}
+	if m.tw != nil {
+		sessions, prompts = thunderSessions, thunderPrompts
+	}
 	q := &modelRequest{q: m.r.newRequester(), answered: map[uint64]int{},
 		model:   rapid.SampledFrom([]string{"a", "a", "b", "r", "zzz"}).Draw(t, "model"),
-		session: rapid.SampledFrom([]string{"", "", "s1", "s2"}).Draw(t, "session"),
+		session: rapid.SampledFrom(sessions).Draw(t, "session"),
 		id:      rapid.SampledFrom([]string{"dup", fmt.Sprint("id-", m.ids)}).Draw(t, "request_id"),
-		prompt:  rapid.SampledFrom([]int{10, 1000}).Draw(t, "prompt_tokens"),
+		prompt:  rapid.SampledFrom(prompts).Draw(t, "prompt_tokens"),
+	}
+	if m.tw != nil {
+		q.final = rapid.SampledFrom([]bool{false, false, false, true}).Draw(t, "final")
 	}
 	class := rapid.SampledFrom([]string{"", "batch"}).Draw(t, "class")
 	m.reqs = append(m.reqs, q)
@@ -294,8 +334,12 @@ func (m *routerModel) admit(t *rapid.T) {
 func (m *routerModel) pick(q *modelRequest, class string) {
 	q.q.tag++
 	m.r.deliver(q.q.pid, &Pick{Model: q.model, RequestID: q.id, Key: q.q.key, Requester: q.q.pid, Tag: q.q.tag,
-		Exclude: slices.Clone(q.exclude), Admit: &AdmitInfo{Class: class, SessionID: q.session, PromptTokens: q.prompt}})
+		Exclude: slices.Clone(q.exclude), Admit: &AdmitInfo{Class: class, SessionID: q.session, PromptTokens: q.prompt, Final: q.final}})
+	key := q.q.key
 	m.collect()
+	if m.tw != nil && m.tw.refused[key] && q.q != nil {
+		m.t.Fatalf("request %d refused by the policy but not answered at once", key)
+	}
 }
 
 func (m *routerModel) pickLive(t *rapid.T, ok func(*modelRequest) bool) *modelRequest {
@@ -320,7 +364,11 @@ func (m *routerModel) finish(t *rapid.T) {
 	if q.holding != nil {
 		q.q.release(q.holding)
 	}
-	m.stop(q)
+	aborted := false
+	if m.tw != nil {
+		aborted = rapid.SampledFrom([]bool{false, false, true}).Draw(t, "aborted")
+	}
+	m.end(q, aborted)
 }
 
 // cancel stops a request that has no outcome yet (its client left while it waited).
@@ -330,8 +378,17 @@ func (m *routerModel) cancel(t *rapid.T) {
 	}
 }
 
-func (m *routerModel) stop(q *modelRequest) {
-	q.q.stop()
+// stop ends a request without a whole answer (cancelled, failed).
+func (m *routerModel) stop(q *modelRequest) { m.end(q, true) }
+
+// end ends a request: the router is told it finished (under thunderagent, with what its
+// answer cost and whether it was aborted).
+func (m *routerModel) end(q *modelRequest, aborted bool) {
+	if m.tw == nil {
+		q.q.stop()
+	} else {
+		endRequest(q.q, rapid.SampledFrom([]int64{0, 100, 1500, 5000}).Draw(m.t, "answer_tokens"), aborted)
+	}
 	q.q = nil
 	m.collect()
 }
@@ -363,6 +420,10 @@ func (m *routerModel) repeat(t *rapid.T) {
 
 func (m *routerModel) join(t *rapid.T) {
 	id := rapid.SampledFrom(modelWorkers).Draw(t, "worker")
+	if m.tw != nil {
+		m.joinKV(t, id)
+		return
+	}
 	m.r.join(id, modelOf(id), rapid.Int64Range(0, 2).Draw(t, "queue_depth"))
 	m.collect()
 }
@@ -420,11 +481,17 @@ func (m *routerModel) check(t *rapid.T) {
 			t.Fatalf("request %d has no outcome and is not queued", q.q.key)
 		}
 	}
+	if m.tw != nil {
+		m.tw.checkLedger(t)
+	}
 }
 
 // drainAll ends every request and checks that nothing is left anywhere.
 func (m *routerModel) drainAll() {
 	for _, q := range m.live() {
+		if q.q == nil {
+			continue // ended meanwhile (an earlier end answered it)
+		}
 		if q.holding != nil {
 			q.q.release(q.holding)
 		}
@@ -437,8 +504,11 @@ func (m *routerModel) drainAll() {
 	if len(m.pol.running) != 0 {
 		m.t.Fatalf("the gate still counts %d requests running", len(m.pol.running))
 	}
+	if m.tw != nil {
+		m.expireAll() // every program ends by its final turn or its expiry
+	}
 	if tr, ok := m.pol.inner.(interface{ Tracked() int }); ok && tr.Tracked() != 0 {
-		m.t.Fatalf("the policy's ledgers still hold %d entries", tr.Tracked())
+		m.t.Fatalf("the policy's ledgers still hold %d entries%s", tr.Tracked(), m.tw.describe())
 	}
 	for _, w := range m.r.workers {
 		if len(w.holds) != 0 || m.r.inFlight(w.info.ID) > 0 {

@@ -160,6 +160,8 @@ func (st *state) handle(msg any, fx effects) {
 		st.adm.tick(fx)
 	case *GetQueue:
 		fx.respond(st.adm.queueView())
+	case *GetPrograms:
+		fx.respond(st.adm.programList())
 	case *ListWorkers:
 		fx.respond(st.view.list(st.table.epoch))
 	case *GetRoutes:

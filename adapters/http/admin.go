@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tlgw/tlgw/actors/router/admission/thunderagent"
 	"github.com/tlgw/tlgw/internal/config"
 	"github.com/tlgw/tlgw/internal/errs"
 )
@@ -256,6 +257,27 @@ func (s *Server) getQueue(w http.ResponseWriter, _ *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"enabled": true, "classes": v.Snapshot.Classes})
+}
+
+// getPrograms serves GET /admin/v1/programs (R15.1): the admission classifier's agent
+// programs (session hash, state, worker, tokens, paused_since), by session hash. The
+// classifier is named (null when admission is off), with whether it keeps programs at all:
+// one that does not answers an empty list.
+func (s *Server) getPrograms(w http.ResponseWriter, _ *http.Request) {
+	v, err := s.core.Programs()
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	var classifier *string
+	if v.Classifier != "" {
+		classifier = &v.Classifier
+	}
+	ps := v.Programs
+	if ps == nil {
+		ps = []thunderagent.ProgramView{}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"classifier": classifier, "tracks_programs": v.Tracks, "programs": ps})
 }
 
 func (s *Server) writeStatic(w http.ResponseWriter, epoch uint64, ws []config.StaticWorker) {

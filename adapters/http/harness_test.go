@@ -43,14 +43,21 @@ type stackOpt struct {
 	// served, when set, sees each exchange before its request actor does.
 	admission httpapi.Admission
 	served    func(*request.Exchange)
+	// routerAdmission turns the router's admission queue on (and the request actors' admitted
+	// picks with it).
+	routerAdmission *router.AdmissionConfig
 }
 
 func newStack(t *testing.T, o stackOpt) *stack {
 	t.Helper()
 	reg := prometheus.NewRegistry()
-	h := gwtest.New(t, gwtest.WithRoutes(o.routes...), gwtest.WithRouterMetrics(reg))
+	opts := []gwtest.Option{gwtest.WithRoutes(o.routes...), gwtest.WithRouterMetrics(reg)}
+	if o.routerAdmission != nil {
+		opts = append(opts, gwtest.WithAdmission(o.routerAdmission))
+	}
+	h := gwtest.New(t, opts...)
 	deps := &request.Deps{
-		Router: h.GW.Router, Transport: httpapi.NewTransport(), MaxAttempts: 3,
+		Router: h.GW.Router, Transport: httpapi.NewTransport(), MaxAttempts: 3, Admission: o.routerAdmission != nil,
 		Metrics: request.NewMetrics(reg), Logger: quietLogger(), Errors: httpapi.ErrorWriter{},
 		Engines: o.engines,
 	}

@@ -35,6 +35,7 @@ type Core interface {
 	Routable() (int, error)
 	Drain(model string, drained bool) (*registry.DrainResult, error)
 	Queue() (*router.QueueView, error)
+	Programs() (*router.ProgramList, error)
 }
 
 // StaticWorkers is the table of static (scraped) workers behind
@@ -250,6 +251,8 @@ func (s *Server) serveAdmin(w http.ResponseWriter, r *http.Request) {
 		s.only(w, r, http.MethodGet, s.listWorkers)
 	case path == "/admin/v1/queue":
 		s.only(w, r, http.MethodGet, s.getQueue)
+	case path == "/admin/v1/programs":
+		s.only(w, r, http.MethodGet, s.getPrograms)
 	case path == "/admin/v1/static-workers" && s.static != nil:
 		switch r.Method {
 		case http.MethodGet, http.MethodHead:

@@ -74,6 +74,7 @@ type program struct {
 	// it). priorFor is the request it was taken for.
 	prior    *program
 	priorFor uint64
+	gone     bool // forgotten (still in Policy.list until it is compacted)
 	// pin is the one worker its turns may go to (a request allowed on one worker only: a hard
 	// pin, never rerouted), "" when none.
 	pin string
@@ -84,12 +85,16 @@ type Policy struct {
 	cfg      Config
 	now      func() time.Time
 	programs map[string]*program // by session id
-	reqs     map[uint64]*program // tracked requests (request key) → their program
-	final    map[uint64]bool     // tracked final turns, whose program is already gone
-	seq      uint64
-	key      [16]byte // for the admin view's session hashes
-	pauses   uint64
-	forced   uint64
+	// list is the programs in creation order (forgotten ones marked gone until compacted):
+	// every pass over the programs walks it, so sums and choices do not depend on map order.
+	list   []*program
+	ngone  int
+	reqs   map[uint64]*program // tracked requests (request key) → their program
+	final  map[uint64]bool     // tracked final turns, whose program is already gone
+	seq    uint64
+	key    [16]byte // for the admin view's session hashes
+	pauses uint64
+	forced uint64
 }
 
 var (
@@ -136,6 +141,7 @@ func (p *Policy) Classify(r *admission.Request, _ []string, _ func([]string) int
 		p.seq++
 		pr = &program{sid: r.SessionID, pool: r.Pool, seq: p.seq, state: reasoning, tokens: r.PromptTokens}
 		p.programs[r.SessionID] = pr
+		p.list = append(p.list, pr)
 	}
 	if len(r.Allowed) == 1 {
 		pr.pin = r.Allowed[0]
@@ -148,7 +154,7 @@ func (p *Policy) Classify(r *admission.Request, _ []string, _ func([]string) int
 // request queued or running; false when every program has one.
 func (p *Policy) evictOne() bool {
 	var victim *program
-	for _, pr := range p.programs {
+	for pr := range p.all() {
 		if pr.live > 0 {
 			continue
 		}
@@ -160,8 +166,19 @@ func (p *Policy) evictOne() bool {
 	if victim == nil {
 		return false
 	}
-	delete(p.programs, victim.sid)
+	p.forget(victim)
 	return true
+}
+
+// all yields the programs in creation order.
+func (p *Policy) all() func(yield func(*program) bool) {
+	return func(yield func(*program) bool) {
+		for _, pr := range p.list {
+			if !pr.gone && !yield(pr) {
+				return
+			}
+		}
+	}
 }
 
 // Check decides a lane head, settling the ledger first (see the package comment).
@@ -181,7 +198,7 @@ func (p *Policy) Check(head *admission.Request, v admission.View) admission.Deci
 	ws := v.Workers()
 	p.expire(now)
 	p.clearGone(pr.pool, ws)
-	if pr.running != 0 && pr.running != head.Key {
+	if turn := p.turnOf(pr); turn != 0 && turn != head.Key {
 		return admission.Decision{Wait: WaitTurn, SessionOnly: true} // rule 4
 	}
 	if pr.priorFor != head.Key {
@@ -205,6 +222,19 @@ func (p *Policy) Check(head *admission.Request, v admission.View) admission.Deci
 		d.Until = p.holdUntil(pr, now)
 	}
 	return d
+}
+
+// turnOf is the program's current turn (0: none): the one running, else the one decided and
+// not yet ended. Rule 4 holds every other turn of the program, also one waiting in another
+// class's lane, so a decision is never taken over a decision not yet settled.
+func (p *Policy) turnOf(pr *program) uint64 {
+	if pr.running != 0 {
+		return pr.running
+	}
+	if pr.priorFor != 0 && p.reqs[pr.priorFor] == pr {
+		return pr.priorFor
+	}
+	return 0
 }
 
 // admit is rule 5 for the head of program pr; decided is false when it was deferred.
@@ -297,8 +327,8 @@ func (p *Policy) holdUntil(pr *program, now time.Time) time.Time {
 	if pr.state == paused {
 		at = pr.pausedSince.Add(p.cfg.ResumeTimeout)
 	}
-	for _, x := range p.programs {
-		if x.state == acting && x.live == 0 {
+	for x := range p.all() {
+		if (x.state == acting || x.state == paused && x.pausedFrom == acting) && x.live == 0 {
 			if d := x.actingSince.Add(p.cfg.SessionRetention); d.After(now) && (at.IsZero() || d.Before(at)) {
 				at = d
 			}
@@ -309,8 +339,8 @@ func (p *Policy) holdUntil(pr *program, now time.Time) time.Time {
 
 // expire forgets acting programs idle past their retention (rule 9.1), on read.
 func (p *Policy) expire(now time.Time) {
-	for _, pr := range p.programs {
-		if pr.state == acting && pr.live == 0 && !now.Before(pr.actingSince.Add(p.cfg.SessionRetention)) {
+	for pr := range p.all() {
+		if p.expired(pr, now) {
 			p.forget(pr)
 		}
 	}
@@ -318,7 +348,7 @@ func (p *Policy) expire(now time.Time) {
 
 // clearGone drops the assignments of pool's programs to workers no longer live (rule 9.2).
 func (p *Policy) clearGone(pool string, ws []admission.Worker) {
-	for _, pr := range p.programs {
+	for pr := range p.all() {
 		if pr.pool == pool && pr.worker != "" && pr.running == 0 &&
 			!slices.ContainsFunc(ws, func(w admission.Worker) bool { return w.ID == pr.worker }) {
 			pr.worker = ""
@@ -327,7 +357,7 @@ func (p *Policy) clearGone(pool string, ws []admission.Worker) {
 }
 
 func (p *Policy) anyPaused(pool string) bool {
-	for _, pr := range p.programs {
+	for pr := range p.all() {
 		if pr.pool == pool && pr.state == paused {
 			return true
 		}
@@ -337,8 +367,14 @@ func (p *Policy) anyPaused(pool string) bool {
 
 // forget removes pr from the ledger (its tracked requests stay tracked until they end).
 func (p *Policy) forget(pr *program) {
-	if p.programs[pr.sid] == pr {
-		delete(p.programs, pr.sid)
+	if p.programs[pr.sid] != pr || pr.gone {
+		return
+	}
+	delete(p.programs, pr.sid)
+	pr.gone = true
+	if p.ngone++; p.ngone > len(p.list)/2 {
+		p.list = slices.DeleteFunc(p.list, func(x *program) bool { return x.gone })
+		p.ngone = 0
 	}
 }
 
@@ -352,7 +388,7 @@ func (p *Policy) size(pr *program) float64 {
 // acting one its tokens × acting_token_weight (pause side) or × 2^(−idle/τ) (resume side).
 func (p *Policy) usage(pool string, now time.Time, resumeSide bool) map[string]float64 {
 	used := make(map[string]float64)
-	for _, pr := range p.programs {
+	for pr := range p.all() {
 		if pr.pool != pool || pr.worker == "" {
 			continue
 		}
@@ -374,10 +410,11 @@ func (p *Policy) actingUse(pr *program, now time.Time, resumeSide bool) float64 
 	return float64(pr.tokens) * math.Exp2(-float64(idle)/float64(p.cfg.ActingDecayTau))
 }
 
-// resumeKind orders resume candidates: continuing reasoning, then new, then acting.
-func resumeKind(pr *program) int {
+// resumeKind orders resume candidates: continuing reasoning (a later turn waits), then new
+// (a first turn waits), then acting (no turn waits).
+func (p *Policy) resumeKind(pr *program) int {
 	switch {
-	case pr.pausedFrom == acting:
+	case !p.waiting(pr):
 		return 2
 	case pr.steps == 0:
 		return 1
@@ -392,7 +429,7 @@ func resumeKind(pr *program) int {
 // than one buffer take none.
 func (p *Policy) greedyResume(pool string, ws []admission.Worker, now time.Time) {
 	var cands []*program
-	for _, pr := range p.programs {
+	for pr := range p.all() {
 		if pr.pool == pool && pr.state == paused {
 			cands = append(cands, pr)
 		}
@@ -418,7 +455,7 @@ func (p *Policy) greedyResume(pool string, ws []admission.Worker, now time.Time)
 		}
 	}
 	slices.SortFunc(cands, func(a, b *program) int {
-		return cmp.Or(cmp.Compare(resumeKind(a), resumeKind(b)), cmp.Compare(p.size(a), p.size(b)), cmp.Compare(a.sid, b.sid))
+		return cmp.Or(cmp.Compare(p.resumeKind(a), p.resumeKind(b)), cmp.Compare(p.size(a), p.size(b)), cmp.Compare(a.sid, b.sid))
 	})
 	n, sum := 0, 0.0
 	for n < len(cands) && sum+p.size(cands[n]) <= total {
@@ -439,19 +476,25 @@ func (p *Policy) greedyResume(pool string, ws []admission.Worker, now time.Time)
 	}
 }
 
-// resume puts a paused program back, on worker.
-func (p *Policy) resume(pr *program, worker string, now time.Time) {
+// resume puts a paused program back, on worker: as reasoning when a turn of it waits (that
+// turn goes next, and a reasoning program is never paused before its turn completes), else as
+// what it was. An acting program's retention still counts from its last completed turn, so
+// an idle program paused and resumed over and over expires.
+func (p *Policy) resume(pr *program, worker string, _ time.Time) {
 	pr.state, pr.worker, pr.pausedSince = pr.pausedFrom, worker, time.Time{}
-	if pr.state == acting {
-		pr.actingSince = now // its idle time restarts: retention counts from its resumption
+	if p.waiting(pr) {
+		pr.state = reasoning
 	}
 }
+
+// waiting reports whether a turn of pr waits (tracked, not running).
+func (p *Policy) waiting(pr *program) bool { return pr.live > 0 && pr.running == 0 }
 
 // forceTimedOut is rule 11: a program paused for resume_timeout is resumed on the worker with
 // the most capacity left after its decayed usage (ties to the lowest id), room or not.
 func (p *Policy) forceTimedOut(pool string, ws []admission.Worker, now time.Time) {
 	var due []*program
-	for _, pr := range p.programs {
+	for pr := range p.all() {
 		if pr.pool == pool && pr.state == paused && !now.Before(pr.pausedSince.Add(p.cfg.ResumeTimeout)) {
 			due = append(due, pr)
 		}
@@ -493,7 +536,7 @@ func (p *Policy) pauseUntilSafe(pool string, ws []admission.Worker, now time.Tim
 		}
 		target := float64(w.Capacity) * p.cfg.PauseTarget
 		var actors, reasoners []*program
-		for _, pr := range p.programs {
+		for pr := range p.all() {
 			if pr.pool != pool || pr.worker != w.ID {
 				continue
 			}
@@ -579,19 +622,18 @@ func (p *Policy) Completed(r *admission.Request, _ string) {
 	}
 }
 
-// rollback undoes an aborted turn: the program as it was before it, or gone if it was new.
+// rollback undoes an aborted turn: the program as it was before it, or gone if it was new
+// (and nothing else of it waits).
 func (p *Policy) rollback(pr *program) {
 	if pr.prior == nil {
-		if pr.live == 0 {
-			p.forget(pr)
-		} else {
-			pr.state, pr.worker, pr.turnTokens = reasoning, "", 0
-		}
+		pr.state, pr.worker, pr.turnTokens, pr.priorFor = reasoning, "", 0, 0
+		p.settleIdle(pr)
 		return
 	}
 	live := pr.live
 	*pr = *pr.prior
 	pr.live, pr.running, pr.prior, pr.priorFor = live, 0, nil, 0
+	p.settleIdle(pr)
 }
 
 // Enqueued changes nothing: a waiting turn is counted from Classify.
@@ -610,8 +652,31 @@ func (p *Policy) Left(r *admission.Request) {
 	}
 	delete(p.reqs, r.Key)
 	pr.live--
-	if pr.live == 0 && pr.steps == 0 && pr.running == 0 && pr.state != acting {
+	if p.programs[pr.sid] != pr {
+		return
+	}
+	if pr.priorFor == r.Key {
+		// It was decided (released, or deferred) and never ran: as an aborted turn, the
+		// program goes back to what it was before, or away if it was new.
+		p.rollback(pr)
+		return
+	}
+	p.settleIdle(pr)
+}
+
+// settleIdle puts a program none of whose turns is tracked any more between turns: a new
+// one is forgotten; one marked reasoning (resumed for a turn that then left, or rolled back to
+// such a moment) is acting again as its last completed turn left it, so it expires like any
+// idle program.
+func (p *Policy) settleIdle(pr *program) {
+	if pr.live > 0 || pr.running != 0 {
+		return
+	}
+	switch {
+	case pr.steps == 0 && pr.state != acting:
 		p.forget(pr)
+	case pr.state == reasoning:
+		pr.state, pr.turnTokens, pr.markPause = acting, 0, false
 	}
 }
 
@@ -628,9 +693,9 @@ type ProgramView struct {
 func (p *Policy) Programs() []ProgramView {
 	now := p.now()
 	out := make([]ProgramView, 0, len(p.programs))
-	for _, pr := range p.programs {
-		if pr.state == acting && pr.live == 0 && !now.Before(pr.actingSince.Add(p.cfg.SessionRetention)) {
-			continue // expired: retention is computed on read
+	for pr := range p.all() {
+		if p.expired(pr, now) {
+			continue // retention is computed on read
 		}
 		v := ProgramView{Session: p.hash(pr.sid), State: stateNames[pr.state], Worker: pr.worker, Tokens: pr.tokens}
 		if pr.state == paused {
@@ -656,20 +721,30 @@ type Stats struct {
 	Pauses, ForcedResumes     uint64
 }
 
-// Stats counts the programs (expired ones excluded).
+// Stats counts the programs (expired ones excluded): one pass, nothing hashed or sorted.
 func (p *Policy) Stats() Stats {
 	s := Stats{Pauses: p.pauses, ForcedResumes: p.forced}
-	for _, v := range p.Programs() {
-		switch v.State {
-		case StateReasoning:
+	now := p.now()
+	for pr := range p.all() {
+		switch {
+		case p.expired(pr, now):
+		case pr.state == reasoning:
 			s.Reasoning++
-		case StateActing:
+		case pr.state == acting:
 			s.Acting++
-		case StatePaused:
+		default:
 			s.Paused++
 		}
 	}
 	return s
+}
+
+// expired reports whether pr is a program between turns (acting, or paused while acting)
+// whose next turn has not come within its retention since its last completed turn (gone on
+// read).
+func (p *Policy) expired(pr *program, now time.Time) bool {
+	idle := pr.state == acting || (pr.state == paused && pr.pausedFrom == acting)
+	return idle && pr.live == 0 && !now.Before(pr.actingSince.Add(p.cfg.SessionRetention))
 }
 
 // Tracked counts the ledger's entries: 0 once every program ended and every request left.

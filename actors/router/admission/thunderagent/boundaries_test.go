@@ -1,0 +1,368 @@
+package thunderagent
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"testing"
+	"time"
+
+	"github.com/tlgw/tlgw/actors/router/admission"
+)
+
+// exact is a configuration whose shares are exact binary fractions, so boundaries are exact.
+func exact() Config {
+	c := cfg()
+	c.PauseThreshold, c.PauseTarget, c.ResumeHysteresis = 0.75, 0.5, 0.25
+	return c
+}
+
+// TestConfigBoundaries: pause_target and resume_hysteresis may equal pause_threshold.
+func TestConfigBoundaries(t *testing.T) {
+	if _, err := ParseConfig(map[string]any{"pause_threshold": 0.5, "pause_target": 0.5, "resume_hysteresis": 0.5}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestFinalTurnsCountTowardTheLimit: a final turn still tracked counts against
+// max_tracked_requests.
+func TestFinalTurnsCountTowardTheLimit(t *testing.T) {
+	c := cfg()
+	c.MaxTrackedRequests = 2
+	g := newRig(t, c, 1000)
+	g.turn("s", 10, 10)
+	fin := g.req("s", 10)
+	fin.Final = true
+	g.check(fin) // tracked as a final turn now
+	if r := g.req("a", 10); r.Refuse != nil {
+		t.Fatalf("second tracked request refused: %v", r.Refuse)
+	}
+	if r := g.req("b", 10); !errors.Is(r.Refuse, admission.ErrQueueFull) {
+		t.Fatalf("third (one final, one open): %v", r.Refuse)
+	}
+	if g.p.Tracked() != 3 { // programs a + requests a + final
+		t.Fatalf("tracked %d, want 3", g.p.Tracked())
+	}
+}
+
+// TestEvictionTiesGoToTheOlderProgram: idle programs acting since the same instant: the one
+// made first is evicted.
+func TestEvictionTiesGoToTheOlderProgram(t *testing.T) {
+	c := cfg()
+	c.MaxTrackedRequests = 2
+	g := newRig(t, c, 1000)
+	a, b := g.req("a", 10), g.req("b", 10)
+	g.run(a, "w1", 10)
+	g.run(b, "w1", 10)
+	g.req("c", 10)
+	if g.p.programs["a"] != nil || g.p.programs["b"] == nil {
+		t.Fatal("the newer of two equally idle programs was evicted")
+	}
+}
+
+// TestRoomBoundaries: a new program fits a worker whose room is exactly its prompt plus the
+// buffer, and not one token less; the buffer counts.
+func TestRoomBoundaries(t *testing.T) {
+	c := exact()
+	c.BufferPerProgram = 50
+	g := newRig(t, c, 1000)
+	g.turn("a", 400, 400) // acting 400: room 600
+	if d := g.check(g.req("fits", 550)); !d.Go || d.Target != "w1" {
+		t.Fatalf("550 + 50 in a room of 600: %+v", d)
+	}
+	h := newRig(t, c, 1000)
+	h.turn("a", 400, 400)
+	if d := h.check(h.req("over", 551)); d.Go {
+		t.Fatalf("551 + 50 in a room of 600 went: %+v", d)
+	}
+}
+
+// TestLeastUsedWins: the least-used worker with room goes first whatever its id, and equal
+// use goes to the lowest id.
+func TestLeastUsedWins(t *testing.T) {
+	g := newRig(t, cfg(), 1000, 1000, 1000)
+	g.run(g.req("x", 300), "w1", 300)
+	g.run(g.req("y", 100), "w2", 100)
+	g.run(g.req("z", 200), "w3", 200)
+	if d := g.check(g.req("n", 10)); d.Target != "w2" {
+		t.Fatalf("%+v, want the least used w2", d)
+	}
+}
+
+// TestContinuingProgramIsNotDeferredBehindPaused (rule 5.5 applies to new programs only): a
+// program with completed turns whose worker left goes where it fits although another program
+// is paused.
+func TestContinuingProgramIsNotDeferredBehindPaused(t *testing.T) {
+	g := newRig(t, cfg(), 1000, 1000)
+	g.turn("old", 100, 100)
+	g.prog("old").worker = "gone"
+	g.req("waiting", 5000) // too big anywhere: paused
+	g.check(g.p.reqsOf("waiting"))
+	if d := g.check(g.req("old", 100)); !d.Go {
+		t.Fatalf("%+v", d)
+	}
+}
+
+// reqsOf finds a tracked request of session sid (tests only).
+func (p *Policy) reqsOf(sid string) *admission.Request {
+	for k, pr := range p.reqs {
+		if pr.sid == sid {
+			return &admission.Request{Key: k, SessionID: sid, PromptTokens: max(pr.tokens, pr.turnTokens), Pool: pr.pool}
+		}
+	}
+	return nil
+}
+
+// TestPoolsAreSeparate: a paused program of another pool neither defers a new program here
+// nor loses its state when this pool's workers are settled; a program whose worker left this
+// pool is unassigned, a running one is not.
+func TestPoolsAreSeparate(t *testing.T) {
+	g := newRig(t, cfg(), 1000)
+	other := &admission.Request{Key: 999, SessionID: "o", PromptTokens: 5000, Pool: "q"}
+	g.p.Classify(other, nil, nil)
+	g.p.Check(other, view{ws: []admission.Worker{{ID: "v1", Capacity: 100}}, now: g.now})
+	if g.prog("o").state != paused {
+		t.Fatal("setup: o not paused")
+	}
+	if d := g.check(g.req("n", 10)); !d.Go {
+		t.Fatalf("a new program deferred behind another pool's paused one: %+v", d)
+	}
+	g.run(g.req("left", 10), "w9", 10) // w9 is not among this pool's workers
+	run := g.req("running", 10)
+	g.check(run)
+	g.p.Dispatched(run, "w8")
+	g.check(g.req("n2", 10))
+	if g.prog("left").worker != "" || g.prog("running").worker != "w8" || g.prog("o").state != paused {
+		t.Fatalf("left %q, running %q, o %v", g.prog("left").worker, g.prog("running").worker, stateNames[g.prog("o").state])
+	}
+}
+
+// TestSizeIsContextOrTurnPlusBuffer: a reasoning program takes the larger of its context and
+// its turn's prompt, plus the buffer.
+func TestSizeIsContextOrTurnPlusBuffer(t *testing.T) {
+	c := cfg()
+	c.BufferPerProgram = 7
+	g := newRig(t, c, 1000)
+	g.turn("a", 100, 300)
+	r := g.req("a", 200)
+	g.check(r)
+	g.p.Dispatched(r, "w1")
+	if u := g.p.usage("p", g.now, false)["w1"]; u != 307 {
+		t.Fatalf("usage %v, want 300 + 7", u)
+	}
+	r2 := g.req("b", 400)
+	g.check(r2)
+	g.p.Dispatched(r2, "w1")
+	if u := g.p.usage("p", g.now, false)["w1"]; u != 307+407 {
+		t.Fatalf("usage %v, want 714", u)
+	}
+}
+
+// TestActingUse: the pause side weighs an acting program's tokens; the resume side decays them
+// by 2^(−idle/τ).
+func TestActingUse(t *testing.T) {
+	c := cfg()
+	c.ActingTokenWeight = 1.5
+	c.ActingDecayTau = 2 * time.Second
+	g := newRig(t, c, 1000)
+	g.turn("a", 400, 400)
+	if u := g.p.usage("p", g.now, false)["w1"]; u != 600 {
+		t.Fatalf("pause side %v, want 600", u)
+	}
+	g.now = g.now.Add(4 * time.Second)
+	if u := g.p.usage("p", g.now, true)["w1"]; math.Abs(u-100) > 1e-9 {
+		t.Fatalf("resume side after 2τ %v, want 100", u)
+	}
+}
+
+// TestPauseThresholdBoundary: at exactly pause_threshold nothing is paused; one token over,
+// programs are paused down to pause_target, and reasoning ones are marked only if acting ones
+// cannot bring it there.
+func TestPauseThresholdBoundary(t *testing.T) {
+	g := newRig(t, exact(), 1000) // threshold 750, target 500
+	g.turn("a", 250, 250)
+	g.turn("b", 250, 250)
+	r := g.req("c", 250)
+	g.check(r)
+	g.p.Dispatched(r, "w1") // 750: at the threshold
+	g.p.pauseUntilSafe("p", g.ws, g.now)
+	if g.prog("a").state == paused || g.prog("b").state == paused || g.prog("c").markPause {
+		t.Fatal("paused at exactly the threshold")
+	}
+	h := newRig(t, exact(), 1000)
+	h.turn("a", 250, 250)
+	h.turn("b", 251, 251)
+	r = h.req("c", 250)
+	h.check(r)
+	h.p.Dispatched(r, "w1") // 751: one over; pausing a (250) leaves 501 > 500, then b: 250
+	h.p.pauseUntilSafe("p", h.ws, h.now)
+	if h.prog("a").state != paused || h.prog("b").state != paused || h.prog("c").markPause {
+		t.Fatalf("a %v b %v c marked %v", stateNames[h.prog("a").state], stateNames[h.prog("b").state], h.prog("c").markPause)
+	}
+}
+
+// TestGreedyBoundaries: a worker with exactly one buffer of headroom takes nothing; a set
+// whose size equals the total headroom is taken whole; a program fits a room of exactly its
+// size; an acting program resumed starts its retention anew.
+func TestGreedyBoundaries(t *testing.T) {
+	c := exact() // resume ceiling 0.5
+	c.BufferPerProgram = 10
+	h := newRig(t, c, 1000)
+	h.turn("s", 290, 290)
+	h.p.pause(h.prog("s"), acting, h.now)
+	completed := h.prog("s").actingSince
+	h.now = h.now.Add(time.Second)
+	// Headroom 500 − 0 = 500; s's size 290 + 10 = 300 fits: resumed as acting; its retention
+	// still counts from its last completed turn.
+	h.p.greedyResume("p", h.ws, h.now)
+	if pr := h.prog("s"); pr.state != acting || !pr.actingSince.Equal(completed) || pr.worker != "w1" {
+		t.Fatalf("%+v", pr)
+	}
+	k := newRig(t, c, 620) // headroom 310: exactly s1 + s2 (150 + 160 with buffers)
+	for _, x := range []struct {
+		sid string
+		n   int
+	}{{"s1", 140}, {"s2", 150}} {
+		k.turn(x.sid, x.n, x.n)
+		k.p.pause(k.prog(x.sid), acting, k.now)
+	}
+	k.now = k.now.Add(time.Second) // nothing else uses w1
+	k.p.greedyResume("p", k.ws, k.now)
+	if k.prog("s1").state == paused || k.prog("s2").state == paused {
+		t.Fatalf("a set exactly the headroom was not taken whole: s1 %v, s2 %v", stateNames[k.prog("s1").state], stateNames[k.prog("s2").state])
+	}
+	m := newRig(t, c, 20) // headroom 10: exactly one buffer: takes nothing
+	m.turn("tiny", 0, 0)
+	m.p.pause(m.prog("tiny"), acting, m.now)
+	m.p.greedyResume("p", m.ws, m.now)
+	if m.prog("tiny").state != paused {
+		t.Fatal("a worker with one buffer of headroom took a program")
+	}
+}
+
+// TestForcedResumeRespectsPinAndTies: a pinned program is forced only onto its pin (and waits
+// if its pin is gone); among equals the lowest id wins; the roomiest wins otherwise.
+func TestForcedResumeRespectsPinAndTies(t *testing.T) {
+	c := cfg()
+	c.ResumeTimeout = time.Second
+	g := newRig(t, c, 1000, 1000, 1000)
+	g.run(g.req("busy", 500), "w1", 500)
+	pinned := g.req("pinned", 5000, "w1")
+	g.check(pinned)
+	free := g.req("free", 5000)
+	g.check(free)
+	gone := g.req("gone", 5000, "w9")
+	g.check(gone)
+	g.now = g.now.Add(time.Second)
+	g.p.forceTimedOut("p", g.ws, g.now)
+	if g.prog("pinned").worker != "w1" || g.prog("free").worker != "w2" || g.prog("gone").state != paused {
+		t.Fatalf("pinned %q, free %q (want w2: w2 and w3 tie, w1 has less), gone %v",
+			g.prog("pinned").worker, g.prog("free").worker, stateNames[g.prog("gone").state])
+	}
+}
+
+// TestCompletionWithoutUsageKeepsTheLargerEstimate: a turn completed with no usage keeps the
+// larger of the program's context and the turn's prompt.
+func TestCompletionWithoutUsageKeepsTheLargerEstimate(t *testing.T) {
+	g := newRig(t, cfg(), 1000)
+	g.turn("a", 100, 0)
+	if pr := g.prog("a"); pr.tokens != 100 || pr.state != acting {
+		t.Fatalf("%+v", pr)
+	}
+	g.turn("a", 50, 0)
+	if pr := g.prog("a"); pr.tokens != 100 {
+		t.Fatalf("tokens %d, want 100", pr.tokens)
+	}
+}
+
+// TestStatsCountsStates: the programs by state, an expired one not counted, and the counts of
+// pauses and forced resumes.
+func TestStatsCountsStates(t *testing.T) {
+	c := cfg()
+	c.SessionRetention = time.Minute
+	g := newRig(t, c, 1000)
+	g.turn("acting", 100, 100)
+	g.check(g.req("reasoning", 100))
+	g.check(g.req("paused", 5000))
+	g.now = g.now.Add(30 * time.Second)
+	g.turn("old", 10, 10)
+	g.now = g.now.Add(30 * time.Second) // "acting" expires; "old" has 30 s left
+	s := g.p.Stats()
+	if s.Reasoning != 1 || s.Acting != 1 || s.Paused != 1 || len(g.p.Programs()) != 3 {
+		t.Fatalf("%+v, %d listed", s, len(g.p.Programs()))
+	}
+	g.p.pauses, g.p.forced = 4, 2
+	if s := g.p.Stats(); s.Pauses != 4 || s.ForcedResumes != 2 {
+		t.Fatalf("%+v", s)
+	}
+}
+
+// TestLeftLaterTurnRollsBack: a later turn decided (released) but cancelled before it ran
+// puts its program back as it was; a new program's first turn cancelled the same way is gone.
+func TestLeftLaterTurnRollsBack(t *testing.T) {
+	g := newRig(t, cfg(), 1000)
+	g.turn("s", 100, 120)
+	before := *g.prog("s")
+	r := g.req("s", 300)
+	if d := g.check(r); !d.Go {
+		t.Fatalf("%+v", d)
+	}
+	g.p.Left(r) // e.g. the worker was full, the turn queued, the client left
+	pr := g.prog("s")
+	if pr.state != acting || pr.tokens != before.tokens || pr.turnTokens != 0 || pr.live != 0 || g.p.Tracked() != 1 {
+		t.Fatalf("after the cancelled turn: %+v (tracked %d)", pr, g.p.Tracked())
+	}
+	held := g.req("big", 5000) // deferred: paused
+	g.check(held)
+	g.p.Left(held)
+	if g.p.programs["big"] != nil || g.p.Tracked() != 1 {
+		t.Fatalf("a deferred new program outlived its cancelled turn (tracked %d)", g.p.Tracked())
+	}
+}
+
+// TestOversizedIdleProgramExpires: a program between turns bigger than its worker's pause
+// threshold is paused, forced back after resume_timeout and paused again, but it expires
+// session_retention after its last completed turn like any idle program.
+func TestOversizedIdleProgramExpires(t *testing.T) {
+	c := cfg()
+	c.ResumeTimeout, c.SessionRetention = time.Second, 5*time.Second
+	g := newRig(t, c, 1000, 1000)
+	g.turn("huge", 100, 5000)
+	for i := 0; i < 4; i++ {
+		g.now = g.now.Add(time.Second)
+		g.turn(fmt.Sprint("probe", i), 1, 1) // any ask settles the ledger
+	}
+	if g.p.programs["huge"] == nil || g.p.pauses == 0 {
+		t.Fatalf("setup: huge %v, pauses %d", g.p.programs["huge"], g.p.pauses)
+	}
+	g.now = g.now.Add(time.Second) // 5 s after its last completed turn
+	g.check(g.req("probe-last", 1))
+	if g.p.programs["huge"] != nil {
+		t.Fatalf("the idle program never expired (state %v)", stateNames[g.p.programs["huge"].state])
+	}
+}
+
+// TestPausedActingProgramWithAWaitingTurnGoesWhenResumed: a program paused while acting whose
+// next turn waits is resumed as reasoning (its turn goes next), so the same settling's pause
+// step does not pause it again: forced back after resume_timeout, its turn goes.
+func TestPausedActingProgramWithAWaitingTurnGoesWhenResumed(t *testing.T) {
+	c := cfg()
+	c.ResumeTimeout = 5 * time.Second
+	g := newRig(t, c, 1000)
+	g.turn("s", 300, 300)
+	big := g.req("big", 800) // a continuing-size turn: pushes w1 over, s (acting) is paused
+	g.p.Dispatched(big, "w1")
+	g.check(g.req("probe", 1))
+	if g.prog("s").state != paused {
+		t.Fatalf("setup: s %v", stateNames[g.prog("s").state])
+	}
+	next := g.req("s", 320)
+	if d := g.check(next); d.Go {
+		t.Fatalf("%+v", d)
+	}
+	g.now = g.now.Add(5 * time.Second)
+	d := g.check(next)
+	if !d.Go || d.Target != "w1" || g.prog("s").state != reasoning {
+		t.Fatalf("after resume_timeout: %+v, s %v", d, stateNames[g.prog("s").state])
+	}
+}
