@@ -260,7 +260,10 @@ func (q *requester) release(p *Picked) {
 
 // stop ends the requester as a request actor's stop does: every worker releases its holds
 // (each reports), and the router is told it finished.
-func (q *requester) stop() {
+func (q *requester) stop() { q.end(0, false) }
+
+// end is stop with what the answer cost and whether it was aborted.
+func (q *requester) end(tokens int64, aborted bool) {
 	for _, id := range sortedKeys(q.r.workers) {
 		w := q.r.workers[id]
 		n := 0
@@ -274,7 +277,7 @@ func (q *requester) stop() {
 			q.r.deliver(w.pid, &LoadReport{ID: w.info.ID, InFlight: int64(len(w.holds)), AcqSeen: w.acqSeen})
 		}
 	}
-	q.r.deliver(q.pid, &Finished{Key: q.key})
+	q.r.deliver(q.pid, &Finished{Key: q.key, Tokens: tokens, Aborted: aborted})
 }
 
 func sortedKeys[V any](m map[string]V) []string {

@@ -387,7 +387,7 @@ func (m *routerModel) end(q *modelRequest, aborted bool) {
 	if m.tw == nil {
 		q.q.stop()
 	} else {
-		endRequest(q.q, rapid.SampledFrom([]int64{0, 100, 1500, 5000}).Draw(m.t, "answer_tokens"), aborted)
+		q.q.end(rapid.SampledFrom([]int64{0, 100, 1500, 5000}).Draw(m.t, "answer_tokens"), aborted)
 	}
 	q.q = nil
 	m.collect()

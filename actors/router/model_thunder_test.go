@@ -185,24 +185,6 @@ func (m *routerModel) thunderActions(actions map[string]func(*rapid.T)) {
 	actions["finish_more"] = m.finish
 }
 
-// endRequest is requester.stop with what the answer cost and whether it was aborted.
-func endRequest(q *requester, tokens int64, aborted bool) {
-	for _, id := range sortedKeys(q.r.workers) {
-		w := q.r.workers[id]
-		n := 0
-		for t, req := range w.holds {
-			if req != nil && req.Id == q.pid.Id {
-				delete(w.holds, t)
-				n++
-			}
-		}
-		if n > 0 {
-			q.r.deliver(w.pid, &LoadReport{ID: w.info.ID, InFlight: int64(len(w.holds)), AcqSeen: w.acqSeen})
-		}
-	}
-	q.r.deliver(q.pid, &Finished{Key: q.key, Tokens: tokens, Aborted: aborted})
-}
-
 // joinKV joins (or updates) a worker with a KV capacity of 1024, 2048 or 4096 tokens, or
 // none known (block size 0).
 func (m *routerModel) joinKV(t *rapid.T, id string) {
@@ -237,7 +219,7 @@ func (m *routerModel) expireAll() {
 			if q.holding != nil {
 				q.q.release(q.holding)
 			}
-			endRequest(q.q, 0, true)
+			q.q.end(0, true)
 			q.q = nil
 			m.collect()
 		}

@@ -587,17 +587,8 @@ func (p *Policy) Moved(r *admission.Request, _, to string) {
 // (and pauses it if it was marked); an aborted turn rolls the program back (or removes a new
 // one). A final turn's program is gone already and is not restored.
 func (p *Policy) Completed(r *admission.Request, _ string) {
-	if p.final[r.Key] {
-		delete(p.final, r.Key)
-		return
-	}
-	pr := p.reqs[r.Key]
-	if pr == nil {
-		return
-	}
-	delete(p.reqs, r.Key)
-	pr.live--
-	if pr.running != r.Key || p.programs[pr.sid] != pr {
+	pr := p.untrack(r)
+	if pr == nil || pr.running != r.Key {
 		return
 	}
 	pr.running = 0
@@ -622,6 +613,25 @@ func (p *Policy) Completed(r *admission.Request, _ string) {
 	}
 }
 
+// untrack ends the tracking of request r and returns its program, nil when it has none in the
+// ledger any more (untracked, a final turn, or a program already gone).
+func (p *Policy) untrack(r *admission.Request) *program {
+	if p.final[r.Key] {
+		delete(p.final, r.Key)
+		return nil
+	}
+	pr := p.reqs[r.Key]
+	if pr == nil {
+		return nil
+	}
+	delete(p.reqs, r.Key)
+	pr.live--
+	if p.programs[pr.sid] != pr {
+		return nil
+	}
+	return pr
+}
+
 // rollback undoes an aborted turn: the program as it was before it, or gone if it was new
 // (and nothing else of it waits).
 func (p *Policy) rollback(pr *program) {
@@ -642,17 +652,8 @@ func (p *Policy) Enqueued(*admission.Request) {}
 // Left is a tracked request that leaves without being dispatched (cancelled, expired,
 // rejected): a program it created and nothing else uses is dropped.
 func (p *Policy) Left(r *admission.Request) {
-	if p.final[r.Key] {
-		delete(p.final, r.Key)
-		return
-	}
-	pr := p.reqs[r.Key]
+	pr := p.untrack(r)
 	if pr == nil {
-		return
-	}
-	delete(p.reqs, r.Key)
-	pr.live--
-	if p.programs[pr.sid] != pr {
 		return
 	}
 	if pr.priorFor == r.Key {
