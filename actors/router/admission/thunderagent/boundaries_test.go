@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strings"
 	"testing"
 	"time"
 
@@ -55,7 +56,7 @@ func TestEvictionTiesGoToTheOlderProgram(t *testing.T) {
 	g.run(a, "w1", 10)
 	g.run(b, "w1", 10)
 	g.req("c", 10)
-	if g.p.programs["a"] != nil || g.p.programs["b"] == nil {
+	if g.p.programs[g.p.sessionKey("a")] != nil || g.p.programs[g.p.sessionKey("b")] == nil {
 		t.Fatal("the newer of two equally idle programs was evicted")
 	}
 }
@@ -106,7 +107,7 @@ func TestContinuingProgramIsNotDeferredBehindPaused(t *testing.T) {
 // reqsOf finds a tracked request of session sid (tests only).
 func (p *Policy) reqsOf(sid string) *admission.Request {
 	for k, pr := range p.reqs {
-		if pr.sid == sid {
+		if pr.sid == p.sessionKey(sid) {
 			return &admission.Request{Key: k, SessionID: sid, PromptTokens: max(pr.tokens, pr.turnTokens), Pool: pr.pool}
 		}
 	}
@@ -315,7 +316,7 @@ func TestLeftLaterTurnRollsBack(t *testing.T) {
 	held := g.req("big", 5000) // deferred: paused
 	g.check(held)
 	g.p.Left(held)
-	if g.p.programs["big"] != nil || g.p.Tracked() != 1 {
+	if g.p.programs[g.p.sessionKey("big")] != nil || g.p.Tracked() != 1 {
 		t.Fatalf("a deferred new program outlived its cancelled turn (tracked %d)", g.p.Tracked())
 	}
 }
@@ -332,13 +333,13 @@ func TestOversizedIdleProgramExpires(t *testing.T) {
 		g.now = g.now.Add(time.Second)
 		g.turn(fmt.Sprint("probe", i), 1, 1) // any ask settles the ledger
 	}
-	if g.p.programs["huge"] == nil || g.p.pauses == 0 {
-		t.Fatalf("setup: huge %v, pauses %d", g.p.programs["huge"], g.p.pauses)
+	if g.p.programs[g.p.sessionKey("huge")] == nil || g.p.pauses == 0 {
+		t.Fatalf("setup: huge %v, pauses %d", g.p.programs[g.p.sessionKey("huge")], g.p.pauses)
 	}
 	g.now = g.now.Add(time.Second) // 5 s after its last completed turn
 	g.check(g.req("probe-last", 1))
-	if g.p.programs["huge"] != nil {
-		t.Fatalf("the idle program never expired (state %v)", stateNames[g.p.programs["huge"].state])
+	if g.p.programs[g.p.sessionKey("huge")] != nil {
+		t.Fatalf("the idle program never expired (state %v)", stateNames[g.p.programs[g.p.sessionKey("huge")].state])
 	}
 }
 
@@ -364,5 +365,28 @@ func TestPausedActingProgramWithAWaitingTurnGoesWhenResumed(t *testing.T) {
 	d := g.check(next)
 	if !d.Go || d.Target != "w1" || g.prog("s").state != reasoning {
 		t.Fatalf("after resume_timeout: %+v, s %v", d, stateNames[g.prog("s").state])
+	}
+}
+
+// TestSessionIDsAreKeyedHashes: the ledger keys programs by a keyed hash of the session id —
+// its memory does not follow a client's id length, the admin view never shows the id, and
+// distinct ids are distinct programs.
+func TestSessionIDsAreKeyedHashes(t *testing.T) {
+	g := newRig(t, cfg(), 1000)
+	long := strings.Repeat("x", 64<<10)
+	g.turn(long, 10, 10)
+	g.turn(long+"y", 10, 10)
+	vs := g.p.Programs()
+	if len(vs) != 2 || vs[0].Session == vs[1].Session {
+		t.Fatalf("%+v", vs)
+	}
+	for _, v := range vs {
+		if len(v.Session) > 16 || strings.Contains(v.Session, "xxx") {
+			t.Fatalf("the admin view shows %q", v.Session)
+		}
+	}
+	other := New(cfg(), g.p.now) // another process: another key
+	if other.sessionKey(long) == g.p.sessionKey(long) {
+		t.Fatal("the session key is not keyed per process")
 	}
 }

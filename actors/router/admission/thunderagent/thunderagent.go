@@ -52,7 +52,7 @@ var stateNames = [...]string{reasoning: StateReasoning, acting: StateActing, pau
 
 // program is one session's ledger entry.
 type program struct {
-	sid   string
+	sid   uint64 // the session's key (sessionKey): fixed-size, never the client's string
 	pool  string // the pool its turns go to: it is balanced against that pool's workers
 	seq   uint64 // creation order: the stable order among equals
 	state state
@@ -84,7 +84,7 @@ type program struct {
 type Policy struct {
 	cfg      Config
 	now      func() time.Time
-	programs map[string]*program // by session id
+	programs map[uint64]*program // by session key (sessionKey of the session id)
 	// list is the programs in creation order (forgotten ones marked gone until compacted):
 	// every pass over the programs walks it, so sums and choices do not depend on map order.
 	list   []*program
@@ -105,7 +105,7 @@ var (
 
 // New returns an empty policy reading time from now.
 func New(cfg Config, now func() time.Time) *Policy {
-	p := &Policy{cfg: cfg, now: now, programs: make(map[string]*program), reqs: make(map[uint64]*program),
+	p := &Policy{cfg: cfg, now: now, programs: make(map[uint64]*program), reqs: make(map[uint64]*program),
 		final: make(map[uint64]bool)}
 	_, _ = rand.Read(p.key[:])
 	return p
@@ -129,7 +129,8 @@ func (p *Policy) Classify(r *admission.Request, _ []string, _ func([]string) int
 		r.Refuse = fmt.Errorf("the thunderagent classifier tracks its limit of %d requests: %w", p.cfg.MaxTrackedRequests, admission.ErrQueueFull)
 		return
 	}
-	pr := p.programs[r.SessionID]
+	sid := p.sessionKey(r.SessionID)
+	pr := p.programs[sid]
 	if pr == nil {
 		if r.Final {
 			return // the last turn of a program not tracked: nothing to free
@@ -139,8 +140,8 @@ func (p *Policy) Classify(r *admission.Request, _ []string, _ func([]string) int
 			return
 		}
 		p.seq++
-		pr = &program{sid: r.SessionID, pool: r.Pool, seq: p.seq, state: reasoning, tokens: r.PromptTokens}
-		p.programs[r.SessionID] = pr
+		pr = &program{sid: sid, pool: r.Pool, seq: p.seq, state: reasoning, tokens: r.PromptTokens}
+		p.programs[sid] = pr
 		p.list = append(p.list, pr)
 	}
 	if len(r.Allowed) == 1 {
@@ -423,7 +424,7 @@ func (p *Policy) resumeKind(pr *program) int {
 }
 
 // greedyResume is rule 10: the paused programs, ordered (continuing reasoning, new, acting;
-// fewer tokens, then session id), are resumed as the longest prefix of that order that fits
+// fewer tokens, then the older), are resumed as the longest prefix of that order that fits
 // the workers' total headroom below pause_threshold − resume_hysteresis, packed largest
 // first, first fit, onto workers by headroom (most first); workers with no more headroom
 // than one buffer take none.
@@ -455,7 +456,7 @@ func (p *Policy) greedyResume(pool string, ws []admission.Worker, now time.Time)
 		}
 	}
 	slices.SortFunc(cands, func(a, b *program) int {
-		return cmp.Or(cmp.Compare(p.resumeKind(a), p.resumeKind(b)), cmp.Compare(p.size(a), p.size(b)), cmp.Compare(a.sid, b.sid))
+		return cmp.Or(cmp.Compare(p.resumeKind(a), p.resumeKind(b)), cmp.Compare(p.size(a), p.size(b)), cmp.Compare(a.seq, b.seq))
 	})
 	n, sum := 0, 0.0
 	for n < len(cands) && sum+p.size(cands[n]) <= total {
@@ -698,7 +699,7 @@ func (p *Policy) Programs() []ProgramView {
 		if p.expired(pr, now) {
 			continue // retention is computed on read
 		}
-		v := ProgramView{Session: p.hash(pr.sid), State: stateNames[pr.state], Worker: pr.worker, Tokens: pr.tokens}
+		v := ProgramView{Session: strconv.FormatUint(pr.sid, 16), State: stateNames[pr.state], Worker: pr.worker, Tokens: pr.tokens}
 		if pr.state == paused {
 			t := pr.pausedSince
 			v.PausedSince = &t
@@ -709,11 +710,14 @@ func (p *Policy) Programs() []ProgramView {
 	return out
 }
 
-func (p *Policy) hash(sid string) string {
+// sessionKey is a session id's key in the ledger: a hash keyed once per process, so the
+// ledger's memory does not follow the length of client-chosen ids and no client can choose
+// an id that lands on another's program (the admin view shows it, never the id).
+func (p *Policy) sessionKey(sid string) uint64 {
 	d := xxhash.New()
 	_, _ = d.Write(p.key[:])
 	_, _ = d.WriteString(sid)
-	return strconv.FormatUint(d.Sum64(), 16)
+	return d.Sum64()
 }
 
 // Stats are the programs by state and the pause and forced-resume counts so far (metrics).

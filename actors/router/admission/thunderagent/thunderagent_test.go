@@ -83,7 +83,7 @@ func (g *rig) turn(sid string, tokens, ctx int) string {
 
 func (g *rig) prog(sid string) *program {
 	g.t.Helper()
-	pr := g.p.programs[sid]
+	pr := g.p.programs[g.p.sessionKey(sid)]
 	if pr == nil {
 		g.t.Fatalf("no program %s", sid)
 	}
@@ -476,7 +476,7 @@ func TestRetainedProgramsBoundedByTheLimit(t *testing.T) {
 	g.now = g.now.Add(time.Second)
 	g.turn("second", 10, 10)
 	g.req("third", 10)
-	if g.p.programs["first"] != nil || g.p.programs["second"] == nil || g.p.programs["third"] == nil {
+	if g.p.programs[g.p.sessionKey("first")] != nil || g.p.programs[g.p.sessionKey("second")] == nil || g.p.programs[g.p.sessionKey("third")] == nil {
 		t.Fatalf("programs %v", g.p.programs)
 	}
 	g.req("second", 10) // second is busy now too
@@ -497,7 +497,7 @@ func TestFinalSessionFreesCapacityAtAdmission(t *testing.T) {
 	if d := g.check(fin); !d.Go || d.Target != "w1" {
 		t.Fatalf("final turn %+v", d)
 	}
-	if g.p.programs["s"] != nil {
+	if g.p.programs[g.p.sessionKey("s")] != nil {
 		t.Fatal("the program outlived its final turn's admission")
 	}
 	if d := g.check(g.req("o", 900)); !d.Go {
@@ -506,7 +506,7 @@ func TestFinalSessionFreesCapacityAtAdmission(t *testing.T) {
 	g.p.Dispatched(fin, "w1")
 	fin.Aborted = true
 	g.p.Completed(fin, "w1")
-	if g.p.programs["s"] != nil || g.p.final[fin.Key] {
+	if g.p.programs[g.p.sessionKey("s")] != nil || g.p.final[fin.Key] {
 		t.Fatal("an aborted final turn restored its program or stayed tracked")
 	}
 }
@@ -521,7 +521,7 @@ func TestAbortedTurnRollsBack(t *testing.T) {
 	g.p.Dispatched(r, "w1")
 	r.Aborted = true
 	g.p.Completed(r, "w1")
-	if g.p.programs["new"] != nil || g.p.Tracked() != 0 {
+	if g.p.programs[g.p.sessionKey("new")] != nil || g.p.Tracked() != 0 {
 		t.Fatalf("an aborted first turn left its program (tracked %d)", g.p.Tracked())
 	}
 	g.turn("s", 300, 320)
@@ -536,7 +536,7 @@ func TestAbortedTurnRollsBack(t *testing.T) {
 	}
 	left := g.req("gone", 100)
 	g.p.Left(left)
-	if g.p.programs["gone"] != nil {
+	if g.p.programs[g.p.sessionKey("gone")] != nil {
 		t.Fatal("a cancelled first request left its program")
 	}
 }
