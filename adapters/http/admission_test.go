@@ -76,3 +76,51 @@ func TestSessionFinalHeader(t *testing.T) {
 	}
 	s.InFlight("w1", 0)
 }
+
+// TestSessionIDBounds: X-Session-ID is a session when it is 1 to 128 printable ASCII bytes,
+// else a 400 invalid_request naming it; without it the body's user is the session only when it
+// is such an id too (a longer user is no session: nothing follows an unbounded client string).
+func TestSessionIDBounds(t *testing.T) {
+	var mu sync.Mutex
+	var seen []*request.Exchange
+	s := newStack(t, stackOpt{keys: testKeys,
+		admission: httpapi.Admission{Enabled: true, DefaultClass: "default", AllowHeader: map[string]bool{"default": false}},
+		served: func(x *request.Exchange) {
+			mu.Lock()
+			defer mu.Unlock()
+			seen = append(seen, x)
+		}})
+	e := jsonEngine(t, "w1")
+	s.beat("w1", "smol", e)
+	long := strings.Repeat("s", 129)
+	for _, c := range []struct {
+		name, body string
+		hdr        []string
+		code       int
+		session    string
+	}{
+		{"header", `{"model":"smol","prompt":"hi","user":"u"}`, []string{"X-Session-ID", "alice"}, 200, "alice"},
+		{"128 bytes", `{"model":"smol","prompt":"hi"}`, []string{"X-Session-ID", long[:128]}, 200, long[:128]},
+		{"user", `{"model":"smol","prompt":"hi","user":"bob"}`, nil, 200, "bob"},
+		{"long user", `{"model":"smol","prompt":"hi","user":"` + long + `"}`, nil, 200, ""},
+		{"long header", `{"model":"smol","prompt":"hi"}`, []string{"X-Session-ID", long}, 400, ""},
+		{"control byte", `{"model":"smol","prompt":"hi"}`, []string{"X-Session-ID", "a\tb"}, 400, ""},
+	} {
+		mu.Lock()
+		seen = nil
+		mu.Unlock()
+		resp, b := s.do(t, "POST", "/v1/completions", "sk-inference", c.body, c.hdr...)
+		if resp.StatusCode != c.code {
+			t.Fatalf("%s: %d %s, want %d", c.name, resp.StatusCode, b, c.code)
+		}
+		mu.Lock()
+		if c.code == 400 {
+			if len(seen) != 0 || errCode(t, b) != "invalid_request" || !strings.Contains(string(b), "X-Session-ID") {
+				t.Fatalf("%s: served %d, answered %s", c.name, len(seen), b)
+			}
+		} else if len(seen) != 1 || seen[0].SessionID != c.session {
+			t.Fatalf("%s: %d exchanges, session %q, want %q", c.name, len(seen), seen[0].SessionID, c.session)
+		}
+		mu.Unlock()
+	}
+}

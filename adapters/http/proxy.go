@@ -71,10 +71,12 @@ func (s *Server) inference(w http.ResponseWriter, r *http.Request, kind oai.Kind
 			s.metrics.reject(writeError(w, err))
 			return
 		}
-		x.Class, x.SessionID, x.SessionFinal = class, r.Header.Get("X-Session-ID"), final
-		if x.SessionID == "" {
-			x.SessionID = req.User
+		sid, err := sessionID(r.Header.Get("X-Session-ID"), req.User)
+		if err != nil {
+			s.metrics.reject(writeError(w, err))
+			return
 		}
+		x.Class, x.SessionID, x.SessionFinal = class, sid, final
 	}
 	s.serve(x)
 	<-x.Done()
@@ -191,4 +193,21 @@ func (s *Server) admissionClass(keyClass, header string) (string, error) {
 		return "", fmt.Errorf("X-TL-Class names no configured class %q: %w", header, errs.ErrInvalidRequest)
 	}
 	return header, nil
+}
+
+// sessionID is the request's session (R10.3): X-Session-ID, which must be a valid id (1 to
+// 128 printable ASCII bytes, as X-Request-ID) or is a 400 naming the header; else the body's
+// user when it is one (a longer or unprintable user is no session: the ledgers that follow
+// sessions are never keyed by an unbounded client string).
+func sessionID(header, user string) (string, error) {
+	if header != "" {
+		if !oai.ValidRequestID(header) {
+			return "", fmt.Errorf("X-Session-ID must be 1 to %d printable ASCII characters: %w", oai.MaxRequestIDLen, errs.ErrInvalidRequest)
+		}
+		return header, nil
+	}
+	if oai.ValidRequestID(user) {
+		return user, nil
+	}
+	return "", nil
 }
