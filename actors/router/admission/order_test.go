@@ -223,3 +223,51 @@ func TestFullyBlockedRingAccruesNothing(t *testing.T) {
 		t.Fatalf("%d dispatched, credit a %d b %d", len(h.dispatched), q.byName["a"].deficit, q.byName["b"].deficit)
 	}
 }
+
+// oneTurn is a gate that lets one request of a session be dispatched at a time (session-only
+// holds), whatever its class.
+type oneTurn struct{ running map[string]bool }
+
+func (g *oneTurn) Check(r *Request, _ View) Decision {
+	if g.running[r.SessionID] {
+		return Decision{Wait: waitTest, SessionOnly: true}
+	}
+	return Decision{Go: true}
+}
+func (g *oneTurn) Dispatched(r *Request, _ string) { g.running[r.SessionID] = true }
+func (g *oneTurn) Completed(r *Request, _ string)  { delete(g.running, r.SessionID) }
+func (g *oneTurn) Moved(*Request, string, string)  {}
+func (g *oneTurn) Recheck() time.Duration          { return 0 }
+
+// TestSessionTurnInAnotherClassWakes: a session's turn held in another class's lane is asked
+// again when the session's running turn completes — at once, with no recheck configured —
+// and when the turn ahead of it is cancelled.
+func TestSessionTurnInAnotherClassWakes(t *testing.T) {
+	h := newHost("w")
+	g := &oneTurn{running: map[string]bool{}}
+	q := newQueue(h, gatePolicy{g: g},
+		ClassConfig{Name: "a", Quantum: 1, QueueLimit: 10, MaxWait: time.Hour},
+		ClassConfig{Name: "b", Quantum: 1, QueueLimit: 10, MaxWait: time.Hour})
+	first, next := entry("first", "a", "s", "w"), entry("next", "b", "s", "w")
+	q.Admit(first, h, nil)
+	q.Admit(next, h, nil)
+	if got := ids(h.dispatched); !slices.Equal(got, []string{"first"}) || !next.Queued() {
+		t.Fatalf("dispatched %v", got)
+	}
+	h.finish(q, first)
+	if got := ids(h.dispatched); !slices.Equal(got, []string{"first", "next"}) {
+		t.Fatalf("after the first turn completed: dispatched %v", got)
+	}
+	// Cancel: a gate holding b's turn behind a's queued one lets it go when a's leaves.
+	g.running["t"] = true
+	ta, tb := entry("ta", "a", "t", "w"), entry("tb", "b", "t", "w")
+	q.Admit(ta, h, nil)
+	q.Admit(tb, h, nil)
+	delete(g.running, "t") // the turn that held both ended without a completion here
+	if !q.Cancel(ta, h) {
+		t.Fatal("ta was not queued")
+	}
+	if got := ids(h.dispatched); !slices.Contains(got, "tb") {
+		t.Fatalf("after the cancel: dispatched %v", got)
+	}
+}

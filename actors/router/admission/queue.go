@@ -453,14 +453,9 @@ func (q *Queue) Completed(e *Entry, h Host) {
 		q.gate.Completed(e.Req, e.worker)
 	}
 	// A completion frees capacity, may end a session's turn and may change what a policy
-	// allows on that worker: its session lane and the classifier lanes are asked again.
-	if e.Req.SessionID != "" {
-		if c := q.byName[e.Req.Class]; c != nil {
-			if l := c.lanes[q.sessionLaneKey(e.Req.SessionID)]; l != nil {
-				q.ready(l)
-			}
-		}
-	}
+	// allows on that worker: the session's lanes (in every class: a session's next turn may
+	// be of another class) and the classifier lanes are asked again.
+	q.readySession(e.Req.SessionID)
 	for _, c := range q.classes {
 		for l := range c.held {
 			if l.kind == namedLane {
@@ -472,14 +467,29 @@ func (q *Queue) Completed(e *Entry, h Host) {
 }
 
 // Cancel removes a queued request whose client left; the lane head exposed by it is asked at
-// once (with its Hold time armed). It reports whether the entry was still queued.
+// once (with its Hold time armed), and so are its session's lanes in the other classes (a gate
+// may hold a session's turn behind this one). It reports whether the entry was still queued.
 func (q *Queue) Cancel(e *Entry, h Host) bool {
 	if !e.Queued() {
 		return false
 	}
 	q.remove(e)
+	q.readySession(e.Req.SessionID)
 	q.Pump(h)
 	return true
+}
+
+// readySession makes the heads of session sid's lanes, in every class, eligible to be asked.
+func (q *Queue) readySession(sid string) {
+	if sid == "" {
+		return
+	}
+	key := q.sessionLaneKey(sid)
+	for _, c := range q.classes {
+		if l := c.lanes[key]; l != nil {
+			q.ready(l)
+		}
+	}
 }
 
 // remove takes a queued entry out of its lane (cancelled or expired).
