@@ -99,7 +99,8 @@ func TestContinuingProgramIsNotDeferredBehindPaused(t *testing.T) {
 	g.prog("old").worker = "gone"
 	g.req("waiting", 5000) // too big anywhere: paused
 	g.check(g.p.reqsOf("waiting"))
-	if d := g.check(g.req("old", 100)); !d.Go {
+	// 900 fits a worker (1000) but not under the resume ceiling (850): only rule 5.7 lets it go.
+	if d := g.check(g.req("old", 900)); !d.Go {
 		t.Fatalf("%+v", d)
 	}
 }
@@ -125,7 +126,8 @@ func TestPoolsAreSeparate(t *testing.T) {
 	if g.prog("o").state != paused {
 		t.Fatal("setup: o not paused")
 	}
-	if d := g.check(g.req("n", 10)); !d.Go {
+	// 900: it fits, but not under the resume ceiling, so only rule 5.7 (not a resume) lets it go.
+	if d := g.check(g.req("n", 900)); !d.Go {
 		t.Fatalf("a new program deferred behind another pool's paused one: %+v", d)
 	}
 	g.run(g.req("left", 10), "w9", 10) // w9 is not among this pool's workers
@@ -388,5 +390,53 @@ func TestSessionIDsAreKeyedHashes(t *testing.T) {
 	other := New(cfg(), g.p.now) // another process: another key
 	if other.sessionKey(long) == g.p.sessionKey(long) {
 		t.Fatal("the session key is not keyed per process")
+	}
+}
+
+// TestUnknownCapacityWorkersAreNeitherPlacedNorPaused: a worker of unknown capacity (0) is not
+// where a new program goes when another's capacity is known, even for an empty prompt, and its
+// programs are never paused.
+func TestUnknownCapacityWorkersAreNeitherPlacedNorPaused(t *testing.T) {
+	g := newRig(t, cfg(), 0, 1000)
+	if d := g.check(g.req("empty", 0)); !d.Go || d.Target != "w2" {
+		t.Fatalf("%+v, want w2 (the only known capacity)", d)
+	}
+	h := newRig(t, cfg(), 0)
+	h.turn("a", 500, 500)
+	h.turn("b", 500, 500)
+	h.p.pauseUntilSafe("p", h.ws, h.now)
+	if h.prog("a").state == paused || h.prog("b").state == paused || h.p.pauses != 0 {
+		t.Fatal("programs on a worker of unknown capacity were paused")
+	}
+}
+
+// TestPauseStopsExactlyAtTarget: once pausing acting programs brings a worker to exactly its
+// pause_target, its reasoning programs are not marked.
+func TestPauseStopsExactlyAtTarget(t *testing.T) {
+	g := newRig(t, exact(), 1000) // threshold 750, target 500
+	g.turn("a", 260, 260)
+	r := g.req("c", 500)
+	g.check(r)
+	g.p.Dispatched(r, "w1") // 760 > 750: pause a (260) → 500, exactly the target
+	g.p.pauseUntilSafe("p", g.ws, g.now)
+	if g.prog("a").state != paused || g.prog("c").markPause {
+		t.Fatalf("a %v, c marked %v", stateNames[g.prog("a").state], g.prog("c").markPause)
+	}
+}
+
+// TestDeferredLaterTurnLeavingRestoresTheProgram: a later turn deferred (its program paused)
+// that leaves undecided puts the program back between turns as it was when the turn was
+// first decided.
+func TestDeferredLaterTurnLeavingRestoresTheProgram(t *testing.T) {
+	g := newRig(t, cfg(), 1000)
+	g.turn("s", 300, 300)
+	g.ws = []admission.Worker{{ID: "w2", Capacity: 1000}} // w1 left
+	r := g.req("s", 5000)
+	if d := g.check(r); d.Go || g.prog("s").state != paused {
+		t.Fatalf("%+v", d)
+	}
+	g.p.Left(r)
+	if pr := g.prog("s"); pr.state != acting || pr.tokens != 300 || g.p.Tracked() != 1 {
+		t.Fatalf("%+v", pr)
 	}
 }

@@ -256,7 +256,7 @@ func (p *Policy) admit(head *admission.Request, pr *program, ws []admission.Work
 		return admission.Decision{Go: true, Target: target}, true
 	}
 	if pr.state == paused {
-		return p.deferHead(pr, now), false // 5.2
+		return p.deferHead(pr, head, now), false // 5.2
 	}
 	input := head.PromptTokens + p.cfg.BufferPerProgram
 	if !slices.ContainsFunc(ws, func(w admission.Worker) bool { return w.Capacity > 0 }) {
@@ -266,7 +266,7 @@ func (p *Policy) admit(head *admission.Request, pr *program, ws []admission.Work
 		return p.release(pr, head, true, pr.worker), true // 5.4: continuing where it is
 	}
 	if pr.steps == 0 && p.anyPaused(pr.pool) {
-		return p.deferHead(pr, now), false // 5.5: a new program waits behind paused ones
+		return p.deferHead(pr, head, now), false // 5.5: a new program waits behind paused ones
 	}
 	used := p.usage(pr.pool, now, false)
 	if len(head.Allowed) == 1 {
@@ -277,7 +277,7 @@ func (p *Policy) admit(head *admission.Request, pr *program, ws []admission.Work
 				return p.release(pr, head, true, w), true
 			}
 		}
-		return p.deferHead(pr, now), false
+		return p.deferHead(pr, head, now), false
 	}
 	best, bestUsed := "", 0.0
 	for _, w := range ws { // 5.7: the least-used worker that fits, ties to the lowest id
@@ -289,7 +289,7 @@ func (p *Policy) admit(head *admission.Request, pr *program, ws []admission.Work
 		}
 	}
 	if best == "" {
-		return p.deferHead(pr, now), false
+		return p.deferHead(pr, head, now), false
 	}
 	return p.release(pr, head, true, best), true
 }
@@ -304,9 +304,11 @@ func (p *Policy) release(pr *program, head *admission.Request, target bool, work
 	return d
 }
 
-// deferHead is rule 6's defer: the program is paused (since the first time), unassigned.
-func (p *Policy) deferHead(pr *program, now time.Time) admission.Decision {
+// deferHead is rule 6's defer: the program is paused (since the first time), unassigned; its
+// waiting turn's prompt is what a resume must find room for.
+func (p *Policy) deferHead(pr *program, head *admission.Request, now time.Time) admission.Decision {
 	p.pause(pr, reasoning, now)
+	pr.turnTokens = head.PromptTokens
 	return admission.Decision{Wait: WaitPaused}
 }
 

@@ -325,8 +325,8 @@ func TestReasoningMarkedPausesAtCompletion(t *testing.T) {
 	}
 	a.ContextTokens = 650
 	g.p.Completed(a, "w1")
-	if pr := g.prog("a"); pr.state != paused || pr.pausedFrom != acting || pr.tokens != 650 {
-		t.Fatalf("a after its completion: %+v", pr)
+	if pr := g.prog("a"); pr.state != paused || pr.pausedFrom != acting || pr.tokens != 650 || g.p.pauses != 1 {
+		t.Fatalf("a after its completion: %+v (pauses %d)", pr, g.p.pauses)
 	}
 }
 
@@ -583,7 +583,7 @@ func TestLedgerEmptiesWhenEverythingEnds(t *testing.T) {
 		}
 		g.run(fin, "w1", 10)
 	}
-	if g.p.Tracked() != 0 {
-		t.Fatalf("tracked %d: programs %d, requests %d, finals %d", g.p.Tracked(), len(g.p.programs), len(g.p.reqs), len(g.p.final))
+	if g.p.Tracked() != 0 || len(g.p.list) != 0 {
+		t.Fatalf("tracked %d: programs %d, requests %d, finals %d; list %d", g.p.Tracked(), len(g.p.programs), len(g.p.reqs), len(g.p.final), len(g.p.list))
 	}
 }
