@@ -440,3 +440,49 @@ func TestDeferredLaterTurnLeavingRestoresTheProgram(t *testing.T) {
 		t.Fatalf("%+v", pr)
 	}
 }
+
+// TestHardPinRoom (rule 5.6): a pinned new program goes to its pin when the room there is at
+// least its prompt (exactly enough included), never elsewhere: with no room at its pin it is
+// deferred even while another worker is empty.
+func TestHardPinRoom(t *testing.T) {
+	g := newRig(t, cfg(), 1000, 1000)
+	if d := g.check(g.req("exact", 1000, "w2")); !d.Go || d.Target != "w2" {
+		t.Fatalf("a pin with exactly enough room: %+v", d)
+	}
+	h := newRig(t, cfg(), 1000, 1000)
+	h.run(h.req("other", 500), "w2", 500) // w2: 500 acting; w1 empty
+	if d := h.check(h.req("pinned", 600, "w2")); d.Go {
+		t.Fatalf("a pin without room at its worker went (w1 is empty): %+v", d)
+	}
+}
+
+// TestHoldUntilCountsPausedIdlePrograms: an idle program paused between turns still frees its
+// room when its retention ends, so a held head is asked again then.
+func TestHoldUntilCountsPausedIdlePrograms(t *testing.T) {
+	c := cfg()
+	c.SessionRetention, c.ResumeTimeout = 10*time.Second, time.Hour
+	g := newRig(t, c, 1000)
+	g.turn("idle", 100, 100)
+	g.p.pause(g.prog("idle"), acting, g.now)
+	d := g.check(g.req("huge", 5000))
+	if d.Go || !d.Until.Equal(g.now.Add(10*time.Second)) {
+		t.Fatalf("%+v, want held until the paused idle program's retention ends", d)
+	}
+}
+
+// TestProgramsView: paused_since is given for paused programs only, and the list is ordered by
+// session hash.
+func TestProgramsView(t *testing.T) {
+	g := newRig(t, cfg(), 1000)
+	g.turn("a", 10, 10)
+	g.check(g.req("b", 5000))
+	vs := g.p.Programs()
+	if len(vs) != 2 || vs[0].Session > vs[1].Session {
+		t.Fatalf("%+v", vs)
+	}
+	for _, v := range vs {
+		if (v.State == StatePaused) != (v.PausedSince != nil) {
+			t.Fatalf("%+v", v)
+		}
+	}
+}
