@@ -38,6 +38,8 @@ func mapError(err error) (status int, typ, code string) {
 		return http.StatusServiceUnavailable, "service_unavailable", "shutting_down"
 	case errors.Is(err, errs.ErrOverloaded):
 		return http.StatusServiceUnavailable, "service_unavailable", "overloaded"
+	case errors.Is(err, errs.ErrConfigStoreUnavailable):
+		return http.StatusServiceUnavailable, "service_unavailable", "config_store_unavailable"
 	case errors.Is(err, errs.ErrForbiddenOrigin):
 		return http.StatusForbidden, "permission_error", "forbidden_origin"
 	case errors.Is(err, errs.ErrBodyTimeout):

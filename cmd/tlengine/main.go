@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
 	"time"
 
@@ -32,7 +31,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&cfg.HTTPListen, "http-listen", "127.0.0.1:0", "OpenAI HTTP address (port 0: any)")
 	fs.StringVar(&cfg.GRPCListen, "grpc-listen", "127.0.0.1:0", "EngineControl gRPC address (port 0: any)")
 	fs.StringVar(&cfg.KVListen, "kv-listen", "127.0.0.1:0", "KV transfer gRPC address (port 0: any)")
-	fs.StringVar(&gateways, "gateway", "", "gateway registry addresses to heartbeat, comma-separated (empty: none)")
+	fs.StringVar(&gateways, "gateway", "", "gateway registries to heartbeat, comma-separated (empty: none): host:port, or dns:///name:port for every A/AAAA record of name, re-resolved every 30 s (a Kubernetes headless service)")
 	fs.IntVar(&cfg.KVBlocks, "kv-blocks", 1024, "KV blocks in the pool")
 	fs.IntVar(&cfg.BlockSize, "block-size", 16, "tokens per KV block, 1 to 1048576; sent in heartbeats as block_size (KV capacity = kv-blocks × block-size tokens)")
 	fs.IntVar(&cfg.MaxRunning, "max-running", 256, "requests running at once; more wait in the queue")
@@ -65,12 +64,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "tlengine:", err)
 		return 2
 	}
-	cfg.Fault, cfg.Role = f, engine.Role(role)
-	for _, g := range strings.Split(gateways, ",") {
-		if g = strings.TrimSpace(g); g != "" {
-			cfg.Gateways = append(cfg.Gateways, g)
-		}
+	if cfg.Gateways, err = engine.ParseGatewayList(gateways); err != nil {
+		fmt.Fprintln(stderr, "tlengine:", err)
+		return 2
 	}
+	cfg.Fault, cfg.Role = f, engine.Role(role)
 	cfg.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 	e, err := engine.Start(cfg)
 	if err != nil {

@@ -62,6 +62,7 @@ type Config struct {
 	Auth      Auth      `json:"auth"`
 	Admission Admission `json:"admission"`
 	Registry  Registry  `json:"registry"`
+	Cluster   Cluster   `json:"cluster"`
 }
 
 // Gateway is the [gateway] table.
@@ -270,6 +271,7 @@ func Default() *Config {
 		},
 		Admission: defaultAdmission(),
 		Registry:  defaultRegistry(),
+		Cluster:   defaultCluster(),
 	}
 }
 
@@ -338,6 +340,7 @@ func Parse(data []byte, getenv func(string) string) (*Config, error) {
 	fc.Admission.apply(&cfg.Admission, classifierOptions(tree), &ps)
 	fc.Auth.apply(&cfg.Auth, &cfg.Admission, getenv, &ps)
 	fc.Registry.apply(&cfg.Registry, getenv, &ps)
+	fc.Cluster.apply(&cfg.Cluster, getenv, &ps)
 	if ps.empty() {
 		checkRegistryExposure(cfg, &ps)
 		checkHTTPExposure(cfg, &ps)
@@ -376,6 +379,7 @@ type fileConfig struct {
 	Auth      *fileAuth      `json:"auth"`
 	Admission *fileAdmission `json:"admission"`
 	Registry  *fileRegistry  `json:"registry"`
+	Cluster   *fileCluster   `json:"cluster"`
 }
 
 type fileGateway struct {

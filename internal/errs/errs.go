@@ -56,4 +56,7 @@ var (
 	// ErrUpstreamTimeout: a non-streamed request had no answer within gateway.request_timeout
 	// (504 upstream_timeout, R14.1; not retried).
 	ErrUpstreamTimeout = errors.New("upstream timeout")
+	// ErrConfigStoreUnavailable: in a cluster, etcd cannot be reached, so an admin write
+	// cannot be made (503 config_store_unavailable, R16).
+	ErrConfigStoreUnavailable = errors.New("config store unavailable")
 )

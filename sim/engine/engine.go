@@ -60,7 +60,7 @@ type Config struct {
 	HTTPListen      string // each accepts port 0
 	GRPCListen      string
 	KVListen        string
-	Gateways        []string // registry addresses to heartbeat; empty = none
+	Gateways        []string // registries to heartbeat, host:port or dns:///name:port; empty = none
 	KVBlocks        int      // default 1024
 	BlockSize       int      // tokens per KV block, default 16, at most MaxBlockSize
 	MaxRunning      int      // default 256
@@ -78,6 +78,10 @@ type Config struct {
 	Exit func(code int)
 	// RegistryAuth is how heartbeats authenticate to the gateways' registry (R13.1).
 	RegistryAuth RegistryAuth
+	// Resolver answers dns:/// gateway names (default net.DefaultResolver); ResolveInterval is
+	// how often they are looked up again, on Clock (default 30 s).
+	Resolver        Resolver
+	ResolveInterval time.Duration
 }
 
 // Engine is a running simulated engine.
@@ -100,8 +104,13 @@ type Engine struct {
 	handles  handles     // pushed KV held for disaggregated decode
 	sent     atomic.Int64
 	stop     chan struct{}
-	wg       sync.WaitGroup
-	closeMu  sync.Once
+	// stopCtx ends when stop closes: it cuts heartbeats and lookups in flight.
+	stopCtx    context.Context
+	cancelStop context.CancelFunc
+	gateways   []gatewayEntry // parsed Config.Gateways, each once
+	hb         heartbeatLoops
+	wg         sync.WaitGroup
+	closeMu    sync.Once
 }
 
 func (c *Config) defaults() error {
@@ -142,6 +151,15 @@ func (c *Config) defaults() error {
 	case c.KVLease < 0:
 		return errors.New("engine: --kv-lease must be positive")
 	}
+	switch {
+	case c.ResolveInterval == 0:
+		c.ResolveInterval = 30 * time.Second
+	case c.ResolveInterval < 0:
+		return errors.New("engine: the gateway resolve interval must be positive")
+	}
+	if c.Resolver == nil {
+		c.Resolver = net.DefaultResolver
+	}
 	if c.HTTPListen == "" {
 		c.HTTPListen = "127.0.0.1:0"
 	}
@@ -168,12 +186,18 @@ func Start(cfg Config) (*Engine, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}
+	gateways, err := parseGateways(cfg.Gateways)
+	if err != nil {
+		return nil, fmt.Errorf("engine: %w", err)
+	}
 	e := &Engine{
-		cfg:     cfg,
-		sched:   newScheduler(kv.NewPool(cfg.KVBlocks, cfg.BlockSize), cfg.MaxRunning),
-		log:     cfg.Logger.With("engine", cfg.ID),
-		stop:    make(chan struct{}),
-		handles: handles{m: make(map[string]*kvHandle)},
+		gateways: gateways,
+		hb:       heartbeatLoops{loops: make(map[string]*runningLoop)},
+		cfg:      cfg,
+		sched:    newScheduler(kv.NewPool(cfg.KVBlocks, cfg.BlockSize), cfg.MaxRunning),
+		log:      cfg.Logger.With("engine", cfg.ID),
+		stop:     make(chan struct{}),
+		handles:  handles{m: make(map[string]*kvHandle)},
 	}
 	e.met = newMetrics(e)
 	var lis [3]net.Listener
@@ -199,6 +223,7 @@ func Start(cfg Config) (*Engine, error) {
 		}
 		e.advertisedHTTP = dead
 	}
+	e.stopCtx, e.cancelStop = context.WithCancel(context.Background())
 
 	e.httpSrv = &http.Server{Handler: e.routes(), ReadHeaderTimeout: 10 * time.Second}
 	// Both gRPC listeners serve the health service. EngineControl runs on prefill and unified
@@ -239,6 +264,7 @@ func deadAddress() (string, error) {
 func (e *Engine) Close() {
 	e.closeMu.Do(func() {
 		close(e.stop)
+		e.cancelStop()
 		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 		defer cancel()
 		if err := e.httpSrv.Shutdown(ctx); err != nil {

@@ -6,7 +6,10 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
+	"slices"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc"
@@ -16,18 +19,143 @@ import (
 	controlv1 "github.com/tlgw/tlgw/contracts/tl/control/v1"
 )
 
-// startHeartbeats sends WorkerStatus to every gateway now and then every T, each on its own
-// goroutine and connection so one unreachable gateway never delays another. The interval
-// follows the latest ack's heartbeat_interval_ms; an ack with drain makes the engine report
-// draining from then on.
+// startHeartbeats runs the supervisor of the heartbeat loops (superviseHeartbeats); Close
+// waits for it, and it waits for every loop.
 func (e *Engine) startHeartbeats() {
-	for _, addr := range e.cfg.Gateways {
-		e.wg.Add(1)
-		go func(addr string) {
-			defer e.wg.Done()
-			e.heartbeatLoop(addr)
-		}(addr)
+	e.wg.Add(1)
+	go func() {
+		defer e.wg.Done()
+		e.superviseHeartbeats()
+	}()
+}
+
+// superviseHeartbeats keeps one heartbeat loop per gateway address (SPEC R16): a host:port
+// entry as given; a dns:///name:port entry resolved to every A/AAAA record now and then every
+// ResolveInterval on the clock. A new address gets a loop at once; a vanished one has its loop
+// stopped and its connection closed; an address named twice is heartbeated once; a failed
+// lookup keeps that name's last answer. When the engine closes, every loop has ended before
+// this returns.
+func (e *Engine) superviseHeartbeats() {
+	defer e.setHeartbeatTargets(nil)
+	resolved := make(map[gatewayEntry][]string)
+	names := slices.ContainsFunc(e.gateways, func(ge gatewayEntry) bool { return ge.name != "" })
+	for {
+		e.resolveNames(resolved)
+		e.setHeartbeatTargets(wantedTargets(e.gateways, resolved))
+		if !names {
+			<-e.stop
+			return
+		}
+		if e.sleep(e.stopCtx, e.cfg.ResolveInterval) != nil {
+			return
+		}
 	}
+}
+
+// resolveNames looks every dns entry up and records its answer in resolved; a failed lookup
+// leaves the entry's last answer there (none before the first success).
+func (e *Engine) resolveNames(resolved map[gatewayEntry][]string) {
+	for _, ge := range e.gateways {
+		if ge.name == "" {
+			continue
+		}
+		targets, err := e.resolve(e.stopCtx, ge)
+		if err != nil {
+			if e.stopCtx.Err() == nil {
+				e.log.Warn("heartbeat: gateway lookup failed; keeping its addresses", "name", ge.name,
+					"kept", len(resolved[ge]), "err", err)
+			}
+			continue
+		}
+		resolved[ge] = targets
+	}
+}
+
+// wantedTargets lists the addresses to heartbeat, in entry order, each once: a fixed entry's
+// address, a dns entry's last answer.
+func wantedTargets(entries []gatewayEntry, resolved map[gatewayEntry][]string) []string {
+	var out []string
+	seen := make(map[string]bool)
+	add := func(addr string) {
+		if !seen[addr] {
+			seen[addr] = true
+			out = append(out, addr)
+		}
+	}
+	for _, ge := range entries {
+		if ge.name == "" {
+			add(ge.addr)
+			continue
+		}
+		for _, addr := range resolved[ge] {
+			add(addr)
+		}
+	}
+	return out
+}
+
+// heartbeatLoops is the running loops by address. Only the supervisor changes it; a reader
+// (heartbeatTargets) may wait out a stop, as the loops themselves never take the mutex.
+type heartbeatLoops struct {
+	mu    sync.Mutex
+	loops map[string]*runningLoop
+}
+
+// runningLoop is one heartbeat loop: cancel ends it, done closes once its connection is closed.
+type runningLoop struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// setHeartbeatTargets makes the running loops exactly want's: it stops the loops of addresses
+// not in want and waits until they have ended, then starts one for each new address.
+func (e *Engine) setHeartbeatTargets(want []string) {
+	e.hb.mu.Lock()
+	defer e.hb.mu.Unlock()
+	keep := make(map[string]bool, len(want))
+	for _, addr := range want {
+		keep[addr] = true
+	}
+	var gone []string
+	for addr, l := range e.hb.loops {
+		if !keep[addr] {
+			l.cancel() // all at once, then wait for each
+			gone = append(gone, addr)
+		}
+	}
+	for _, addr := range gone {
+		<-e.hb.loops[addr].done
+		delete(e.hb.loops, addr)
+	}
+	var added []string
+	for _, addr := range want {
+		if _, ok := e.hb.loops[addr]; !ok {
+			e.hb.loops[addr] = e.startLoop(addr)
+			added = append(added, addr)
+		}
+	}
+	if want != nil && len(added)+len(gone) > 0 {
+		slices.Sort(gone)
+		e.log.Info("heartbeat gateways changed", "added", added, "removed", gone)
+	}
+}
+
+// startLoop starts addr's heartbeat loop on its own goroutine.
+func (e *Engine) startLoop(addr string) *runningLoop {
+	ctx, cancel := context.WithCancel(e.stopCtx)
+	l := &runningLoop{cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(l.done)
+		e.heartbeatLoop(ctx, addr)
+	}()
+	return l
+}
+
+// heartbeatTargets is the addresses with a running loop, sorted.
+func (e *Engine) heartbeatTargets() []string {
+	e.hb.mu.Lock()
+	defer e.hb.mu.Unlock()
+	return slices.Sorted(maps.Keys(e.hb.loops))
 }
 
 // RegistryAuth is what an engine presents to a registry (R13.1): a bearer token, and TLS
@@ -89,7 +217,10 @@ func (b bearer) GetRequestMetadata(context.Context, ...string) (map[string]strin
 // registry; over a network, use TLS.
 func (b bearer) RequireTransportSecurity() bool { return b.tls }
 
-func (e *Engine) heartbeatLoop(addr string) {
+// heartbeatLoop sends WorkerStatus to addr now and then every T on its own connection, so one
+// unreachable gateway never delays another, until ctx ends. T follows the latest ack's
+// heartbeat_interval_ms; an ack with drain makes the engine report draining from then on.
+func (e *Engine) heartbeatLoop(ctx context.Context, addr string) {
 	opts, err := e.cfg.RegistryAuth.dialOptions()
 	if err != nil {
 		e.log.Error("heartbeat: registry credentials", "gateway", addr, "err", err)
@@ -104,12 +235,15 @@ func (e *Engine) heartbeatLoop(addr string) {
 	client := controlv1.NewWorkerRegistryClient(conn)
 	interval := e.cfg.HeartbeatInterval
 	for {
-		ctx, cancel := context.WithTimeout(context.Background(), interval)
-		ack, err := client.Heartbeat(ctx, e.workerStatus())
+		rpcCtx, cancel := context.WithTimeout(ctx, interval)
+		ack, err := client.Heartbeat(rpcCtx, e.workerStatus())
 		cancel()
-		if err != nil {
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err != nil:
 			e.log.Warn("heartbeat failed", "gateway", addr, "err", err)
-		} else {
+		default:
 			if ms := ack.GetHeartbeatIntervalMs(); ms > 0 {
 				interval = time.Duration(ms) * time.Millisecond
 			}
@@ -117,12 +251,7 @@ func (e *Engine) heartbeatLoop(addr string) {
 				e.log.Info("gateway asked to drain", "gateway", addr)
 			}
 		}
-		tick := make(chan struct{})
-		t := e.cfg.Clock.AfterFunc(interval, func() { close(tick) })
-		select {
-		case <-tick:
-		case <-e.stop:
-			t.Stop()
+		if e.sleep(ctx, interval) != nil {
 			return
 		}
 	}

@@ -1,0 +1,343 @@
+// Package cluster is the control plane several gateway replicas share (SPEC R16): the route
+// table, the static worker table and the drained models live in etcd under one prefix, every
+// replica applies each change through a watch, and each replica holds a lease under replicas/.
+//
+// Keys under the prefix P:
+//
+//	P routes           {"routes":[…]}: the route table; its mod revision is the ETag and the epoch
+//	P static_workers   {"static_workers":[…]}: the static worker table; its mod revision is the ETag
+//	P drained/<model>  a drained model (the key exists while it is drained; model path-escaped)
+//	P replicas/<id>    a live replica (leased): {"id","http_address","grpc_address","started_at"}
+//
+// etcd is the one owner of these facts. A replica's router, registry and scrapers hold the
+// last state the store applied to them, so requests keep flowing while etcd is away; writes
+// then answer errs.ErrConfigStoreUnavailable. Every value read from etcd is bounded and
+// validated before it is applied: an invalid table is logged and not applied.
+//
+// The store only uses etcd's v3 API as 3.4 serves it: range, put, delete, txn, watch, lease
+// grant and keep-alive.
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/tlgw/tlgw/internal/clock"
+	"github.com/tlgw/tlgw/internal/config"
+	"github.com/tlgw/tlgw/internal/errs"
+)
+
+// Key names under the prefix.
+const (
+	KeyRoutes        = "routes"
+	KeyStaticWorkers = "static_workers"
+	DirDrained       = "drained/"
+	DirReplicas      = "replicas/"
+)
+
+// Bounds on what the store accepts from etcd (anyone with write access to the prefix can put
+// anything there).
+const (
+	MaxTableBytes   = 4 << 20 // a routes or static_workers value
+	MaxReplicaBytes = 4 << 10 // a replicas/ value
+	MaxReplicas     = 1024    // replicas listed; more keys are ignored (and logged)
+	MaxDrained      = 10000   // drained models; more keys are ignored (and logged)
+	MaxModelIDLen   = 256     // a drained model id
+)
+
+// Applier receives the state the store reads from etcd; each function is called from one
+// goroutine at a time, in revision order per key, and must return quickly (send a message).
+type Applier struct {
+	// Routes installs the route table at epoch rev (the key's mod revision, the ETag).
+	Routes func(rev uint64, routes []config.Route)
+	// Static installs the static worker table at epoch rev.
+	Static func(rev uint64, ws []config.StaticWorker)
+	// Drains sets the drained models to exactly this set (sorted).
+	Drains func(models []string)
+	// Replicas tells the live replica count (≥ 1: this replica counts itself).
+	Replicas func(n int)
+}
+
+// Replica is one entry of replicas/ (GET /admin/v1/replicas).
+type Replica struct {
+	ID          string    `json:"id"`
+	HTTPAddress string    `json:"http_address"`
+	GRPCAddress string    `json:"grpc_address"`
+	StartedAt   time.Time `json:"started_at"`
+	Self        bool      `json:"self"`
+}
+
+// Config is what the store needs.
+type Config struct {
+	Cluster config.Cluster // Enabled, endpoints, prefix, lease TTL, TLS and auth
+	// Self is this replica (ID must be valid: config.ValidReplicaID).
+	Self Replica
+	// Seed is what this replica's configuration holds: stored only where etcd has no table yet.
+	SeedRoutes []config.Route
+	SeedStatic []config.StaticWorker
+	Apply      Applier
+	Clock      clock.Clock
+	Logger     *slog.Logger
+	Registerer prometheus.Registerer
+	// OpTimeout bounds every etcd call (default 2 s); ProbeInterval is how often the store
+	// checks etcd is there (default 1 s).
+	OpTimeout, ProbeInterval time.Duration
+}
+
+// Store is a replica's connection to the shared control plane.
+type Store struct {
+	cfg    Config
+	cli    *clientv3.Client
+	prefix string
+	log    *slog.Logger
+	m      *metrics
+
+	mu       sync.Mutex // guards the state below and orders every call into cfg.Apply
+	up       bool
+	routes   table[config.Route]
+	static   table[config.StaticWorker]
+	drained  map[string]int64 // model → revision it was last seen at; < 0 = undrained at -rev
+	replicas map[string]Replica
+	lease    clientv3.LeaseID
+
+	cancel context.CancelFunc
+	done   chan struct{}
+	bg     sync.WaitGroup // reseeds in flight
+}
+
+// table is one whole-table key as last applied: its mod revision and its rows.
+type table[T any] struct {
+	rev  int64
+	rows []T
+}
+
+// ErrUnavailable is what writes answer while etcd cannot be reached (503
+// config_store_unavailable). It wraps errs.ErrConfigStoreUnavailable.
+var ErrUnavailable = fmt.Errorf("the configuration store (etcd) cannot be reached; nothing was changed: %w", errs.ErrConfigStoreUnavailable)
+
+// Start connects to etcd and starts following the prefix. It does not wait for etcd: with
+// etcd away the replica serves its configuration's tables (Up is false, writes fail) and
+// takes etcd's state when it first answers. It fails only for an invalid configuration.
+func Start(cfg Config) (*Store, error) {
+	if cfg.Clock == nil {
+		cfg.Clock = clock.Real{}
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.OpTimeout <= 0 {
+		cfg.OpTimeout = 2 * time.Second
+	}
+	if cfg.ProbeInterval <= 0 {
+		cfg.ProbeInterval = time.Second
+	}
+	if !config.ValidReplicaID(cfg.Self.ID) {
+		return nil, fmt.Errorf("cluster: replica id %q: want 1 to %d printable ASCII characters without spaces or \"/\"", cfg.Self.ID, config.MaxReplicaIDLen)
+	}
+	c := cfg.Cluster
+	if !config.ValidClusterPrefix(c.Prefix) {
+		return nil, fmt.Errorf("cluster: prefix %q must start and end with \"/\"", c.Prefix)
+	}
+	tc, err := tlsConfig(c)
+	if err != nil {
+		return nil, err
+	}
+	cli, err := clientv3.New(clientv3.Config{
+		Endpoints: c.EtcdEndpoints, DialTimeout: cfg.OpTimeout, TLS: tc,
+		Username: c.Username, Password: c.Password,
+		DialKeepAliveTime: 5 * time.Second, DialKeepAliveTimeout: cfg.OpTimeout,
+		Logger: zap.NewNop(), // failures are reported by the store, once, through slog
+	})
+	if err != nil {
+		return nil, fmt.Errorf("cluster: etcd client: %w", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &Store{
+		cfg: cfg, cli: cli, prefix: c.Prefix, log: cfg.Logger.With("component", "cluster"),
+		m:       newMetrics(cfg.Registerer),
+		drained: make(map[string]int64), replicas: make(map[string]Replica),
+		routes: table[config.Route]{rows: cfg.SeedRoutes}, static: table[config.StaticWorker]{rows: cfg.SeedStatic},
+		cancel: cancel, done: make(chan struct{}),
+	}
+	s.m.replicas.Set(1)
+	go s.run(ctx)
+	return s, nil
+}
+
+// Close stops following etcd, revokes this replica's lease (so it leaves replicas/ at once)
+// and closes the connection.
+func (s *Store) Close() {
+	s.cancel()
+	<-s.done
+	s.bg.Wait()
+	s.mu.Lock()
+	lease := s.lease
+	s.mu.Unlock()
+	if lease != 0 {
+		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.OpTimeout)
+		_, _ = s.cli.Revoke(ctx, lease)
+		cancel()
+	}
+	_ = s.cli.Close()
+}
+
+// Up reports whether etcd answered the last probe.
+func (s *Store) Up() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.up
+}
+
+// Replicas lists the live replicas by id (this one always among them).
+func (s *Store) Replicas() []Replica {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]Replica, 0, len(s.replicas)+1)
+	seen := false
+	for _, r := range s.replicas {
+		r.Self = r.ID == s.cfg.Self.ID
+		seen = seen || r.Self
+		out = append(out, r)
+	}
+	if !seen {
+		me := s.cfg.Self
+		me.Self = true
+		out = append(out, me)
+	}
+	slices.SortFunc(out, func(a, b Replica) int { return strings.Compare(a.ID, b.ID) })
+	return out
+}
+
+func (s *Store) key(name string) string { return s.prefix + name }
+
+// drainedKey is the key of a drained model: the model id path-escaped, so no model id can
+// name a key outside drained/.
+func (s *Store) drainedKey(model string) string {
+	return s.prefix + DirDrained + url.PathEscape(model)
+}
+
+// PutRoutes stores the route table if its key is still at ifMatch (the ETag the operator
+// read): errs.ErrEtagMismatch when another write came first, ErrUnavailable without etcd.
+// On success the table is applied here at once and the new ETag returned.
+func (s *Store) PutRoutes(ifMatch uint64, routes []config.Route) (uint64, error) {
+	rev, err := s.putTable(KeyRoutes, "route table", ifMatch, routesDoc{Routes: nonNil(routes)})
+	if err != nil {
+		return 0, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.applyRoutesLocked(rev, routes)
+	return uint64(rev), nil
+}
+
+// PutStatic is PutRoutes for the static worker table.
+func (s *Store) PutStatic(ifMatch uint64, ws []config.StaticWorker) (uint64, error) {
+	rev, err := s.putTable(KeyStaticWorkers, "static worker table", ifMatch, staticDoc{StaticWorkers: nonNil(ws)})
+	if err != nil {
+		return 0, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.applyStaticLocked(rev, ws)
+	return uint64(rev), nil
+}
+
+// SetDrained drains (or undrains) a model on every replica: the key drained/<model> is put
+// (or deleted) and the new set applied here at once.
+func (s *Store) SetDrained(model string, drained bool) error {
+	if model == "" || len(model) > MaxModelIDLen {
+		return fmt.Errorf("model id must be 1 to %d bytes: %w", MaxModelIDLen, errs.ErrModelNotFound)
+	}
+	if !s.Up() {
+		return ErrUnavailable
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.OpTimeout)
+	defer cancel()
+	var rev int64
+	if drained {
+		resp, err := s.cli.Put(ctx, s.drainedKey(model), "1")
+		if err != nil {
+			return s.unavailable("drain", err)
+		}
+		rev = resp.Header.Revision
+	} else {
+		resp, err := s.cli.Delete(ctx, s.drainedKey(model))
+		if err != nil {
+			return s.unavailable("undrain", err)
+		}
+		rev = resp.Header.Revision
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.setDrainLocked(model, drained, rev) {
+		s.pushDrainsLocked()
+	}
+	return nil
+}
+
+// putTable is a compare-and-swap of one whole-table key on its mod revision.
+func (s *Store) putTable(name, what string, ifMatch uint64, doc any) (int64, error) {
+	if !s.Up() {
+		return 0, ErrUnavailable
+	}
+	val, err := marshal(doc)
+	if err != nil {
+		return 0, err
+	}
+	k := s.key(name)
+	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.OpTimeout)
+	defer cancel()
+	resp, err := s.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.ModRevision(k), "=", int64(min(ifMatch, 1<<62)))).
+		Then(clientv3.OpPut(k, val)).
+		Else(clientv3.OpGet(k, clientv3.WithKeysOnly())).
+		Commit()
+	if err != nil {
+		return 0, s.unavailable("put "+name, err)
+	}
+	if !resp.Succeeded {
+		cur := int64(0)
+		if rr := resp.Responses[0].GetResponseRange(); rr != nil && len(rr.Kvs) > 0 {
+			cur = rr.Kvs[0].ModRevision
+		}
+		return 0, fmt.Errorf("the %s is at revision %d, If-Match names %d: %w", what, cur, ifMatch, errs.ErrEtagMismatch)
+	}
+	return resp.Header.Revision, nil
+}
+
+// unavailable logs an etcd failure (with whatever address it names) and returns the error
+// a client may see, which names none.
+func (s *Store) unavailable(op string, err error) error {
+	s.log.Warn("etcd call failed", "op", op, "err", err)
+	if errors.Is(err, context.Canceled) && s.closed() {
+		return fmt.Errorf("the gateway is stopping: %w", errs.ErrShuttingDown)
+	}
+	return ErrUnavailable
+}
+
+func (s *Store) closed() bool {
+	select {
+	case <-s.done:
+		return true
+	default:
+		return false
+	}
+}
+
+func nonNil[T any](rows []T) []T {
+	if rows == nil {
+		return []T{}
+	}
+	return rows
+}

@@ -1,0 +1,452 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/tlgw/tlgw/internal/config"
+	"github.com/tlgw/tlgw/internal/errs"
+	"github.com/tlgw/tlgw/internal/etcdtest"
+)
+
+// applied records what a store applied, for the test to wait on.
+type applied struct {
+	mu       sync.Mutex
+	routeRev uint64
+	routes   []config.Route
+	static   uint64
+	ws       []config.StaticWorker
+	drains   []string
+	replicas int
+	changed  chan struct{}
+}
+
+func newApplied() *applied { return &applied{changed: make(chan struct{}, 1)} }
+
+func (a *applied) poke() {
+	select {
+	case a.changed <- struct{}{}:
+	default:
+	}
+}
+
+func (a *applied) applier() Applier {
+	return Applier{
+		Routes: func(rev uint64, r []config.Route) {
+			a.mu.Lock()
+			a.routeRev, a.routes = rev, r
+			a.mu.Unlock()
+			a.poke()
+		},
+		Static: func(rev uint64, ws []config.StaticWorker) {
+			a.mu.Lock()
+			a.static, a.ws = rev, ws
+			a.mu.Unlock()
+			a.poke()
+		},
+		Drains: func(m []string) {
+			a.mu.Lock()
+			a.drains = m
+			a.mu.Unlock()
+			a.poke()
+		},
+		Replicas: func(n int) {
+			a.mu.Lock()
+			a.replicas = n
+			a.mu.Unlock()
+			a.poke()
+		},
+	}
+}
+
+// await polls cond (under the lock) until it holds or d passes.
+func (a *applied) await(t *testing.T, d time.Duration, what string, cond func(a *applied) bool) {
+	t.Helper()
+	deadline := time.NewTimer(d)
+	defer deadline.Stop()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		a.mu.Lock()
+		ok := cond(a)
+		a.mu.Unlock()
+		if ok {
+			return
+		}
+		select {
+		case <-a.changed:
+		case <-tick.C:
+		case <-deadline.C:
+			a.mu.Lock()
+			defer a.mu.Unlock()
+			t.Fatalf("%s: not within %v (routes rev %d %v, drains %v, replicas %d)", what, d, a.routeRev, a.routes, a.drains, a.replicas)
+		}
+	}
+}
+
+func route(model string) config.Route { return config.Route{Model: model, Aliases: []string{}} }
+
+type replica struct {
+	*Store
+	got *applied
+	reg *prometheus.Registry
+}
+
+func startReplica(t *testing.T, endpoint, id string, seed []config.Route) replica {
+	t.Helper()
+	got := newApplied()
+	reg := prometheus.NewRegistry()
+	s, err := Start(Config{
+		Cluster: config.Cluster{Enabled: true, EtcdEndpoints: []string{endpoint}, Prefix: "/test/", LeaseTTL: 2 * time.Second},
+		Self:    Replica{ID: id, HTTPAddress: "127.0.0.1:1", GRPCAddress: "127.0.0.1:2", StartedAt: time.Unix(1700000000, 0).UTC()},
+		SeedRoutes: config.NormalizeRoutes(seed), Apply: got.applier(), Registerer: reg,
+		OpTimeout: 500 * time.Millisecond, ProbeInterval: 100 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	return replica{Store: s, got: got, reg: reg}
+}
+
+func rawClient(t *testing.T, endpoint string) *clientv3.Client {
+	t.Helper()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{endpoint}, DialTimeout: 2 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cli.Close() })
+	return cli
+}
+
+func routeModels(rs []config.Route) []string {
+	var out []string
+	for _, r := range rs {
+		out = append(out, r.Model)
+	}
+	return out
+}
+
+// TestFirstReplicaSeedsLaterOnesFollow: the first replica stores its configured tables; a
+// later replica with other configured routes takes the stored ones, at the same ETag.
+func TestFirstReplicaSeedsLaterOnesFollow(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	a := startReplica(t, etcd.Endpoint(), "a", []config.Route{route("alpha")})
+	a.got.await(t, 5*time.Second, "a applies its seed", func(x *applied) bool { return x.routeRev > 0 })
+	b := startReplica(t, etcd.Endpoint(), "b", []config.Route{route("beta")})
+	b.got.await(t, 5*time.Second, "b applies the stored table", func(x *applied) bool { return x.routeRev > 0 })
+	a.got.mu.Lock()
+	b.got.mu.Lock()
+	defer a.got.mu.Unlock()
+	defer b.got.mu.Unlock()
+	if a.got.routeRev != b.got.routeRev || !slices.Equal(routeModels(b.got.routes), []string{"alpha"}) {
+		t.Fatalf("a at %d %v, b at %d %v", a.got.routeRev, routeModels(a.got.routes), b.got.routeRev, routeModels(b.got.routes))
+	}
+	if a.got.static == 0 || a.got.static != b.got.static {
+		t.Fatalf("static worker table revisions %d and %d", a.got.static, b.got.static)
+	}
+}
+
+// TestPutIsCompareAndSwapAndEveryReplicaApplies: a PUT on one replica is applied on the other
+// within 1 s at the same ETag; a stale If-Match is ErrEtagMismatch and changes nothing.
+func TestPutIsCompareAndSwapAndEveryReplicaApplies(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	a := startReplica(t, etcd.Endpoint(), "a", []config.Route{route("alpha")})
+	b := startReplica(t, etcd.Endpoint(), "b", nil)
+	b.got.await(t, 5*time.Second, "b up", func(x *applied) bool { return x.routeRev > 0 })
+	a.got.await(t, 5*time.Second, "a up", func(x *applied) bool { return x.routeRev > 0 })
+	awaitUp(t, a.Store)
+	a.got.mu.Lock()
+	etag := a.got.routeRev
+	a.got.mu.Unlock()
+	next, err := a.PutRoutes(etag, config.NormalizeRoutes([]config.Route{route("gamma")}))
+	if err != nil || next <= etag {
+		t.Fatalf("put: %d %v", next, err)
+	}
+	b.got.await(t, time.Second, "b applies the PUT within 1 s", func(x *applied) bool {
+		return x.routeRev == next && slices.Equal(routeModels(x.routes), []string{"gamma"})
+	})
+	if _, err := b.PutRoutes(etag, nil); !errors.Is(err, errs.ErrEtagMismatch) {
+		t.Fatalf("stale put: %v, want etag mismatch", err)
+	}
+	b.got.mu.Lock()
+	rev := b.got.routeRev
+	b.got.mu.Unlock()
+	if rev != next {
+		t.Fatalf("a refused put moved the table to %d", rev)
+	}
+}
+
+// TestConcurrentPutsExactlyOneWins: replicas PUT with the same If-Match at once; exactly one
+// wins, the others get ErrEtagMismatch, and all end on the winner's table.
+func TestConcurrentPutsExactlyOneWins(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	var rs []replica
+	for i := range 3 {
+		rs = append(rs, startReplica(t, etcd.Endpoint(), fmt.Sprintf("r%d", i), []config.Route{route("base")}))
+	}
+	for _, r := range rs {
+		r.got.await(t, 5*time.Second, "up", func(x *applied) bool { return x.routeRev > 0 })
+		awaitUp(t, r.Store)
+	}
+	for round := range 10 {
+		rs[0].got.mu.Lock()
+		etag := rs[0].got.routeRev
+		rs[0].got.mu.Unlock()
+		var wg sync.WaitGroup
+		res := make([]error, len(rs))
+		revs := make([]uint64, len(rs))
+		for i, r := range rs {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				revs[i], res[i] = r.PutRoutes(etag, config.NormalizeRoutes([]config.Route{route(fmt.Sprintf("m%d-%d", round, i))}))
+			}()
+		}
+		wg.Wait()
+		winner, wins := -1, 0
+		for i, err := range res {
+			switch {
+			case err == nil:
+				winner, wins = i, wins+1
+			case !errors.Is(err, errs.ErrEtagMismatch):
+				t.Fatalf("round %d replica %d: %v", round, i, err)
+			}
+		}
+		if wins != 1 {
+			t.Fatalf("round %d: %d winners (%v)", round, wins, res)
+		}
+		want := fmt.Sprintf("m%d-%d", round, winner)
+		for _, r := range rs {
+			r.got.await(t, time.Second, "converge on the winner", func(x *applied) bool {
+				return x.routeRev == revs[winner] && slices.Equal(routeModels(x.routes), []string{want})
+			})
+		}
+	}
+}
+
+func awaitUp(t *testing.T, s *Store) {
+	t.Helper()
+	awaitCond(t, 5*time.Second, "store up", s.Up)
+}
+
+func awaitCond(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %v", what, d)
+		}
+		<-tick.C
+	}
+}
+
+// TestDrainsFollowEveryReplica: a drain on one replica is applied on the other; an undrain
+// lifts it; model ids with "/" stay inside drained/.
+func TestDrainsFollowEveryReplica(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	a := startReplica(t, etcd.Endpoint(), "a", nil)
+	b := startReplica(t, etcd.Endpoint(), "b", nil)
+	awaitUp(t, a.Store)
+	awaitUp(t, b.Store)
+	for _, m := range []string{"llama", "org/model:8b"} {
+		if err := a.SetDrained(m, true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b.got.await(t, time.Second, "b drains both", func(x *applied) bool { return slices.Equal(x.drains, []string{"llama", "org/model:8b"}) })
+	if err := b.SetDrained("llama", false); err != nil {
+		t.Fatal(err)
+	}
+	a.got.await(t, time.Second, "a undrains", func(x *applied) bool { return slices.Equal(x.drains, []string{"org/model:8b"}) })
+	cli := rawClient(t, etcd.Endpoint())
+	resp, err := cli.Get(context.Background(), "/test/drained/", clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	if err != nil || len(resp.Kvs) != 1 || string(resp.Kvs[0].Key) != "/test/drained/org%2Fmodel:8b" {
+		t.Fatalf("drained keys %v %v", resp, err)
+	}
+	// A third replica starting now takes the set from its first read.
+	c := startReplica(t, etcd.Endpoint(), "c", nil)
+	c.got.await(t, 5*time.Second, "c reads the drains", func(x *applied) bool { return slices.Equal(x.drains, []string{"org/model:8b"}) })
+	if err := a.SetDrained("", true); !errors.Is(err, errs.ErrModelNotFound) {
+		t.Fatalf("empty model: %v", err)
+	}
+}
+
+// TestReplicasLeaseMembership: replicas list each other; a closed replica leaves at once, and
+// one whose lease stops being renewed leaves within the TTL.
+func TestReplicasLeaseMembership(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	a := startReplica(t, etcd.Endpoint(), "a", nil)
+	b := startReplica(t, etcd.Endpoint(), "b", nil)
+	a.got.await(t, 5*time.Second, "a sees two", func(x *applied) bool { return x.replicas == 2 })
+	list := a.Replicas()
+	if len(list) != 2 || list[0].ID != "a" || !list[0].Self || list[1].ID != "b" || list[1].Self || list[1].HTTPAddress != "127.0.0.1:1" {
+		t.Fatalf("replicas %+v", list)
+	}
+	if v := testutil.ToFloat64(metricGauge(t, a.reg, "tlgw_cluster_replicas")); v != 2 {
+		t.Fatalf("tlgw_cluster_replicas %v", v)
+	}
+	b.Close()
+	a.got.await(t, time.Second, "a sees b leave", func(x *applied) bool { return x.replicas == 1 })
+
+	// A replica cut off from etcd stops renewing: the others drop it within the TTL (2 s).
+	p := etcdtest.NewProxy(t, etcd.Endpoint())
+	c := startReplica(t, p.Addr(), "c", nil)
+	a.got.await(t, 5*time.Second, "a sees c", func(x *applied) bool { return x.replicas == 2 })
+	p.Cut()
+	start := time.Now()
+	a.got.await(t, 5*time.Second, "a drops c", func(x *applied) bool { return x.replicas == 1 })
+	if d := time.Since(start); d > 3*time.Second {
+		t.Fatalf("c left after %v, lease TTL 2s", d)
+	}
+	awaitCond(t, 5*time.Second, "c down", func() bool { return !c.Up() })
+	p.Restore()
+	a.got.await(t, 10*time.Second, "c back", func(x *applied) bool { return x.replicas == 2 })
+}
+
+func metricGauge(t *testing.T, reg *prometheus.Registry, name string) prometheus.Collector {
+	t.Helper()
+	return gathered{reg: reg, name: name}
+}
+
+// gathered exposes one gathered gauge as a collector for testutil.ToFloat64.
+type gathered struct {
+	reg  *prometheus.Registry
+	name string
+}
+
+func (g gathered) Describe(chan<- *prometheus.Desc) {}
+func (g gathered) Collect(ch chan<- prometheus.Metric) {
+	mfs, _ := g.reg.Gather()
+	for _, mf := range mfs {
+		if mf.GetName() == g.name {
+			ch <- prometheus.MustNewConstMetric(prometheus.NewDesc(g.name, "", nil, nil), prometheus.GaugeValue, mf.Metric[0].GetGauge().GetValue())
+		}
+	}
+}
+
+// TestOutageServesLastStateAndCatchesUp: a replica cut off from etcd keeps its last state,
+// refuses writes with ErrUnavailable and reports down; changes made meanwhile by another
+// replica are all applied when it is back (no update lost).
+func TestOutageServesLastStateAndCatchesUp(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	p := etcdtest.NewProxy(t, etcd.Endpoint())
+	a := startReplica(t, etcd.Endpoint(), "a", []config.Route{route("alpha")})
+	b := startReplica(t, p.Addr(), "b", nil)
+	awaitUp(t, a.Store)
+	awaitUp(t, b.Store)
+	b.got.await(t, 5*time.Second, "b has the table", func(x *applied) bool { return x.routeRev > 0 })
+	if v := testutil.ToFloat64(metricGauge(t, b.reg, "tlgw_config_store_up")); v != 1 {
+		t.Fatalf("up %v", v)
+	}
+	p.Cut()
+	awaitCond(t, 5*time.Second, "b notices", func() bool { return !b.Up() })
+	if v := testutil.ToFloat64(metricGauge(t, b.reg, "tlgw_config_store_up")); v != 0 {
+		t.Fatalf("up %v while cut off", v)
+	}
+	b.got.mu.Lock()
+	old := b.got.routeRev
+	b.got.mu.Unlock()
+	if _, err := b.PutRoutes(old, nil); !errors.Is(err, errs.ErrConfigStoreUnavailable) {
+		t.Fatalf("put while cut off: %v", err)
+	}
+	if err := b.SetDrained("m", true); !errors.Is(err, errs.ErrConfigStoreUnavailable) {
+		t.Fatalf("drain while cut off: %v", err)
+	}
+	// Meanwhile a changes the table twice and drains a model.
+	rev1, err := a.PutRoutes(old, config.NormalizeRoutes([]config.Route{route("one")}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rev2, err := a.PutRoutes(rev1, config.NormalizeRoutes([]config.Route{route("two")}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.SetDrained("m", true); err != nil {
+		t.Fatal(err)
+	}
+	b.got.mu.Lock()
+	still := b.got.routeRev
+	b.got.mu.Unlock()
+	if still != old {
+		t.Fatalf("b moved to %d while cut off", still)
+	}
+	p.Restore()
+	b.got.await(t, 10*time.Second, "b catches up", func(x *applied) bool {
+		return x.routeRev == rev2 && slices.Equal(routeModels(x.routes), []string{"two"}) && slices.Equal(x.drains, []string{"m"})
+	})
+	awaitUp(t, b.Store)
+	if _, err := b.PutRoutes(rev2, config.NormalizeRoutes([]config.Route{route("three")})); err != nil {
+		t.Fatalf("put after coming back: %v", err)
+	}
+}
+
+// TestEtcdRestartAllConverge: etcd itself stops: writes fail on every replica, requests are
+// not their business; after a restart a PUT goes through and every replica converges.
+func TestEtcdRestartAllConverge(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	a := startReplica(t, etcd.Endpoint(), "a", []config.Route{route("alpha")})
+	b := startReplica(t, etcd.Endpoint(), "b", nil)
+	awaitUp(t, a.Store)
+	awaitUp(t, b.Store)
+	etcd.Stop()
+	awaitCond(t, 5*time.Second, "both down", func() bool { return !a.Up() && !b.Up() })
+	a.got.mu.Lock()
+	etag := a.got.routeRev
+	a.got.mu.Unlock()
+	if _, err := a.PutRoutes(etag, nil); !errors.Is(err, errs.ErrConfigStoreUnavailable) {
+		t.Fatalf("put with etcd stopped: %v", err)
+	}
+	etcd.Restart()
+	awaitCond(t, 15*time.Second, "both back", func() bool { return a.Up() && b.Up() })
+	rev, err := a.PutRoutes(etag, config.NormalizeRoutes([]config.Route{route("after")}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.got.await(t, time.Second, "b converges", func(x *applied) bool { return x.routeRev == rev })
+}
+
+// TestInvalidStoredTableKeepsLastGood: garbage written to the routes key by hand is not
+// applied; the last good table serves under the stored revision, so a PUT can replace it.
+// A deleted table is put back.
+func TestInvalidStoredTableKeepsLastGood(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	a := startReplica(t, etcd.Endpoint(), "a", []config.Route{route("alpha")})
+	awaitUp(t, a.Store)
+	cli := rawClient(t, etcd.Endpoint())
+	for _, bad := range []string{`{"routes":[{"model":""}]}`, `not json`, `{"routes":[],"x":1}`, `{}`} {
+		resp, err := cli.Put(context.Background(), "/test/routes", bad)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rev := uint64(resp.Header.Revision)
+		a.got.await(t, time.Second, "bad value seen", func(x *applied) bool {
+			return x.routeRev == rev && slices.Equal(routeModels(x.routes), []string{"alpha"})
+		})
+	}
+	a.got.mu.Lock()
+	etag := a.got.routeRev
+	a.got.mu.Unlock()
+	rev, err := a.PutRoutes(etag, config.NormalizeRoutes([]config.Route{route("fixed")}))
+	if err != nil {
+		t.Fatalf("put over a bad value: %v", err)
+	}
+	if _, err := cli.Delete(context.Background(), "/test/routes"); err != nil {
+		t.Fatal(err)
+	}
+	a.got.await(t, 2*time.Second, "deleted table put back", func(x *applied) bool {
+		return x.routeRev > rev && slices.Equal(routeModels(x.routes), []string{"fixed"})
+	})
+}

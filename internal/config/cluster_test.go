@@ -1,0 +1,83 @@
+package config
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestClusterAbsentIsOneProcess(t *testing.T) {
+	cfg, err := Parse(nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Cluster.Enabled || cfg.Cluster.Prefix != "/tlgw/" || cfg.Cluster.LeaseTTL != 10*time.Second {
+		t.Fatalf("cluster %+v", cfg.Cluster)
+	}
+}
+
+func TestClusterTable(t *testing.T) {
+	env := map[string]string{"ETCD_PW": "s3cret"}
+	cfg, err := Parse([]byte(`
+[cluster]
+etcd_endpoints = ["127.0.0.1:2379", "etcd-1.internal:2379"]
+prefix = "/prod/tlgw/"
+replica_id = "gw-0:8080"
+lease_ttl = "5s"
+tls_ca = "/etc/etcd/ca.pem"
+tls_cert = "/etc/etcd/client.pem"
+tls_key = "/etc/etcd/client-key.pem"
+username = "tlgw"
+password_env = "ETCD_PW"
+`), func(k string) string { return env[k] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := cfg.Cluster
+	if !c.Enabled || len(c.EtcdEndpoints) != 2 || c.EtcdEndpoints[1] != "etcd-1.internal:2379" || c.Prefix != "/prod/tlgw/" ||
+		c.ReplicaID != "gw-0:8080" || c.LeaseTTL != 5*time.Second || !c.TLS() || c.TLSKey != "/etc/etcd/client-key.pem" ||
+		c.Username != "tlgw" || c.Password != "s3cret" || c.PasswordEnv != "ETCD_PW" {
+		t.Fatalf("cluster %+v", c)
+	}
+}
+
+func TestClusterTableProblems(t *testing.T) {
+	for name, c := range map[string]struct{ toml, key string }{
+		"no endpoints":      {"[cluster]\nprefix='/x/'\n", "cluster"},
+		"empty endpoints":   {"[cluster]\netcd_endpoints=[]\n", "cluster.etcd_endpoints"},
+		"endpoint no port":  {"[cluster]\netcd_endpoints=['etcd']\n", "cluster.etcd_endpoints[0]"},
+		"endpoint bad port": {"[cluster]\netcd_endpoints=['etcd:99999']\n", "cluster.etcd_endpoints[0]"},
+		"endpoint url":      {"[cluster]\netcd_endpoints=['http://etcd:2379/x']\n", "cluster.etcd_endpoints[0]"},
+		"prefix no slash":   {"[cluster]\netcd_endpoints=['e:1']\nprefix='tlgw'\n", "cluster.prefix"},
+		"prefix no end":     {"[cluster]\netcd_endpoints=['e:1']\nprefix='/tlgw'\n", "cluster.prefix"},
+		"prefix space":      {"[cluster]\netcd_endpoints=['e:1']\nprefix='/a b/'\n", "cluster.prefix"},
+		"replica slash":     {"[cluster]\netcd_endpoints=['e:1']\nreplica_id='a/b'\n", "cluster.replica_id"},
+		"replica long":      {"[cluster]\netcd_endpoints=['e:1']\nreplica_id='" + strings.Repeat("r", 129) + "'\n", "cluster.replica_id"},
+		"ttl short":         {"[cluster]\netcd_endpoints=['e:1']\nlease_ttl='1s'\n", "cluster.lease_ttl"},
+		"ttl fraction":      {"[cluster]\netcd_endpoints=['e:1']\nlease_ttl='2500ms'\n", "cluster.lease_ttl"},
+		"ttl long":          {"[cluster]\netcd_endpoints=['e:1']\nlease_ttl='2h'\n", "cluster.lease_ttl"},
+		"ttl bad":           {"[cluster]\netcd_endpoints=['e:1']\nlease_ttl='soon'\n", "cluster.lease_ttl"},
+		"cert no key":       {"[cluster]\netcd_endpoints=['e:1']\ntls_cert='c.pem'\n", "cluster.tls_key"},
+		"user no password":  {"[cluster]\netcd_endpoints=['e:1']\nusername='u'\n", "cluster.password_env"},
+		"password no user":  {"[cluster]\netcd_endpoints=['e:1']\npassword_env='P'\n", "cluster.username"},
+		"password unset":    {"[cluster]\netcd_endpoints=['e:1']\nusername='u'\npassword_env='UNSET'\n", "cluster.password_env"},
+		"unknown field":     {"[cluster]\netcd_endpoints=['e:1']\nreplicas=3\n", "cluster.replicas"},
+		"inline password":   {"[cluster]\netcd_endpoints=['e:1']\nusername='u'\npassword='p'\n", "cluster.password"},
+	} {
+		_, err := Parse([]byte(c.toml), func(string) string { return "" })
+		if err == nil || !strings.Contains(err.Error(), c.key) {
+			t.Errorf("%s: %v, want an error naming %s", name, err, c.key)
+		}
+	}
+}
+
+func TestValidReplicaID(t *testing.T) {
+	for id, ok := range map[string]bool{
+		"gw-0:8080": true, "[::1]:8080": true, "a": true, strings.Repeat("x", 128): true,
+		"": false, "a/b": false, "a b": false, "é": false, "a\x00": false, strings.Repeat("x", 129): false,
+	} {
+		if ValidReplicaID(id) != ok {
+			t.Errorf("ValidReplicaID(%q) = %v, want %v", id, !ok, ok)
+		}
+	}
+}
