@@ -267,6 +267,16 @@ func (g *Gateway) PutRoutes(ifMatch uint64, routes []config.Route) (*router.Rout
 	return ask[*router.RouteTable](g, g.Router, &router.PutRoutes{IfMatch: ifMatch, Routes: routes})
 }
 
+// InstallRoutes sets the route table and its epoch as the cluster's store read them (R16).
+func (g *Gateway) InstallRoutes(epoch uint64, routes []config.Route) {
+	g.System.Root.Send(g.Router, &router.SetRoutes{Epoch: epoch, Routes: routes})
+}
+
+// SyncDrains sets the drained models to exactly models, as the cluster's store read them.
+func (g *Gateway) SyncDrains(models []string) {
+	g.System.Root.Send(g.Registry, &registry.SyncDrains{Models: models})
+}
+
 // Models lists the model ids clients may use.
 func (g *Gateway) Models() (*router.ModelList, error) {
 	return ask[*router.ModelList](g, g.Router, &router.ListModels{})

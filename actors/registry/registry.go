@@ -69,6 +69,13 @@ type DrainModel struct {
 	Drained bool
 }
 
+// SyncDrains sets the drained models to exactly Models, as the cluster's store read them
+// from etcd (R16): workers of a model in the set are drained, the others undrained, and a
+// worker that registers later follows the set. No reply; no model needs a worker.
+type SyncDrains struct {
+	Models []string
+}
+
 // DrainResult answers DrainModel.
 type DrainResult struct {
 	Workers int
@@ -156,10 +163,12 @@ func (r *registryActor) Receive(c actor.Context) {
 		}
 	case *DrainModel:
 		c.Respond(st.drain(c, m))
+	case *SyncDrains:
+		st.syncDrains(c, m)
 	case *router.EpochChanged:
-		if m.Epoch > st.epoch {
-			st.epoch = m.Epoch
-		}
+		// The epoch follows the route table's: strictly increasing on one node, and the etcd
+		// revision in a cluster (R16), which a rebuilt etcd may restart lower.
+		st.epoch = m.Epoch
 	case *actor.Stopping:
 		for _, e := range st.entries {
 			c.Stop(e.pid)
@@ -245,6 +254,23 @@ func (st *state) drain(c actor.Context, m *DrainModel) any {
 	}
 	st.cfg.Logger.Info("model drain changed", "model", m.Model, "drained", m.Drained, "workers", n)
 	return &DrainResult{Workers: n}
+}
+
+func (st *state) syncDrains(c actor.Context, m *SyncDrains) {
+	want := make(map[string]bool, len(m.Models))
+	for _, model := range m.Models {
+		want[model] = true
+	}
+	st.drained = want
+	n := 0
+	for _, e := range st.entries {
+		if d := want[e.info.Model]; d != e.info.AdminDrained {
+			e.info.AdminDrained = d
+			c.Send(e.pid, &worker.SetDrained{Drained: d})
+			n++
+		}
+	}
+	st.cfg.Logger.Info("drained models synchronised from the cluster store", "models", len(want), "workers_changed", n)
 }
 
 // sanitize makes a worker id usable in an actor name: protoactor reserves '$' and uses '/' as

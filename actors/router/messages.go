@@ -284,6 +284,14 @@ type PutRoutes struct {
 	Routes  []config.Route
 }
 
+// SetRoutes installs a route table the cluster's store read from etcd (R16): Epoch is the
+// key's mod revision, the ETag every replica shows. It is applied as sent (the store orders
+// its calls by revision); no reply.
+type SetRoutes struct {
+	Epoch  uint64
+	Routes []config.Route
+}
+
 // ListModels asks for the model ids clients may use; the reply is *ModelList.
 type ListModels struct{}
 

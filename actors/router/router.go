@@ -177,6 +177,12 @@ func (st *state) handle(msg any, fx effects) {
 			fx.send(st.parent, &EpochChanged{Epoch: out.Epoch})
 		}
 		fx.respond(out)
+	case *SetRoutes:
+		st.table.install(m.Epoch, m.Routes)
+		st.log.Info("route table installed from the cluster store", "epoch", m.Epoch, "routes", len(m.Routes))
+		if st.parent != nil {
+			fx.send(st.parent, &EpochChanged{Epoch: m.Epoch})
+		}
 	case *ListModels:
 		fx.respond(st.listModels())
 	case *Ready:

@@ -39,6 +39,12 @@ func (t *routeTable) put(ifMatch uint64, routes []config.Route) (*RouteTable, er
 	return t.view(), nil
 }
 
+// install sets the table and its epoch as the cluster's store gives them (R16).
+func (t *routeTable) install(epoch uint64, routes []config.Route) {
+	t.epoch = epoch
+	t.set(routes)
+}
+
 func (t *routeTable) view() *RouteTable {
 	return &RouteTable{Epoch: t.epoch, Routes: slices.Clone(t.routes)}
 }

@@ -324,3 +324,16 @@ func (s *Server) putStatic(w http.ResponseWriter, r *http.Request) {
 	}
 	s.writeStatic(w, next, ws)
 }
+
+// getReplicas serves GET /admin/v1/replicas (R16): the replicas holding a lease in etcd, or
+// this process alone without [cluster].
+func (s *Server) getReplicas(w http.ResponseWriter, _ *http.Request) {
+	var v Replicas
+	if s.replicaFn != nil {
+		v = s.replicaFn()
+	}
+	if v.List == nil {
+		v.List = []Replica{}
+	}
+	writeJSON(w, http.StatusOK, v)
+}

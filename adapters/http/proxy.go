@@ -28,7 +28,7 @@ func (s *Server) inference(w http.ResponseWriter, r *http.Request, kind oai.Kind
 	}
 	limited := km.index >= 0 && (km.limits.RPM > 0 || km.limits.TPM > 0)
 	if limited {
-		st, ok := s.limiter.Allow(km.index, km.limits)
+		st, ok := s.limiter.Allow(km.index, km.limits.PerReplica(int(s.replicas.Load())))
 		rateLimitHeaders(w.Header(), st)
 		if !ok {
 			w.Header().Set("Retry-After", strconv.FormatInt(int64(math.Ceil(st.RetryAfter.Seconds())), 10))

@@ -83,3 +83,31 @@ func TestRateLimitTPM(t *testing.T) {
 		t.Fatalf("third: %d %s Retry-After %q", resp.StatusCode, b, resp.Header.Get("Retry-After"))
 	}
 }
+
+// TestRateLimitPerReplica (R16): with 3 live replicas each enforces ⌈rpm / 3⌉, and the
+// headers say the share; back to one replica, the whole limit.
+func TestRateLimitPerReplica(t *testing.T) {
+	clk := &fakeNow{t: time.Unix(2_000_000, 0)}
+	s := newStack(t, stackOpt{now: clk.now, keys: []config.Key{{Key: "sk-limited", Scopes: []string{"inference"}, RPM: 7}}})
+	s.beat("w1", "smol", jsonEngine(t, "w1"))
+	s.api.SetReplicas(3)
+	body := `{"model":"smol","prompt":"hi"}`
+	for i := range 3 {
+		resp, b := s.do(t, "POST", "/v1/completions", "sk-limited", body)
+		if resp.StatusCode != 200 || resp.Header.Get("x-ratelimit-limit-requests") != "3" {
+			t.Fatalf("request %d: %d %s, limit header %q", i, resp.StatusCode, b, resp.Header.Get("x-ratelimit-limit-requests"))
+		}
+	}
+	if resp, _ := s.do(t, "POST", "/v1/completions", "sk-limited", body); resp.StatusCode != 429 {
+		t.Fatalf("4th of ⌈7/3⌉ = 3: %d", resp.StatusCode)
+	}
+	s.api.SetReplicas(0) // counts as one
+	for i := range 4 {
+		if resp, b := s.do(t, "POST", "/v1/completions", "sk-limited", body); resp.StatusCode != 200 || resp.Header.Get("x-ratelimit-limit-requests") != "7" {
+			t.Fatalf("one replica, request %d: %d %s", i, resp.StatusCode, b)
+		}
+	}
+	if resp, _ := s.do(t, "POST", "/v1/completions", "sk-limited", body); resp.StatusCode != 429 {
+		t.Fatalf("8th of 7: %d", resp.StatusCode)
+	}
+}

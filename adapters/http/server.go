@@ -47,6 +47,23 @@ type StaticWorkers interface {
 	PutStaticWorkers(ifMatch uint64, workers []config.StaticWorker) (uint64, error)
 }
 
+// Replica is one row of GET /admin/v1/replicas (R16).
+type Replica struct {
+	ID          string    `json:"id"`
+	HTTPAddress string    `json:"http_address"`
+	GRPCAddress string    `json:"grpc_address"`
+	StartedAt   time.Time `json:"started_at"`
+	Self        bool      `json:"self"`
+}
+
+// Replicas is what GET /admin/v1/replicas shows: whether the gateway runs as a cluster,
+// whether its configuration store answers, and the live replicas (this one always among them).
+type Replicas struct {
+	Cluster bool      `json:"cluster"`
+	StoreUp bool      `json:"config_store_up"`
+	List    []Replica `json:"replicas"`
+}
+
 // Admission is what the HTTP surface needs to know of the admission classes (R10): the
 // default class and, per class, whether its requests may pick another class with X-TL-Class.
 type Admission struct {
@@ -65,6 +82,8 @@ type Options struct {
 	Logger       *slog.Logger
 	Admission    Admission
 	Static       StaticWorkers // nil: the static-workers admin path answers 404
+	// Replicas lists the gateway's replicas (R16); nil: an empty list.
+	Replicas func() Replicas
 	// Registerer receives the HTTP metrics; Gatherer serves /metrics. Either may be nil.
 	Registerer prometheus.Registerer
 	Gatherer   prometheus.Gatherer
@@ -85,6 +104,7 @@ type Server struct {
 	serve     func(*request.Exchange)
 	keys      *keyring
 	limiter   *ratelimit.Limiter // per-key rpm/tpm (R13.5)
+	replicas  atomic.Int64       // live gateway replicas: each enforces ⌈limit / replicas⌉ (R16)
 	maxBody   int64
 	log       *slog.Logger
 	metrics   *httpMetrics
@@ -92,6 +112,7 @@ type Server struct {
 	draining  atomic.Bool
 	admission Admission
 	static    StaticWorkers
+	replicaFn func() Replicas
 
 	renderPrompts bool
 
@@ -116,8 +137,9 @@ func New(o Options) *Server {
 		core: o.Core, serve: o.Serve, keys: newKeyring(o.Keys), limiter: ratelimit.New(o.Now), maxBody: o.MaxBodyBytes, admission: o.Admission, static: o.Static,
 		log: o.Logger, metrics: newHTTPMetrics(o.Registerer),
 		maxInFlight: o.MaxInFlight, bodyTimeout: o.BodyReadTimeout, writeTimeout: o.ClientWriteTimeout,
-		renderPrompts: o.RenderPrompts,
+		renderPrompts: o.RenderPrompts, replicaFn: o.Replicas,
 	}
+	s.replicas.Store(1)
 	if o.Gatherer != nil {
 		s.metricsH = promhttp.HandlerFor(o.Gatherer, promhttp.HandlerOpts{})
 	}
@@ -140,6 +162,9 @@ func NewTransport() *http.Transport {
 		ForceAttemptHTTP2:   false,
 	}
 }
+
+// SetReplicas sets how many gateway replicas share the rate limits (R16); n < 1 counts as 1.
+func (s *Server) SetReplicas(n int) { s.replicas.Store(int64(max(n, 1))) }
 
 // SetDraining makes new inference requests answer 503 shutting_down (graceful shutdown).
 func (s *Server) SetDraining() { s.draining.Store(true) }
@@ -253,6 +278,8 @@ func (s *Server) serveAdmin(w http.ResponseWriter, r *http.Request) {
 		s.only(w, r, http.MethodGet, s.getQueue)
 	case path == "/admin/v1/programs":
 		s.only(w, r, http.MethodGet, s.getPrograms)
+	case path == "/admin/v1/replicas":
+		s.only(w, r, http.MethodGet, s.getReplicas)
 	case path == "/admin/v1/static-workers" && s.static != nil:
 		switch r.Method {
 		case http.MethodGet, http.MethodHead:

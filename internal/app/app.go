@@ -20,6 +20,7 @@ import (
 	"github.com/tlgw/tlgw/actors/router"
 	"github.com/tlgw/tlgw/actors/router/admission"
 	_ "github.com/tlgw/tlgw/actors/router/admission/classifiers" // the classifier names config may use
+	"github.com/tlgw/tlgw/adapters/cluster"
 	grpcapi "github.com/tlgw/tlgw/adapters/grpc"
 	httpapi "github.com/tlgw/tlgw/adapters/http"
 	"github.com/tlgw/tlgw/adapters/scrape"
@@ -54,6 +55,9 @@ type App struct {
 	grpcLis  *grpcapi.Listener
 	engines  *grpcapi.Engines
 	static   *staticWorkers
+	store    *cluster.Store  // the control plane in etcd (R16); nil without [cluster]
+	self     cluster.Replica // this replica
+	clock    clock.Clock
 	unwatch  func()
 	pool     *gopool.Pool
 	serveErr chan error
@@ -106,7 +110,7 @@ func Start(cfg *config.Config, o Options) (*App, error) {
 		pool.Close()
 		return nil, err
 	}
-	a := &App{Gateway: gw, Registry: reg, cfg: cfg, log: o.Logger, serveErr: make(chan error, 2), pool: pool}
+	a := &App{Gateway: gw, Registry: reg, cfg: cfg, log: o.Logger, serveErr: make(chan error, 2), pool: pool, clock: o.Clock}
 	a.unwatch = am.WatchSystem(gw.System)
 
 	httpLis, err := net.Listen("tcp", g.HTTPListen)
@@ -121,6 +125,14 @@ func Start(cfg *config.Config, o Options) (*App, error) {
 		return nil, fmt.Errorf("registry_listen %s: %w", g.RegistryListen, err)
 	}
 	a.HTTPAddr, a.GRPCAddr = httpLis.Addr().String(), grpcLis.Addr().String()
+	id, err := replicaID(cfg, a.HTTPAddr)
+	if err != nil {
+		_ = httpLis.Close()
+		_ = grpcLis.Close()
+		a.stopActors()
+		return nil, err
+	}
+	a.self = cluster.Replica{ID: id, HTTPAddress: a.HTTPAddr, GRPCAddress: a.GRPCAddr, StartedAt: startedAt(o.Clock.Now())}
 	if o.Transport == nil {
 		o.Transport = httpapi.NewTransport()
 	}
@@ -140,9 +152,14 @@ func Start(cfg *config.Config, o Options) (*App, error) {
 	}
 	a.static = &staticWorkers{mgr: scrape.NewManager(scrapeSink{gw: gw}, o.Clock, reg)}
 	a.static.start(g.StaticWorkers)
+	var core httpapi.Core = gw
+	var static httpapi.StaticWorkers = a.static
+	if cfg.Cluster.Enabled {
+		core, static = clusterCore{Gateway: gw, app: a}, clusterStatic{staticWorkers: a.static, app: a}
+	}
 	a.HTTP = httpapi.New(httpapi.Options{
-		Static: a.static,
-		Core:   gw, Keys: cfg.Auth.Keys, MaxBodyBytes: g.MaxBodyBytes, Logger: o.Logger,
+		Static: static, Replicas: a.replicas,
+		Core: core, Keys: cfg.Auth.Keys, MaxBodyBytes: g.MaxBodyBytes, Logger: o.Logger,
 		Admission:  httpAdmission(cfg),
 		Serve:      func(x *request.Exchange) { request.Spawn(gw.System, deps, x, reqOpts...) },
 		Registerer: reg, Gatherer: reg,
@@ -150,6 +167,15 @@ func Start(cfg *config.Config, o Options) (*App, error) {
 		RenderPrompts: deps.PrefixHashes || deps.Admission,
 	})
 	a.httpSrv = newHTTPServer(a.HTTP, g)
+	if cfg.Cluster.Enabled {
+		if err := a.startCluster(a.self); err != nil {
+			_ = httpLis.Close()
+			_ = grpcLis.Close()
+			a.static.mgr.Close()
+			a.stopActors()
+			return nil, err
+		}
+	}
 	a.grpcLis = grpcapi.NewListener(gw, regOpts, grpcOpts...)
 	go func() {
 		if err := a.httpSrv.Serve(httpLis); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -176,6 +202,9 @@ func (a *App) Shutdown(ctx context.Context) error {
 		_ = a.httpSrv.Close() // grace period over: cut what is left
 	}
 	a.grpcLis.Stop()
+	if a.store != nil {
+		a.store.Close() // revokes this replica's lease: the others count one replica less at once
+	}
 	a.static.mgr.Close()
 	a.stopActors()
 	a.engines.Close()

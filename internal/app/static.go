@@ -31,6 +31,14 @@ func (s *staticWorkers) start(ws []config.StaticWorker) {
 	s.mgr.Set(targets(ws))
 }
 
+// install sets the table at epoch rev as the cluster's store read it (R16).
+func (s *staticWorkers) install(rev uint64, ws []config.StaticWorker) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.epoch, s.ws = rev, ws
+	s.mgr.Set(targets(ws))
+}
+
 func (s *staticWorkers) StaticWorkers() (uint64, []config.StaticWorker) {
 	s.mu.Lock()
 	defer s.mu.Unlock()

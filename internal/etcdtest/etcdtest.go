@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"go.etcd.io/etcd/server/v3/embed"
+	"go.uber.org/zap"
 )
 
 // Server is one single-member etcd cluster. Clients reach it through a loopback relay, so a
@@ -62,7 +63,8 @@ func (s *Server) Restart() {
 	cfg := embed.NewConfig()
 	cfg.Name = "tlgw-test"
 	cfg.Dir = s.dir
-	cfg.LogLevel = "error"
+	// Quiet: a stopped server logs its closed listeners as errors.
+	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
 	cu := url.URL{Scheme: "http", Host: s.clientAddr}
 	pu := url.URL{Scheme: "http", Host: s.peerAddr}
 	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{cu}, []url.URL{cu}

@@ -24,6 +24,23 @@ type Limits struct {
 	TPM int64 // tokens per window
 }
 
+// PerReplica is the share of l one of n gateway replicas enforces: ⌈limit / n⌉ of each
+// (R16: every replica counts only its own traffic). n ≤ 1 is the whole limit.
+func (l Limits) PerReplica(n int) Limits {
+	if n <= 1 {
+		return l
+	}
+	d := int64(n)
+	return Limits{RPM: ceilDiv(l.RPM, d), TPM: ceilDiv(l.TPM, d)}
+}
+
+func ceilDiv(a, b int64) int64 {
+	if a <= 0 {
+		return a
+	}
+	return (a-1)/b + 1
+}
+
 // Status is a key's state as the response headers show it (x-ratelimit-*).
 type Status struct {
 	Limits

@@ -119,3 +119,23 @@ func FuzzLimiter(f *testing.F) {
 		}
 	})
 }
+
+func TestPerReplica(t *testing.T) {
+	for _, c := range []struct {
+		in   Limits
+		n    int
+		want Limits
+	}{
+		{Limits{RPM: 100, TPM: 1000}, 1, Limits{RPM: 100, TPM: 1000}},
+		{Limits{RPM: 100, TPM: 1000}, 0, Limits{RPM: 100, TPM: 1000}},
+		{Limits{RPM: 100, TPM: 1000}, 3, Limits{RPM: 34, TPM: 334}},
+		{Limits{RPM: 99, TPM: 0}, 3, Limits{RPM: 33, TPM: 0}},
+		{Limits{RPM: 1, TPM: 5}, 4, Limits{RPM: 1, TPM: 2}},
+		{Limits{RPM: 10, TPM: 10}, 10, Limits{RPM: 1, TPM: 1}},
+		{Limits{RPM: 10, TPM: 10}, 11, Limits{RPM: 1, TPM: 1}},
+	} {
+		if got := c.in.PerReplica(c.n); got != c.want {
+			t.Errorf("%+v / %d = %+v, want %+v", c.in, c.n, got, c.want)
+		}
+	}
+}

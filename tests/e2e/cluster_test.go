@@ -1,0 +1,338 @@
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	controlv1 "github.com/tlgw/tlgw/contracts/tl/control/v1"
+	"github.com/tlgw/tlgw/internal/etcdtest"
+	"github.com/tlgw/tlgw/internal/proctest"
+)
+
+// cluster is three `tlgw serve` replicas sharing one embedded etcd, with tlengine engines
+// heartbeating to all three (R16).
+type cluster struct {
+	etcd     *etcdtest.Server
+	replicas []*proctest.Proc
+	engines  map[string]*proctest.Proc
+}
+
+const clusterKey = "sk-cluster-admin" // inference, admin and debug (X-TL-Route)
+
+func clusterTOML(endpoint string, i int, routes string) string {
+	return fmt.Sprintf(`
+[gateway]
+http_listen = "127.0.0.1:0"
+registry_listen = "127.0.0.1:0"
+heartbeat_interval = "200ms"
+heartbeat_miss_limit = 3
+route_policy = "affinity"
+%s
+[[auth.keys]]
+key = %q
+scopes = ["inference", "admin", "debug"]
+
+[[auth.keys]]
+key = "sk-limited"
+scopes = ["inference"]
+rpm = 7
+
+[cluster]
+etcd_endpoints = [%q]
+prefix = "/e2e/"
+replica_id = "gw-%d"
+lease_ttl = "2s"
+`, routes, clusterKey, endpoint, i)
+}
+
+func startCluster(t *testing.T) *cluster {
+	t.Helper()
+	c := &cluster{etcd: etcdtest.Start(t), engines: map[string]*proctest.Proc{}}
+	for i := 1; i <= 3; i++ {
+		routes := ""
+		if i == 1 { // the first replica brings the fleet's table; the others take it from etcd
+			routes = "\n[[gateway.routes]]\nmodel = \"chat\"\nbackends = [{ model = \"smol\", weight = 1 }]\n"
+		}
+		c.replicas = append(c.replicas, startTLGW(t, clusterTOML(c.etcd.Endpoint(), i, routes)))
+	}
+	var grpcs []string
+	for _, r := range c.replicas {
+		grpcs = append(grpcs, r.GRPCAddr)
+	}
+	for _, e := range [][]string{{"s1", "smol"}, {"s2", "smol"}, {"s3", "smol"}, {"b1", "big"}} {
+		c.engines[e[0]] = proctest.StartEngine(t, tlengineBin, "--id", e[0], "--model", e[1], "--gateway", strings.Join(grpcs, ","))
+	}
+	for i := range c.replicas {
+		eventually(t, fmt.Sprintf("replica %d sees every engine and every replica", i+1), 15*time.Second, func() bool {
+			var rows []workerRow
+			if c.getJSON(t, i, "/admin/v1/workers", &rows, "workers") != 200 || len(rows) != 4 {
+				return false
+			}
+			return len(c.replicaIDs(t, i)) == 3
+		})
+	}
+	return c
+}
+
+func (c *cluster) base(i int) string { return "http://" + c.replicas[i].HTTPAddr }
+
+// do sends one request to replica i with the admin key.
+func (c *cluster) do(t *testing.T, i int, method, path, ifMatch, body string) (*http.Response, string) {
+	t.Helper()
+	req, _ := http.NewRequest(method, c.base(i)+path, strings.NewReader(body))
+	req.Header.Set("Authorization", "Bearer "+clusterKey)
+	req.Header.Set("Content-Type", "application/json")
+	if ifMatch != "" {
+		req.Header.Set("If-Match", ifMatch)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("replica %d %s %s: %v", i+1, method, path, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp, string(b)
+}
+
+// getJSON decodes field of a GET's JSON answer into dst and returns the status.
+func (c *cluster) getJSON(t *testing.T, i int, path string, dst any, field string) int {
+	t.Helper()
+	resp, body := c.do(t, i, "GET", path, "", "")
+	var obj map[string]json.RawMessage
+	if err := json.Unmarshal([]byte(body), &obj); err != nil {
+		t.Fatalf("%s: %v: %s", path, err, body)
+	}
+	if err := json.Unmarshal(obj[field], dst); err != nil && resp.StatusCode == 200 {
+		t.Fatalf("%s.%s: %v", path, field, err)
+	}
+	return resp.StatusCode
+}
+
+func (c *cluster) replicaIDs(t *testing.T, i int) []string {
+	t.Helper()
+	var rows []struct {
+		ID string `json:"id"`
+	}
+	if c.getJSON(t, i, "/admin/v1/replicas", &rows, "replicas") != 200 {
+		return nil
+	}
+	var ids []string
+	for _, r := range rows {
+		ids = append(ids, r.ID)
+	}
+	return ids
+}
+
+func (c *cluster) etag(t *testing.T, i int) string {
+	t.Helper()
+	resp, body := c.do(t, i, "GET", "/admin/v1/routes", "", "")
+	if resp.StatusCode != 200 {
+		t.Fatalf("replica %d GET routes: %d %s", i+1, resp.StatusCode, body)
+	}
+	return resp.Header.Get("ETag")
+}
+
+func (c *cluster) complete(t *testing.T, i int, model, prompt string) (*http.Response, string) {
+	t.Helper()
+	return c.do(t, i, "POST", "/v1/completions", "", fmt.Sprintf(`{"model":%q,"prompt":%q,"max_tokens":2}`, model, prompt))
+}
+
+const twoRoutes = `{"routes":[{"model":"chat","backends":[{"model":"smol","weight":1}]},{"model":"chat2","backends":[{"model":"smol","weight":1}]}]}`
+
+// TestClusterOfThreeReplicas is the R16 acceptance over processes: one embedded etcd, three
+// replicas, four tlengines heartbeating to all three.
+func TestClusterOfThreeReplicas(t *testing.T) {
+	c := startCluster(t)
+
+	t.Run("a PUT on one replica is served by the others within 1 s with the same ETag", func(t *testing.T) {
+		etag := c.etag(t, 0)
+		resp, body := c.do(t, 0, "PUT", "/admin/v1/routes", etag, twoRoutes)
+		if resp.StatusCode != 200 {
+			t.Fatalf("PUT: %d %s", resp.StatusCode, body)
+		}
+		next := resp.Header.Get("ETag")
+		start := time.Now()
+		for _, i := range []int{1, 2} {
+			eventually(t, fmt.Sprintf("replica %d at ETag %s", i+1, next), time.Second, func() bool { return c.etag(t, i) == next })
+			if r, b := c.complete(t, i, "chat2", "hello"); r.StatusCode != 200 {
+				t.Fatalf("replica %d chat2: %d %s", i+1, r.StatusCode, b)
+			}
+		}
+		t.Logf("replicas 2 and 3 served the new table %v after the PUT's answer", time.Since(start))
+		// The heartbeat acks' epoch follows the revision.
+		rev, _ := strconv.ParseUint(strings.Trim(next, `"`), 10, 64)
+		for i, r := range c.replicas {
+			ack := heartbeat(t, r.GRPCAddr, &controlv1.WorkerStatus{WorkerId: "probe", Model: "probe", HttpAddress: "127.0.0.1:9"})
+			if ack.GetEpoch() != rev {
+				t.Fatalf("replica %d acks epoch %d, want the revision %d", i+1, ack.GetEpoch(), rev)
+			}
+		}
+	})
+
+	t.Run("concurrent PUTs with one If-Match: exactly one 200, the others 412", func(t *testing.T) {
+		for round := range 5 {
+			etag := c.etag(t, 0)
+			codes := make([]int, 3)
+			var wg sync.WaitGroup
+			for i := range 3 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					table := fmt.Sprintf(`{"routes":[{"model":"chat","backends":[{"model":"smol","weight":1}]},{"model":"r%d-%d","backends":[{"model":"smol","weight":1}]}]}`, round, i)
+					resp, _ := c.do(t, i, "PUT", "/admin/v1/routes", etag, table)
+					codes[i] = resp.StatusCode
+				}()
+			}
+			wg.Wait()
+			slices.Sort(codes)
+			if !slices.Equal(codes, []int{200, 412, 412}) {
+				t.Fatalf("round %d: statuses %v", round, codes)
+			}
+		}
+		want := c.etag(t, 0)
+		for i := range 3 {
+			eventually(t, "every replica on the winner's table", time.Second, func() bool { return c.etag(t, i) == want })
+		}
+	})
+
+	t.Run("a drain on one replica stops routing to that model on all", func(t *testing.T) {
+		if r, b := c.do(t, 1, "POST", "/admin/v1/models/big:drain", "", ""); r.StatusCode != 202 {
+			t.Fatalf("drain: %d %s", r.StatusCode, b)
+		}
+		for i := range 3 {
+			eventually(t, fmt.Sprintf("replica %d stops routing big", i+1), time.Second, func() bool {
+				r, _ := c.complete(t, i, "big", "x")
+				return r.StatusCode == 503
+			})
+		}
+		if r, b := c.do(t, 2, "POST", "/admin/v1/models/big:undrain", "", ""); r.StatusCode != 202 {
+			t.Fatalf("undrain: %d %s", r.StatusCode, b)
+		}
+		for i := range 3 {
+			eventually(t, fmt.Sprintf("replica %d routes big again", i+1), time.Second, func() bool {
+				r, _ := c.complete(t, i, "big", "x")
+				return r.StatusCode == 200
+			})
+		}
+	})
+
+	t.Run("the same prompt to the affinity route lands on the same worker through every replica", func(t *testing.T) {
+		for p := range 20 {
+			prompt := fmt.Sprintf("shared system prompt number %d: you are a careful assistant", p)
+			var owner string
+			for i := range 3 {
+				r, b := c.complete(t, i, "chat", prompt)
+				if r.StatusCode != 200 {
+					t.Fatalf("replica %d: %d %s", i+1, r.StatusCode, b)
+				}
+				w := r.Header.Get("X-TL-Route")
+				if i == 0 {
+					owner = w
+				} else if w != owner {
+					t.Fatalf("prompt %d: replica 1 sent it to %s, replica %d to %s", p, owner, i+1, w)
+				}
+			}
+		}
+	})
+
+	t.Run("the static worker table is shared too", func(t *testing.T) {
+		resp, body := c.do(t, 0, "GET", "/admin/v1/static-workers", "", "")
+		if resp.StatusCode != 200 {
+			t.Fatalf("GET static workers: %d %s", resp.StatusCode, body)
+		}
+		table := `{"static_workers":[{"id":"vllm-0","model":"llama","http_address":"127.0.0.1:9","metrics":"vllm"}]}`
+		resp, body = c.do(t, 0, "PUT", "/admin/v1/static-workers", resp.Header.Get("ETag"), table)
+		if resp.StatusCode != 200 {
+			t.Fatalf("PUT static workers: %d %s", resp.StatusCode, body)
+		}
+		next := resp.Header.Get("ETag")
+		for _, i := range []int{1, 2} {
+			eventually(t, fmt.Sprintf("replica %d has the static table", i+1), time.Second, func() bool {
+				r, b := c.do(t, i, "GET", "/admin/v1/static-workers", "", "")
+				return r.Header.Get("ETag") == next && strings.Contains(b, `"vllm-0"`)
+			})
+		}
+	})
+
+	t.Run("rate limits are shared out over the live replicas", func(t *testing.T) {
+		for i := range 3 {
+			req, _ := http.NewRequest("POST", c.base(i)+"/v1/completions", strings.NewReader(`{"model":"chat","prompt":"x","max_tokens":1}`))
+			req.Header.Set("Authorization", "Bearer sk-limited")
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if got := resp.Header.Get("x-ratelimit-limit-requests"); got != "3" {
+				t.Fatalf("replica %d: limit %q, want ⌈7/3⌉ = 3", i+1, got)
+			}
+		}
+	})
+
+	t.Run("etcd stopped: requests flow, admin writes 503; restarted: a PUT goes through and all converge", func(t *testing.T) {
+		etag := c.etag(t, 0)
+		c.etcd.Stop()
+		for i := range 3 {
+			eventually(t, fmt.Sprintf("replica %d reports the store down", i+1), 5*time.Second, func() bool {
+				return metricSum(t, c.base(i), "tlgw_config_store_up") == 0
+			})
+			if r, b := c.complete(t, i, "chat", "still serving"); r.StatusCode != 200 {
+				t.Fatalf("replica %d during the outage: %d %s", i+1, r.StatusCode, b)
+			}
+			r, b := c.do(t, i, "PUT", "/admin/v1/routes", etag, twoRoutes)
+			if r.StatusCode != 503 || !strings.Contains(b, "config_store_unavailable") || strings.Contains(b, c.etcd.Endpoint()) {
+				t.Fatalf("replica %d PUT during the outage: %d %s", i+1, r.StatusCode, b)
+			}
+			if r, b := c.do(t, i, "POST", "/admin/v1/models/big:drain", "", ""); r.StatusCode != 503 {
+				t.Fatalf("replica %d drain during the outage: %d %s", i+1, r.StatusCode, b)
+			}
+		}
+		c.etcd.Restart()
+		eventually(t, "replica 1 reconnects", 15*time.Second, func() bool {
+			return metricSum(t, c.base(0), "tlgw_config_store_up") == 1
+		})
+		r, b := c.do(t, 0, "PUT", "/admin/v1/routes", etag, twoRoutes)
+		if r.StatusCode != 200 {
+			t.Fatalf("PUT after etcd returned: %d %s", r.StatusCode, b)
+		}
+		next := r.Header.Get("ETag")
+		for i := range 3 {
+			eventually(t, fmt.Sprintf("replica %d converges", i+1), 15*time.Second, func() bool { return c.etag(t, i) == next })
+		}
+	})
+
+	t.Run("a killed replica leaves /admin/v1/replicas within the lease TTL", func(t *testing.T) {
+		if err := c.replicas[2].Cmd.Process.Signal(syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		<-c.replicas[2].Exited()
+		killed := time.Now()
+		for i := range 2 {
+			eventually(t, fmt.Sprintf("replica %d drops gw-3", i+1), 4*time.Second, func() bool {
+				return slices.Equal(c.replicaIDs(t, i), []string{"gw-1", "gw-2"})
+			})
+		}
+		if d := time.Since(killed); d > 3*time.Second {
+			t.Fatalf("gw-3 left after %v; lease TTL 2 s", d)
+		}
+		req, _ := http.NewRequest("POST", c.base(0)+"/v1/completions", strings.NewReader(`{"model":"chat","prompt":"x","max_tokens":1}`))
+		req.Header.Set("Authorization", "Bearer sk-limited")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if got := resp.Header.Get("x-ratelimit-limit-requests"); got != "4" {
+			t.Fatalf("limit %q with two replicas, want ⌈7/2⌉ = 4", got)
+		}
+	})
+}
