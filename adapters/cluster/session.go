@@ -22,7 +22,10 @@ func (s *Store) run(ctx context.Context) {
 	defer close(s.done)
 	backoff := 100 * time.Millisecond
 	for {
-		err := s.session(ctx)
+		err := s.connect()
+		if err == nil {
+			err = s.session(ctx)
+		}
 		s.setUp(false)
 		if ctx.Err() != nil {
 			return
@@ -36,6 +39,22 @@ func (s *Store) run(ctx context.Context) {
 			backoff = 100 * time.Millisecond
 		}
 	}
+}
+
+// c is the connected client (set before any session starts).
+func (s *Store) c() *clientv3.Client { return s.client.Load() }
+
+// connect makes the client once: with a username it authenticates, which needs etcd.
+func (s *Store) connect() error {
+	if s.client.Load() != nil {
+		return nil
+	}
+	cli, err := clientv3.New(s.etcd)
+	if err != nil {
+		return fmt.Errorf("connect: %w", err)
+	}
+	s.client.Store(cli)
+	return nil
 }
 
 // wait waits d on the store's clock, or until ctx ends (false).
@@ -63,7 +82,7 @@ func (s *Store) session(parent context.Context) error {
 		return fmt.Errorf("seed: %w", err)
 	}
 	octx, ocancel := s.op(ctx)
-	resp, err := s.cli.Get(octx, s.prefix, clientv3.WithPrefix())
+	resp, err := s.c().Get(octx, s.prefix, clientv3.WithPrefix())
 	ocancel()
 	if err != nil {
 		return fmt.Errorf("read %s: %w", s.prefix, err)
@@ -73,7 +92,7 @@ func (s *Store) session(parent context.Context) error {
 		return fmt.Errorf("register replica: %w", err)
 	}
 	s.applySnapshot(resp.Header.Revision, resp.Kvs)
-	wch := s.cli.Watch(clientv3.WithRequireLeader(ctx), s.prefix, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
+	wch := s.c().Watch(clientv3.WithRequireLeader(ctx), s.prefix, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
 	s.setUp(true)
 	s.log.Info("following the control plane in etcd", "revision", resp.Header.Revision, "replicas", s.replicaCount())
 	probe := make(chan struct{}, 1)
@@ -110,7 +129,7 @@ func (s *Store) session(parent context.Context) error {
 func (s *Store) probe(ctx context.Context) error {
 	octx, cancel := s.op(ctx)
 	defer cancel()
-	resp, err := s.cli.Get(octx, s.key(DirReplicas+s.cfg.Self.ID), clientv3.WithCountOnly())
+	resp, err := s.c().Get(octx, s.key(DirReplicas+s.cfg.Self.ID), clientv3.WithCountOnly())
 	if err != nil {
 		return fmt.Errorf("probe: %w", err)
 	}
@@ -136,7 +155,7 @@ func (s *Store) seed(ctx context.Context) error {
 		}
 		k := s.key(t.name)
 		octx, cancel := s.op(ctx)
-		resp, err := s.cli.Txn(octx).If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0)).Then(clientv3.OpPut(k, val)).Commit()
+		resp, err := s.c().Txn(octx).If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0)).Then(clientv3.OpPut(k, val)).Commit()
 		cancel()
 		if err != nil {
 			return err
@@ -157,9 +176,9 @@ func (s *Store) register(ctx context.Context) (<-chan *clientv3.LeaseKeepAliveRe
 	old := s.lease
 	s.mu.Unlock()
 	if old != 0 {
-		_, _ = s.cli.Revoke(octx, old) // best effort: it may have expired already
+		_, _ = s.c().Revoke(octx, old) // best effort: it may have expired already
 	}
-	g, err := s.cli.Grant(octx, int64(s.cfg.Cluster.LeaseTTL/time.Second))
+	g, err := s.c().Grant(octx, int64(s.cfg.Cluster.LeaseTTL/time.Second))
 	if err != nil {
 		return nil, err
 	}
@@ -172,10 +191,10 @@ func (s *Store) register(ctx context.Context) (<-chan *clientv3.LeaseKeepAliveRe
 	if err != nil {
 		return nil, err
 	}
-	if _, err := s.cli.Put(octx, s.key(DirReplicas+me.ID), val, clientv3.WithLease(g.ID)); err != nil {
+	if _, err := s.c().Put(octx, s.key(DirReplicas+me.ID), val, clientv3.WithLease(g.ID)); err != nil {
 		return nil, err
 	}
-	return s.cli.KeepAlive(ctx, g.ID)
+	return s.c().KeepAlive(ctx, g.ID)
 }
 
 func (s *Store) setUp(up bool) {

@@ -27,6 +27,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -98,7 +99,8 @@ type Config struct {
 // Store is a replica's connection to the shared control plane.
 type Store struct {
 	cfg    Config
-	cli    *clientv3.Client
+	etcd   clientv3.Config
+	client atomic.Pointer[clientv3.Client] // set once the first connection succeeds
 	prefix string
 	log    *slog.Logger
 	m      *metrics
@@ -126,9 +128,10 @@ type table[T any] struct {
 // config_store_unavailable). It wraps errs.ErrConfigStoreUnavailable.
 var ErrUnavailable = fmt.Errorf("the configuration store (etcd) cannot be reached; nothing was changed: %w", errs.ErrConfigStoreUnavailable)
 
-// Start connects to etcd and starts following the prefix. It does not wait for etcd: with
-// etcd away the replica serves its configuration's tables (Up is false, writes fail) and
-// takes etcd's state when it first answers. It fails only for an invalid configuration.
+// Start starts following the prefix in etcd. It does not wait for etcd: with etcd away (or
+// refusing the credentials, which is logged as an error at every try) the replica serves its
+// configuration's tables (Up is false, writes fail) and takes etcd's state when it first
+// answers. It fails only for an invalid configuration.
 func Start(cfg Config) (*Store, error) {
 	if cfg.Clock == nil {
 		cfg.Clock = clock.Real{}
@@ -153,18 +156,15 @@ func Start(cfg Config) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	cli, err := clientv3.New(clientv3.Config{
-		Endpoints: c.EtcdEndpoints, DialTimeout: cfg.OpTimeout, TLS: tc,
-		Username: c.Username, Password: c.Password,
-		DialKeepAliveTime: 5 * time.Second, DialKeepAliveTimeout: cfg.OpTimeout,
-		Logger: zap.NewNop(), // failures are reported by the store, once, through slog
-	})
-	if err != nil {
-		return nil, fmt.Errorf("cluster: etcd client: %w", err)
-	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Store{
-		cfg: cfg, cli: cli, prefix: c.Prefix, log: cfg.Logger.With("component", "cluster"),
+		cfg: cfg, prefix: c.Prefix, log: cfg.Logger.With("component", "cluster"),
+		etcd: clientv3.Config{
+			Endpoints: c.EtcdEndpoints, DialTimeout: cfg.OpTimeout, TLS: tc,
+			Username: c.Username, Password: c.Password,
+			DialKeepAliveTime: 5 * time.Second, DialKeepAliveTimeout: cfg.OpTimeout,
+			Logger: zap.NewNop(), // failures are reported by the store, once, through slog
+		},
 		m:       newMetrics(cfg.Registerer),
 		drained: make(map[string]int64), replicas: make(map[string]Replica),
 		routes: table[config.Route]{rows: cfg.SeedRoutes}, static: table[config.StaticWorker]{rows: cfg.SeedStatic},
@@ -184,12 +184,24 @@ func (s *Store) Close() {
 	s.mu.Lock()
 	lease := s.lease
 	s.mu.Unlock()
+	cli := s.client.Load()
+	if cli == nil {
+		return
+	}
 	if lease != 0 {
 		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.OpTimeout)
-		_, _ = s.cli.Revoke(ctx, lease)
+		_, _ = cli.Revoke(ctx, lease)
 		cancel()
 	}
-	_ = s.cli.Close()
+	_ = cli.Close()
+}
+
+// connected is the client while the store is up, else nil.
+func (s *Store) connected() *clientv3.Client {
+	if !s.Up() {
+		return nil
+	}
+	return s.client.Load()
 }
 
 // Up reports whether etcd answered the last probe.
@@ -259,20 +271,21 @@ func (s *Store) SetDrained(model string, drained bool) error {
 	if model == "" || len(model) > MaxModelIDLen {
 		return fmt.Errorf("model id must be 1 to %d bytes: %w", MaxModelIDLen, errs.ErrModelNotFound)
 	}
-	if !s.Up() {
+	cli := s.connected()
+	if cli == nil {
 		return ErrUnavailable
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.OpTimeout)
 	defer cancel()
 	var rev int64
 	if drained {
-		resp, err := s.cli.Put(ctx, s.drainedKey(model), "1")
+		resp, err := cli.Put(ctx, s.drainedKey(model), "1")
 		if err != nil {
 			return s.unavailable("drain", err)
 		}
 		rev = resp.Header.Revision
 	} else {
-		resp, err := s.cli.Delete(ctx, s.drainedKey(model))
+		resp, err := cli.Delete(ctx, s.drainedKey(model))
 		if err != nil {
 			return s.unavailable("undrain", err)
 		}
@@ -288,7 +301,8 @@ func (s *Store) SetDrained(model string, drained bool) error {
 
 // putTable is a compare-and-swap of one whole-table key on its mod revision.
 func (s *Store) putTable(name, what string, ifMatch uint64, doc any) (int64, error) {
-	if !s.Up() {
+	cli := s.connected()
+	if cli == nil {
 		return 0, ErrUnavailable
 	}
 	val, err := marshal(doc)
@@ -298,7 +312,7 @@ func (s *Store) putTable(name, what string, ifMatch uint64, doc any) (int64, err
 	k := s.key(name)
 	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.OpTimeout)
 	defer cancel()
-	resp, err := s.cli.Txn(ctx).
+	resp, err := cli.Txn(ctx).
 		If(clientv3.Compare(clientv3.ModRevision(k), "=", int64(min(ifMatch, 1<<62)))).
 		Then(clientv3.OpPut(k, val)).
 		Else(clientv3.OpGet(k, clientv3.WithKeysOnly())).

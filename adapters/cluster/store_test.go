@@ -104,10 +104,15 @@ type replica struct {
 
 func startReplica(t *testing.T, endpoint, id string, seed []config.Route) replica {
 	t.Helper()
+	return startReplicaWith(t, config.Cluster{Enabled: true, EtcdEndpoints: []string{endpoint}, Prefix: "/test/", LeaseTTL: 2 * time.Second}, id, seed)
+}
+
+func startReplicaWith(t *testing.T, cc config.Cluster, id string, seed []config.Route) replica {
+	t.Helper()
 	got := newApplied()
 	reg := prometheus.NewRegistry()
 	s, err := Start(Config{
-		Cluster:    config.Cluster{Enabled: true, EtcdEndpoints: []string{endpoint}, Prefix: "/test/", LeaseTTL: 2 * time.Second},
+		Cluster:    cc,
 		Self:       Replica{ID: id, HTTPAddress: "127.0.0.1:1", GRPCAddress: "127.0.0.1:2", StartedAt: time.Unix(1700000000, 0).UTC()},
 		SeedRoutes: config.NormalizeRoutes(seed), Apply: got.applier(), Registerer: reg,
 		OpTimeout: 500 * time.Millisecond, ProbeInterval: 100 * time.Millisecond,

@@ -63,6 +63,11 @@ func startCluster(t *testing.T) *cluster {
 			routes = "\n[[gateway.routes]]\nmodel = \"chat\"\nbackends = [{ model = \"smol\", weight = 1 }]\n"
 		}
 		c.replicas = append(c.replicas, startTLGW(t, clusterTOML(c.etcd.Endpoint(), i, routes)))
+		if i == 1 {
+			eventually(t, "replica 1 stores its table", 10*time.Second, func() bool {
+				return metricSum(t, c.base(0), "tlgw_config_store_up") == 1
+			})
+		}
 	}
 	var grpcs []string
 	for _, r := range c.replicas {
