@@ -278,7 +278,8 @@ func (s *Store) applyEvent(ev *clientv3.Event) {
 		if !ok {
 			return
 		}
-		if put && len(s.drained) >= MaxDrained && s.drained[m] == 0 {
+		s.compactDrainsLocked(ev.Kv.ModRevision)
+		if put && s.drained[m] <= 0 && s.liveDrainsLocked() >= MaxDrained {
 			s.log.Error("drained models over the store's bound: ignored", "bound", MaxDrained)
 			return
 		}
@@ -376,6 +377,26 @@ func (s *Store) setDrainLocked(model string, drained bool, rev int64) bool {
 		s.drained[model] = -rev
 	}
 	return was != drained
+}
+
+// compactDrainsLocked forgets undrained models' revisions older than rev, a watched event's:
+// the watch delivers nothing older from now on, so they order nothing any more.
+func (s *Store) compactDrainsLocked(rev int64) {
+	for m, r := range s.drained {
+		if r < 0 && -r < rev {
+			delete(s.drained, m)
+		}
+	}
+}
+
+func (s *Store) liveDrainsLocked() int {
+	n := 0
+	for _, r := range s.drained {
+		if r > 0 {
+			n++
+		}
+	}
+	return n
 }
 
 func (s *Store) pushDrainsLocked() {

@@ -455,3 +455,31 @@ func TestInvalidStoredTableKeepsLastGood(t *testing.T) {
 		return x.routeRev > rev && slices.Equal(routeModels(x.routes), []string{"fixed"})
 	})
 }
+
+// TestDrainRevisionsStayBounded: undrained models are forgotten once the watch has passed
+// them, so a long-lived replica's drain table holds the drained models and little else.
+func TestDrainRevisionsStayBounded(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	a := startReplica(t, etcd.Endpoint(), "a", nil)
+	awaitUp(t, a.Store)
+	cli := rawClient(t, etcd.Endpoint())
+	for i := range 50 {
+		k := fmt.Sprintf("/test/drained/m%d", i)
+		if _, err := cli.Put(context.Background(), k, "1"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := cli.Delete(context.Background(), k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := cli.Put(context.Background(), "/test/drained/kept", "1"); err != nil {
+		t.Fatal(err)
+	}
+	a.got.await(t, 2*time.Second, "only kept drained", func(x *applied) bool { return slices.Equal(x.drains, []string{"kept"}) })
+	a.mu.Lock()
+	n := len(a.drained)
+	a.mu.Unlock()
+	if n > 2 {
+		t.Fatalf("%d drain revisions kept for one drained model", n)
+	}
+}
