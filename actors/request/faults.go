@@ -164,6 +164,7 @@ func (r *requestActor) startAttempt(c actor.Context) {
 		tag, self, root := r.fbTag, c.Self(), c.ActorSystem().Root
 		r.fbTimer = r.clock().AfterFunc(r.firstByteTimeout(), func() { root.Send(self, firstByteTimeout{tag: tag}) })
 	}
+	r.attemptAt = time.Now()
 	r.attempt(c)
 }
 

@@ -23,6 +23,7 @@ type Metrics struct {
 	firstByte   *prometheus.HistogramVec
 	cascade     *prometheus.CounterVec
 	crashes     prometheus.Counter
+	stages      [numStages]prometheus.Observer // tlgw_stage_seconds{stage} (R17.3), resolved once
 	timeouts    *prometheus.CounterVec
 	budget      *prometheus.CounterVec
 
@@ -81,12 +82,35 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Failures answered 503 no_capacity instead of failed over because the retry budget was spent (R14.3).",
 		}, []string{"route"}),
 	}
+	stages := prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name: "tlgw_stage_seconds",
+		Help: "Where a request's time goes (R17.3): parse (body parsed to request handed over), queue (a queued pick's wait), " +
+			"pick (a router round trip not queued), upstream_first_byte (attempt sent to the engine's first byte) and relay (first byte to the answer's end).",
+		Buckets: prometheus.ExponentialBucketsRange(5e-6, 300, 24),
+	}, []string{"stage"})
+	for i, name := range stageNames {
+		m.stages[i] = stages.WithLabelValues(name)
+	}
 	if reg != nil {
 		reg.MustRegister(m.requests, m.transitions, m.failovers, m.interrupts, m.firstByte, m.cascade, m.crashes,
-			m.timeouts, m.budget)
+			m.timeouts, m.budget, stages)
 	}
 	return m
 }
+
+// The stages of tlgw_stage_seconds (R17.3).
+const (
+	stageParse = iota
+	stageQueue
+	stagePick
+	stageUpstream
+	stageRelay
+	numStages
+)
+
+var stageNames = [numStages]string{"parse", "queue", "pick", "upstream_first_byte", "relay"}
+
+func (m *Metrics) stage(s int, d time.Duration) { m.stages[s].Observe(d.Seconds()) }
 
 func (m *Metrics) done(route, model string, code int) {
 	k := doneKey{route, model, code}

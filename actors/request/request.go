@@ -36,6 +36,9 @@ type Exchange struct {
 	Body  []byte
 	Req   oai.Request
 	Start time.Time
+	// ParseTime is how long the adapter took from the whole body read to handing the request
+	// over (parsing and admission headers): tlgw_stage_seconds{stage="parse"} (R17.3).
+	ParseTime time.Duration
 	// Admission inputs (R10): the class from the key or X-TL-Class, the session id from
 	// X-Session-ID or the body's user, and whether this is the session's last turn
 	// (X-TL-Session-Final: true, R15.1). The prompt-size estimate is the actor's: it is taken
@@ -222,6 +225,11 @@ type requestActor struct {
 	timedOut  bool        // request_timeout fired: the request ends 504
 	counted   bool        // counted in the budget's in-flight requests
 	retrySlot bool        // holds one of the budget's failover slots
+
+	// R17.3 stage clocks (measurements on the wall clock, not timing rules): when the current
+	// pick left, whether it was queued, when the current attempt started, when the relay began.
+	pickSent, attemptAt, relayAt time.Time
+	queued                       bool
 }
 
 // Props returns the props of the actor serving x. Request actors are top-level with a guardian
@@ -347,6 +355,9 @@ func (r *requestActor) start(c actor.Context) {
 		r.cascadeStep = 0 // a cascade route starts at its first step; other routes ignore it
 	}
 	r.state = Routing
+	if r.x.ParseTime > 0 {
+		r.d.Metrics.stage(stageParse, r.x.ParseTime)
+	}
 	r.budgetStart()
 	self, root := c.Self(), c.ActorSystem().Root
 	r.stopGone = context.AfterFunc(r.x.Ctx, func() { root.Send(self, clientGone{}) })
@@ -403,6 +414,7 @@ func (r *requestActor) pick(c actor.Context) {
 	// The timeout is armed before the pick leaves, so whoever sees the pick sees its timer.
 	self, root := c.Self(), c.ActorSystem().Root
 	r.pickTimer = r.clock().AfterFunc(r.pickTimeout(), func() { root.Send(self, pickTimeout{tag: tag}) })
+	r.pickSent, r.queued = time.Now(), false
 	c.Request(r.d.Router, p)
 }
 

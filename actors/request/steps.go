@@ -143,6 +143,7 @@ func (r *requestActor) stepRouting(c actor.Context, msg any) {
 	case *router.Queued:
 		if m.Tag == r.pickTag {
 			r.stopPickTimer() // the queue owns the wait now (max_wait)
+			r.queued = true
 		}
 	case pickTimeout:
 		if m.tag != r.pickTag {
@@ -167,6 +168,11 @@ func (r *requestActor) onPicked(c actor.Context, p *router.Picked) {
 		return
 	}
 	r.stopPickTimer()
+	if r.queued {
+		r.d.Metrics.stage(stageQueue, time.Since(r.pickSent))
+	} else {
+		r.d.Metrics.stage(stagePick, time.Since(r.pickSent))
+	}
 	if p.Route != "" {
 		r.route, r.served = p.Route, p.ServedModel
 	}
@@ -274,7 +280,7 @@ func (r *requestActor) stepAttempting(c actor.Context, msg any) {
 		r.failover(c, statusError{what: "worker " + r.picked.WorkerID, status: m.resp.StatusCode})
 		return
 	}
-	r.d.Metrics.ttfb(r.route, time.Since(r.x.Start)) // a measurement, not a timing rule
+	r.firstByte()
 	if r.nonFinalStep() {
 		resp := m.resp
 		r.become(CascadeStep)
@@ -282,6 +288,15 @@ func (r *requestActor) stepAttempting(c actor.Context, msg any) {
 		return
 	}
 	r.relay(c, m.resp, nil, nil)
+}
+
+// firstByte records the answer's first byte (R11 time to first byte, R17.3 upstream stage)
+// and starts the relay's clock: measurements on the wall clock, not timing rules.
+func (r *requestActor) firstByte() {
+	now := time.Now()
+	r.d.Metrics.ttfb(r.route, now.Sub(r.x.Start))
+	r.d.Metrics.stage(stageUpstream, now.Sub(r.attemptAt))
+	r.relayAt = now
 }
 
 // stepFirstEvent commits a stream once its first event has arrived (read by the attempt's own
@@ -292,7 +307,7 @@ func (r *requestActor) stepFirstEvent(c actor.Context, m firstEvent) {
 		r.failover(c, fmt.Errorf("worker %s: %w", r.picked.WorkerID, m.err))
 		return
 	}
-	r.d.Metrics.ttfb(r.route, time.Since(r.x.Start)) // for a stream: its first event
+	r.firstByte() // for a stream: its first event
 	r.relay(c, m.resp, m.prefix, m.buf)
 }
 
@@ -365,6 +380,7 @@ func (r *requestActor) stepRelaying(c actor.Context, msg any) {
 		return
 	}
 	r.endIO()
+	r.d.Metrics.stage(stageRelay, time.Since(r.relayAt))
 	if m.finished {
 		r.kvHandle = "" // consumed by the decode worker
 	}

@@ -11,6 +11,7 @@ type Metrics struct {
 	decisions *prometheus.CounterVec
 	workers   *prometheus.GaugeVec
 	ejections *prometheus.CounterVec
+	routes    *prometheus.GaugeVec // tlgw_route_routable_workers{route}
 	admission admissionMetrics
 }
 
@@ -30,10 +31,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Workers ejected by outlier detection (R14.2), by the failure that ended the streak: refused, reset, timeout, 5xx, interrupted.",
 		}, []string{"reason"}),
 	}
+	m.routes = newRouteGaugeVec()
 	m.admission = newAdmissionMetrics()
 	if reg != nil {
 		a := m.admission
-		reg.MustRegister(m.decisions, m.workers, m.ejections, a.queueLength, a.queueWait, a.gateDecisions, a.queueRejections,
+		reg.MustRegister(m.decisions, m.workers, m.ejections, m.routes, a.queueLength, a.queueWait, a.gateDecisions, a.queueRejections,
 			a.programs, a.programPauses, a.programForcedResumes)
 	}
 	return m

@@ -45,6 +45,7 @@ type state struct {
 	view   *workerView
 	adm    *admitter // nil without [admission]
 	parent *actor.PID
+	gauges routeGauges // tlgw_route_routable_workers
 }
 
 func newState(cfg Config) *state {
@@ -58,7 +59,8 @@ func newState(cfg Config) *state {
 	if clk == nil {
 		clk = clock.Real{}
 	}
-	st := &state{log: cfg.Logger, table: newRouteTable(cfg.Routes), view: newWorkerView(cfg, clk)}
+	st := &state{log: cfg.Logger, table: newRouteTable(cfg.Routes), view: newWorkerView(cfg, clk),
+		gauges: routeGauges{vec: cfg.Metrics.routes, dirty: true}}
 	if cfg.Admission != nil {
 		st.adm = newAdmitter(cfg.Admission, clk, cfg.Metrics.admission, st.view)
 	}
@@ -113,6 +115,18 @@ func (r *routerActor) Receive(c actor.Context) {
 		return
 	}
 	r.st.handle(c.Message(), ctxEffects{c: c, clock: r.clock})
+	r.st.afterMessage()
+}
+
+// afterMessage publishes the route gauges when the message moved a pool or the table.
+func (st *state) afterMessage() {
+	if st.view.poolsMoved {
+		st.view.poolsMoved = false
+		st.gauges.dirty = true
+	}
+	if st.gauges.dirty {
+		st.gauges.publish(st.table, st.view)
+	}
 }
 
 // handle is the router's one dispatch: every message to the matching concern.
@@ -172,6 +186,7 @@ func (st *state) handle(msg any, fx effects) {
 			fx.respond(err)
 			return
 		}
+		st.gauges.dirty = true
 		st.log.Info("route table replaced", "epoch", out.Epoch, "routes", len(m.Routes))
 		if st.parent != nil {
 			fx.send(st.parent, &EpochChanged{Epoch: out.Epoch})
@@ -179,6 +194,7 @@ func (st *state) handle(msg any, fx effects) {
 		fx.respond(out)
 	case *SetRoutes:
 		st.table.install(m.Epoch, m.Routes)
+		st.gauges.dirty = true
 		st.log.Info("route table installed from the cluster store", "epoch", m.Epoch, "routes", len(m.Routes))
 		if st.parent != nil {
 			fx.send(st.parent, &EpochChanged{Epoch: m.Epoch})

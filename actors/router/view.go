@@ -90,6 +90,7 @@ type workerView struct {
 	pools      map[poolKey]*pool
 	models     map[string]int // live workers per served model
 	routable   int
+	poolsMoved bool   // a pool's membership changed (read and cleared by the route gauges)
 	ticket     uint64 // the last ticket handed out
 	decisions  [maxReasons]prometheus.Counter
 	gauges     map[string]prometheus.Gauge
@@ -287,6 +288,7 @@ func (v *workerView) joinPool(s *slot) {
 	pl.ids = nil
 	s.pool = pl
 	v.routable++
+	v.poolsMoved = true
 }
 
 func (v *workerView) leavePool(s *slot) {
@@ -301,6 +303,7 @@ func (v *workerView) leavePool(s *slot) {
 	}
 	s.pool = nil
 	v.routable--
+	v.poolsMoved = true
 }
 
 func (v *workerView) setState(s *slot, name string) {

@@ -47,6 +47,7 @@ func (s *Server) inference(w http.ResponseWriter, r *http.Request, kind oai.Kind
 		s.metrics.reject(writeError(w, err))
 		return
 	}
+	parseStart := time.Now()
 	var req oai.Request
 	var rendered []byte
 	if s.renderPrompts {
@@ -78,6 +79,7 @@ func (s *Server) inference(w http.ResponseWriter, r *http.Request, kind oai.Kind
 		}
 		x.Class, x.SessionID, x.SessionFinal = class, sid, final
 	}
+	x.ParseTime = time.Since(parseStart) // R17.3's parse stage: a measurement
 	s.serve(x)
 	<-x.Done()
 	if limited {

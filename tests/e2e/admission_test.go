@@ -84,6 +84,18 @@ class = "batch"
 	if counts["batch 200"]+counts["batch 429"] != batch || counts["batch 429"] == 0 {
 		t.Fatalf("batch outcomes %v: want every request answered and some 429 (queue_limit 4)", counts)
 	}
+	// R17.3: the burst's queued picks were timed as the queue stage, every answered request
+	// through the other stages.
+	answered := float64(counts["interactive 200"] + counts["batch 200"])
+	for _, st := range []string{"queue", "parse", "pick", "upstream_first_byte", "relay"} {
+		n := metricSum(t, f.base, "tlgw_stage_seconds_count", `stage="`+st+`"`)
+		if n <= 0 || (st != "queue" && st != "pick" && n < answered) {
+			t.Errorf("tlgw_stage_seconds{stage=%q}: %v observations for %v answered requests", st, n, answered)
+		}
+	}
+	if q, p := metricSum(t, f.base, "tlgw_stage_seconds_count", `stage="queue"`), metricSum(t, f.base, "tlgw_stage_seconds_count", `stage="pick"`); q+p < answered {
+		t.Errorf("queue %v + pick %v observations < %v answered requests", q, p, answered)
+	}
 	mresp, err := http.Get(f.base + "/metrics")
 	if err != nil {
 		t.Fatal(err)
