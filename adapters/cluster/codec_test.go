@@ -104,3 +104,27 @@ func FuzzDecode(f *testing.F) {
 		}
 	})
 }
+
+// TestDecodeBoundaries: every bound admits exactly its limit.
+func TestDecodeBoundaries(t *testing.T) {
+	at := `{"id":"gw","http_address":"` + strings.Repeat("a", 256) + `","grpc_address":" ~"}`
+	if _, err := decodeReplica("gw", []byte(at)); err != nil {
+		t.Fatalf("a 256-byte address and the printable ends: %v", err)
+	}
+	if _, err := decodeReplica("gw", []byte(`{"id":"gw","http_address":"a\u007fb"}`)); err == nil {
+		t.Fatal("DEL accepted")
+	}
+	if _, err := decodeReplica("gw", []byte(`{"id":"gw","http_address":"a\u001fb"}`)); err == nil {
+		t.Fatal("a control character accepted")
+	}
+	if err := decodeStrict([]byte(`{}`), 2, &struct{}{}); err != nil {
+		t.Fatalf("a value of exactly the bound: %v", err)
+	}
+	if err := decodeStrict([]byte(`{} `), 2, &struct{}{}); err == nil {
+		t.Fatal("a value one byte over the bound accepted")
+	}
+	long := strings.Repeat("m", MaxModelIDLen)
+	if m, err := unescapeModel(long); err != nil || m != long {
+		t.Fatalf("a model id of exactly %d bytes: %v", MaxModelIDLen, err)
+	}
+}

@@ -353,6 +353,10 @@ func TestOutageServesLastStateAndCatchesUp(t *testing.T) {
 	awaitUp(t, a.Store)
 	awaitUp(t, b.Store)
 	b.got.await(t, 5*time.Second, "b has the table", func(x *applied) bool { return x.routeRev > 0 })
+	if err := a.SetDrained("old", true); err != nil {
+		t.Fatal(err)
+	}
+	b.got.await(t, time.Second, "b drains old", func(x *applied) bool { return slices.Equal(x.drains, []string{"old"}) })
 	if v := testutil.ToFloat64(metricGauge(t, b.reg, "tlgw_config_store_up")); v != 1 {
 		t.Fatalf("up %v", v)
 	}
@@ -380,6 +384,9 @@ func TestOutageServesLastStateAndCatchesUp(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := a.SetDrained("m", true); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.SetDrained("old", false); err != nil { // undrained while b is away
 		t.Fatal(err)
 	}
 	b.got.mu.Lock()
@@ -453,6 +460,16 @@ func TestInvalidStoredTableKeepsLastGood(t *testing.T) {
 	}
 	a.got.await(t, 2*time.Second, "deleted table put back", func(x *applied) bool {
 		return x.routeRev > rev && slices.Equal(routeModels(x.routes), []string{"fixed"})
+	})
+	a.got.mu.Lock()
+	ws := a.got.ws
+	a.got.mu.Unlock()
+	resp, err := cli.Put(context.Background(), "/test/static_workers", `{"static_workers":[{"id":""}]}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.got.await(t, time.Second, "a bad static table keeps the last good one", func(x *applied) bool {
+		return x.static == uint64(resp.Header.Revision) && len(x.ws) == len(ws)
 	})
 }
 
