@@ -222,7 +222,7 @@ func (s *Store) applySnapshot(rev int64, kvs []*mvccpb.KeyValue) {
 		case name == KeyStaticWorkers:
 			s.putStaticKV(kv)
 		case strings.HasPrefix(name, DirDrained):
-			if m, ok := s.modelOf(name); ok && len(drains) < MaxDrained {
+			if m, ok := s.modelOf(name); ok && len(drains) < s.maxDrained {
 				drains[m] = true
 			}
 		case strings.HasPrefix(name, DirReplicas):
@@ -278,9 +278,11 @@ func (s *Store) applyEvent(ev *clientv3.Event) {
 		if !ok {
 			return
 		}
-		s.compactDrainsLocked(ev.Kv.ModRevision)
-		if put && s.drained[m] <= 0 && s.liveDrainsLocked() >= MaxDrained {
-			s.log.Error("drained models over the store's bound: ignored", "bound", MaxDrained)
+		if len(s.drained)-s.live > 64 {
+			s.compactDrainsLocked(ev.Kv.ModRevision)
+		}
+		if put && s.drained[m] <= 0 && s.live >= s.maxDrained {
+			s.log.Error("drained models over the store's bound: ignored", "bound", s.maxDrained)
 			return
 		}
 		if s.setDrainLocked(m, put, ev.Kv.ModRevision) {
@@ -376,6 +378,12 @@ func (s *Store) setDrainLocked(model string, drained bool, rev int64) bool {
 	} else {
 		s.drained[model] = -rev
 	}
+	switch {
+	case drained && !was:
+		s.live++
+	case was && !drained:
+		s.live--
+	}
 	return was != drained
 }
 
@@ -387,16 +395,6 @@ func (s *Store) compactDrainsLocked(rev int64) {
 			delete(s.drained, m)
 		}
 	}
-}
-
-func (s *Store) liveDrainsLocked() int {
-	n := 0
-	for _, r := range s.drained {
-		if r > 0 {
-			n++
-		}
-	}
-	return n
 }
 
 func (s *Store) pushDrainsLocked() {
@@ -419,8 +417,8 @@ func (s *Store) putReplicaLocked(name string, val []byte) {
 		s.log.Error("ignored an invalid replicas/ entry", "err", err)
 		return
 	}
-	if _, ok := s.replicas[id]; !ok && len(s.replicas) >= MaxReplicas {
-		s.log.Error("replicas over the store's bound: ignored", "bound", MaxReplicas)
+	if _, ok := s.replicas[id]; !ok && len(s.replicas) >= s.maxReplicas {
+		s.log.Error("replicas over the store's bound: ignored", "bound", s.maxReplicas)
 		return
 	}
 	s.replicas[id] = r

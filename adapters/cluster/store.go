@@ -110,6 +110,9 @@ type Store struct {
 	routes   table[config.Route]
 	static   table[config.StaticWorker]
 	drained  map[string]int64 // model → revision it was last seen at; < 0 = undrained at -rev
+	live     int              // entries of drained that are drained (> 0)
+	// The bounds on what etcd may list (MaxDrained, MaxReplicas; tests lower them).
+	maxDrained, maxReplicas int
 	replicas map[string]Replica
 	lease    clientv3.LeaseID
 
@@ -167,6 +170,7 @@ func Start(cfg Config) (*Store, error) {
 		},
 		m:       newMetrics(cfg.Registerer),
 		drained: make(map[string]int64), replicas: make(map[string]Replica),
+		maxDrained: MaxDrained, maxReplicas: MaxReplicas,
 		routes: table[config.Route]{rows: cfg.SeedRoutes}, static: table[config.StaticWorker]{rows: cfg.SeedStatic},
 		cancel: cancel, done: make(chan struct{}),
 	}
