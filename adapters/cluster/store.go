@@ -105,16 +105,16 @@ type Store struct {
 	log    *slog.Logger
 	m      *metrics
 
-	mu       sync.Mutex // guards the state below and orders every call into cfg.Apply
-	up       bool
-	routes   table[config.Route]
-	static   table[config.StaticWorker]
-	drained  map[string]int64 // model → revision it was last seen at; < 0 = undrained at -rev
-	live     int              // entries of drained that are drained (> 0)
+	mu      sync.Mutex // guards the state below and orders every call into cfg.Apply
+	up      bool
+	routes  table[config.Route]
+	static  table[config.StaticWorker]
+	drained map[string]int64 // model → revision it was last seen at; < 0 = undrained at -rev
+	live    int              // entries of drained that are drained (> 0)
 	// The bounds on what etcd may list (MaxDrained, MaxReplicas; tests lower them).
 	maxDrained, maxReplicas int
-	replicas map[string]Replica
-	lease    clientv3.LeaseID
+	replicas                map[string]Replica
+	lease                   clientv3.LeaseID
 
 	cancel context.CancelFunc
 	done   chan struct{}
