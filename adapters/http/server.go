@@ -218,6 +218,8 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.only(w, r, http.MethodGet, s.readyz)
 	case path == "/metrics":
 		s.only(w, r, http.MethodGet, s.serveMetrics)
+	case path == "/ui" || strings.HasPrefix(path, "/ui/"):
+		s.serveUI(w, r) // no key: the page holds no data (R17.1)
 	case strings.HasPrefix(path, "/v1/"):
 		km, err := s.keys.authorize(r, scopeInference)
 		if err != nil {
