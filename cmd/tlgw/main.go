@@ -61,6 +61,9 @@ const usage = `usage:
   tlgw cascade sweep --fixture F [--small-cost S] [--accept-if 'mean_logprob > tau']
                                    print a cascade's cost and quality curve as JSON
   tlgw serve --config FILE         run the gateway
+  tlgw simulate --trace T --workers N --requests M --load F --policies a,b --seed S
+                [--heterogeneous] [--slo-ttft-ms X] --format json|markdown [--plot FILE.png]
+                                   compare route policies over simulated engines (R18.1)
   tlgw version                     print the version
 `
 
@@ -76,6 +79,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return runDemo(args[1:], stdout, stderr)
 	case "cascade":
 		return runCascade(args[1:], stdout, stderr)
+	case "simulate":
+		return runSimulate(args[1:], stdout, stderr)
 	case "version":
 		fmt.Fprintln(stdout, "tlgw", versionString())
 		return 0

@@ -43,6 +43,7 @@ const (
 	PolicyWeighted         = "weighted"
 	PolicyAffinity         = "affinity"
 	PolicyPrefixAware      = "prefix_aware"
+	PolicyRoundRobin       = "round_robin"
 )
 
 // ClassifierDefault is the admission classifier used when [admission] names none (R10). The

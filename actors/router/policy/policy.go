@@ -25,6 +25,8 @@ const (
 	// ReasonPrefix: the member with the longest matched prompt prefix under the bounded-load
 	// cap (prefix_aware).
 	ReasonPrefix
+	// ReasonRoundRobin: the next member in turn (round_robin, R18.2).
+	ReasonRoundRobin
 )
 
 func (r Reason) String() string {
@@ -39,6 +41,8 @@ func (r Reason) String() string {
 		return "load"
 	case ReasonPrefix:
 		return "prefix"
+	case ReasonRoundRobin:
+		return "round_robin"
 	}
 	return "unknown"
 }
@@ -90,6 +94,7 @@ var registry = map[string]func(Options) Policy{
 	"weighted":          func(Options) Policy { return NewWeighted() },
 	"affinity":          func(o Options) Policy { return NewAffinity(o.LoadFactor, o.VirtualNodes) },
 	"prefix_aware":      func(o Options) Policy { return NewPrefixAware(o.LoadFactor) },
+	"round_robin":       func(Options) Policy { return NewRoundRobin() },
 }
 
 // Options parameterise policy construction.

@@ -1,0 +1,89 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"image/png"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestSimulateJSONAndPlot(t *testing.T) {
+	plot := filepath.Join(t.TempDir(), "sim.png")
+	var stdout, stderr bytes.Buffer
+	args := []string{"simulate", "--trace", "shared-prefix", "--workers", "4", "--requests", "200", "--load", "0.7",
+		"--policies", "round_robin,prefix_aware", "--seed", "3", "--slo-ttft-ms", "250", "--format", "json", "--plot", plot}
+	if code := run(args, &stdout, &stderr); code != 0 {
+		t.Fatalf("exit %d, stderr %q", code, stderr.String())
+	}
+	var doc struct {
+		Results []struct {
+			Policy        string   `json:"policy"`
+			HitRate       *float64 `json:"hit_rate"`
+			TTFTP50       *float64 `json:"ttft_p50_ms"`
+			TTFTP99       *float64 `json:"ttft_p99_ms"`
+			TokensPerS    *float64 `json:"tokens_per_s"`
+			Imbalance     *float64 `json:"imbalance"`
+			SLOAttainment *float64 `json:"slo_attainment"`
+		} `json:"results"`
+	}
+	if err := json.Unmarshal(stdout.Bytes(), &doc); err != nil {
+		t.Fatalf("%v: %s", err, stdout.String())
+	}
+	if len(doc.Results) != 2 || doc.Results[0].Policy != "round_robin" || doc.Results[1].Policy != "prefix_aware" {
+		t.Fatalf("results: %s", stdout.String())
+	}
+	for _, r := range doc.Results {
+		if r.HitRate == nil || r.TTFTP50 == nil || r.TTFTP99 == nil || r.TokensPerS == nil || r.Imbalance == nil || r.SLOAttainment == nil {
+			t.Fatalf("a field of R18.1 is missing: %s", stdout.String())
+		}
+	}
+	f, err := os.Open(plot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := png.Decode(f); err != nil {
+		t.Fatalf("--plot did not write a PNG: %v", err)
+	}
+	// Markdown, the default format, with the same run.
+	stdout.Reset()
+	if code := run([]string{"simulate", "--workers", "2", "--requests", "50", "--policies", "least_outstanding"}, &stdout, &stderr); code != 0 {
+		t.Fatalf("markdown: exit %d, stderr %q", code, stderr.String())
+	}
+	if !strings.HasPrefix(stdout.String(), "| policy | hit_rate |") || !strings.Contains(stdout.String(), "| least_outstanding |") {
+		t.Fatalf("markdown:\n%s", stdout.String())
+	}
+}
+
+func TestSimulateBadFlags(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--trace", "bursty"}, `unknown trace "bursty"`},
+		{[]string{"--workers", "0"}, "--workers must be at least 1"},
+		{[]string{"--requests", "0"}, "--requests must be at least 1"},
+		{[]string{"--load", "-1"}, "--load must be a positive fraction"},
+		{[]string{"--load", "NaN"}, "--load must be a positive fraction"},
+		{[]string{"--slo-ttft-ms", "0"}, "--slo-ttft-ms must be a positive"},
+		{[]string{"--format", "csv"}, "--format must be json or markdown"},
+		{[]string{"--policies", " , "}, "--policies names no policy"},
+		{[]string{"--policies", "round_robin,random"}, `unknown route policy "random"`},
+		{[]string{"extra"}, `unexpected argument "extra"`},
+		{[]string{"--workers", "x"}, "invalid value"},
+	} {
+		var stdout, stderr bytes.Buffer
+		if code := run(append([]string{"simulate"}, tc.args...), &stdout, &stderr); code != 2 {
+			t.Errorf("%v: exit %d, want 2", tc.args, code)
+		}
+		if !strings.Contains(stderr.String(), tc.want) {
+			t.Errorf("%v: stderr %q, want it to say %q", tc.args, stderr.String(), tc.want)
+		}
+		if stdout.Len() != 0 {
+			t.Errorf("%v: wrote %q to stdout", tc.args, stdout.String())
+		}
+	}
+}

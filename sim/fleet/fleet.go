@@ -1,0 +1,573 @@
+// Package fleet is `tlgw simulate` (SPEC R18.1): the router's real code — its policies, its
+// prefix index and its pick path, driven through router.Sim — in front of N simulated engines
+// on a fake clock, with no sockets, no sleeps and no actor system in the loop. It is a
+// discrete-event simulation: arrivals (Poisson, at a fraction of the fleet's estimated
+// capacity), request completions, engine heartbeats and in-flight samples are events in one
+// time-ordered heap, and the simulated time jumps from one to the next.
+//
+// The engines are sim/engine's model (see EngineModel) over sim/kv's block pool and prefix
+// cache, so a hit is what an engine's cache really held when the request ran, not what the
+// router believed. They report to the router as heartbeats do (queue depth, running, KV free
+// and total blocks) every Options.Heartbeat; the router's own in-flight counts move with every
+// pick and release, as with real worker actors.
+package fleet
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"runtime"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+
+	"github.com/tlgw/tlgw/actors/router"
+	"github.com/tlgw/tlgw/actors/router/policy"
+	"github.com/tlgw/tlgw/internal/oai"
+	"github.com/tlgw/tlgw/internal/prefixindex"
+	"github.com/tlgw/tlgw/sim/kv"
+)
+
+// Options are a simulation's inputs.
+type Options struct {
+	Trace    string   // one of Traces
+	Workers  int      // engines in the fleet (≥ 1)
+	Requests int      // requests in the trace (≥ 1)
+	Load     float64  // offered load as a fraction of the fleet's estimated capacity (> 0)
+	Policies []string // route policies to compare, each a run over the same trace and arrivals
+	Seed     uint64
+	// Heterogeneous: engines cycle through three kinds — half the KV and half the speed, the
+	// default, twice the KV and twice the speed — instead of all being Engine.
+	Heterogeneous bool
+	SLOTTFT       time.Duration // the TTFT objective of slo_attainment (default 1 s)
+
+	Engine    EngineModel   // default DefaultEngine
+	Heartbeat time.Duration // engine report interval (default 2 s, the gateway's default T)
+	// LoadFactor is affinity_load_factor (default 1.25); PrefixIndexBlocks sizes the
+	// router's prefix index for prefix_aware (default 4096, the config's default).
+	LoadFactor        float64
+	PrefixIndexBlocks int
+	// Parallel bounds the policies run at once (default GOMAXPROCS).
+	Parallel int
+}
+
+// Result is one policy's run (R18.1's fields first).
+type Result struct {
+	Policy        string  `json:"policy"`
+	HitRate       float64 `json:"hit_rate"`
+	TTFTP50Ms     float64 `json:"ttft_p50_ms"`
+	TTFTP99Ms     float64 `json:"ttft_p99_ms"`
+	TokensPerS    float64 `json:"tokens_per_s"`
+	Imbalance     float64 `json:"imbalance"`
+	SLOAttainment float64 `json:"slo_attainment"`
+	QueueMeanMs   float64 `json:"queue_mean_ms"` // arrival to the start of prefill, mean
+	TTFTMeanMs    float64 `json:"ttft_mean_ms"`
+	Requests      int     `json:"requests"`
+	Completed     int     `json:"completed"`
+	Rejected      int     `json:"rejected"` // no worker, or a prompt larger than its engine's KV
+	OfferedRPS    float64 `json:"offered_rps"`
+	SimSeconds    float64 `json:"sim_seconds"` // simulated time until the last request ended
+}
+
+// Report is a simulation's output: {"results": [...]}, one per policy in the order asked.
+type Report struct {
+	Results []Result `json:"results"`
+}
+
+// model is the one model every simulated engine serves.
+const model = "sim"
+
+// Validate checks o as Run will (after filling its defaults), naming what is wrong.
+func (o Options) Validate() error { return o.defaults() }
+
+func (o *Options) defaults() error {
+	if o.Engine == (EngineModel{}) {
+		o.Engine = DefaultEngine
+	}
+	if o.Heartbeat <= 0 {
+		o.Heartbeat = 2 * time.Second
+	}
+	if o.LoadFactor == 0 {
+		o.LoadFactor = 1.25
+	}
+	if o.PrefixIndexBlocks == 0 {
+		o.PrefixIndexBlocks = prefixindex.DefaultBlocksPerWorker
+	}
+	if o.SLOTTFT == 0 {
+		o.SLOTTFT = time.Second
+	}
+	if o.Parallel <= 0 {
+		o.Parallel = runtime.GOMAXPROCS(0)
+	}
+	switch {
+	case !slices.Contains(Traces, o.Trace):
+		return fmt.Errorf("unknown trace %q (known: %v)", o.Trace, Traces)
+	case o.Workers < 1:
+		return fmt.Errorf("workers must be at least 1, got %d", o.Workers)
+	case o.Requests < 1:
+		return fmt.Errorf("requests must be at least 1, got %d", o.Requests)
+	case !(o.Load > 0) || math.IsInf(o.Load, 0):
+		return fmt.Errorf("load must be a positive fraction of capacity, got %v", o.Load)
+	case len(o.Policies) == 0:
+		return errors.New("no policies")
+	case o.SLOTTFT < 0:
+		return fmt.Errorf("the TTFT objective must be positive, got %v", o.SLOTTFT)
+	case o.Engine.KVBlocks < 1 || o.Engine.BlockSize < 1 || o.Engine.MaxRunning < 1 ||
+		o.Engine.PrefillPerToken < 0 || o.Engine.DecodePerToken < 0:
+		return fmt.Errorf("bad engine model %+v", o.Engine)
+	}
+	for _, p := range o.Policies {
+		if _, err := policy.New(p, policy.Options{}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// models is the fleet: engine i's model.
+func (o *Options) models() []EngineModel {
+	ms := make([]EngineModel, o.Workers)
+	for i := range ms {
+		ms[i] = o.Engine
+		if o.Heterogeneous {
+			switch i % 3 {
+			case 0:
+				ms[i] = o.Engine.scaled(0.5, 0.5)
+			case 2:
+				ms[i] = o.Engine.scaled(2, 2)
+			}
+		}
+	}
+	return ms
+}
+
+// capacity estimates the fleet's throughput in requests per second with no prefix cache:
+// per engine, its concurrent requests (MaxRunning, or fewer when the trace's mean sequence
+// does not fit that many times in its KV) over the mean service time (the whole prompt's
+// prefill and the answer's decode).
+func capacity(ms []EngineModel, tr *trace) float64 {
+	var prompt, out float64
+	for i := range tr.reqs {
+		prompt += float64(tr.reqs[i].promptTokens())
+		out += float64(tr.reqs[i].out.n)
+	}
+	prompt /= float64(len(tr.reqs))
+	out /= float64(len(tr.reqs))
+	total := 0.0
+	for _, m := range ms {
+		slots := min(float64(m.MaxRunning), float64(m.KVBlocks*m.BlockSize)/(prompt+out))
+		slots = max(slots, 1)
+		service := (prompt*float64(m.PrefillPerToken) + out*float64(m.DecodePerToken)) / float64(time.Second)
+		if service <= 0 {
+			service = 1e-9
+		}
+		total += slots / service
+	}
+	return total
+}
+
+// Run simulates every policy of o over one trace and one arrival sequence.
+func Run(o Options) (*Report, error) {
+	if err := o.defaults(); err != nil {
+		return nil, err
+	}
+	tr, err := genTrace(o.Trace, o.Requests, o.Workers, o.Seed)
+	if err != nil {
+		return nil, err
+	}
+	ms := o.models()
+	rate := o.Load * capacity(ms, tr)
+	arrivals := make([]int64, len(tr.reqs))
+	r := rand.New(rand.NewPCG(o.Seed, 0x61727269766573)) // "arrives"
+	at := 0.0
+	for i := range arrivals {
+		at += r.ExpFloat64() / rate
+		arrivals[i] = int64(at * 1e9)
+	}
+	out := &Report{Results: make([]Result, len(o.Policies))}
+	errs := make([]error, len(o.Policies))
+	sem := make(chan struct{}, o.Parallel)
+	var wg sync.WaitGroup
+	for i, pol := range o.Policies {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			res, err := runPolicy(&o, ms, tr, arrivals, pol)
+			out.Results[i], errs[i] = res, err
+			if res.SimSeconds > 0 {
+				out.Results[i].OfferedRPS = round(rate, 2)
+			}
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// Event kinds.
+const (
+	evArrive = iota // idx: the request
+	evDone          // idx: the request
+	evBeat          // idx: the engine
+	evSample
+)
+
+type event struct {
+	at   int64 // ns since the start
+	seq  uint64
+	kind uint8
+	idx  int32
+}
+
+// events is a min-heap by (at, seq): equal times in scheduling order, so a run is exact and
+// repeatable.
+type events struct {
+	h   []event
+	seq uint64
+}
+
+func (q *events) push(at int64, kind uint8, idx int32) {
+	q.seq++
+	q.h = append(q.h, event{at: at, seq: q.seq, kind: kind, idx: idx})
+	i := len(q.h) - 1
+	for i > 0 {
+		p := (i - 1) / 2
+		if !q.less(i, p) {
+			break
+		}
+		q.h[i], q.h[p] = q.h[p], q.h[i]
+		i = p
+	}
+}
+
+func (q *events) less(i, j int) bool {
+	a, b := &q.h[i], &q.h[j]
+	return a.at < b.at || (a.at == b.at && a.seq < b.seq)
+}
+
+func (q *events) pop() event {
+	top := q.h[0]
+	last := len(q.h) - 1
+	q.h[0] = q.h[last]
+	q.h = q.h[:last]
+	i := 0
+	for {
+		l := 2*i + 1
+		if l >= last {
+			break
+		}
+		c := l
+		if r := l + 1; r < last && q.less(r, l) {
+			c = r
+		}
+		if !q.less(c, i) {
+			break
+		}
+		q.h[i], q.h[c] = q.h[c], q.h[i]
+		i = c
+	}
+	return top
+}
+
+// job is one request's life in a run.
+type job struct {
+	picked  *router.Picked
+	seq     *kv.Seq
+	eng     int32
+	arrival int64
+	start   int64
+	cached  int32
+	prompt  int32
+}
+
+// runner is one policy's run.
+type runner struct {
+	o        *Options
+	tr       *trace
+	arrivals []int64
+	sim      *router.Sim
+	engines  []*engine
+	byID     map[string]int32
+	jobs     []job
+	q        events
+	now      int64
+	index    bool // the prefix index is on: picks carry the prompt's chunk hashes
+
+	toks   []uint32 // scratch: a prompt's tokens
+	body   []byte   // scratch: a request body
+	hashes []uint64 // scratch: a prompt's chunk hashes
+
+	inFlight  int // requests picked and not yet done
+	arrived   int
+	ttft      []float64 // ms
+	queueSum  float64   // ms
+	outTokens int64
+	rejected  int
+	lastDone  int64
+	maxSum    float64 // Σ over samples of the largest in-flight count
+	meanSum   float64 // Σ over samples of the mean in-flight count
+}
+
+const sampleEvery = 100 * time.Millisecond
+
+func runPolicy(o *Options, ms []EngineModel, tr *trace, arrivals []int64, pol string) (Result, error) {
+	cfg := router.Config{Policy: pol, LoadFactor: o.LoadFactor}
+	index := pol == "prefix_aware" // as the gateway's app: the index is on for prefix_aware
+	if index {
+		cfg.PrefixIndexBlocks = o.PrefixIndexBlocks
+	}
+	s, err := router.NewSim(cfg)
+	if err != nil {
+		return Result{}, err
+	}
+	r := &runner{o: o, tr: tr, arrivals: arrivals, sim: s, index: index, byID: make(map[string]int32, len(ms)),
+		jobs: make([]job, len(tr.reqs)), ttft: make([]float64, 0, len(tr.reqs))}
+	width := len(strconv.Itoa(len(ms) - 1))
+	for i, m := range ms {
+		id := fmt.Sprintf("w%0*d", width, i)
+		r.engines = append(r.engines, newEngine(id, m))
+		r.byID[id] = int32(i)
+		r.beat(int32(i))
+		// Heartbeats are spread over the interval, as independent engines' are.
+		r.q.push(int64(o.Heartbeat)*int64(i+1)/int64(len(ms)), evBeat, int32(i))
+	}
+	r.q.push(arrivals[0], evArrive, 0)
+	r.q.push(int64(sampleEvery), evSample, 0)
+	for len(r.q.h) > 0 {
+		ev := r.q.pop()
+		r.now = ev.at
+		s.AdvanceTo(router.SimStart.Add(time.Duration(ev.at)))
+		switch ev.kind {
+		case evArrive:
+			r.arrive(ev.idx)
+			if next := int(ev.idx) + 1; next < len(arrivals) {
+				r.q.push(arrivals[next], evArrive, int32(next))
+			}
+		case evDone:
+			r.done(ev.idx)
+		case evBeat:
+			if r.busy() {
+				r.beat(ev.idx)
+				r.q.push(r.now+int64(o.Heartbeat), evBeat, ev.idx)
+			}
+		case evSample:
+			r.sample()
+			if r.arrived < len(arrivals) {
+				r.q.push(r.now+int64(sampleEvery), evSample, 0)
+			}
+		}
+	}
+	return r.result(pol), nil
+}
+
+func (r *runner) busy() bool { return r.arrived < len(r.arrivals) || r.inFlight > 0 }
+
+// beat is engine i's heartbeat: its queue, running set and KV blocks.
+func (r *runner) beat(i int32) {
+	e := r.engines[i]
+	st := e.pool.Stats()
+	r.sim.SetWorker(router.WorkerInfo{ID: e.id, Model: model, HTTPAddress: "sim:" + e.id,
+		QueueDepth: int64(e.waiting()), Running: int64(e.run), KVFreeBlocks: int64(st.FreeBlocks),
+		KVTotalBlocks: int64(st.TotalBlocks), BlockSize: int64(e.model.BlockSize)})
+}
+
+// prompt fills r.toks with request i's prompt tokens.
+func (r *runner) prompt(i int32) []uint32 {
+	r.toks = r.toks[:0]
+	for _, m := range r.tr.reqs[i].msgs {
+		r.toks = appendTokens(r.toks, r.o.Seed, m)
+	}
+	return r.toks
+}
+
+// chatBody writes a chat body of msgs; all: every message, else only as much as the prefix
+// key (R4, the rendered prompt's first 64 bytes) reads, which gives the same key.
+func chatBody(dst []byte, seed uint64, msgs []message, all bool) []byte {
+	dst = append(dst[:0], `{"model":"`+model+`","messages":[`...)
+	rendered := 0
+	for k, m := range msgs {
+		if !all && rendered >= oai.PrefixLen {
+			break
+		}
+		if k > 0 {
+			dst = append(dst, ',')
+		}
+		dst = append(dst, `{"role":"`...)
+		dst = append(dst, roleNames[m.role]...)
+		dst = append(dst, `","content":"`...)
+		if !all {
+			// The key reads 64 rendered bytes: a long message's first tokens give the same key.
+			m.n = min(m.n, int32((oai.PrefixLen-rendered)/4+1))
+		}
+		dst = appendContent(dst, seed, m)
+		dst = append(dst, `"}`...)
+		rendered += len(roleNames[m.role]) + 1 + 4*int(m.n) + 1
+	}
+	return append(dst, "]}"...)
+}
+
+// pick builds request i's Pick as the request actor does (actors/request: pick): the prefix
+// key's hash from the parsed body, and with the prefix index on the chunk hashes of the whole
+// rendered prompt.
+func (r *runner) pick(i int32) (*router.Picked, error) {
+	req := &r.tr.reqs[i]
+	r.body = chatBody(r.body, r.o.Seed, req.msgs, r.index)
+	key, err := oai.PrefixKey(oai.Chat, r.body)
+	if err != nil {
+		return nil, err
+	}
+	p := &router.Pick{Model: model, RequestID: strconv.Itoa(int(i)), Key: uint64(i) + 1,
+		PrefixHash: xxhash.Sum64(key), Tag: 1}
+	if r.index {
+		rendered := oai.RenderPrompt(oai.Chat, r.body, len(r.body))
+		r.hashes = prefixindex.Hashes(r.hashes, rendered)
+		p.PrefixHashes = r.hashes
+	}
+	pk, ok := r.sim.Pick(p)
+	if !ok {
+		return nil, errors.New("queued without admission")
+	}
+	return pk, nil
+}
+
+func (r *runner) arrive(i int32) {
+	r.arrived++
+	pk, err := r.pick(i)
+	if err != nil {
+		panic(fmt.Sprintf("fleet: request %d: %v", i, err)) // a bug in the simulator
+	}
+	if pk.Err != nil {
+		r.rejected++
+		return
+	}
+	j := &r.jobs[i]
+	j.picked, j.eng, j.arrival = pk, r.byID[pk.WorkerID], r.now
+	e := r.engines[j.eng]
+	prompt := r.prompt(i)
+	j.prompt = int32(len(prompt))
+	if !e.fits(len(prompt)) {
+		r.rejected++
+		r.sim.Release(pk, router.OutcomeNone)
+		return
+	}
+	r.inFlight++
+	if e.waiting() == 0 {
+		if seq, cached, ok := e.tryStart(prompt); ok {
+			r.start(i, seq, cached)
+			return
+		}
+	}
+	e.queue = append(e.queue, i)
+}
+
+// start runs request i: its first token after the uncached prompt's prefill, its end after
+// the answer's decode.
+func (r *runner) start(i int32, seq *kv.Seq, cached int) {
+	j := &r.jobs[i]
+	m := r.engines[j.eng].model
+	j.seq, j.start, j.cached = seq, r.now, int32(cached)
+	prefill := int64(int(j.prompt)-cached) * int64(m.PrefillPerToken)
+	first := r.now + prefill
+	r.ttft = append(r.ttft, float64(first-j.arrival)/1e6)
+	r.queueSum += float64(r.now-j.arrival) / 1e6
+	out := r.tr.reqs[i].out
+	r.q.push(first+int64(out.n)*int64(m.DecodePerToken), evDone, i)
+}
+
+func (r *runner) done(i int32) {
+	j := &r.jobs[i]
+	e := r.engines[j.eng]
+	out := r.tr.reqs[i].out
+	r.toks = appendTokens(r.toks[:0], r.o.Seed, out)
+	e.finish(j.seq, r.toks)
+	j.seq = nil
+	r.outTokens += int64(out.n)
+	r.lastDone = r.now
+	r.inFlight--
+	r.sim.Release(j.picked, router.OutcomeSuccess)
+	j.picked = nil
+	for e.waiting() > 0 {
+		h := e.queue[e.head]
+		seq, cached, ok := e.tryStart(r.prompt(h))
+		if !ok {
+			break
+		}
+		e.head++
+		r.start(h, seq, cached)
+	}
+	if e.head > 64 && 2*e.head > len(e.queue) {
+		e.queue = append(e.queue[:0], e.queue[e.head:]...)
+		e.head = 0
+	}
+}
+
+// sample records the largest and the mean in-flight count over the engines. Imbalance is the
+// ratio of their sums over the samples (time averages, every sampleEvery until the last
+// arrival), not the mean of per-sample ratios, which the first moments of a run — a handful of
+// requests over many engines, max/mean = n/k — would dominate.
+func (r *runner) sample() {
+	sum, mx := 0, 0
+	for _, e := range r.engines {
+		n := e.inFlight()
+		sum += n
+		mx = max(mx, n)
+	}
+	r.maxSum += float64(mx)
+	r.meanSum += float64(sum) / float64(len(r.engines))
+}
+
+func (r *runner) result(pol string) Result {
+	res := Result{Policy: pol, Requests: len(r.tr.reqs), Completed: len(r.ttft), Rejected: r.rejected}
+	var hit, look uint64
+	for _, e := range r.engines {
+		st := e.pool.Stats()
+		hit += st.HitTokens
+		look += st.LookupTokens
+	}
+	if look > 0 {
+		res.HitRate = round(float64(hit)/float64(look), 4)
+	}
+	if n := len(r.ttft); n > 0 {
+		sorted := slices.Clone(r.ttft)
+		slices.Sort(sorted)
+		res.TTFTP50Ms = round(percentile(sorted, 0.50), 2)
+		res.TTFTP99Ms = round(percentile(sorted, 0.99), 2)
+		sum, met := 0.0, 0
+		slo := float64(r.o.SLOTTFT) / 1e6
+		for _, v := range sorted {
+			sum += v
+			if v <= slo {
+				met++
+			}
+		}
+		res.TTFTMeanMs = round(sum/float64(n), 2)
+		res.QueueMeanMs = round(r.queueSum/float64(n), 2)
+		res.SLOAttainment = round(float64(met)/float64(len(r.tr.reqs)), 4)
+	}
+	if r.lastDone > 0 {
+		res.SimSeconds = round(float64(r.lastDone)/1e9, 3)
+		res.TokensPerS = round(float64(r.outTokens)/(float64(r.lastDone)/1e9), 1)
+	}
+	if r.meanSum > 0 {
+		res.Imbalance = round(r.maxSum/r.meanSum, 3)
+	}
+	return res
+}
+
+// percentile is the nearest-rank q-quantile of sorted.
+func percentile(sorted []float64, q float64) float64 {
+	k := int(math.Ceil(q*float64(len(sorted)))) - 1
+	return sorted[min(max(k, 0), len(sorted)-1)]
+}
+
+func round(x float64, places int) float64 {
+	p := math.Pow(10, float64(places))
+	return math.Round(x*p) / p
+}
