@@ -118,7 +118,10 @@ type WorkerStatus struct {
 	// Tokens per KV cache block, so the worker's KV capacity in tokens is
 	// kv_total_blocks * block_size. 0 = unknown: the worker then has no known
 	// capacity. At most 1048576 (1 << 20).
-	BlockSize     uint32 `protobuf:"varint,13,opt,name=block_size,json=blockSize,proto3" json:"block_size,omitempty"`
+	BlockSize uint32 `protobuf:"varint,13,opt,name=block_size,json=blockSize,proto3" json:"block_size,omitempty"`
+	// The worker serves tl.kv.v1.KvEvents/Subscribe on grpc_address (R18.3):
+	// a gateway with route_policy = "precise_prefix" subscribes to it.
+	KvEvents      bool `protobuf:"varint,14,opt,name=kv_events,json=kvEvents,proto3" json:"kv_events,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -244,6 +247,13 @@ func (x *WorkerStatus) GetBlockSize() uint32 {
 	return 0
 }
 
+func (x *WorkerStatus) GetKvEvents() bool {
+	if x != nil {
+		return x.KvEvents
+	}
+	return false
+}
+
 // HeartbeatAck is the gateway's answer to a heartbeat.
 type HeartbeatAck struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -313,7 +323,7 @@ var File_tl_control_v1_control_proto protoreflect.FileDescriptor
 
 const file_tl_control_v1_control_proto_rawDesc = "" +
 	"\n" +
-	"\x1btl/control/v1/control.proto\x12\rtl.control.v1\"\xb0\x03\n" +
+	"\x1btl/control/v1/control.proto\x12\rtl.control.v1\"\xcd\x03\n" +
 	"\fWorkerStatus\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12!\n" +
 	"\fhttp_address\x18\x02 \x01(\tR\vhttpAddress\x12!\n" +
@@ -331,7 +341,8 @@ const file_tl_control_v1_control_proto_rawDesc = "" +
 	"\x0fkv_total_blocks\x18\v \x01(\x05R\rkvTotalBlocks\x12\x1a\n" +
 	"\bdraining\x18\f \x01(\bR\bdraining\x12\x1d\n" +
 	"\n" +
-	"block_size\x18\r \x01(\rR\tblockSize\"n\n" +
+	"block_size\x18\r \x01(\rR\tblockSize\x12\x1b\n" +
+	"\tkv_events\x18\x0e \x01(\bR\bkvEvents\"n\n" +
 	"\fHeartbeatAck\x12\x14\n" +
 	"\x05drain\x18\x01 \x01(\bR\x05drain\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x122\n" +

@@ -29,6 +29,62 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type KvEvent_Kind int32
+
+const (
+	KvEvent_KIND_UNSPECIFIED KvEvent_Kind = 0
+	// block_ids are now held.
+	KvEvent_STORED KvEvent_Kind = 1
+	// block_ids are no longer held.
+	KvEvent_REMOVED KvEvent_Kind = 2
+	// Nothing is held any more (a restart, a cache reset, or a stream's
+	// start).
+	KvEvent_CLEARED KvEvent_Kind = 3
+)
+
+// Enum value maps for KvEvent_Kind.
+var (
+	KvEvent_Kind_name = map[int32]string{
+		0: "KIND_UNSPECIFIED",
+		1: "STORED",
+		2: "REMOVED",
+		3: "CLEARED",
+	}
+	KvEvent_Kind_value = map[string]int32{
+		"KIND_UNSPECIFIED": 0,
+		"STORED":           1,
+		"REMOVED":          2,
+		"CLEARED":          3,
+	}
+)
+
+func (x KvEvent_Kind) Enum() *KvEvent_Kind {
+	p := new(KvEvent_Kind)
+	*p = x
+	return p
+}
+
+func (x KvEvent_Kind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (KvEvent_Kind) Descriptor() protoreflect.EnumDescriptor {
+	return file_tl_kv_v1_kv_proto_enumTypes[0].Descriptor()
+}
+
+func (KvEvent_Kind) Type() protoreflect.EnumType {
+	return &file_tl_kv_v1_kv_proto_enumTypes[0]
+}
+
+func (x KvEvent_Kind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use KvEvent_Kind.Descriptor instead.
+func (KvEvent_Kind) EnumDescriptor() ([]byte, []int) {
+	return file_tl_kv_v1_kv_proto_rawDescGZIP(), []int{4, 0}
+}
+
 // KvHandle names KV blocks held by a decode worker.
 type KvHandle struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -253,6 +309,106 @@ func (x *ReleaseResponse) GetReleased() bool {
 	return false
 }
 
+// SubscribeRequest starts a subscription.
+type SubscribeRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SubscribeRequest) Reset() {
+	*x = SubscribeRequest{}
+	mi := &file_tl_kv_v1_kv_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SubscribeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SubscribeRequest) ProtoMessage() {}
+
+func (x *SubscribeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tl_kv_v1_kv_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SubscribeRequest.ProtoReflect.Descriptor instead.
+func (*SubscribeRequest) Descriptor() ([]byte, []int) {
+	return file_tl_kv_v1_kv_proto_rawDescGZIP(), []int{3}
+}
+
+// KvEvent is one change of an engine's prefix cache.
+type KvEvent struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The engine's event sequence number; consecutive on a stream.
+	Seq  uint64       `protobuf:"varint,1,opt,name=seq,proto3" json:"seq,omitempty"`
+	Kind KvEvent_Kind `protobuf:"varint,2,opt,name=kind,proto3,enum=tl.kv.v1.KvEvent_Kind" json:"kind,omitempty"`
+	// STORED and REMOVED: the chunk ids (at most 4096 per event).
+	BlockIds      []uint64 `protobuf:"varint,3,rep,packed,name=block_ids,json=blockIds,proto3" json:"block_ids,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KvEvent) Reset() {
+	*x = KvEvent{}
+	mi := &file_tl_kv_v1_kv_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KvEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KvEvent) ProtoMessage() {}
+
+func (x *KvEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_tl_kv_v1_kv_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KvEvent.ProtoReflect.Descriptor instead.
+func (*KvEvent) Descriptor() ([]byte, []int) {
+	return file_tl_kv_v1_kv_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *KvEvent) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *KvEvent) GetKind() KvEvent_Kind {
+	if x != nil {
+		return x.Kind
+	}
+	return KvEvent_KIND_UNSPECIFIED
+}
+
+func (x *KvEvent) GetBlockIds() []uint64 {
+	if x != nil {
+		return x.BlockIds
+	}
+	return nil
+}
+
 var File_tl_kv_v1_kv_proto protoreflect.FileDescriptor
 
 const file_tl_kv_v1_kv_proto_rawDesc = "" +
@@ -276,10 +432,23 @@ const file_tl_kv_v1_kv_proto_rawDesc = "" +
 	"\rfirst_logprob\x18\a \x01(\x02R\ffirstLogprob\x12,\n" +
 	"\x12rng_draws_consumed\x18\b \x01(\x04R\x10rngDrawsConsumed\"-\n" +
 	"\x0fReleaseResponse\x12\x1a\n" +
-	"\breleased\x18\x01 \x01(\bR\breleased2~\n" +
+	"\breleased\x18\x01 \x01(\bR\breleased\"\x12\n" +
+	"\x10SubscribeRequest\"\xa8\x01\n" +
+	"\aKvEvent\x12\x10\n" +
+	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12*\n" +
+	"\x04kind\x18\x02 \x01(\x0e2\x16.tl.kv.v1.KvEvent.KindR\x04kind\x12\x1b\n" +
+	"\tblock_ids\x18\x03 \x03(\x04R\bblockIds\"B\n" +
+	"\x04Kind\x12\x14\n" +
+	"\x10KIND_UNSPECIFIED\x10\x00\x12\n" +
+	"\n" +
+	"\x06STORED\x10\x01\x12\v\n" +
+	"\aREMOVED\x10\x02\x12\v\n" +
+	"\aCLEARED\x10\x032~\n" +
 	"\x11KvTransferService\x12/\n" +
 	"\x04Push\x12\x11.tl.kv.v1.KvBlock\x1a\x12.tl.kv.v1.KvHandle(\x01\x128\n" +
-	"\aRelease\x12\x12.tl.kv.v1.KvHandle\x1a\x19.tl.kv.v1.ReleaseResponseB.Z,github.com/tlgw/tlgw/contracts/tl/kv/v1;kvv1b\x06proto3"
+	"\aRelease\x12\x12.tl.kv.v1.KvHandle\x1a\x19.tl.kv.v1.ReleaseResponse2H\n" +
+	"\bKvEvents\x12<\n" +
+	"\tSubscribe\x12\x1a.tl.kv.v1.SubscribeRequest\x1a\x11.tl.kv.v1.KvEvent0\x01B.Z,github.com/tlgw/tlgw/contracts/tl/kv/v1;kvv1b\x06proto3"
 
 var (
 	file_tl_kv_v1_kv_proto_rawDescOnce sync.Once
@@ -293,22 +462,29 @@ func file_tl_kv_v1_kv_proto_rawDescGZIP() []byte {
 	return file_tl_kv_v1_kv_proto_rawDescData
 }
 
-var file_tl_kv_v1_kv_proto_msgTypes = make([]protoimpl.MessageInfo, 3)
+var file_tl_kv_v1_kv_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_tl_kv_v1_kv_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
 var file_tl_kv_v1_kv_proto_goTypes = []any{
-	(*KvHandle)(nil),        // 0: tl.kv.v1.KvHandle
-	(*KvBlock)(nil),         // 1: tl.kv.v1.KvBlock
-	(*ReleaseResponse)(nil), // 2: tl.kv.v1.ReleaseResponse
+	(KvEvent_Kind)(0),        // 0: tl.kv.v1.KvEvent.Kind
+	(*KvHandle)(nil),         // 1: tl.kv.v1.KvHandle
+	(*KvBlock)(nil),          // 2: tl.kv.v1.KvBlock
+	(*ReleaseResponse)(nil),  // 3: tl.kv.v1.ReleaseResponse
+	(*SubscribeRequest)(nil), // 4: tl.kv.v1.SubscribeRequest
+	(*KvEvent)(nil),          // 5: tl.kv.v1.KvEvent
 }
 var file_tl_kv_v1_kv_proto_depIdxs = []int32{
-	1, // 0: tl.kv.v1.KvTransferService.Push:input_type -> tl.kv.v1.KvBlock
-	0, // 1: tl.kv.v1.KvTransferService.Release:input_type -> tl.kv.v1.KvHandle
-	0, // 2: tl.kv.v1.KvTransferService.Push:output_type -> tl.kv.v1.KvHandle
-	2, // 3: tl.kv.v1.KvTransferService.Release:output_type -> tl.kv.v1.ReleaseResponse
-	2, // [2:4] is the sub-list for method output_type
-	0, // [0:2] is the sub-list for method input_type
-	0, // [0:0] is the sub-list for extension type_name
-	0, // [0:0] is the sub-list for extension extendee
-	0, // [0:0] is the sub-list for field type_name
+	0, // 0: tl.kv.v1.KvEvent.kind:type_name -> tl.kv.v1.KvEvent.Kind
+	2, // 1: tl.kv.v1.KvTransferService.Push:input_type -> tl.kv.v1.KvBlock
+	1, // 2: tl.kv.v1.KvTransferService.Release:input_type -> tl.kv.v1.KvHandle
+	4, // 3: tl.kv.v1.KvEvents.Subscribe:input_type -> tl.kv.v1.SubscribeRequest
+	1, // 4: tl.kv.v1.KvTransferService.Push:output_type -> tl.kv.v1.KvHandle
+	3, // 5: tl.kv.v1.KvTransferService.Release:output_type -> tl.kv.v1.ReleaseResponse
+	5, // 6: tl.kv.v1.KvEvents.Subscribe:output_type -> tl.kv.v1.KvEvent
+	4, // [4:7] is the sub-list for method output_type
+	1, // [1:4] is the sub-list for method input_type
+	1, // [1:1] is the sub-list for extension type_name
+	1, // [1:1] is the sub-list for extension extendee
+	0, // [0:1] is the sub-list for field type_name
 }
 
 func init() { file_tl_kv_v1_kv_proto_init() }
@@ -321,13 +497,14 @@ func file_tl_kv_v1_kv_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tl_kv_v1_kv_proto_rawDesc), len(file_tl_kv_v1_kv_proto_rawDesc)),
-			NumEnums:      0,
-			NumMessages:   3,
+			NumEnums:      1,
+			NumMessages:   5,
 			NumExtensions: 0,
-			NumServices:   1,
+			NumServices:   2,
 		},
 		GoTypes:           file_tl_kv_v1_kv_proto_goTypes,
 		DependencyIndexes: file_tl_kv_v1_kv_proto_depIdxs,
+		EnumInfos:         file_tl_kv_v1_kv_proto_enumTypes,
 		MessageInfos:      file_tl_kv_v1_kv_proto_msgTypes,
 	}.Build()
 	File_tl_kv_v1_kv_proto = out.File

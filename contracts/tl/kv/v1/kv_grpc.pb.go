@@ -183,3 +183,144 @@ var KvTransferService_ServiceDesc = grpc.ServiceDesc{
 	},
 	Metadata: "tl/kv/v1/kv.proto",
 }
+
+const (
+	KvEvents_Subscribe_FullMethodName = "/tl.kv.v1.KvEvents/Subscribe"
+)
+
+// KvEventsClient is the client API for KvEvents service.
+//
+// For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
+//
+// KvEvents is served by engines on their gRPC address (--grpc-listen; SPEC
+// R18.3): what the engine's prefix cache holds, as events, so a gateway can
+// route a prompt to the engine that holds its longest prefix (precise_prefix).
+//
+// Block ids are defined over the rendered prompt, not over token ids, so a
+// gateway computes the same ids without a tokenizer: the prompt as the
+// gateway renders it (internal/oai RenderPrompt) is cut into 64-byte chunks
+// and chunk i's id is the chained hash of internal/prefixindex Hashes (it
+// depends on every byte before it). An engine reports a chunk's id as stored
+// once the KV of every token covering the chunk's bytes is in its cache, and
+// as removed when any of that KV leaves it.
+type KvEventsClient interface {
+	// Subscribe streams the cache's events. The first event is a CLEARED
+	// with the engine's current sequence number, followed by a STORED of every
+	// block held then (a snapshot); after that, events as they happen. seq
+	// increases by exactly one per event on a stream: a gap means events were
+	// lost, and the subscriber must drop what it knows of the engine and
+	// subscribe again.
+	Subscribe(ctx context.Context, in *SubscribeRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[KvEvent], error)
+}
+
+type kvEventsClient struct {
+	cc grpc.ClientConnInterface
+}
+
+func NewKvEventsClient(cc grpc.ClientConnInterface) KvEventsClient {
+	return &kvEventsClient{cc}
+}
+
+func (c *kvEventsClient) Subscribe(ctx context.Context, in *SubscribeRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[KvEvent], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &KvEvents_ServiceDesc.Streams[0], KvEvents_Subscribe_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[SubscribeRequest, KvEvent]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type KvEvents_SubscribeClient = grpc.ServerStreamingClient[KvEvent]
+
+// KvEventsServer is the server API for KvEvents service.
+// All implementations must embed UnimplementedKvEventsServer
+// for forward compatibility.
+//
+// KvEvents is served by engines on their gRPC address (--grpc-listen; SPEC
+// R18.3): what the engine's prefix cache holds, as events, so a gateway can
+// route a prompt to the engine that holds its longest prefix (precise_prefix).
+//
+// Block ids are defined over the rendered prompt, not over token ids, so a
+// gateway computes the same ids without a tokenizer: the prompt as the
+// gateway renders it (internal/oai RenderPrompt) is cut into 64-byte chunks
+// and chunk i's id is the chained hash of internal/prefixindex Hashes (it
+// depends on every byte before it). An engine reports a chunk's id as stored
+// once the KV of every token covering the chunk's bytes is in its cache, and
+// as removed when any of that KV leaves it.
+type KvEventsServer interface {
+	// Subscribe streams the cache's events. The first event is a CLEARED
+	// with the engine's current sequence number, followed by a STORED of every
+	// block held then (a snapshot); after that, events as they happen. seq
+	// increases by exactly one per event on a stream: a gap means events were
+	// lost, and the subscriber must drop what it knows of the engine and
+	// subscribe again.
+	Subscribe(*SubscribeRequest, grpc.ServerStreamingServer[KvEvent]) error
+	mustEmbedUnimplementedKvEventsServer()
+}
+
+// UnimplementedKvEventsServer must be embedded to have
+// forward compatible implementations.
+//
+// NOTE: this should be embedded by value instead of pointer to avoid a nil
+// pointer dereference when methods are called.
+type UnimplementedKvEventsServer struct{}
+
+func (UnimplementedKvEventsServer) Subscribe(*SubscribeRequest, grpc.ServerStreamingServer[KvEvent]) error {
+	return status.Errorf(codes.Unimplemented, "method Subscribe not implemented")
+}
+func (UnimplementedKvEventsServer) mustEmbedUnimplementedKvEventsServer() {}
+func (UnimplementedKvEventsServer) testEmbeddedByValue()                  {}
+
+// UnsafeKvEventsServer may be embedded to opt out of forward compatibility for this service.
+// Use of this interface is not recommended, as added methods to KvEventsServer will
+// result in compilation errors.
+type UnsafeKvEventsServer interface {
+	mustEmbedUnimplementedKvEventsServer()
+}
+
+func RegisterKvEventsServer(s grpc.ServiceRegistrar, srv KvEventsServer) {
+	// If the following call pancis, it indicates UnimplementedKvEventsServer was
+	// embedded by pointer and is nil.  This will cause panics if an
+	// unimplemented method is ever invoked, so we test this at initialization
+	// time to prevent it from happening at runtime later due to I/O.
+	if t, ok := srv.(interface{ testEmbeddedByValue() }); ok {
+		t.testEmbeddedByValue()
+	}
+	s.RegisterService(&KvEvents_ServiceDesc, srv)
+}
+
+func _KvEvents_Subscribe_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(SubscribeRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(KvEventsServer).Subscribe(m, &grpc.GenericServerStream[SubscribeRequest, KvEvent]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type KvEvents_SubscribeServer = grpc.ServerStreamingServer[KvEvent]
+
+// KvEvents_ServiceDesc is the grpc.ServiceDesc for KvEvents service.
+// It's only intended for direct use with grpc.RegisterService,
+// and not to be introspected or modified (even as a copy)
+var KvEvents_ServiceDesc = grpc.ServiceDesc{
+	ServiceName: "tl.kv.v1.KvEvents",
+	HandlerType: (*KvEventsServer)(nil),
+	Methods:     []grpc.MethodDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "Subscribe",
+			Handler:       _KvEvents_Subscribe_Handler,
+			ServerStreams: true,
+		},
+	},
+	Metadata: "tl/kv/v1/kv.proto",
+}
