@@ -277,6 +277,11 @@ func (g *Gateway) SyncDrains(models []string) {
 	g.System.Root.Send(g.Registry, &registry.SyncDrains{Models: models})
 }
 
+// KVEvents hands a worker's prefix-cache events to the router's exact index (R18.3).
+func (g *Gateway) KVEvents(ev *router.KVEvents) {
+	g.System.Root.Send(g.Router, ev)
+}
+
 // Models lists the model ids clients may use.
 func (g *Gateway) Models() (*router.ModelList, error) {
 	return ask[*router.ModelList](g, g.Router, &router.ListModels{})

@@ -57,6 +57,8 @@ type WorkerInfo struct {
 	// ("" after a success).
 	Static      bool
 	ScrapeError string
+	// KVEvents: the engine serves tl.kv.v1.KvEvents/Subscribe on GRPCAddress (R18.3).
+	KVEvents bool
 }
 
 // KVCapacityTokens is the worker's KV capacity in tokens, KVTotalBlocks × BlockSize (SPEC
@@ -307,6 +309,18 @@ type Ready struct{}
 // Readiness answers Ready.
 type Readiness struct {
 	Routable int
+}
+
+// KVEvents is what a worker's prefix cache now holds, from its tl.kv.v1.KvEvents stream
+// (R18.3), for the exact index of route_policy = "precise_prefix". Ids are chunk ids over the
+// rendered prompt (internal/prefixindex). Clear drops everything known of the worker first (a
+// CLEARED event, a new subscription, or a sequence gap); then Removed, then Stored apply.
+// No reply.
+type KVEvents struct {
+	WorkerID string
+	Clear    bool
+	Stored   []uint64
+	Removed  []uint64
 }
 
 // EpochChanged tells the registry the route table's new epoch, for heartbeat acks.

@@ -175,7 +175,7 @@ func ValidateWorkerStatus(st *controlv1.WorkerStatus, rules engineaddr.Rules) (r
 		HTTPAddress: st.GetHttpAddress(), GRPCAddress: st.GetGrpcAddress(), KVAddress: st.GetKvAddress(),
 		KVFormat: st.GetKvFormat(), QueueDepth: int64(st.GetQueueDepth()), Running: int64(st.GetRunning()),
 		KVFreeBlocks: int64(st.GetKvFreeBlocks()), KVTotalBlocks: int64(st.GetKvTotalBlocks()),
-		BlockSize: int64(st.GetBlockSize()), Draining: st.GetDraining(),
+		BlockSize: int64(st.GetBlockSize()), Draining: st.GetDraining(), KVEvents: st.GetKvEvents(),
 	}, nil
 }
 
