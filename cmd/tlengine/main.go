@@ -29,7 +29,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&cfg.Model, "model", "", "the model id this engine serves (required)")
 	fs.StringVar(&role, "role", "unified", "unified, prefill or decode")
 	fs.StringVar(&cfg.HTTPListen, "http-listen", "127.0.0.1:0", "OpenAI HTTP address (port 0: any)")
-	fs.StringVar(&cfg.GRPCListen, "grpc-listen", "127.0.0.1:0", "EngineControl gRPC address (port 0: any)")
+	fs.StringVar(&cfg.GRPCListen, "grpc-listen", "127.0.0.1:0", "EngineControl and KvEvents gRPC address (port 0: any)")
 	fs.StringVar(&cfg.KVListen, "kv-listen", "127.0.0.1:0", "KV transfer gRPC address (port 0: any)")
 	fs.StringVar(&gateways, "gateway", "", "gateway registries to heartbeat, comma-separated (empty: none): host:port, or dns:///name:port for every A/AAAA record of name, re-resolved every 30 s (a Kubernetes headless service)")
 	fs.IntVar(&cfg.KVBlocks, "kv-blocks", 1024, "KV blocks in the pool")

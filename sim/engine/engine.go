@@ -9,9 +9,14 @@
 // engine serves KvTransferService (Push, Release) on its KV address, holds pushed KV under
 // leased handles, and resumes a request that names one in X-TL-KV-Handle.
 //
+// KV events (SPEC R18.3): every engine serves KvEvents/Subscribe on its gRPC address, streaming
+// which of the gateway's prompt chunk ids its prefix cache holds (kvevents.go), and says so in
+// its heartbeats (kv_events).
+//
 // Concurrency: each request runs on its HTTP handler (or gRPC) goroutine; the shared state (KV
 // pool, running set, queue) sits behind one mutex in the scheduler; KV handles sit behind their
-// own mutex, taken before the scheduler's, never inside it. The simulator is a stand-in for
+// own mutex, taken before the scheduler's, never inside it; the KV events hub's mutex is taken
+// inside the scheduler's (events are published in the pool's order). The simulator is a stand-in for
 // a GPU process, not part of the gateway's actor system.
 package engine
 
@@ -100,8 +105,9 @@ type Engine struct {
 	httpSrv  *http.Server
 	grpcSrv  *grpc.Server
 	kvSrv    *grpc.Server
-	draining atomic.Bool // a gateway's ack asked us to drain
+	drainAcks atomic.Int32 // gateways whose latest ack asks us to drain
 	handles  handles     // pushed KV held for disaggregated decode
+	kvev     *kvEvents   // KvEvents subscribers and sequence numbers (R18.3)
 	sent     atomic.Int64
 	stop     chan struct{}
 	// stopCtx ends when stop closes: it cuts heartbeats and lookups in flight.
@@ -198,7 +204,9 @@ func Start(cfg Config) (*Engine, error) {
 		log:      cfg.Logger.With("engine", cfg.ID),
 		stop:     make(chan struct{}),
 		handles:  handles{m: make(map[string]*kvHandle)},
+		kvev:     newKVEvents(),
 	}
+	e.sched.pool.OnUntag(func(ids []uint64) { e.kvev.publish(kvv1.KvEvent_REMOVED, ids) })
 	e.met = newMetrics(e)
 	var lis [3]net.Listener
 	for i, addr := range []string{cfg.HTTPListen, cfg.GRPCListen, cfg.KVListen} {
@@ -228,12 +236,13 @@ func Start(cfg Config) (*Engine, error) {
 	e.httpSrv = &http.Server{Handler: e.routes(), ReadHeaderTimeout: 10 * time.Second}
 	// Both gRPC listeners serve the health service. EngineControl runs on prefill and unified
 	// engines, KvTransferService on decode and unified ones; the other role's calls answer
-	// Unimplemented.
+	// Unimplemented. KvEvents (R18.3) runs on every engine's gRPC listener.
 	e.grpcSrv, e.kvSrv = grpc.NewServer(), grpc.NewServer()
 	for _, s := range []*grpc.Server{e.grpcSrv, e.kvSrv} {
 		hs := health.NewServer()
 		healthpb.RegisterHealthServer(s, hs)
 	}
+	kvv1.RegisterKvEventsServer(e.grpcSrv, kvEventsServer{e: e})
 	if cfg.Role != RoleDecode {
 		enginev1.RegisterEngineControlServer(e.grpcSrv, controlServer{e: e})
 	}
@@ -290,7 +299,7 @@ func (e *Engine) Status() Status {
 	return Status{
 		QueueDepth: st.queued, Running: st.running, KVFreeBlocks: st.kv.FreeBlocks,
 		KVTotalBlocks: st.kv.TotalBlocks,
-		Draining:      e.cfg.Fault.Kind == faults.Draining || e.draining.Load(),
+		Draining:      e.cfg.Fault.Kind == faults.Draining || e.drainAcks.Load() > 0,
 		KVHandlesHeld: e.handles.count(),
 	}
 }

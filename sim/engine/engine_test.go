@@ -335,7 +335,8 @@ func TestHeartbeatsCarryRealValues(t *testing.T) {
 	st := fr.last()
 	if st.GetWorkerId() != "hb-1" || st.GetModel() != "smol" || st.GetRole() != controlv1.Role_ROLE_DECODE ||
 		st.GetHttpAddress() != e.HTTPAddr || st.GetGrpcAddress() != e.GRPCAddr || st.GetKvAddress() != e.KVAddr ||
-		st.GetKvTotalBlocks() != 100 || st.GetKvFreeBlocks() != 100 || st.GetBlockSize() != 32 || st.GetDraining() {
+		st.GetKvTotalBlocks() != 100 || st.GetKvFreeBlocks() != 100 || st.GetBlockSize() != 32 || st.GetDraining() ||
+		!st.GetKvEvents() {
 		t.Fatalf("heartbeat %v", st)
 	}
 	// Every T on the engine's clock; a drain in the ack makes the engine report draining.
@@ -347,6 +348,13 @@ func TestHeartbeatsCarryRealValues(t *testing.T) {
 	}
 	fc.Advance(2 * time.Second)
 	gwtest.Eventually(t, "draining reported", func() bool { return fr.count() >= 3 && fr.last().GetDraining() })
+	// The operator undrains: the next ack has no drain, and the heartbeat after it says so.
+	gwtest.Eventually(t, "third heartbeat", armed(3))
+	fr.drain.Store(false)
+	fc.Advance(2 * time.Second)
+	gwtest.Eventually(t, "fourth heartbeat", armed(4))
+	fc.Advance(2 * time.Second)
+	gwtest.Eventually(t, "draining lifted", func() bool { return fr.count() >= 5 && !fr.last().GetDraining() })
 }
 
 func TestFaultSwitches(t *testing.T) {

@@ -219,7 +219,9 @@ func (b bearer) RequireTransportSecurity() bool { return b.tls }
 
 // heartbeatLoop sends WorkerStatus to addr now and then every T on its own connection, so one
 // unreachable gateway never delays another, until ctx ends. T follows the latest ack's
-// heartbeat_interval_ms; an ack with drain makes the engine report draining from then on.
+// heartbeat_interval_ms. The engine reports draining while the latest ack of any gateway asks
+// it to drain: an operator's undrain (the next ack without drain) lifts it, and a gateway whose
+// loop stops no longer holds it.
 func (e *Engine) heartbeatLoop(ctx context.Context, addr string) {
 	opts, err := e.cfg.RegistryAuth.dialOptions()
 	if err != nil {
@@ -234,6 +236,12 @@ func (e *Engine) heartbeatLoop(ctx context.Context, addr string) {
 	defer conn.Close()
 	client := controlv1.NewWorkerRegistryClient(conn)
 	interval := e.cfg.HeartbeatInterval
+	told := false // this gateway's latest ack asks for a drain
+	defer func() {
+		if told {
+			e.drainAcks.Add(-1)
+		}
+	}()
 	for {
 		rpcCtx, cancel := context.WithTimeout(ctx, interval)
 		ack, err := client.Heartbeat(rpcCtx, e.workerStatus())
@@ -247,8 +255,15 @@ func (e *Engine) heartbeatLoop(ctx context.Context, addr string) {
 			if ms := ack.GetHeartbeatIntervalMs(); ms > 0 {
 				interval = time.Duration(ms) * time.Millisecond
 			}
-			if ack.GetDrain() && !e.draining.Swap(true) {
-				e.log.Info("gateway asked to drain", "gateway", addr)
+			if d := ack.GetDrain(); d != told {
+				told = d
+				if d {
+					e.drainAcks.Add(1)
+					e.log.Info("gateway asked to drain", "gateway", addr)
+				} else {
+					e.drainAcks.Add(-1)
+					e.log.Info("gateway lifted the drain", "gateway", addr)
+				}
 			}
 		}
 		if e.sleep(ctx, interval) != nil {
@@ -273,5 +288,6 @@ func (e *Engine) workerStatus() *controlv1.WorkerStatus {
 		// The KV pool's tokens per block (--block-size): capacity = kv_total_blocks × block_size.
 		BlockSize: uint32(e.cfg.BlockSize),
 		Draining:  st.Draining,
+		KvEvents:  true, // KvEvents/Subscribe on GrpcAddress (R18.3)
 	}
 }

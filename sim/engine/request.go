@@ -28,7 +28,8 @@ func badRequest(format string, args ...any) *apiError {
 type request struct {
 	chat         bool
 	model        string
-	prompt       string // the rendered prompt (chat: through the chat template)
+	prompt       string            // the rendered prompt (chat: through the chat template)
+	msgs         []sampler.Message // chat: the messages prompt renders
 	params       sampler.Params
 	seeded       bool
 	stream       bool
@@ -124,7 +125,7 @@ func parseRequest(body []byte, chat bool, served string) (*request, error) {
 		if err != nil {
 			return nil, err
 		}
-		r.prompt = sampler.RenderChat(msgs)
+		r.prompt, r.msgs = sampler.RenderChat(msgs), msgs
 	} else {
 		prompt, err := parsePrompt(w.Prompt)
 		if err != nil {

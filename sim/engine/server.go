@@ -162,7 +162,7 @@ func (e *Engine) serveInference(w http.ResponseWriter, r *http.Request, chat boo
 		e.met.request(endpoint, context.Canceled)
 		return
 	}
-	run := &run{e: e, w: w, r: r, req: req, prompt: prompt, handle: handle,
+	run := &run{e: e, w: w, r: r, req: req, prompt: prompt, handle: handle, chunks: promptChunks(req, body, prompt),
 		id: fmt.Sprintf("%s-%s-%d", endpoint, e.cfg.ID, reqSeq.Add(1)), created: time.Now().Unix()}
 	err = run.execute()
 	if errors.Is(err, errStopping) {
@@ -179,6 +179,7 @@ type run struct {
 	req     *request
 	prompt  []uint32  // the tokenized prompt
 	handle  *kvHandle // resuming from pushed KV (X-TL-KV-Handle), or nil
+	chunks  []chunkAt // the gateway's chunk ids of the prompt (R18.3)
 	id      string
 	created int64
 
@@ -231,6 +232,7 @@ func (x *run) execute() error {
 		return err
 	}
 	defer e.sched.release(seq)
+	e.tagChunks(seq, x.chunks) // its prompt's KV is computed and cached
 	var gen tokenSource
 	if x.handle != nil {
 		gen = resume(x.req.model, prompt, x.req.params, x.handle)

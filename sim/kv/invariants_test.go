@@ -81,6 +81,35 @@ func (p *Pool) checkInvariants() error {
 		return fmt.Errorf("total %d != free %d + evictable %d + referenced %d",
 			st.TotalBlocks, len(p.free), p.lruLen, st.ReferencedBlocks)
 	}
+	return p.checkTags()
+}
+
+// checkTags verifies that only cached blocks carry tags, each at most once, and that tagRef
+// counts the carrying blocks of every id (and holds no id that none carries).
+func (p *Pool) checkTags() error {
+	if len(p.untagged) != 0 {
+		return fmt.Errorf("untagged ids %v not reported", p.untagged)
+	}
+	carriers := make(map[uint64]int32)
+	for id, tags := range p.tags {
+		if len(tags) > 0 && !p.blocks[id].cached {
+			return fmt.Errorf("block %d carries tags %v but is not cached", id, tags)
+		}
+		for i, t := range tags {
+			if carries(tags[:i], t) {
+				return fmt.Errorf("block %d carries %d twice", id, t)
+			}
+			carriers[t]++
+		}
+	}
+	if len(carriers) != len(p.tagRef) {
+		return fmt.Errorf("tagRef has %d ids, blocks carry %d", len(p.tagRef), len(carriers))
+	}
+	for t, n := range carriers {
+		if p.tagRef[t] != n {
+			return fmt.Errorf("id %d: tagRef %d, carried by %d blocks", t, p.tagRef[t], n)
+		}
+	}
 	return nil
 }
 

@@ -78,6 +78,13 @@ type Pool struct {
 	hitTokens, lookupTokens, evictions, imported uint64
 
 	scratch []byte // hash input buffer
+
+	// Tags (tags.go): ids carried by each cached block and how many cached blocks carry each id;
+	// both nil until the first Tag.
+	tags     [][]uint64
+	tagRef   map[uint64]int32
+	untagged []uint64 // ids evicted by the current call, for onUntag
+	onUntag  func(ids []uint64)
 }
 
 // Stats is a snapshot of the pool.
@@ -245,6 +252,7 @@ func (p *Pool) alloc(toks []uint32) (*Seq, int, error) {
 	for _, id := range s.blocks {
 		p.acquire(id)
 	}
+	defer p.flushUntag()
 	for i := matched; i < nblocks; i++ {
 		id := p.take()
 		lo, hi := i*bs, min((i+1)*bs, len(toks))
@@ -341,6 +349,7 @@ func (p *Pool) take() int32 {
 		delete(p.cache, b.hash)
 		b.cached = false
 		p.evictions++
+		p.untag(id)
 	}
 	p.blocks[id].ref = 1
 	p.referenced++

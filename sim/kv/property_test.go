@@ -20,6 +20,20 @@ func TestRandomWorkloads(t *testing.T) {
 		var live []*Seq
 		var history [][]uint32 // earlier prompts and sequences, to draw shared prefixes from
 		tok := rapid.Uint32Range(0, 2)
+		// held is the model of the tagged ids: what Tag reported stored, less what OnUntag
+		// reported removed. Each report must be news.
+		held := make(map[uint64]bool)
+		p.OnUntag(func(ids []uint64) {
+			if len(ids) == 0 {
+				t.Fatal("OnUntag with no ids")
+			}
+			for _, id := range ids {
+				if !held[id] {
+					t.Fatalf("untagged %d, which was not held", id)
+				}
+				delete(held, id)
+			}
+		})
 
 		genPrompt := func(t *rapid.T) []uint32 {
 			var pr []uint32
@@ -109,6 +123,27 @@ func TestRandomWorkloads(t *testing.T) {
 				}
 				history = append(history, slices.Clone(s.Tokens()))
 			},
+			"tag": func(t *rapid.T) {
+				if len(live) == 0 {
+					return // nothing to act on yet
+				}
+				s := rapid.SampledFrom(live).Draw(t, "seq")
+				i := rapid.IntRange(-1, s.Blocks()).Draw(t, "block")
+				ids := rapid.SliceOfN(rapid.Uint64Range(0, 5), 0, 3).Draw(t, "ids")
+				cached := i >= 0 && i < s.Blocks() && p.blocks[s.blocks[i]].cached
+				stored := p.Tag(s, i, ids, nil)
+				for _, id := range stored {
+					if held[id] {
+						t.Fatalf("Tag reported %d stored, which was held", id)
+					}
+					held[id] = true
+				}
+				for _, id := range ids {
+					if cached && !held[id] {
+						t.Fatalf("tagged %d on cached block %d, not held", id, i)
+					}
+				}
+			},
 			"free": func(t *rapid.T) {
 				if len(live) == 0 {
 					return // nothing to act on yet
@@ -126,6 +161,15 @@ func TestRandomWorkloads(t *testing.T) {
 			"": func(t *rapid.T) {
 				if err := p.checkInvariants(); err != nil {
 					t.Fatal(err)
+				}
+				tagged := p.Tagged(nil)
+				if len(tagged) != len(held) {
+					t.Fatalf("Tagged %v, model holds %v", tagged, held)
+				}
+				for _, id := range tagged {
+					if !held[id] {
+						t.Fatalf("Tagged %v, model holds %v", tagged, held)
+					}
 				}
 				refs := make([]int32, len(p.blocks))
 				for _, s := range live {

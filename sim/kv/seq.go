@@ -41,6 +41,7 @@ func (s *Seq) Append(tok uint32) error {
 			return ErrNoSpace
 		}
 		s.blocks = append(s.blocks, p.take())
+		p.flushUntag()
 	}
 	id := s.blocks[len(s.blocks)-1]
 	p.slab[int(id)*bs+off] = tok

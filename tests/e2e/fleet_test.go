@@ -256,6 +256,19 @@ func TestDrainThroughAdmin(t *testing.T) {
 	if r.StatusCode != 503 || !strings.Contains(string(b), "no_capacity") {
 		t.Fatalf("drained model: %d %s", r.StatusCode, b)
 	}
+	// The engine reports draining because the gateway asked; an undrain lifts both.
+	resp, err = http.Post(f.base+"/admin/v1/models/smol:undrain", "application/json", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 202 {
+		t.Fatalf("undrain: %d", resp.StatusCode)
+	}
+	eventually(t, "d1 undrained, routable and no longer reporting draining", 5*time.Second, func() bool {
+		w := f.workers(t)
+		return len(w) == 1 && !w[0].Drained && w[0].Routable && !w[0].Draining
+	})
 }
 
 // TestDemoComesUp: `tlgw demo` starts the gateway and its engines and answers.
