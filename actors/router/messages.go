@@ -315,13 +315,24 @@ type Readiness struct {
 // (R18.3), for the exact index of route_policy = "precise_prefix". Ids are chunk ids over the
 // rendered prompt (internal/prefixindex). Clear drops everything known of the worker first (a
 // CLEARED event, a new subscription, or a sequence gap); then Removed, then Stored apply.
-// No reply.
+// The router applies it only to a registered, live worker that reports kv_events, and drops a
+// message with more than MaxKVEventIDs ids (forgetting what it knew of the worker: a dropped
+// REMOVED must not leave chunks the engine no longer holds).
 type KVEvents struct {
 	WorkerID string
 	Clear    bool
 	Stored   []uint64
 	Removed  []uint64
+	// Reply, when set, receives whether the message was applied (the worker is known and
+	// live, and the exact index is on). It must have room for one value: the router never
+	// blocks on it. A subscriber asks on its stream's first message, so a snapshot is never
+	// sent before the router knows the worker. Otherwise no reply.
+	Reply chan<- bool
 }
+
+// MaxKVEventIDs bounds the ids (Stored plus Removed) of one KVEvents message, as the contract
+// bounds one KvEvent's.
+const MaxKVEventIDs = 4096
 
 // EpochChanged tells the registry the route table's new epoch, for heartbeat acks.
 type EpochChanged struct {

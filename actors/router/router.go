@@ -31,6 +31,10 @@ type Config struct {
 	// PrefixIndexBlocks turns the approximate prefix index on (chunk hashes remembered per
 	// worker); 0 = off.
 	PrefixIndexBlocks int
+	// KVIndexBlocks bounds the exact prefix index of route_policy = "precise_prefix" (R18.2):
+	// chunk ids kept per worker, beyond which reported ones are dropped (internal/kvindex);
+	// 0 = kvindex.DefaultBlocksPerWorker. The index is on only for that policy.
+	KVIndexBlocks int
 	// Outlier is [gateway.outlier] (R14.2): how long a worker whose failure streak asked for an
 	// ejection is kept out of its pool, and how many of a model's workers may be out at once.
 	// The workers count the streaks (ConsecutiveFailures is theirs); 0 there turns it off.
@@ -167,6 +171,14 @@ func (st *state) handle(msg any, fx effects) {
 	case *actor.Terminated:
 		if st.view.removeByPID(m.Who) {
 			st.adm.wakeAll(fx)
+		}
+	case *KVEvents:
+		ok := st.kvEvents(m)
+		if m.Reply != nil {
+			select {
+			case m.Reply <- ok:
+			default:
+			}
 		}
 	case *Finished:
 		st.adm.finished(m, fx)

@@ -30,6 +30,7 @@ type Sim struct {
 	reply   any                   // the router's answer to the message at hand
 	out     []Delivery            // messages to other actors (requesters), in order
 	due     []any                 // timer messages that fell due
+	kvReply chan bool             // KVEvents' reply, reused
 }
 
 // Delivery is a message the router sent to an actor Sim does not play: an admitted request's
@@ -145,6 +146,24 @@ func (s *Sim) Release(p *Picked, o Outcome) {
 		s.send(p.Prefill.Worker, &Release{Ticket: p.Prefill.Ticket, Outcome: o})
 	}
 	s.flushDue()
+}
+
+// KVEvents hands the router a worker's prefix-cache events, as the gateway's KvEvents
+// subscriber does (R18.3), and reports whether they were applied (see KVEvents: a known, live
+// worker that reports kv_events, with the exact index on). Reply is the Sim's own.
+func (s *Sim) KVEvents(ev *KVEvents) bool {
+	if s.kvReply == nil {
+		s.kvReply = make(chan bool, 1)
+	}
+	ev.Reply = s.kvReply
+	s.deliver(ev)
+	ev.Reply = nil
+	select {
+	case ok := <-s.kvReply:
+		return ok
+	default:
+		return false
+	}
 }
 
 // Finished tells the router an admitted request ended (see Finished).

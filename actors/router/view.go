@@ -10,6 +10,7 @@ import (
 	"github.com/tlgw/tlgw/actors/router/policy"
 	"github.com/tlgw/tlgw/internal/clock"
 	"github.com/tlgw/tlgw/internal/config"
+	"github.com/tlgw/tlgw/internal/kvindex"
 	"github.com/tlgw/tlgw/internal/prefixindex"
 )
 
@@ -96,6 +97,9 @@ type workerView struct {
 	gauges     map[string]prometheus.Gauge
 	// The approximate prefix index (nil when off), which prefix_aware pools pick from.
 	pidx *prefixindex.Index
+	// The exact prefix index (nil unless precise_prefix), fed by the engines' KvEvents and
+	// keyed by each slot's member (kvevents.go).
+	kidx *policy.HeldIndex
 	// Outlier ejection (R14.2, outlier.go).
 	clk       clock.Clock
 	outlier   config.Outlier
@@ -116,6 +120,9 @@ func newWorkerView(cfg Config, clk clock.Clock) *workerView {
 	}
 	if cfg.PrefixIndexBlocks > 0 {
 		v.pidx = prefixindex.New(cfg.PrefixIndexBlocks)
+	}
+	if cfg.Policy == PolicyPrecisePrefix {
+		v.kidx = kvindex.New[*policy.Member](cfg.KVIndexBlocks)
 	}
 	return v
 }
@@ -149,6 +156,7 @@ func (v *workerView) choose(ch choice, out *Picked, fx effects) bool {
 				ps.SetPrefix(v.pidx, ch.hashes)
 			}
 		}
+		v.setHeld(ch)
 		s, reason = v.pickIn(ch.key, ch.prefixHash, ch.exclude)
 	}
 	if s == nil {
@@ -245,6 +253,9 @@ func (v *workerView) workerState(m *WorkerState, fx effects) bool {
 		v.dropModel(s.info.Model)
 	}
 	prev := s.pool
+	if v.kidx != nil && !m.Info.KVEvents {
+		v.kidx.Forget(&s.member) // it no longer reports what it holds
+	}
 	s.info, s.live = m.Info, m.Live
 	if m.AcqSeen >= s.acqSeen {
 		s.reported, s.acqSeen = m.InFlight, m.AcqSeen
@@ -331,6 +342,9 @@ func (v *workerView) remove(s *slot) {
 	delete(v.byPID, s.pid.Id)
 	if v.pidx != nil {
 		v.pidx.Forget(s.info.ID)
+	}
+	if v.kidx != nil {
+		v.kidx.Forget(&s.member)
 	}
 }
 

@@ -47,6 +47,9 @@ type Options struct {
 	Auth *Auth
 	// Addresses are the host rules for heartbeated addresses ([registry] engine_cidrs).
 	Addresses engineaddr.Rules
+	// OnAccepted, when set, is told each heartbeat the registry accepted, after its ack (the
+	// KvEvents subscriber's Watch, R18.3). It must return at once.
+	OnAccepted func(router.WorkerInfo)
 }
 
 // Server implements controlv1.WorkerRegistryServer over the registry actor.
@@ -80,6 +83,9 @@ func (s *Server) Heartbeat(ctx context.Context, st *controlv1.WorkerStatus) (*co
 	ack, err := s.reg.HeartbeatAs(ctx, who.credential, info)
 	if err != nil {
 		return nil, status.Error(heartbeatCode(err), err.Error())
+	}
+	if s.o.OnAccepted != nil {
+		s.o.OnAccepted(info)
 	}
 	return &controlv1.HeartbeatAck{
 		Drain:               ack.Drain,

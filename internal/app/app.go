@@ -54,6 +54,7 @@ type App struct {
 	httpSrv  *http.Server
 	grpcLis  *grpcapi.Listener
 	engines  *grpcapi.Engines
+	kvs      *grpcapi.KVSubscriber // nil unless route_policy = "precise_prefix"
 	static   *staticWorkers
 	store    *cluster.Store  // the control plane in etcd (R16); nil without [cluster]
 	self     cluster.Replica // this replica
@@ -88,14 +89,22 @@ func Start(cfg *config.Config, o Options) (*App, error) {
 	}
 	prefixBlocks := prefixIndexBlocks(cfg, admCfg)
 	engines := grpcapi.NewEngines()
+	// The KvEvents subscriber of precise_prefix (R18.3); set right after the tree starts, before
+	// the registry listener can register (and so evict) anybody.
+	var kvs *grpcapi.KVSubscriber
 	// Every actor's mailbox and every request's I/O run on pooled goroutines (internal/gopool).
 	pool := gopool.New(0)
 	gw, err := gateway.Start(gateway.Config{
 		Admission: admCfg, PrefixIndexBlocks: prefixBlocks, MaxWorkers: cfg.Registry.MaxWorkers,
 		Outlier: g.Outlier,
 		// An evicted engine's gRPC connections are closed (R13.4): nothing dials it any more.
-		OnEvict: func(info router.WorkerInfo) { engines.Forget(info.GRPCAddress, info.KVAddress) },
-		Clock:   o.Clock, Policy: g.RoutePolicy, LoadFactor: g.AffinityLoadFactor, Routes: g.Routes,
+		OnEvict: func(info router.WorkerInfo) {
+			if kvs != nil {
+				kvs.Forget(info.ID) // before its connection closes under it
+			}
+			engines.Forget(info.GRPCAddress, info.KVAddress)
+		},
+		Clock: o.Clock, Policy: g.RoutePolicy, LoadFactor: g.AffinityLoadFactor, Routes: g.Routes,
 		HeartbeatInterval: g.HeartbeatInterval, MissLimit: g.HeartbeatMissLimit,
 		Logger: o.Logger, RouterMetrics: router.NewMetrics(reg),
 		Options: func(kind string) []actor.PropsOption {
@@ -110,7 +119,13 @@ func Start(cfg *config.Config, o Options) (*App, error) {
 		pool.Close()
 		return nil, err
 	}
-	a := &App{Gateway: gw, Registry: reg, cfg: cfg, log: o.Logger, serveErr: make(chan error, 2), pool: pool, clock: o.Clock}
+	if g.RoutePolicy == config.PolicyPrecisePrefix {
+		kvs = grpcapi.NewKVSubscriber(grpcapi.KVSubscriberOptions{Sink: gw, Engines: engines, Clock: o.Clock,
+			Logger: o.Logger.With("component", "kv_events")})
+		regOpts.OnAccepted = kvs.Watch
+	}
+	a := &App{Gateway: gw, Registry: reg, cfg: cfg, log: o.Logger, serveErr: make(chan error, 2), pool: pool,
+		clock: o.Clock, kvs: kvs}
 	a.unwatch = am.WatchSystem(gw.System)
 
 	httpLis, err := net.Listen("tcp", g.HTTPListen)
@@ -140,7 +155,7 @@ func Start(cfg *config.Config, o Options) (*App, error) {
 	deps := &request.Deps{
 		Router: gw.Router, Transport: o.Transport, Engines: a.engines, MaxAttempts: g.MaxAttempts,
 		Metrics: request.NewMetrics(reg), Logger: o.Logger, Errors: httpapi.ErrorWriter{},
-		Admission: admCfg != nil, Clock: o.Clock, PrefixHashes: prefixBlocks > 0,
+		Admission: admCfg != nil, Clock: o.Clock, PrefixHashes: prefixBlocks > 0 || g.RoutePolicy == config.PolicyPrecisePrefix,
 		StreamFirstByteTimeout: g.StreamFirstByteTimeout, RequestTimeout: g.RequestTimeout,
 		StreamIdleTimeout: g.StreamIdleTimeout, ControlTimeout: g.ControlTimeout,
 		RetryBudget: request.NewRetryBudget(g.RetryBudgetPercent),
@@ -212,6 +227,9 @@ func (a *App) Shutdown(ctx context.Context) error {
 }
 
 func (a *App) stopActors() {
+	if a.kvs != nil {
+		a.kvs.Close()
+	}
 	if a.unwatch != nil {
 		a.unwatch()
 	}

@@ -44,6 +44,8 @@ const (
 	PolicyAffinity         = "affinity"
 	PolicyPrefixAware      = "prefix_aware"
 	PolicyRoundRobin       = "round_robin"
+	// PolicyPrecisePrefix reads the exact prefix index the engines' KvEvents feed (R18.2).
+	PolicyPrecisePrefix = "precise_prefix"
 )
 
 // ClassifierDefault is the admission classifier used when [admission] names none (R10). The

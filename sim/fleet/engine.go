@@ -42,6 +42,10 @@ type engine struct {
 	run   int     // running requests
 	queue []int32 // waiting jobs, FIFO from head
 	head  int
+	// precise_prefix (precise.go): ids the pool stopped holding, not yet reported; the hit
+	// counters of pools a restart replaced.
+	removed         []uint64
+	oldHit, oldLook uint64
 }
 
 func newEngine(id string, m EngineModel) *engine {
@@ -74,14 +78,15 @@ func (e *engine) tryStart(prompt []uint32) (*kv.Seq, int, bool) {
 	return seq, cached, true
 }
 
-// finish ends a running sequence: its answer's tokens join its KV (so the next turn of a
-// conversation finds them cached, as tlengine's appends register full blocks), then it is freed.
-func (e *engine) finish(seq *kv.Seq, answer []uint32) {
+// finish ends a running sequence of pool (the engine's, or the one a restart replaced): its
+// answer's tokens join its KV (so the next turn of a conversation finds them cached, as
+// tlengine's appends register full blocks), then it is freed.
+func (e *engine) finish(pool *kv.Pool, seq *kv.Seq, answer []uint32) {
 	for _, t := range answer {
 		if seq.Append(t) != nil {
 			break // the pool is full: tlengine stops the answer here ("length")
 		}
 	}
-	e.pool.Free(seq)
+	pool.Free(seq)
 	e.run--
 }

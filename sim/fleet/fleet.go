@@ -48,9 +48,13 @@ type Options struct {
 	Engine    EngineModel   // default DefaultEngine
 	Heartbeat time.Duration // engine report interval (default 2 s, the gateway's default T)
 	// LoadFactor is affinity_load_factor (default 1.25); PrefixIndexBlocks sizes the
-	// router's prefix index for prefix_aware (default 4096, the config's default).
+	// router's prefix index for prefix_aware and its exact index for precise_prefix (default
+	// 4096, the config's default).
 	LoadFactor        float64
 	PrefixIndexBlocks int
+	// RestartEvery, when positive, restarts one engine (in turn) every RestartEvery of
+	// simulated time: its prefix cache starts empty (precise.go).
+	RestartEvery time.Duration
 	// Parallel bounds the policies run at once (default GOMAXPROCS).
 	Parallel int
 }
@@ -217,6 +221,7 @@ const (
 	evDone          // idx: the request
 	evBeat          // idx: the engine
 	evSample
+	evRestart // idx: the engine
 )
 
 type event struct {
@@ -280,6 +285,7 @@ func (q *events) pop() event {
 type job struct {
 	picked  *router.Picked
 	seq     *kv.Seq
+	pool    *kv.Pool // the engine's pool when it started (a restart replaces the engine's)
 	eng     int32
 	arrival int64
 	start   int64
@@ -298,7 +304,8 @@ type runner struct {
 	jobs     []job
 	q        events
 	now      int64
-	index    bool // the prefix index is on: picks carry the prompt's chunk hashes
+	index    bool // a prefix index is on: picks carry the prompt's chunk hashes
+	precise  bool // precise_prefix: the engines report what they hold (precise.go)
 
 	toks   []uint32 // scratch: a prompt's tokens
 	body   []byte   // scratch: a request body
@@ -319,26 +326,36 @@ const sampleEvery = 100 * time.Millisecond
 
 func runPolicy(o *Options, ms []EngineModel, tr *trace, arrivals []int64, pol string) (Result, error) {
 	cfg := router.Config{Policy: pol, LoadFactor: o.LoadFactor}
-	index := pol == "prefix_aware" // as the gateway's app: the index is on for prefix_aware
+	// As the gateway's app: the approximate index is on for prefix_aware; precise_prefix has
+	// the exact one, fed by the engines' events.
+	index, precise := pol == "prefix_aware", pol == router.PolicyPrecisePrefix
 	if index {
 		cfg.PrefixIndexBlocks = o.PrefixIndexBlocks
+	}
+	if precise {
+		cfg.KVIndexBlocks = o.PrefixIndexBlocks
+		index = true
 	}
 	s, err := router.NewSim(cfg)
 	if err != nil {
 		return Result{}, err
 	}
-	r := &runner{o: o, tr: tr, arrivals: arrivals, sim: s, index: index, byID: make(map[string]int32, len(ms)),
+	r := &runner{o: o, tr: tr, arrivals: arrivals, sim: s, index: index, precise: precise, byID: make(map[string]int32, len(ms)),
 		jobs: make([]job, len(tr.reqs)), ttft: make([]float64, 0, len(tr.reqs))}
 	width := len(strconv.Itoa(len(ms) - 1))
 	for i, m := range ms {
 		id := fmt.Sprintf("w%0*d", width, i)
 		r.engines = append(r.engines, newEngine(id, m))
+		r.watch(int32(i))
 		r.byID[id] = int32(i)
 		r.beat(int32(i))
 		// Heartbeats are spread over the interval, as independent engines' are.
 		r.q.push(int64(o.Heartbeat)*int64(i+1)/int64(len(ms)), evBeat, int32(i))
 	}
 	r.q.push(arrivals[0], evArrive, 0)
+	if o.RestartEvery > 0 {
+		r.q.push(int64(o.RestartEvery), evRestart, 0)
+	}
 	r.q.push(int64(sampleEvery), evSample, 0)
 	for len(r.q.h) > 0 {
 		ev := r.q.pop()
@@ -356,6 +373,11 @@ func runPolicy(o *Options, ms []EngineModel, tr *trace, arrivals []int64, pol st
 			if r.busy() {
 				r.beat(ev.idx)
 				r.q.push(r.now+int64(o.Heartbeat), evBeat, ev.idx)
+			}
+		case evRestart:
+			r.restart(ev.idx)
+			if r.arrived < len(arrivals) {
+				r.q.push(r.now+int64(o.RestartEvery), evRestart, (ev.idx+1)%int32(len(ms)))
 			}
 		case evSample:
 			r.sample()
@@ -375,7 +397,7 @@ func (r *runner) beat(i int32) {
 	st := e.pool.Stats()
 	r.sim.SetWorker(router.WorkerInfo{ID: e.id, Model: model, HTTPAddress: "sim:" + e.id,
 		QueueDepth: int64(e.waiting()), Running: int64(e.run), KVFreeBlocks: int64(st.FreeBlocks),
-		KVTotalBlocks: int64(st.TotalBlocks), BlockSize: int64(e.model.BlockSize)})
+		KVTotalBlocks: int64(st.TotalBlocks), BlockSize: int64(e.model.BlockSize), KVEvents: true})
 }
 
 // prompt fills r.toks with request i's prompt tokens.
@@ -459,7 +481,9 @@ func (r *runner) arrive(i int32) {
 	}
 	r.inFlight++
 	if e.waiting() == 0 {
-		if seq, cached, ok := e.tryStart(prompt); ok {
+		seq, cached, ok := e.tryStart(prompt)
+		r.flushKV(j.eng)
+		if ok {
 			r.start(i, seq, cached)
 			return
 		}
@@ -471,8 +495,10 @@ func (r *runner) arrive(i int32) {
 // the answer's decode.
 func (r *runner) start(i int32, seq *kv.Seq, cached int) {
 	j := &r.jobs[i]
-	m := r.engines[j.eng].model
-	j.seq, j.start, j.cached = seq, r.now, int32(cached)
+	e := r.engines[j.eng]
+	m := e.model
+	j.seq, j.pool, j.start, j.cached = seq, e.pool, r.now, int32(cached)
+	r.tag(i, j.eng, seq)
 	prefill := int64(int(j.prompt)-cached) * int64(m.PrefillPerToken)
 	first := r.now + prefill
 	r.ttft = append(r.ttft, float64(first-j.arrival)/1e6)
@@ -486,8 +512,9 @@ func (r *runner) done(i int32) {
 	e := r.engines[j.eng]
 	out := r.tr.reqs[i].out
 	r.toks = appendTokens(r.toks[:0], r.o.Seed, out)
-	e.finish(j.seq, r.toks)
-	j.seq = nil
+	e.finish(j.pool, j.seq, r.toks)
+	r.flushKV(j.eng)
+	j.seq, j.pool = nil, nil
 	r.outTokens += int64(out.n)
 	r.lastDone = r.now
 	r.inFlight--
@@ -496,6 +523,7 @@ func (r *runner) done(i int32) {
 	for e.waiting() > 0 {
 		h := e.queue[e.head]
 		seq, cached, ok := e.tryStart(r.prompt(h))
+		r.flushKV(j.eng)
 		if !ok {
 			break
 		}
@@ -528,8 +556,8 @@ func (r *runner) result(pol string) Result {
 	var hit, look uint64
 	for _, e := range r.engines {
 		st := e.pool.Stats()
-		hit += st.HitTokens
-		look += st.LookupTokens
+		hit += st.HitTokens + e.oldHit
+		look += st.LookupTokens + e.oldLook
 	}
 	if look > 0 {
 		res.HitRate = round(float64(hit)/float64(look), 4)

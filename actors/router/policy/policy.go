@@ -23,7 +23,7 @@ const (
 	// ReasonLoad: the owner was at its bounded-load cap and a later member took it (R3.3).
 	ReasonLoad
 	// ReasonPrefix: the member with the longest matched prompt prefix under the bounded-load
-	// cap (prefix_aware).
+	// cap (prefix_aware; precise_prefix, from what the engines report they hold).
 	ReasonPrefix
 	// ReasonRoundRobin: the next member in turn (round_robin, R18.2).
 	ReasonRoundRobin
@@ -95,6 +95,7 @@ var registry = map[string]func(Options) Policy{
 	"affinity":          func(o Options) Policy { return NewAffinity(o.LoadFactor, o.VirtualNodes) },
 	"prefix_aware":      func(o Options) Policy { return NewPrefixAware(o.LoadFactor) },
 	"round_robin":       func(Options) Policy { return NewRoundRobin() },
+	"precise_prefix":    func(o Options) Policy { return NewPrecisePrefix(o.LoadFactor) },
 }
 
 // Options parameterise policy construction.

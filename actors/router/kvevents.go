@@ -1,0 +1,47 @@
+package router
+
+import "github.com/tlgw/tlgw/actors/router/policy"
+
+// PolicyPrecisePrefix is the route policy that reads the exact prefix index (R18.2): the router
+// keeps the index only for it.
+const PolicyPrecisePrefix = "precise_prefix"
+
+// kvEvents applies one worker's prefix-cache events to the exact index (R18.3) and reports
+// whether it did: only for a registered, live worker that reports kv_events, keyed by the
+// slot's own member, so an engine's events can only ever touch its own registration's entries.
+// An oversized message is dropped, and what the index knew of the worker with it.
+func (st *state) kvEvents(m *KVEvents) bool {
+	v := st.view
+	if v.kidx == nil {
+		return false
+	}
+	s := v.slots[m.WorkerID]
+	if s == nil || !s.live || !s.info.KVEvents {
+		return false
+	}
+	if len(m.Stored)+len(m.Removed) > MaxKVEventIDs {
+		v.kidx.Forget(&s.member)
+		st.log.Warn("prefix-cache events dropped: too many ids in one message; the worker's holdings are forgotten",
+			"worker", m.WorkerID, "ids", len(m.Stored)+len(m.Removed), "max", MaxKVEventIDs)
+		return false
+	}
+	if m.Clear {
+		v.kidx.Forget(&s.member)
+	}
+	v.kidx.Remove(&s.member, m.Removed)
+	v.kidx.Store(&s.member, m.Stored)
+	return true
+}
+
+// setHeld hands a precise_prefix pool the exact index and the pick's chunk hashes for the
+// Pick that follows (the policy clears them).
+func (v *workerView) setHeld(ch choice) {
+	if v.kidx == nil || len(ch.hashes) == 0 {
+		return
+	}
+	if pl := v.pools[ch.key]; pl != nil {
+		if hs, ok := pl.p.(policy.HeldScorer); ok {
+			hs.SetHeld(v.kidx, ch.hashes)
+		}
+	}
+}

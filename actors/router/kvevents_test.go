@@ -1,0 +1,124 @@
+package router
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/tlgw/tlgw/actors/router/policy"
+	"github.com/tlgw/tlgw/internal/config"
+	"github.com/tlgw/tlgw/internal/prefixindex"
+)
+
+// preciseSim is a precise_prefix router with workers w0…w(n-1), all reporting kv_events.
+func preciseSim(t *testing.T, n int) *Sim {
+	t.Helper()
+	s, err := NewSim(Config{Policy: PolicyPrecisePrefix, LoadFactor: 1.25})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range n {
+		s.SetWorker(WorkerInfo{ID: fmt.Sprintf("w%d", i), Model: "m", HTTPAddress: "127.0.0.1:9", KVEvents: true})
+	}
+	return s
+}
+
+func longPrompt(tag string, chunks int) []uint64 {
+	b := make([]byte, 0, 64*chunks)
+	for len(b) < 64*chunks {
+		b = append(b, tag...)
+	}
+	return prefixindex.Hashes(nil, b[:64*chunks])
+}
+
+func (s *Sim) pickFor(t *testing.T, hashes []uint64) *Picked {
+	t.Helper()
+	p, ok := s.Pick(&Pick{Model: "m", RequestID: "r", Key: 1, PrefixHashes: hashes})
+	if !ok || p.Err != nil {
+		t.Fatalf("pick: ok %v %+v", ok, p)
+	}
+	s.Release(p, OutcomeSuccess)
+	return p
+}
+
+// TestPreciseRoutesToHolder: a prompt goes to the worker whose engine reported its longest
+// prefix; a CLEARED moves it back to the least loaded; events for unknown workers, for workers
+// that do not report kv_events, and oversized messages are not applied.
+func TestPreciseRoutesToHolder(t *testing.T) {
+	s := preciseSim(t, 3)
+	h := longPrompt("the long system prompt ", 8)
+	if !s.KVEvents(&KVEvents{WorkerID: "w2", Clear: true, Stored: h[:6]}) ||
+		!s.KVEvents(&KVEvents{WorkerID: "w1", Stored: h[:3]}) {
+		t.Fatal("events for live workers not applied")
+	}
+	if p := s.pickFor(t, h); p.WorkerID != "w2" || p.Reason != policy.ReasonPrefix {
+		t.Fatalf("picked %s (%v), want w2 for its 6 chunks", p.WorkerID, p.Reason)
+	}
+	s.KVEvents(&KVEvents{WorkerID: "w2", Removed: h[2:6]}) // evicted under pressure
+	if p := s.pickFor(t, h); p.WorkerID != "w1" {
+		t.Fatalf("after REMOVED picked %s, want w1 (3 chunks against 2)", p.WorkerID)
+	}
+	s.KVEvents(&KVEvents{WorkerID: "w1", Clear: true}) // restarted
+	if p := s.pickFor(t, h); p.WorkerID != "w2" {
+		t.Fatalf("after w1's CLEARED picked %s, want w2", p.WorkerID)
+	}
+
+	if s.KVEvents(&KVEvents{WorkerID: "nobody", Stored: h}) {
+		t.Fatal("an unknown worker's events were applied")
+	}
+	s.SetWorker(WorkerInfo{ID: "w3", Model: "m", HTTPAddress: "127.0.0.1:9"}) // no kv_events
+	if s.KVEvents(&KVEvents{WorkerID: "w3", Stored: h}) {
+		t.Fatal("events of a worker that does not report kv_events were applied")
+	}
+	big := make([]uint64, MaxKVEventIDs+1)
+	copy(big, h)
+	if s.KVEvents(&KVEvents{WorkerID: "w2", Stored: big}) {
+		t.Fatal("an oversized message was applied")
+	}
+	if p := s.pickFor(t, h); p.Reason != policy.ReasonLeastLoad {
+		t.Fatalf("after an oversized message w2's holdings should be forgotten; picked %s (%v)", p.WorkerID, p.Reason)
+	}
+}
+
+// TestPreciseForgetsRemovedWorker: an evicted worker's holdings go with its slot; a worker
+// registering again under the same id starts from nothing.
+func TestPreciseForgetsRemovedWorker(t *testing.T) {
+	s := preciseSim(t, 2)
+	h := longPrompt("another prompt, long enough ", 4)
+	s.KVEvents(&KVEvents{WorkerID: "w1", Clear: true, Stored: h})
+	if kidx := s.st.view.kidx; kidx.Entries() != len(h) {
+		t.Fatalf("entries %d", kidx.Entries())
+	}
+	s.RemoveWorker("w1")
+	if kidx := s.st.view.kidx; kidx.Entries() != 0 || kidx.Workers() != 0 {
+		t.Fatalf("after eviction: entries %d workers %d", kidx.Entries(), kidx.Workers())
+	}
+	s.SetWorker(WorkerInfo{ID: "w1", Model: "m", HTTPAddress: "127.0.0.1:9", KVEvents: true})
+	if p := s.pickFor(t, h); p.Reason != policy.ReasonLeastLoad {
+		t.Fatalf("a new registration inherited holdings: %s (%v)", p.WorkerID, p.Reason)
+	}
+	// A heartbeat that stops reporting kv_events forgets what the worker reported.
+	s.KVEvents(&KVEvents{WorkerID: "w1", Stored: h})
+	s.SetWorker(WorkerInfo{ID: "w1", Model: "m", HTTPAddress: "127.0.0.1:9"})
+	if s.st.view.kidx.Entries() != 0 {
+		t.Fatal("holdings kept after kv_events turned off")
+	}
+}
+
+// TestPreciseIndexOffForOtherPolicies: only precise_prefix keeps the exact index.
+func TestPreciseIndexOffForOtherPolicies(t *testing.T) {
+	s, err := NewSim(Config{Policy: "prefix_aware", PrefixIndexBlocks: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.SetWorker(WorkerInfo{ID: "w0", Model: "m", HTTPAddress: "127.0.0.1:9", KVEvents: true})
+	if s.KVEvents(&KVEvents{WorkerID: "w0", Stored: []uint64{1}}) || s.st.view.kidx != nil {
+		t.Fatal("exact index on for prefix_aware")
+	}
+}
+
+// TestPrecisePolicyName: the configuration's name for the policy is the router's.
+func TestPrecisePolicyName(t *testing.T) {
+	if config.PolicyPrecisePrefix != PolicyPrecisePrefix {
+		t.Fatalf("config %q, router %q", config.PolicyPrecisePrefix, PolicyPrecisePrefix)
+	}
+}

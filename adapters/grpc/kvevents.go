@@ -1,0 +1,306 @@
+package grpcapi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+
+	"github.com/tlgw/tlgw/actors/router"
+	kvv1 "github.com/tlgw/tlgw/contracts/tl/kv/v1"
+	"github.com/tlgw/tlgw/internal/clock"
+)
+
+// KVSink takes the subscriber's translated events: the router, through
+// (*gateway.Gateway).KVEvents, in production.
+type KVSink interface {
+	KVEvents(ev *router.KVEvents)
+}
+
+// MaxKVEventBytes bounds one KvEvent on the wire: 4,096 ids of at most 10 bytes each, plus
+// the seq, the kind and framing.
+const MaxKVEventBytes = 48 << 10
+
+// KVSubscriberOptions configure a KVSubscriber.
+type KVSubscriberOptions struct {
+	Sink    KVSink
+	Engines *Engines // the connections, shared with EngineControl and KvTransferService
+	Clock   clock.Clock
+	Logger  *slog.Logger
+	// MinBackoff and MaxBackoff bound the wait before resubscribing after a stream ends
+	// (doubling from Min, with up to half again of jitter; defaults 100 ms and 10 s). A stream
+	// that got past its handshake resets it.
+	MinBackoff, MaxBackoff time.Duration
+	// HandshakeTimeout bounds the wait for the router to acknowledge a stream's first message
+	// (default 5 s).
+	HandshakeTimeout time.Duration
+	// Jitter returns a float in [0, 1) (default math/rand/v2's).
+	Jitter func() float64
+}
+
+// KVSubscriber keeps one tl.kv.v1.KvEvents subscription per registered worker that reports
+// kv_events (R18.3) and turns the events into router.KVEvents for the exact prefix index of
+// precise_prefix:
+//
+//   - A stream's first event must be CLEARED: the subscriber sends the router a Clear and waits
+//     for it to acknowledge the worker (KVEvents.Reply) before it forwards anything, so the
+//     snapshot is never sent before the router knows the worker (its registration reaches the
+//     router from the worker actor, on another path). A refusal ends the stream and retries.
+//   - STORED and REMOVED become Stored and Removed; a later CLEARED becomes Clear.
+//   - A sequence gap, an event with more than router.MaxKVEventIDs ids, a message over
+//     MaxKVEventBytes, an unknown kind or a stream that ends: the router is told Clear (what the
+//     engine holds is unknown now: a restart empties it) and the subscriber subscribes again
+//     after a backoff.
+//
+// Watch starts, moves (a new grpc_address) or stops a worker's subscription as its heartbeats
+// say; Forget stops it when the worker is evicted; Close stops everything and waits. Nothing
+// is sent to the sink for a subscription once Forget, Close or a Watch that replaced it has
+// returned. Each subscription is one goroutine.
+type KVSubscriber struct {
+	o      KVSubscriberOptions
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu     sync.Mutex
+	subs   map[string]*kvSub // by worker id
+	closed bool
+}
+
+type kvSub struct {
+	id, addr string
+	cancel   context.CancelFunc
+	mu       sync.Mutex // held while sending, so stop() returns after the last send
+	stopped  bool
+}
+
+// NewKVSubscriber returns a subscriber with no subscriptions.
+func NewKVSubscriber(o KVSubscriberOptions) *KVSubscriber {
+	if o.Clock == nil {
+		o.Clock = clock.Real{}
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.MinBackoff <= 0 {
+		o.MinBackoff = 100 * time.Millisecond
+	}
+	if o.MaxBackoff < o.MinBackoff {
+		o.MaxBackoff = max(10*time.Second, o.MinBackoff)
+	}
+	if o.HandshakeTimeout <= 0 {
+		o.HandshakeTimeout = 5 * time.Second
+	}
+	if o.Jitter == nil {
+		o.Jitter = rand.Float64
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	return &KVSubscriber{o: o, ctx: ctx, cancel: cancel, subs: make(map[string]*kvSub)}
+}
+
+// Watch applies a worker's registration or heartbeat: it subscribes to a worker that reports
+// kv_events on a grpc_address, resubscribes when that address changed, and stops the
+// subscription of a worker that no longer reports them. It returns at once.
+func (s *KVSubscriber) Watch(info router.WorkerInfo) {
+	want := info.KVEvents && info.GRPCAddress != ""
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return
+	}
+	cur := s.subs[info.ID]
+	if cur != nil && want && cur.addr == info.GRPCAddress {
+		return // the common case: every heartbeat of a subscribed worker
+	}
+	if cur != nil {
+		cur.stop()
+		delete(s.subs, info.ID)
+	}
+	if !want {
+		return
+	}
+	ctx, cancel := context.WithCancel(s.ctx)
+	sub := &kvSub{id: info.ID, addr: info.GRPCAddress, cancel: cancel}
+	s.subs[info.ID] = sub
+	s.wg.Add(1)
+	go s.run(ctx, sub)
+}
+
+// Forget stops the subscription of worker id (evicted). Unknown ids are ignored.
+func (s *KVSubscriber) Forget(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if sub := s.subs[id]; sub != nil {
+		sub.stop()
+		delete(s.subs, id)
+	}
+}
+
+// Len is the number of subscriptions.
+func (s *KVSubscriber) Len() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.subs)
+}
+
+// Close stops every subscription and waits for their goroutines; later Watches do nothing.
+func (s *KVSubscriber) Close() {
+	s.mu.Lock()
+	s.closed = true
+	for id, sub := range s.subs {
+		sub.stop()
+		delete(s.subs, id)
+	}
+	s.mu.Unlock()
+	s.cancel()
+	s.wg.Wait()
+}
+
+func (sub *kvSub) stop() {
+	sub.cancel()
+	sub.mu.Lock()
+	sub.stopped = true
+	sub.mu.Unlock()
+}
+
+// send hands ev to the sink unless the subscription was stopped.
+func (s *KVSubscriber) send(sub *kvSub, ev *router.KVEvents) bool {
+	sub.mu.Lock()
+	defer sub.mu.Unlock()
+	if sub.stopped {
+		return false
+	}
+	s.o.Sink.KVEvents(ev)
+	return true
+}
+
+// run keeps sub's stream up until its context ends.
+func (s *KVSubscriber) run(ctx context.Context, sub *kvSub) {
+	defer s.wg.Done()
+	backoff := s.o.MinBackoff
+	for {
+		synced, err := s.stream(ctx, sub)
+		if ctx.Err() != nil {
+			return
+		}
+		if synced {
+			// What the engine holds is unknown until the next snapshot (a restart empties it).
+			s.send(sub, &router.KVEvents{WorkerID: sub.id, Clear: true})
+			backoff = s.o.MinBackoff
+		}
+		s.o.Logger.Debug("kv events stream ended; subscribing again", "worker", sub.id, "address", sub.addr,
+			"err", err, "backoff", backoff)
+		if !s.sleep(ctx, backoff+time.Duration(s.o.Jitter()*float64(backoff)/2)) {
+			return
+		}
+		backoff = min(2*backoff, s.o.MaxBackoff)
+	}
+}
+
+// sleep waits d on the clock; false when ctx ended first.
+func (s *KVSubscriber) sleep(ctx context.Context, d time.Duration) bool {
+	done := make(chan struct{})
+	t := s.o.Clock.AfterFunc(d, func() { close(done) })
+	defer t.Stop()
+	select {
+	case <-done:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// Protocol errors: each ends the stream.
+var (
+	errKVNotCleared = errors.New("the stream's first event is not CLEARED")
+	errKVGap        = errors.New("sequence gap")
+	errKVTooMany    = errors.New("too many block ids in one event")
+	errKVKind       = errors.New("unknown event kind")
+	errKVRefused    = errors.New("the router does not know the worker (yet)")
+)
+
+// stream runs one subscription until it fails; synced reports whether it got past its
+// handshake (the router then holds what it forwarded).
+func (s *KVSubscriber) stream(ctx context.Context, sub *kvSub) (synced bool, err error) {
+	conn, err := s.o.Engines.conn(sub.addr)
+	if err != nil {
+		return false, err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	st, err := kvv1.NewKvEventsClient(conn).Subscribe(ctx, &kvv1.SubscribeRequest{},
+		grpc.MaxCallRecvMsgSize(MaxKVEventBytes))
+	if err != nil {
+		return false, err
+	}
+	ev, err := st.Recv()
+	if err != nil {
+		return false, err
+	}
+	if ev.GetKind() != kvv1.KvEvent_CLEARED {
+		return false, errKVNotCleared
+	}
+	seq := ev.GetSeq()
+	if !s.handshake(ctx, sub) {
+		return false, errKVRefused
+	}
+	for {
+		ev, err := st.Recv()
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				err = io.ErrUnexpectedEOF
+			}
+			return true, err
+		}
+		if ev.GetSeq() != seq+1 {
+			return true, fmt.Errorf("%w: %d after %d", errKVGap, ev.GetSeq(), seq)
+		}
+		seq = ev.GetSeq()
+		ids := ev.GetBlockIds()
+		if len(ids) > router.MaxKVEventIDs {
+			return true, fmt.Errorf("%w: %d", errKVTooMany, len(ids))
+		}
+		var out *router.KVEvents
+		switch ev.GetKind() {
+		case kvv1.KvEvent_STORED:
+			out = &router.KVEvents{WorkerID: sub.id, Stored: ids}
+		case kvv1.KvEvent_REMOVED:
+			out = &router.KVEvents{WorkerID: sub.id, Removed: ids}
+		case kvv1.KvEvent_CLEARED:
+			out = &router.KVEvents{WorkerID: sub.id, Clear: true}
+		default:
+			return true, fmt.Errorf("%w: %d", errKVKind, ev.GetKind())
+		}
+		if len(ids) == 0 && !out.Clear {
+			continue
+		}
+		if !s.send(sub, out) {
+			return true, context.Canceled
+		}
+	}
+}
+
+// handshake sends the stream's Clear and waits for the router to acknowledge the worker.
+func (s *KVSubscriber) handshake(ctx context.Context, sub *kvSub) bool {
+	reply := make(chan bool, 1)
+	if !s.send(sub, &router.KVEvents{WorkerID: sub.id, Clear: true, Reply: reply}) {
+		return false
+	}
+	timeout := make(chan struct{})
+	t := s.o.Clock.AfterFunc(s.o.HandshakeTimeout, func() { close(timeout) })
+	defer t.Stop()
+	select {
+	case ok := <-reply:
+		return ok
+	case <-timeout:
+		return false
+	case <-ctx.Done():
+		return false
+	}
+}

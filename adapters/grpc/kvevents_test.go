@@ -1,0 +1,224 @@
+package grpcapi
+
+import (
+	"io"
+	"log/slog"
+	"net"
+	"slices"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+	"google.golang.org/grpc"
+
+	"github.com/tlgw/tlgw/actors/router"
+	kvv1 "github.com/tlgw/tlgw/contracts/tl/kv/v1"
+)
+
+// fakeKV is an in-process KvEvents server: each Subscribe takes the next script, sends its
+// events and then holds the stream open until the client leaves (or ends it when end is set).
+type fakeKV struct {
+	kvv1.UnimplementedKvEventsServer
+	scripts chan kvScript
+	subs    chan struct{} // one value per Subscribe call
+	gone    chan struct{} // one value per stream whose client left
+}
+
+type kvScript struct {
+	events []*kvv1.KvEvent
+	end    bool
+}
+
+func (f *fakeKV) Subscribe(_ *kvv1.SubscribeRequest, st grpc.ServerStreamingServer[kvv1.KvEvent]) error {
+	f.subs <- struct{}{}
+	var sc kvScript
+	select {
+	case sc = <-f.scripts:
+	case <-st.Context().Done():
+		f.gone <- struct{}{}
+		return nil
+	}
+	for _, ev := range sc.events {
+		if err := st.Send(ev); err != nil {
+			return err
+		}
+	}
+	if sc.end {
+		return nil
+	}
+	<-st.Context().Done()
+	f.gone <- struct{}{}
+	return nil
+}
+
+func startFakeKV(t *testing.T) (*fakeKV, string) {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &fakeKV{scripts: make(chan kvScript, 16), subs: make(chan struct{}, 16), gone: make(chan struct{}, 16)}
+	gs := grpc.NewServer()
+	kvv1.RegisterKvEventsServer(gs, f)
+	go func() { _ = gs.Serve(lis) }()
+	t.Cleanup(gs.Stop)
+	return f, lis.Addr().String()
+}
+
+// sinkRec records what the subscriber sends; it acknowledges handshakes with accept's next
+// value (true once it runs out).
+type sinkRec struct {
+	got    chan *router.KVEvents
+	accept chan bool
+}
+
+func (s *sinkRec) KVEvents(ev *router.KVEvents) {
+	if ev.Reply != nil {
+		ok := true
+		select {
+		case ok = <-s.accept:
+		default:
+		}
+		ev.Reply <- ok
+	}
+	s.got <- ev
+}
+
+func (s *sinkRec) next(t *testing.T) *router.KVEvents {
+	t.Helper()
+	select {
+	case ev := <-s.got:
+		return ev
+	case <-time.After(5 * time.Second):
+		t.Fatal("no event reached the sink")
+		return nil
+	}
+}
+
+func wait(t *testing.T, ch chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(5 * time.Second):
+		t.Fatalf("timed out waiting for %s", what)
+	}
+}
+
+func ev(seq uint64, kind kvv1.KvEvent_Kind, ids ...uint64) *kvv1.KvEvent {
+	return &kvv1.KvEvent{Seq: seq, Kind: kind, BlockIds: ids}
+}
+
+func newTestSubscriber(t *testing.T) (*KVSubscriber, *sinkRec, *Engines) {
+	t.Helper()
+	sink := &sinkRec{got: make(chan *router.KVEvents, 64), accept: make(chan bool, 4)}
+	engines := NewEngines()
+	s := NewKVSubscriber(KVSubscriberOptions{Sink: sink, Engines: engines, MinBackoff: time.Millisecond,
+		MaxBackoff: 5 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	return s, sink, engines
+}
+
+func expect(t *testing.T, got *router.KVEvents, want router.KVEvents) {
+	t.Helper()
+	if got.WorkerID != want.WorkerID || got.Clear != want.Clear || !slices.Equal(got.Stored, want.Stored) ||
+		!slices.Equal(got.Removed, want.Removed) {
+		t.Fatalf("got %+v, want %+v", *got, want)
+	}
+}
+
+// TestKVSubscriberTranslates: CLEARED (handshake), the snapshot and live events become
+// router.KVEvents in order; a sequence gap clears and resubscribes; so does an event with too
+// many ids and a stream that ends; Forget stops the stream and Close leaves no goroutine.
+func TestKVSubscriberTranslates(t *testing.T) {
+	before := goleak.IgnoreCurrent()
+	t.Cleanup(func() { goleak.VerifyNone(t, before) })
+	f, addr := startFakeKV(t)
+	s, sink, engines := newTestSubscriber(t)
+	defer engines.Close()
+	defer s.Close()
+
+	f.scripts <- kvScript{events: []*kvv1.KvEvent{
+		ev(7, kvv1.KvEvent_CLEARED), ev(8, kvv1.KvEvent_STORED, 1, 2, 3), ev(9, kvv1.KvEvent_REMOVED, 2),
+		ev(10, kvv1.KvEvent_CLEARED), ev(11, kvv1.KvEvent_STORED, 4),
+		ev(13, kvv1.KvEvent_STORED, 5), // a gap: 12 is missing
+	}}
+	s.Watch(router.WorkerInfo{ID: "e1", GRPCAddress: addr, KVEvents: true})
+	s.Watch(router.WorkerInfo{ID: "e1", GRPCAddress: addr, KVEvents: true}) // a heartbeat: no change
+	wait(t, f.subs, "the first subscription")
+	hs := sink.next(t)
+	if hs.Reply == nil || !hs.Clear {
+		t.Fatalf("first message %+v is not the handshake", *hs)
+	}
+	expect(t, sink.next(t), router.KVEvents{WorkerID: "e1", Stored: []uint64{1, 2, 3}})
+	expect(t, sink.next(t), router.KVEvents{WorkerID: "e1", Removed: []uint64{2}})
+	expect(t, sink.next(t), router.KVEvents{WorkerID: "e1", Clear: true})
+	expect(t, sink.next(t), router.KVEvents{WorkerID: "e1", Stored: []uint64{4}})
+	expect(t, sink.next(t), router.KVEvents{WorkerID: "e1", Clear: true}) // the gap
+	wait(t, f.subs, "the resubscription after the gap")
+
+	// An event over the id bound: cleared and resubscribed.
+	tooMany := make([]uint64, router.MaxKVEventIDs+1)
+	f.scripts <- kvScript{events: []*kvv1.KvEvent{ev(1, kvv1.KvEvent_CLEARED), ev(2, kvv1.KvEvent_STORED, tooMany...)}}
+	if m := sink.next(t); m.Reply == nil {
+		t.Fatalf("%+v is not a handshake", *m)
+	}
+	expect(t, sink.next(t), router.KVEvents{WorkerID: "e1", Clear: true})
+	wait(t, f.subs, "the resubscription after an oversized event")
+
+	// The engine restarts: the stream ends, the index is cleared, the next stream resyncs.
+	f.scripts <- kvScript{events: []*kvv1.KvEvent{ev(1, kvv1.KvEvent_CLEARED), ev(2, kvv1.KvEvent_STORED, 9)}, end: true}
+	sink.next(t) // handshake
+	expect(t, sink.next(t), router.KVEvents{WorkerID: "e1", Stored: []uint64{9}})
+	expect(t, sink.next(t), router.KVEvents{WorkerID: "e1", Clear: true})
+	wait(t, f.subs, "the resubscription after the stream ended")
+
+	f.scripts <- kvScript{events: []*kvv1.KvEvent{ev(1, kvv1.KvEvent_CLEARED)}}
+	sink.next(t) // handshake
+	s.Forget("e1")
+	wait(t, f.gone, "the stream to end after Forget")
+	if s.Len() != 0 {
+		t.Fatalf("%d subscriptions after Forget", s.Len())
+	}
+	select {
+	case m := <-sink.got:
+		t.Fatalf("sent %+v after Forget", *m)
+	case <-time.After(20 * time.Millisecond):
+	}
+}
+
+// TestKVSubscriberWaitsForTheRouter: a handshake the router refuses (it does not know the
+// worker yet) forwards nothing and subscribes again; a first event that is not CLEARED is a
+// protocol error; a worker that stops reporting kv_events is unsubscribed.
+func TestKVSubscriberWaitsForTheRouter(t *testing.T) {
+	before := goleak.IgnoreCurrent()
+	t.Cleanup(func() { goleak.VerifyNone(t, before) })
+	f, addr := startFakeKV(t)
+	s, sink, engines := newTestSubscriber(t)
+	defer engines.Close()
+	defer s.Close()
+
+	sink.accept <- false
+	f.scripts <- kvScript{events: []*kvv1.KvEvent{ev(1, kvv1.KvEvent_CLEARED), ev(2, kvv1.KvEvent_STORED, 1)}}
+	f.scripts <- kvScript{events: []*kvv1.KvEvent{ev(5, kvv1.KvEvent_STORED, 1)}} // no CLEARED first
+	f.scripts <- kvScript{events: []*kvv1.KvEvent{ev(3, kvv1.KvEvent_CLEARED), ev(4, kvv1.KvEvent_STORED, 2)}}
+	s.Watch(router.WorkerInfo{ID: "e2", GRPCAddress: addr, KVEvents: true})
+	if m := sink.next(t); m.Reply == nil {
+		t.Fatalf("%+v is not a handshake", *m)
+	}
+	// Refused: nothing of that stream is forwarded; the next (bad) stream forwards nothing
+	// either; the third is accepted.
+	if m := sink.next(t); m.Reply == nil {
+		t.Fatalf("%+v forwarded after a refused handshake", *m)
+	}
+	expect(t, sink.next(t), router.KVEvents{WorkerID: "e2", Stored: []uint64{2}})
+
+	s.Watch(router.WorkerInfo{ID: "e2", GRPCAddress: addr}) // kv_events off
+	wait(t, f.gone, "the stream to end")
+	if s.Len() != 0 {
+		t.Fatal("still subscribed")
+	}
+	s.Close()
+	s.Watch(router.WorkerInfo{ID: "e3", GRPCAddress: addr, KVEvents: true})
+	if s.Len() != 0 {
+		t.Fatal("subscribed after Close")
+	}
+}

@@ -1,0 +1,123 @@
+package app_test
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	controlv1 "github.com/tlgw/tlgw/contracts/tl/control/v1"
+	kvv1 "github.com/tlgw/tlgw/contracts/tl/kv/v1"
+	"github.com/tlgw/tlgw/internal/app"
+	"github.com/tlgw/tlgw/internal/config"
+	"github.com/tlgw/tlgw/internal/gwtest"
+	"github.com/tlgw/tlgw/internal/prefixindex"
+)
+
+// heldKV is a KvEvents server whose cache holds ids: every stream gets CLEARED, the snapshot,
+// then nothing until the client leaves.
+type heldKV struct {
+	kvv1.UnimplementedKvEventsServer
+	ids  []uint64
+	subs atomic.Int32
+}
+
+func (h *heldKV) Subscribe(_ *kvv1.SubscribeRequest, st grpc.ServerStreamingServer[kvv1.KvEvent]) error {
+	h.subs.Add(1)
+	if err := st.Send(&kvv1.KvEvent{Seq: 41, Kind: kvv1.KvEvent_CLEARED}); err != nil {
+		return err
+	}
+	if err := st.Send(&kvv1.KvEvent{Seq: 42, Kind: kvv1.KvEvent_STORED, BlockIds: h.ids}); err != nil {
+		return err
+	}
+	<-st.Context().Done()
+	return nil
+}
+
+// TestPrecisePrefixSubscribes: with route_policy = "precise_prefix" the gateway subscribes to
+// the KvEvents of a worker whose heartbeat sets kv_events, and routes a prompt to the worker
+// whose engine reports holding it (w2, though w1 would win a tie); shutdown ends the
+// subscription (goleak in TestMain).
+func TestPrecisePrefixSubscribes(t *testing.T) {
+	prompt := strings.Repeat("a prompt that w2's engine holds in its prefix cache. ", 20)
+	kv := &heldKV{ids: prefixindex.Hashes(nil, []byte(prompt))}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := grpc.NewServer()
+	kvv1.RegisterKvEventsServer(gs, kv)
+	go func() { _ = gs.Serve(lis) }()
+	defer gs.Stop()
+
+	var served [2]atomic.Int32
+	var engines [2]*httptest.Server
+	for i := range engines {
+		engines[i] = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			_, _ = io.Copy(io.Discard, r.Body)
+			served[i].Add(1)
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = io.WriteString(w, `{"choices":[{"text":"ok"}]}`)
+		}))
+		defer engines[i].Close()
+	}
+
+	cfg := config.Default()
+	cfg.Gateway.HTTPListen, cfg.Gateway.RegistryListen = "127.0.0.1:0", "127.0.0.1:0"
+	cfg.Gateway.RoutePolicy = config.PolicyPrecisePrefix
+	a, err := app.Start(cfg, app.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = a.Shutdown(ctx)
+	}()
+	conn, err := grpc.NewClient(a.GRPCAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	reg := controlv1.NewWorkerRegistryClient(conn)
+	for i, id := range []string{"w1", "w2"} {
+		st := &controlv1.WorkerStatus{WorkerId: id, Model: "smol", Role: controlv1.Role_ROLE_UNIFIED,
+			HttpAddress: strings.TrimPrefix(engines[i].URL, "http://")}
+		if id == "w2" {
+			st.GrpcAddress, st.KvEvents = lis.Addr().String(), true
+		}
+		if _, err := reg.Heartbeat(context.Background(), st); err != nil {
+			t.Fatal(err)
+		}
+	}
+	gwtest.Eventually(t, "both routable and w2 subscribed", func() bool {
+		n, _ := a.Gateway.Routable()
+		return n == 2 && kv.subs.Load() > 0
+	})
+	time.Sleep(100 * time.Millisecond) // the snapshot reaches the router
+
+	for range 3 {
+		resp, err := http.Post("http://"+a.HTTPAddr+"/v1/completions", "application/json",
+			strings.NewReader(`{"model":"smol","prompt":"`+prompt+`"}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("status %d", resp.StatusCode)
+		}
+	}
+	if served[0].Load() != 0 || served[1].Load() != 3 {
+		t.Fatalf("w1 served %d, w2 %d: want every repeat on w2, which holds the prompt", served[0].Load(), served[1].Load())
+	}
+}

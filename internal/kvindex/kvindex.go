@@ -1,0 +1,220 @@
+// Package kvindex is tlgw's exact prefix index (SPEC R18.2 precise_prefix, R18.3): which
+// 64-byte chunks of rendered prompts each worker's prefix cache holds, as the engines report
+// them on their tl.kv.v1.KvEvents streams, so the router can send a prompt to the worker that
+// holds its longest prefix.
+//
+// Chunk ids are internal/prefixindex's Hashes over the rendered prompt: chained, so a chunk id
+// stands for the whole prefix up to and including its chunk, and a worker holds a prompt's
+// prefix of k chunks exactly when it holds the prompt's k-th id (hashes[k-1]). An engine's
+// prefix cache holds leading runs (a block is only found through its parents, and a prompt's
+// use touches its prefix with it, so a prefix is never evicted before its extensions), which
+// makes "holds hashes[d-1]" monotone in d: Match and the policy's pick binary-search the depth,
+// as prefixindex does. Should an engine hold a deeper chunk without a shallower one, the search
+// still returns a depth whose chunk is held (a held prefix), not necessarily the deepest.
+//
+// Unlike prefixindex it records what engines say they hold, not what the gateway sent: Store
+// and Remove apply STORED and REMOVED events, Forget a CLEARED one (and a worker leaving).
+//
+// Workers are keyed by W, the caller's own identity for a worker (the router uses its
+// *policy.Member: one per registered slot, so a new registration under an old id starts from
+// nothing and nothing an engine reports can land on another worker's entries).
+//
+// Bounds: each worker holds at most BlocksPerWorker ids. Store drops the ids beyond the bound
+// (they are not recorded; Dropped counts them) rather than forgetting older ones: the index then
+// under-reports (a hit missed), never claims a chunk the engine does not hold. Memory is at most
+// workers × BlocksPerWorker entries in the per-worker sets and on the holder lists, and one
+// holder-table entry per distinct id; the holder table is rebuilt smaller once it holds fewer
+// than an eighth of its peak.
+//
+// An Index is not safe for concurrent use: the router actor that owns it is its only user.
+package kvindex
+
+// DefaultBlocksPerWorker is the per-worker bound New uses when given none: the default of
+// [admission.prefix_index] blocks_per_worker, about 4,096 KV blocks of 16 tokens.
+const DefaultBlocksPerWorker = 4096
+
+// MaxBlocksPerWorker is the largest per-worker bound.
+const MaxBlocksPerWorker = 1 << 20
+
+// Index is the exact prefix index over all workers. The zero value is not usable; call New.
+type Index[W comparable] struct {
+	limit   int
+	workers map[W]*worker
+	holders map[uint64][]W // chunk id → the workers holding it, in no order
+	peak    int            // the most distinct ids held since the holder table was last built
+	entries int
+	dropped uint64
+}
+
+// worker is one worker's held ids: each id's position on its holder list.
+type worker struct {
+	at map[uint64]int32
+}
+
+// New returns an empty index that keeps at most blocksPerWorker chunk ids per worker
+// (DefaultBlocksPerWorker when blocksPerWorker < 1, at most MaxBlocksPerWorker).
+func New[W comparable](blocksPerWorker int) *Index[W] {
+	if blocksPerWorker < 1 {
+		blocksPerWorker = DefaultBlocksPerWorker
+	}
+	blocksPerWorker = min(blocksPerWorker, MaxBlocksPerWorker)
+	return &Index[W]{limit: blocksPerWorker, workers: make(map[W]*worker), holders: make(map[uint64][]W)}
+}
+
+// BlocksPerWorker is the per-worker bound.
+func (x *Index[W]) BlocksPerWorker() int { return x.limit }
+
+// Store records that w now holds ids (a STORED event). Ids already held change nothing; ids
+// beyond the worker's bound are dropped (see the package comment), the first ones given kept.
+func (x *Index[W]) Store(w W, ids []uint64) {
+	if len(ids) == 0 {
+		return
+	}
+	wk := x.workers[w]
+	if wk == nil {
+		wk = &worker{at: make(map[uint64]int32, min(len(ids), x.limit))}
+		x.workers[w] = wk
+	}
+	for _, id := range ids {
+		if _, ok := wk.at[id]; ok {
+			continue
+		}
+		if len(wk.at) >= x.limit {
+			x.dropped++
+			continue
+		}
+		hs := x.holders[id]
+		wk.at[id] = int32(len(hs))
+		x.holders[id] = append(hs, w)
+		x.entries++
+	}
+	x.peak = max(x.peak, len(x.holders))
+}
+
+// Remove records that w no longer holds ids (a REMOVED event). Ids not held change nothing.
+func (x *Index[W]) Remove(w W, ids []uint64) {
+	wk := x.workers[w]
+	if wk == nil {
+		return
+	}
+	for _, id := range ids {
+		if pos, ok := wk.at[id]; ok {
+			delete(wk.at, id)
+			x.unhold(id, pos)
+		}
+	}
+	if len(wk.at) == 0 {
+		delete(x.workers, w)
+	}
+	x.shrink()
+}
+
+// Forget drops everything w holds: a CLEARED event, a lost stream, or the worker leaving.
+func (x *Index[W]) Forget(w W) {
+	wk := x.workers[w]
+	if wk == nil {
+		return
+	}
+	for id, pos := range wk.at {
+		x.unhold(id, pos)
+	}
+	delete(x.workers, w)
+	x.shrink()
+}
+
+// unhold takes the entry at pos off id's holder list: the last entry moves into its place.
+func (x *Index[W]) unhold(id uint64, pos int32) {
+	hs := x.holders[id]
+	last := int32(len(hs) - 1)
+	if pos != last {
+		moved := hs[last]
+		hs[pos] = moved
+		x.workers[moved].at[id] = pos
+	}
+	var zero W
+	hs[last] = zero
+	if last == 0 {
+		delete(x.holders, id)
+	} else {
+		x.holders[id] = hs[:last]
+	}
+	x.entries--
+}
+
+// shrink rebuilds the holder table once it holds under an eighth of its peak, since a Go map
+// keeps its storage after deletes.
+func (x *Index[W]) shrink() {
+	if x.peak < 1024 || 8*len(x.holders) >= x.peak {
+		return
+	}
+	fresh := make(map[uint64][]W, len(x.holders))
+	for id, hs := range x.holders {
+		fresh[id] = hs
+	}
+	x.holders, x.peak = fresh, len(fresh)
+}
+
+// Holds reports whether w holds id.
+func (x *Index[W]) Holds(w W, id uint64) bool {
+	wk := x.workers[w]
+	if wk == nil {
+		return false
+	}
+	_, ok := wk.at[id]
+	return ok
+}
+
+// Holders returns the workers holding id, in no particular order. With id the k-th of a
+// prompt's hashes they are the workers holding its prefix of k chunks. The slice is the index's
+// own: read it before the next Store, Remove or Forget, and do not modify it.
+func (x *Index[W]) Holders(id uint64) []W { return x.holders[id] }
+
+// Match returns w's held prefix of hashes in chunks: the deepest d with hashes[d-1] held,
+// found by binary search (see the package comment); 0 for an unknown worker. It allocates
+// nothing.
+func (x *Index[W]) Match(w W, hashes []uint64) int {
+	wk := x.workers[w]
+	if wk == nil {
+		return 0
+	}
+	lo, hi := 0, len(hashes) // hashes[:lo] taken as held; hashes[hi:] not
+	for lo < hi {
+		mid := int(uint(lo+hi) >> 1)
+		if _, ok := wk.at[hashes[mid]]; ok {
+			lo = mid + 1
+		} else {
+			hi = mid
+		}
+	}
+	return lo
+}
+
+// MatchAll writes into out[i] the Match of candidates[i] and returns out[:len(candidates)]
+// (out grows only when it lacks the capacity).
+func (x *Index[W]) MatchAll(hashes []uint64, candidates []W, out []int) []int {
+	out = out[:0]
+	for _, w := range candidates {
+		out = append(out, x.Match(w, hashes))
+	}
+	return out
+}
+
+// Len is how many ids w holds (at most BlocksPerWorker).
+func (x *Index[W]) Len(w W) int {
+	if wk := x.workers[w]; wk != nil {
+		return len(wk.at)
+	}
+	return 0
+}
+
+// Workers is how many workers hold at least one id.
+func (x *Index[W]) Workers() int { return len(x.workers) }
+
+// Entries is the number of (worker, id) entries: at most Workers() × BlocksPerWorker().
+func (x *Index[W]) Entries() int { return x.entries }
+
+// Distinct is the number of distinct ids held by any worker.
+func (x *Index[W]) Distinct() int { return len(x.holders) }
+
+// Dropped counts the ids Store dropped at a worker's bound.
+func (x *Index[W]) Dropped() uint64 { return x.dropped }

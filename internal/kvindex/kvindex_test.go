@@ -1,0 +1,156 @@
+package kvindex
+
+import (
+	"math/rand/v2"
+	"slices"
+	"testing"
+
+	"github.com/tlgw/tlgw/internal/prefixindex"
+)
+
+// model is the index from scratch: per worker, the set of ids it holds.
+type model map[int]map[uint64]bool
+
+func (m model) check(t *testing.T, x *Index[int], ids []uint64) {
+	t.Helper()
+	entries := 0
+	for w, set := range m {
+		entries += len(set)
+		if got := x.Len(w); got != len(set) {
+			t.Fatalf("Len(%d) = %d, want %d", w, got, len(set))
+		}
+	}
+	if x.Entries() != entries {
+		t.Fatalf("Entries = %d, want %d", x.Entries(), entries)
+	}
+	for _, id := range ids {
+		var want []int
+		for w, set := range m {
+			if set[id] {
+				want = append(want, w)
+			}
+		}
+		got := slices.Clone(x.Holders(id))
+		slices.Sort(got)
+		slices.Sort(want)
+		if !slices.Equal(got, want) {
+			t.Fatalf("Holders(%x) = %v, want %v", id, got, want)
+		}
+		for w := range m {
+			if x.Holds(w, id) != m[w][id] {
+				t.Fatalf("Holds(%d, %x) = %v, want %v", w, id, x.Holds(w, id), m[w][id])
+			}
+		}
+	}
+}
+
+// TestAgainstModel: random STORED, REMOVED and CLEARED events over a few workers and ids leave
+// the index equal to the sets they describe (within the bound).
+func TestAgainstModel(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	const limit = 40
+	x := New[int](limit)
+	m := model{}
+	ids := make([]uint64, 120)
+	for i := range ids {
+		ids[i] = r.Uint64()
+	}
+	for step := range 5000 {
+		w := r.IntN(6)
+		batch := make([]uint64, r.IntN(10))
+		for i := range batch {
+			batch[i] = ids[r.IntN(len(ids))]
+		}
+		switch op := r.IntN(10); {
+		case op < 6:
+			x.Store(w, batch)
+			if m[w] == nil {
+				m[w] = map[uint64]bool{}
+			}
+			for _, id := range batch {
+				if len(m[w]) < limit {
+					m[w][id] = true
+				}
+			}
+		case op < 9:
+			x.Remove(w, batch)
+			for _, id := range batch {
+				delete(m[w], id)
+			}
+		default:
+			x.Forget(w)
+			delete(m, w)
+		}
+		if step%50 == 0 {
+			m.check(t, x, ids)
+		}
+	}
+	m.check(t, x, ids)
+}
+
+// TestBound: a worker keeps its first BlocksPerWorker ids; the rest are dropped and counted,
+// and room freed by REMOVED is used again.
+func TestBound(t *testing.T) {
+	x := New[string](3)
+	x.Store("a", []uint64{1, 2, 3, 4, 5})
+	if x.Len("a") != 3 || !x.Holds("a", 3) || x.Holds("a", 4) || x.Dropped() != 2 {
+		t.Fatalf("len %d holds3 %v holds4 %v dropped %d", x.Len("a"), x.Holds("a", 3), x.Holds("a", 4), x.Dropped())
+	}
+	x.Remove("a", []uint64{1})
+	x.Store("a", []uint64{4})
+	if !x.Holds("a", 4) || x.Len("a") != 3 {
+		t.Fatal("freed room not reused")
+	}
+	if New[int](0).BlocksPerWorker() != DefaultBlocksPerWorker || New[int](1<<30).BlocksPerWorker() != MaxBlocksPerWorker {
+		t.Fatal("bounds not defaulted")
+	}
+}
+
+// TestMatch: a worker's match is its deepest held chunk of the prompt; the ids are prefixindex
+// Hashes of rendered prompts, so two prompts share exactly their common leading chunks.
+func TestMatch(t *testing.T) {
+	base := make([]byte, 64*8)
+	for i := range base {
+		base[i] = byte('a' + i%26)
+	}
+	other := slices.Clone(base)
+	other[64*5+3] = '!' // differs in chunk 5
+	hb, ho := prefixindex.Hashes(nil, base), prefixindex.Hashes(nil, other)
+	x := New[string](100)
+	x.Store("w1", hb[:6])
+	x.Store("w2", ho)
+	x.Store("w3", hb[:2])
+	got := x.MatchAll(hb, []string{"w1", "w2", "w3", "nobody"}, nil)
+	if want := []int{6, 5, 2, 0}; !slices.Equal(got, want) {
+		t.Fatalf("MatchAll = %v, want %v", got, want)
+	}
+	x.Remove("w1", hb[4:6]) // the engine evicted the prompt's end
+	if got := x.Match("w1", hb); got != 4 {
+		t.Fatalf("after REMOVED Match = %d, want 4", got)
+	}
+	x.Forget("w2")
+	if got := x.Match("w2", hb); got != 0 || x.Workers() != 2 {
+		t.Fatalf("after Forget Match = %d, workers %d", got, x.Workers())
+	}
+	if allocs := testing.AllocsPerRun(100, func() { x.Match("w1", hb) }); allocs != 0 {
+		t.Fatalf("Match allocates %v", allocs)
+	}
+}
+
+// TestShrink: the holder table is rebuilt once most of its peak is gone, and stays correct.
+func TestShrink(t *testing.T) {
+	x := New[int](1 << 16)
+	ids := make([]uint64, 5000)
+	for i := range ids {
+		ids[i] = uint64(i)*0x9e3779b97f4a7c15 + 1
+	}
+	x.Store(1, ids)
+	x.Store(2, ids[:10])
+	x.Forget(1)
+	if x.Distinct() != 10 || x.peak != 10 || x.Entries() != 10 {
+		t.Fatalf("distinct %d peak %d entries %d", x.Distinct(), x.peak, x.Entries())
+	}
+	if x.Match(2, ids) != 10 {
+		t.Fatal("lost entries on rebuild")
+	}
+}

@@ -1,0 +1,101 @@
+package bench
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/tlgw/tlgw/actors/router/policy"
+	"github.com/tlgw/tlgw/internal/kvindex"
+	"github.com/tlgw/tlgw/internal/prefixindex"
+)
+
+// fillHeld stores in x what newPrefixState records in the approximate index: each worker
+// holds 96 prompts (a system prompt of 2 KiB shared by 3 workers, or by every worker when
+// systems = 1, then 1 KiB of its own), up to the index's bound.
+func fillHeld(x *policy.HeldIndex, members []policy.Member, systems int) {
+	const sysBytes, turnBytes, perWorker = 2048, 1024, 96
+	n := len(members)
+	sys := make([][]byte, systems)
+	for k := range sys {
+		sys[k] = benchPrompt(1, uint64(k), sysBytes)
+	}
+	r, s := min(3, n), max(1, n/systems)
+	if systems == 1 {
+		r = n
+	}
+	home := make([][]int, n)
+	for k := range systems {
+		for j := range r {
+			w := (k*s + j) % n
+			home[w] = append(home[w], k)
+		}
+	}
+	var hs []uint64
+	buf := make([]byte, 0, sysBytes+turnBytes)
+	for i := range members {
+		for c := range perWorker {
+			buf = buf[:0]
+			if len(home[i]) > 0 {
+				buf = append(buf, sys[home[i][c%len(home[i])]]...)
+			} else {
+				buf = append(buf, benchPrompt(2, uint64(i*perWorker+c), sysBytes)...)
+			}
+			buf = append(buf, benchPrompt(3, uint64(i*perWorker+c), turnBytes)...)
+			hs = prefixindex.Hashes(hs, buf)
+			x.Store(&members[i], hs)
+		}
+	}
+}
+
+// BenchmarkPrecisePrefixPick is precise_prefix's pick as the router makes it (R18.2), over a
+// full exact index: the prefix is installed (SetHeld), the policy picks, the reservation is
+// recorded, with the ring of completions of BenchmarkPolicyPick. "shared" is the widest case:
+// one system prompt every worker holds, so every worker is a holder of the deepest match.
+func BenchmarkPrecisePrefixPick(b *testing.B) {
+	type bcase struct {
+		kind    string
+		n       int
+		systems int
+	}
+	var cases []bcase
+	for _, n := range sizes {
+		cases = append(cases, bcase{"", n, 64})
+	}
+	for _, n := range sizes[1:] {
+		cases = append(cases, bcase{"shared/", n, 1})
+	}
+	for _, c := range cases {
+		b.Run(fmt.Sprintf("%sworkers=%d", c.kind, c.n), func(b *testing.B) {
+			queries := newPrefixState(c.n, c.systems).queries
+			p := policy.NewPrecisePrefix(0)
+			x := kvindex.New[*policy.Member](0)
+			members := make([]policy.Member, c.n)
+			for i := range members {
+				members[i].ID = fmt.Sprintf("worker-%04d", i)
+				p.Add(&members[i], int64(i%7), 1)
+			}
+			fillHeld(x, members, c.systems)
+			inflight := make([]*policy.Member, 2*c.n)
+			prefixed := 0
+			samples := make([]time.Duration, 0, b.N/batch+1)
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i += batch {
+				t0 := time.Now()
+				for j := i; j < i+batch; j++ {
+					p.SetHeld(x, queries[j%len(queries)])
+					m, reason := p.Pick(0, nil)
+					if reason == policy.ReasonPrefix {
+						prefixed++
+					}
+					hold(p, inflight, j, m)
+				}
+				samples = append(samples, time.Since(t0))
+			}
+			b.StopTimer()
+			reportPercentiles(b, samples)
+			b.ReportMetric(float64(prefixed)/float64(max(b.N, 1)), "prefix-share")
+		})
+	}
+}

@@ -1,0 +1,92 @@
+package e2e
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/tlgw/tlgw/internal/proctest"
+)
+
+// preciseConfig is a gateway routing by what the engines report they hold (R18.2, R18.3).
+const preciseConfig = fastHeartbeats + `route_policy = "precise_prefix"
+`
+
+// engineMetric reads one unlabelled sample from an engine's /metrics.
+func engineMetric(t *testing.T, p *proctest.Proc, name string) float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + p.HTTPAddr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), name+" "); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			return f
+		}
+	}
+	t.Fatalf("%s not on %s/metrics", name, p.HTTPAddr)
+	return 0
+}
+
+func complete(t *testing.T, base, prompt string) {
+	t.Helper()
+	body := fmt.Sprintf(`{"model":"smol","prompt":%q,"max_tokens":1,"seed":1}`, prompt)
+	resp, err := http.Post(base+"/v1/completions", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("%s: %d %s", base, resp.StatusCode, b)
+	}
+}
+
+// TestPrecisePrefixFollowsEngineCaches: with route_policy = "precise_prefix" the gateway
+// subscribes to both engines' KvEvents. A long prompt warmed directly on engine pb (the larger
+// id, so a tie or the least-loaded fallback would pick pa) is routed to pb when repeated
+// through the gateway, which pb serves from its cache. After pb is killed and started again
+// under the same id, its broken stream clears it from the index: the next repeat goes to pa.
+func TestPrecisePrefixFollowsEngineCaches(t *testing.T) {
+	const lookups, hits = "tlengine_prefix_cache_lookup_tokens_total", "tlengine_prefix_cache_hit_tokens_total"
+	f := startFleet(t, preciseConfig, []string{"pa", "--model", "smol"}, []string{"pb", "--model", "smol"})
+	prompt := strings.Repeat("A long shared system prompt that only one engine has cached so far. ", 60)
+
+	complete(t, "http://"+f.engines["pb"].HTTPAddr, prompt) // warmed on pb, behind the gateway's back
+	pbHits := engineMetric(t, f.engines["pb"], hits)
+	time.Sleep(500 * time.Millisecond) // pb's STORED reaches the router (a stream, then an actor message)
+
+	complete(t, f.base, prompt)
+	if got := engineMetric(t, f.engines["pa"], lookups); got != 0 {
+		t.Fatalf("the repeat went to pa (%v prompt tokens looked up there), not to pb which holds it", got)
+	}
+	if got := engineMetric(t, f.engines["pb"], hits); got <= pbHits {
+		t.Fatalf("pb served the repeat without a cache hit (%v hit tokens, %v before)", got, pbHits)
+	}
+
+	// pb restarts: killed, then started again under its id (new ports, an empty cache).
+	old := f.engines["pb"]
+	if err := old.Cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-old.Exited()
+	f.engines["pb"] = proctest.StartEngine(t, tlengineBin, "--id", "pb", "--gateway", f.gw.GRPCAddr, "--model", "smol")
+	time.Sleep(500 * time.Millisecond) // its heartbeat moves the subscription to the new address
+
+	complete(t, f.base, prompt)
+	if got := engineMetric(t, f.engines["pa"], lookups); got == 0 {
+		t.Fatal("after pb's restart the repeat still went to pb: the index kept what the old process held")
+	}
+}
