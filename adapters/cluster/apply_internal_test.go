@@ -213,3 +213,18 @@ func TestStoreDefaultsAndOfflineWrites(t *testing.T) {
 		}
 	}
 }
+
+// TestSnapshotDrainBound: a read listing more drained models than the bound keeps exactly the
+// bound.
+func TestSnapshotDrainBound(t *testing.T) {
+	got := newApplied()
+	s := offline(t, got)
+	var kvs []*mvccpb.KeyValue
+	for i := range s.maxDrained + 1 {
+		kvs = append(kvs, kv(fmt.Sprintf("drained/m%03d", i), "1", int64(10+i)))
+	}
+	s.applySnapshot(100, kvs)
+	if s.live != s.maxDrained {
+		t.Fatalf("%d drained kept from %d listed, bound %d", s.live, len(kvs), s.maxDrained)
+	}
+}

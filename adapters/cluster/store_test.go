@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -181,8 +182,8 @@ func TestPutIsCompareAndSwapAndEveryReplicaApplies(t *testing.T) {
 	b.got.await(t, time.Second, "b applies the PUT within 1 s", func(x *applied) bool {
 		return x.routeRev == next && slices.Equal(routeModels(x.routes), []string{"gamma"})
 	})
-	if _, err := b.PutRoutes(etag, nil); !errors.Is(err, errs.ErrEtagMismatch) {
-		t.Fatalf("stale put: %v, want etag mismatch", err)
+	if _, err := b.PutRoutes(etag, nil); !errors.Is(err, errs.ErrEtagMismatch) || !strings.Contains(err.Error(), fmt.Sprintf("at revision %d,", next)) {
+		t.Fatalf("stale put: %v, want etag mismatch naming revision %d", err, next)
 	}
 	b.got.mu.Lock()
 	rev := b.got.routeRev
