@@ -102,14 +102,14 @@ type Engine struct {
 	// advertisedHTTP is what heartbeats report: HTTPAddr, or a dead address under --fault refuse.
 	advertisedHTTP string
 
-	httpSrv  *http.Server
-	grpcSrv  *grpc.Server
-	kvSrv    *grpc.Server
+	httpSrv   *http.Server
+	grpcSrv   *grpc.Server
+	kvSrv     *grpc.Server
 	drainAcks atomic.Int32 // gateways whose latest ack asks us to drain
-	handles  handles     // pushed KV held for disaggregated decode
-	kvev     *kvEvents   // KvEvents subscribers and sequence numbers (R18.3)
-	sent     atomic.Int64
-	stop     chan struct{}
+	handles   handles      // pushed KV held for disaggregated decode
+	kvev      *kvEvents    // KvEvents subscribers and sequence numbers (R18.3)
+	sent      atomic.Int64
+	stop      chan struct{}
 	// stopCtx ends when stop closes: it cuts heartbeats and lookups in flight.
 	stopCtx    context.Context
 	cancelStop context.CancelFunc
