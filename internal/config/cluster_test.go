@@ -81,3 +81,25 @@ func TestValidReplicaID(t *testing.T) {
 		}
 	}
 }
+
+// TestClusterBoundaries: every bound of [cluster] admits exactly its limits.
+func TestClusterBoundaries(t *testing.T) {
+	for _, c := range []struct {
+		toml string
+		ok   bool
+	}{
+		{"lease_ttl='2s'", true}, {"lease_ttl='1h'", true}, {"lease_ttl='3601s'", false}, {"lease_ttl='1999ms'", false},
+		{"etcd_endpoints=['e:65535']", true}, {"etcd_endpoints=['e:1']", true}, {"etcd_endpoints=['e:0']", false}, {"etcd_endpoints=['e:65536']", false},
+		{"prefix='/" + strings.Repeat("p", 254) + "/'", true}, {"prefix='/" + strings.Repeat("p", 255) + "/'", false},
+		{"prefix='/!~/'", true}, {"replica_id='!~'", true}, {"replica_id='a\u007f'", false},
+	} {
+		doc := "[cluster]\n" + c.toml + "\n"
+		if !strings.Contains(c.toml, "etcd_endpoints") {
+			doc += "etcd_endpoints=['e:1']\n"
+		}
+		_, err := Parse([]byte(doc), func(string) string { return "" })
+		if (err == nil) != c.ok {
+			t.Errorf("%s: %v, want ok=%v", c.toml, err, c.ok)
+		}
+	}
+}
