@@ -46,6 +46,9 @@ type Exchange struct {
 	Class        string
 	SessionID    string
 	SessionFinal bool
+	// SLOTTFTMs is the request's TTFT objective in milliseconds (X-TL-SLO-TTFT-Ms, R18.4; 0 =
+	// none), carried on its picks.
+	SLOTTFTMs int64
 	// Rendered is the whole rendered prompt when the adapter parsed it with the body
 	// (oai.ParseRendered, one pass); nil: the actor renders it itself when it needs it.
 	Rendered []byte
@@ -140,6 +143,9 @@ type Deps struct {
 	Admission bool
 	// PrefixHashes: picks carry the prompt's chunk hashes for the prefix index (R10 item 5).
 	PrefixHashes bool
+	// ObserveTTFT: a streamed attempt's time to first event is reported to the router
+	// (router.ObservedTTFT), for route_policy = "predicted_latency"; other policies pay nothing.
+	ObserveTTFT bool
 	// The R14.1 timeouts (0: the SPEC's default, see faults.go): a stream's response headers
 	// and first event, a non-streamed request's total, the gap between a stream's events, and
 	// the control calls (tokenize, Prefill, Release; ReleaseTimeout, when set, wins for Release).
@@ -399,7 +405,7 @@ func (r *requestActor) pick(c actor.Context) {
 	p := &router.Pick{
 		Model: r.x.Req.Model, RequestID: r.x.ID, Key: r.key, Requester: c.Self(),
 		PrefixHash: prefixHash(r.x.Req.PrefixKey), PrefixHashes: r.hashes, Exclude: r.exclude,
-		Step: r.cascadeStep, Tag: tag,
+		Step: r.cascadeStep, Tag: tag, SLOTTFTMs: r.x.SLOTTFTMs,
 	}
 	if r.d.Admission {
 		// Every pick of the request names its admission: the router admits the first it

@@ -204,7 +204,7 @@ func (a *admitter) choice(ad *admitted, t target, soft string, checkFull bool) c
 		}
 	}
 	return choice{key: t.key, disagg: t.disagg, prefixHash: ad.pick.PrefixHash, hashes: ad.pick.PrefixHashes,
-		exclude: exclude, soft: soft, requester: ad.requester}
+		exclude: exclude, soft: soft, requester: ad.requester, sloMs: ad.pick.SLOTTFTMs}
 }
 
 func (a *admitter) full(s *slot) bool { return a.threshold > 0 && s.load() >= a.threshold }

@@ -10,6 +10,7 @@ import (
 	"github.com/tlgw/tlgw/actors/router/policy"
 	"github.com/tlgw/tlgw/internal/cascade"
 	"github.com/tlgw/tlgw/internal/config"
+	"github.com/tlgw/tlgw/internal/ttftmodel"
 )
 
 // Role is a worker's serving role (SPEC B1 enum Role without the UNSPECIFIED value, which the
@@ -169,6 +170,9 @@ type Pick struct {
 	Exclude      []string // worker ids already tried (R6)
 	Step         int      // cascade step (0 = first; LastStep); ignored by other routes
 	Tag          uint64   // echoed in Picked, so a requester can tell a late answer from a current one
+	// SLOTTFTMs is the request's TTFT objective in milliseconds (X-TL-SLO-TTFT-Ms, R18.4; 0 =
+	// none): predicted_latency prefers the workers predicted to meet it.
+	SLOTTFTMs int64
 	// Admit is set on every pick of a request that passes the admission queue (R10). The
 	// first pick of a Key is admitted: the router answers *Queued at once if it waits, and
 	// *Picked when it leaves. Later picks of the Key (failover, cascade steps, repeated picks)
@@ -238,7 +242,23 @@ type Picked struct {
 	// Admitted: the request went through the admission queue; its turn ends when the
 	// requester stops.
 	Admitted bool
+	// Features is what predicted_latency's model was asked about Worker for this pick (zero
+	// under other policies); the requester echoes it in ObservedTTFT.
+	Features ttftmodel.X
 }
+
+// ObservedTTFT is the gateway's own measurement of one attempt's time to first token (from
+// the attempt's start to its stream's first event), sent by the request actor only under
+// route_policy = "predicted_latency", for the picked worker's model (R18.2). Features are the
+// pick's (Picked.Features). A worker the router no longer knows is ignored.
+type ObservedTTFT struct {
+	WorkerID string
+	Features ttftmodel.X
+	TTFT     time.Duration
+}
+
+// IgnoreDeadLetterLogging: the router may be stopping.
+func (*ObservedTTFT) IgnoreDeadLetterLogging() {}
 
 // PickedWorker is a second worker reserved by a pick.
 type PickedWorker struct {

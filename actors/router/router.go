@@ -182,6 +182,8 @@ func (st *state) handle(msg any, fx effects) {
 		}
 	case *Finished:
 		st.adm.finished(m, fx)
+	case *ObservedTTFT:
+		st.view.observeTTFT(m)
 	case admTick:
 		st.adm.tick(fx)
 	case *GetQueue:
@@ -229,7 +231,7 @@ func (st *state) pick(m *Pick, fx effects) *Picked {
 		return t.out
 	}
 	ch := choice{key: t.key, disagg: t.disagg, prefixHash: m.PrefixHash, hashes: m.PrefixHashes,
-		exclude: m.Exclude, requester: m.Requester}
+		exclude: m.Exclude, requester: m.Requester, sloMs: m.SLOTTFTMs}
 	if !st.view.choose(ch, t.out, fx) {
 		t.out.Err = t.noCapacity()
 	}

@@ -13,10 +13,10 @@ import (
 
 // Sim drives the router's logic synchronously, without an actor system, for the fleet
 // simulator (`tlgw simulate`, SPEC R18.1). It is the production router — the same state and
-// the same handle step for *Pick, *WorkerState, *LoadReport, *Finished and the timer messages —
-// with different effects: Sim plays the worker actors (it holds tickets, counts Acquires and
-// reports the in-flight count after each Release, as actors/worker does) and delivers the
-// router's timers on its own fake clock. Every call is handled to the end before it returns: a
+// the same handle step for *Pick, *WorkerState, *LoadReport, *Finished, *ObservedTTFT and the
+// timer messages — with different effects: Sim plays the worker actors (it holds tickets,
+// counts Acquires and reports the in-flight count after each Release, as actors/worker does)
+// and delivers the router's timers on its own fake clock. Every call is handled to the end before it returns: a
 // simulated worker counts an Acquire as the router sends it, and the router learns the count
 // from the worker's next report (its LoadReport after a Release, its WorkerState on a
 // heartbeat), as it does from worker actors.
@@ -164,6 +164,15 @@ func (s *Sim) KVEvents(ev *KVEvents) bool {
 	default:
 		return false
 	}
+}
+
+// ObserveTTFT reports the TTFT a pick's attempt took, as the request actor does under
+// predicted_latency (ObservedTTFT).
+func (s *Sim) ObserveTTFT(p *Picked, ttft time.Duration) {
+	if p == nil || p.Err != nil {
+		return
+	}
+	s.deliver(&ObservedTTFT{WorkerID: p.WorkerID, Features: p.Features, TTFT: ttft})
 }
 
 // Finished tells the router an admitted request ended (see Finished).

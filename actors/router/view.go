@@ -100,6 +100,8 @@ type workerView struct {
 	// The exact prefix index (nil unless precise_prefix), fed by the engines' KvEvents and
 	// keyed by each slot's member (kvevents.go).
 	kidx *policy.HeldIndex
+	// predicted: route_policy = "predicted_latency" (its pools score picks by their models).
+	predicted bool
 	// Outlier ejection (R14.2, outlier.go).
 	clk       clock.Clock
 	outlier   config.Outlier
@@ -121,6 +123,7 @@ func newWorkerView(cfg Config, clk clock.Clock) *workerView {
 	if cfg.PrefixIndexBlocks > 0 {
 		v.pidx = prefixindex.New(cfg.PrefixIndexBlocks)
 	}
+	v.predicted = cfg.Policy == config.PolicyPredictedLatency
 	if cfg.Policy == PolicyPrecisePrefix {
 		v.kidx = kvindex.New[*policy.Member](cfg.KVIndexBlocks)
 	}
@@ -134,6 +137,7 @@ type choice struct {
 	prefixHash uint64
 	hashes     []uint64
 	exclude    []string
+	sloMs      int64      // the TTFT objective (R18.4; 0 = none), for predicted_latency
 	soft       string     // the gate's soft target ("" = none)
 	requester  *actor.PID // named in the Acquire, so the worker can watch it
 }
@@ -157,7 +161,11 @@ func (v *workerView) choose(ch choice, out *Picked, fx effects) bool {
 			}
 		}
 		v.setHeld(ch)
+		ls := v.setLatency(ch)
 		s, reason = v.pickIn(ch.key, ch.prefixHash, ch.exclude)
+		if ls != nil && s != nil {
+			out.Features = ls.Features()
+		}
 	}
 	if s == nil {
 		return false

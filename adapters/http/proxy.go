@@ -61,6 +61,12 @@ func (s *Server) inference(w http.ResponseWriter, r *http.Request, kind oai.Kind
 	}
 	x := request.NewExchange(r.Context(), w, r.URL.Path, kind, id, km.scopes&scopeDebug != 0, body, req, start)
 	x.Rendered = rendered
+	if v := r.Header["X-Tl-Slo-Ttft-Ms"]; len(v) > 0 { // X-TL-SLO-TTFT-Ms, canonical: no allocation
+		if x.SLOTTFTMs, err = sloTTFT(v); err != nil {
+			s.metrics.reject(writeError(w, err))
+			return
+		}
+	}
 	if s.admission.Enabled {
 		class, err := s.admissionClass(km.class, r.Header.Get("X-TL-Class"))
 		if err != nil {
@@ -164,6 +170,21 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error
 		return nil, fmt.Errorf("reading the request body: %v: %w", err, errs.ErrInvalidRequest)
 	}
 	return buf, nil
+}
+
+// MaxSLOTTFTMs bounds X-TL-SLO-TTFT-Ms (R18.4): an hour.
+const MaxSLOTTFTMs = 3_600_000
+
+// sloTTFT parses X-TL-SLO-TTFT-Ms (R18.4): one decimal integer from 1 to MaxSLOTTFTMs.
+func sloTTFT(values []string) (int64, error) {
+	if len(values) == 1 {
+		v := values[0]
+		if n, err := strconv.ParseInt(v, 10, 64); err == nil && n >= 1 && n <= MaxSLOTTFTMs && v[0] != '+' {
+			return n, nil
+		}
+	}
+	return 0, fmt.Errorf("X-TL-SLO-TTFT-Ms must be one integer from 1 to %d (milliseconds): %w",
+		MaxSLOTTFTMs, errs.ErrInvalidRequest)
 }
 
 // sessionFinal reads X-TL-Session-Final (R15.1): "true" marks the session's last turn,

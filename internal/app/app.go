@@ -158,8 +158,8 @@ func Start(cfg *config.Config, o Options) (*App, error) {
 		Admission: admCfg != nil, Clock: o.Clock, PrefixHashes: prefixBlocks > 0 || g.RoutePolicy == config.PolicyPrecisePrefix,
 		StreamFirstByteTimeout: g.StreamFirstByteTimeout, RequestTimeout: g.RequestTimeout,
 		StreamIdleTimeout: g.StreamIdleTimeout, ControlTimeout: g.ControlTimeout,
-		RetryBudget: request.NewRetryBudget(g.RetryBudgetPercent),
-		Go:          pool.Go,
+		RetryBudget: request.NewRetryBudget(g.RetryBudgetPercent), ObserveTTFT: g.RoutePolicy == config.PolicyPredictedLatency,
+		Go: pool.Go,
 	}
 	reqOpts := append(am.Options("request"), actor.WithDispatcher(pool))
 	if o.ActorOptions != nil {
@@ -262,7 +262,9 @@ func admissionConfig(cfg *config.Config, clk clock.Clock) (*router.AdmissionConf
 // "prefix_aware", an admission policy that reads cached tokens or a class that orders or
 // charges by them (wspt, uncached_tokens); off (0) otherwise.
 func prefixIndexBlocks(cfg *config.Config, adm *router.AdmissionConfig) int {
-	if cfg.Gateway.RoutePolicy == config.PolicyPrefixAware || (adm != nil && adm.Queue.NeedsPrefixIndex()) {
+	// predicted_latency reads the approximate index for each worker's uncached prompt tokens.
+	if p := cfg.Gateway.RoutePolicy; p == config.PolicyPrefixAware || p == config.PolicyPredictedLatency ||
+		(adm != nil && adm.Queue.NeedsPrefixIndex()) {
 		return cfg.Admission.PrefixIndex.BlocksPerWorker
 	}
 	return 0

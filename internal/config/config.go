@@ -46,6 +46,8 @@ const (
 	PolicyRoundRobin       = "round_robin"
 	// PolicyPrecisePrefix reads the exact prefix index the engines' KvEvents feed (R18.2).
 	PolicyPrecisePrefix = "precise_prefix"
+	// PolicyPredictedLatency picks by each worker's predicted TTFT (R18.2, R18.4).
+	PolicyPredictedLatency = "predicted_latency"
 )
 
 // ClassifierDefault is the admission classifier used when [admission] names none (R10). The

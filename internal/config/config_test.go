@@ -357,7 +357,7 @@ func TestParseReportsEveryProblemOnePerLine(t *testing.T) {
 		"config: admission.bogus: unknown key",
 		"config: gateway.bogus: unknown key",
 		"config: gateway.max_attempts: must be >= 1",
-		`config: gateway.route_policy: "x" is not one of "least_outstanding", "weighted", "affinity", "prefix_aware", "round_robin", "precise_prefix"`,
+		`config: gateway.route_policy: "x" is not one of "least_outstanding", "weighted", "affinity", "prefix_aware", "round_robin", "precise_prefix", "predicted_latency"`,
 	}, "\n")
 	if err.Error() != want {
 		t.Fatalf("got:\n%s\nwant:\n%s", err, want)

@@ -220,6 +220,19 @@ func (c *Holders) Next() (worker string, ok bool) {
 	return w.id, true
 }
 
+// NextNum is Next with the holder's number in the index: a small integer, unique among the
+// workers the index knows at once and reused after Forget, so a caller can cache what it
+// knows of a worker in a slice by number and check the entry against the id.
+func (c *Holders) NextNum() (num int32, worker string, ok bool) {
+	if c.at.w == 0 {
+		return 0, "", false
+	}
+	num = c.at.w
+	w := c.x.byNum[num]
+	c.at = w.links[c.at.n].next
+	return num, w.id, true
+}
+
 // Entries is the number of (worker, hash) entries the index holds, summed over workers: at
 // most Workers() × BlocksPerWorker().
 func (x *Index) Entries() int { return x.holders.entries }

@@ -222,6 +222,7 @@ const (
 	evBeat          // idx: the engine
 	evSample
 	evRestart // idx: the engine
+	evFirst   // idx: the request; its first token, which predicted_latency's router hears of
 )
 
 type event struct {
@@ -305,6 +306,7 @@ type runner struct {
 	q        events
 	now      int64
 	index    bool // a prefix index is on: picks carry the prompt's chunk hashes
+	observe  bool // predicted_latency: the router hears each request's TTFT at its first token
 	precise  bool // precise_prefix: the engines report what they hold (precise.go)
 
 	toks   []uint32 // scratch: a prompt's tokens
@@ -328,7 +330,7 @@ func runPolicy(o *Options, ms []EngineModel, tr *trace, arrivals []int64, pol st
 	cfg := router.Config{Policy: pol, LoadFactor: o.LoadFactor}
 	// As the gateway's app: the approximate index is on for prefix_aware; precise_prefix has
 	// the exact one, fed by the engines' events.
-	index, precise := pol == "prefix_aware", pol == router.PolicyPrecisePrefix
+	index, precise := pol == "prefix_aware" || pol == router.PolicyPredictedLatency, pol == router.PolicyPrecisePrefix
 	if index {
 		cfg.PrefixIndexBlocks = o.PrefixIndexBlocks
 	}
@@ -340,7 +342,8 @@ func runPolicy(o *Options, ms []EngineModel, tr *trace, arrivals []int64, pol st
 	if err != nil {
 		return Result{}, err
 	}
-	r := &runner{o: o, tr: tr, arrivals: arrivals, sim: s, index: index, precise: precise, byID: make(map[string]int32, len(ms)),
+	r := &runner{o: o, tr: tr, arrivals: arrivals, sim: s, index: index, precise: precise,
+		observe: pol == router.PolicyPredictedLatency, byID: make(map[string]int32, len(ms)),
 		jobs: make([]job, len(tr.reqs)), ttft: make([]float64, 0, len(tr.reqs))}
 	width := len(strconv.Itoa(len(ms) - 1))
 	for i, m := range ms {
@@ -369,6 +372,9 @@ func runPolicy(o *Options, ms []EngineModel, tr *trace, arrivals []int64, pol st
 			}
 		case evDone:
 			r.done(ev.idx)
+		case evFirst:
+			j := &r.jobs[ev.idx]
+			r.sim.ObserveTTFT(j.picked, time.Duration(r.now-j.arrival))
 		case evBeat:
 			if r.busy() {
 				r.beat(ev.idx)
@@ -446,7 +452,7 @@ func (r *runner) pick(i int32) (*router.Picked, error) {
 		return nil, err
 	}
 	p := &router.Pick{Model: model, RequestID: strconv.Itoa(int(i)), Key: uint64(i) + 1,
-		PrefixHash: xxhash.Sum64(key), Tag: 1}
+		PrefixHash: xxhash.Sum64(key), Tag: 1, SLOTTFTMs: r.o.SLOTTFT.Milliseconds()}
 	if r.index {
 		rendered := oai.RenderPrompt(oai.Chat, r.body, len(r.body))
 		r.hashes = prefixindex.Hashes(r.hashes, rendered)
@@ -504,6 +510,9 @@ func (r *runner) start(i int32, seq *kv.Seq, cached int) {
 	r.ttft = append(r.ttft, float64(first-j.arrival)/1e6)
 	r.queueSum += float64(r.now-j.arrival) / 1e6
 	out := r.tr.reqs[i].out
+	if r.observe {
+		r.q.push(first, evFirst, i)
+	}
 	r.q.push(first+int64(out.n)*int64(m.DecodePerToken), evDone, i)
 }
 

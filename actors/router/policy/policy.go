@@ -8,6 +8,8 @@ package policy
 import (
 	"fmt"
 	"slices"
+
+	"github.com/tlgw/tlgw/internal/ttftmodel"
 )
 
 // Reason says why a member was picked; it is a label of tlgw_routing_decisions_total.
@@ -27,6 +29,8 @@ const (
 	ReasonPrefix
 	// ReasonRoundRobin: the next member in turn (round_robin, R18.2).
 	ReasonRoundRobin
+	// ReasonPredicted: the lowest predicted time to first token (predicted_latency, R18.2).
+	ReasonPredicted
 )
 
 func (r Reason) String() string {
@@ -43,6 +47,8 @@ func (r Reason) String() string {
 		return "prefix"
 	case ReasonRoundRobin:
 		return "round_robin"
+	case ReasonPredicted:
+		return "predicted"
 	}
 	return "unknown"
 }
@@ -61,6 +67,9 @@ type Member struct {
 	key   int64   // weighted: the lazy round robin counter (see Weighted)
 	class *wclass // weighted: the member's weight class
 	gen   uint32  // affinity: which of its ring points are current
+	row   int32   // predicted_latency: its row in the policy's dense table
+	// ttft is the member's TTFT model (predicted_latency; nil until its first observation).
+	ttft *ttftmodel.Model
 }
 
 // Load is the member's load as last set (R2: in flight + reported queue depth).
@@ -96,6 +105,7 @@ var registry = map[string]func(Options) Policy{
 	"prefix_aware":      func(o Options) Policy { return NewPrefixAware(o.LoadFactor) },
 	"round_robin":       func(Options) Policy { return NewRoundRobin() },
 	"precise_prefix":    func(o Options) Policy { return NewPrecisePrefix(o.LoadFactor) },
+	"predicted_latency": func(o Options) Policy { return NewPredictedLatency(o.LoadFactor) },
 }
 
 // Options parameterise policy construction.

@@ -1,0 +1,91 @@
+package request_test
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/tlgw/tlgw/actors/request"
+	"github.com/tlgw/tlgw/actors/router"
+	"github.com/tlgw/tlgw/internal/gwtest"
+)
+
+// observeRig is a rig whose request actors reach the router through a spy that records the
+// ObservedTTFT messages they send.
+func observeRig(t *testing.T, observe bool) (*rig, func() []*router.ObservedTTFT) {
+	var mu sync.Mutex
+	var seen []*router.ObservedTTFT
+	r := newRig(t, rigOpt{deps: func(d *request.Deps, h *gwtest.Harness) {
+		d.ObserveTTFT = observe
+		real := d.Router
+		spy, err := h.GW.System.Root.SpawnNamed(actor.PropsFromFunc(func(c actor.Context) {
+			switch m := c.Message().(type) {
+			case *router.ObservedTTFT:
+				mu.Lock()
+				seen = append(seen, m)
+				mu.Unlock()
+			case actor.SystemMessage, actor.AutoReceiveMessage:
+				return
+			}
+			c.Forward(real)
+		}), fmt.Sprintf("router-spy-%v", observe))
+		if err != nil {
+			t.Fatal(err)
+		}
+		d.Router = spy
+	}})
+	return r, func() []*router.ObservedTTFT {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]*router.ObservedTTFT(nil), seen...)
+	}
+}
+
+// TestObservedTTFTReachesRouter: with Deps.ObserveTTFT (route_policy = "predicted_latency")
+// a streamed request's attempt reports its TTFT and its pick's features for the worker that
+// answered; a non-streamed one reports nothing (its first byte is its whole answer), and
+// without the flag nothing is sent.
+func TestObservedTTFTReachesRouter(t *testing.T) {
+	for _, observe := range []bool{true, false} {
+		r, seen := observeRig(t, observe)
+		e := r.engine(t, "w1", func(w http.ResponseWriter, req *http.Request, body string) {
+			if !strings.Contains(body, `"stream":true`) {
+				completion(w, []string{"hi"}, []float64{-0.1})
+				return
+			}
+			w.Header().Set("Content-Type", "text/event-stream")
+			fmt.Fprint(w, "data: {\"choices\":[{\"text\":\"hi\"}]}\n\ndata: [DONE]\n\n")
+		})
+		r.beat("w1", "smol", e.URL, 0)
+		if resp, body := r.post(t, "/v1/completions", "", `{"model":"smol","prompt":"hello"}`); resp.StatusCode != 200 {
+			t.Fatalf("%d %s", resp.StatusCode, body)
+		}
+		time.Sleep(20 * time.Millisecond) // an observation would have been sent before the answer
+		if n := len(seen()); n != 0 {
+			t.Fatalf("a non-streamed request sent %d observations", n)
+		}
+		resp, body := r.post(t, "/v1/completions", "", `{"model":"smol","prompt":"hello","stream":true}`)
+		if resp.StatusCode != 200 {
+			t.Fatalf("%d %s", resp.StatusCode, body)
+		}
+		deadline := time.Now().Add(2 * time.Second)
+		for observe && len(seen()) == 0 && time.Now().Before(deadline) {
+			time.Sleep(time.Millisecond)
+		}
+		got := seen()
+		if !observe {
+			if len(got) != 0 {
+				t.Fatalf("without the flag: %d observations sent", len(got))
+			}
+			continue
+		}
+		if len(got) != 1 || got[0].WorkerID != "w1" || got[0].TTFT <= 0 {
+			t.Fatalf("observations %+v, want one for w1 with a positive TTFT", got)
+		}
+	}
+}

@@ -1,0 +1,322 @@
+package policy
+
+import (
+	"math"
+
+	"github.com/tlgw/tlgw/internal/prefixindex"
+	"github.com/tlgw/tlgw/internal/ttftmodel"
+)
+
+// LatencyScorer is implemented by policies that pick by predicted time to first token
+// (predicted_latency). As with PrefixScorer, the router installs the request's part right
+// before the Pick it is meant for and Pick clears it: the approximate prefix index (nil when
+// off: no member is believed to hold any of the prompt), the prompt's chunk hashes (their
+// number is the prompt's size, at tokensPerChunk each) and the request's TTFT objective in
+// milliseconds (0 = none). After a Pick, Features is what
+// the model was asked about the picked member; the requester echoes it with the TTFT it
+// measured, which the router hands to Observe.
+type LatencyScorer interface {
+	SetLatencyRequest(x *prefixindex.Index, hashes []uint64, sloMs float64)
+	Features() ttftmodel.X
+	// Observe teaches m's model one measured TTFT, as the package's Observe, and refreshes
+	// the policy's copy of its weights.
+	Observe(m *Member, x ttftmodel.X, ttftMs float64)
+}
+
+// Observe teaches m's model one TTFT the gateway measured for a request picked with features
+// x. The model lives on the member, so it survives the member leaving and rejoining its pool;
+// a member in a predicted_latency pool is taught through the policy's Observe instead.
+func Observe(m *Member, x ttftmodel.X, ttftMs float64) {
+	if m.ttft == nil {
+		m.ttft = new(ttftmodel.Model)
+	}
+	m.ttft.Observe(x, ttftMs)
+}
+
+// Predict is m's predicted TTFT in milliseconds for features x (0 before any observation).
+func Predict(m *Member, x ttftmodel.X) float64 {
+	if m.ttft == nil {
+		return 0
+	}
+	return m.ttft.Predict(x)
+}
+
+// TieMs is how close two predictions must be to count as a tie, broken by the longer cached
+// prefix and then the lower load: predictions a millisecond apart are noise, and a cached
+// prefix keeps the cache warm for the next request.
+const TieMs = 1.0
+
+// wideMarks bounds the holders of the deepest cached chunk a pick stamps (see
+// PredictedLatency).
+const wideMarks = 64
+
+// tokensPerChunk is the prompt tokens of one prefix-index chunk (64 bytes at ~4 bytes a token,
+// the gateway's estimate).
+const tokensPerChunk = prefixindex.ChunkBytes / 4
+
+// PredictedLatency is predicted_latency (R18.2): among the members under the bounded-load cap
+//
+//	cap = ⌈c·(m+1)/n⌉   (m = total load of the pool, n = members), as affinity (R3.3),
+//
+// and not excluded, it picks by each member's predicted TTFT, its own online model
+// (internal/ttftmodel) over its load and the prompt tokens it is not believed to hold (the
+// prompt's chunks minus its match in the approximate index). Predictions are compared in
+// TieMs buckets. Without an objective: the lowest prediction, ties to the longest cached
+// prefix. With an objective (R18.4): the members predicted to meet it come first, and among
+// them the longest cached prefix, then the lower load — any of them serves this request in
+// time, the cache keeps the next one fast and the load spreads, where the fastest would
+// spread each prompt over more caches and crowd the fast workers (docs/simulate.md measures
+// it); when none is predicted to meet it, the lowest prediction, ties to the longest cached
+// prefix. Remaining ties go to the lower load, then the smaller id.
+//
+// Worked example: 3 members, c = 1.25, loads 1, 1, 0, prompt 2,048 tokens (128 chunks), the
+// first holding 120 chunks; models: the first 10 ms + 100 ms/1,000 tokens, the second and
+// third 5 ms + 25 ms/1,000 tokens (four times faster). cap = ⌈1.25·3/3⌉ = 2, all are
+// candidates; predictions: 10 + 0.128·100 = 22.8 ms, 5 + 2.048·25 = 56.2 ms twice; the first
+// wins although the others are faster. With an objective of 20 ms no member meets it and the
+// first still wins (lowest prediction); were the first excluded, the third (load 0) would.
+// Under an objective the cache comes first: with models of 10 ms + 300 ms/1,000 tokens for the
+// first (48.4 ms) and 5 ms + 10 ms/1,000 tokens for the others (25.5 ms), no objective picks
+// the third (lowest, and less loaded than the second); 60 ms the first (all meet it, and it
+// holds the prefix); 30 ms the third again (only the fast ones meet it).
+//
+// The match is read for the prompt's deepest cached depth only: a binary search over the
+// depths, as prefix_aware's, finds the deepest chunk a candidate holds, its holders are
+// stamped with a generation, and the scan over the members counts the stamped ones as holding
+// that many chunks and the others none. When more than wideMarks workers hold that chunk (a
+// system prompt most of the fleet has served), walking them all would cost more than the rest
+// of the pick, so every candidate is taken to hold it. The pick is one pass over a dense table
+// of the members (a few multiply-adds each) plus O(log L) index lookups and at most wideMarks
+// holders, and allocates nothing.
+type PredictedLatency struct {
+	c     float64
+	total int64
+	rows  []latRow // the members, densely, for the pick's scan; Member.row indexes it
+	byID  map[string]*Member
+	nums  []int32 // row+1 by the prefix index's worker number (a cache checked against the id)
+	gen   uint32
+	// The next pick's request, and the features of the last pick.
+	idx    *prefixindex.Index
+	hashes []uint64
+	slo    float64
+	last   ttftmodel.X
+}
+
+// latRow is what the pick reads of one member, side by side with the others.
+type latRow struct {
+	w    ttftmodel.X // the member's model's weights (zero before its first observation)
+	load int64
+	m    *Member
+	mark uint32 // the pick (gen) that found it holding the prompt's deepest cached chunk
+}
+
+var (
+	_ Policy        = (*PredictedLatency)(nil)
+	_ LatencyScorer = (*PredictedLatency)(nil)
+)
+
+// NewPredictedLatency returns an empty predicted_latency policy with load factor c (≥ 1;
+// default 1.25).
+func NewPredictedLatency(c float64) *PredictedLatency {
+	if c < 1 || math.IsNaN(c) || math.IsInf(c, 0) {
+		c = 1.25
+	}
+	return &PredictedLatency{c: c, byID: make(map[string]*Member)}
+}
+
+// SetLatencyRequest implements LatencyScorer.
+func (p *PredictedLatency) SetLatencyRequest(x *prefixindex.Index, hashes []uint64, sloMs float64) {
+	p.idx, p.hashes, p.slo = x, hashes, sloMs
+}
+
+// Features implements LatencyScorer.
+func (p *PredictedLatency) Features() ttftmodel.X { return p.last }
+
+// Observe implements LatencyScorer.
+func (p *PredictedLatency) Observe(m *Member, x ttftmodel.X, ttftMs float64) {
+	Observe(m, x, ttftMs)
+	if p.contains(m) {
+		p.rows[m.row].w = m.ttft.Weights()
+	}
+}
+
+func (p *PredictedLatency) contains(m *Member) bool {
+	return m.row >= 0 && int(m.row) < len(p.rows) && p.rows[m.row].m == m
+}
+
+// Add implements Policy.
+func (p *PredictedLatency) Add(m *Member, load, weight int64) {
+	m.load, m.weight = load, weight
+	m.row = int32(len(p.rows))
+	r := latRow{load: load, m: m}
+	if m.ttft != nil {
+		r.w = m.ttft.Weights()
+	}
+	p.rows = append(p.rows, r)
+	p.total += load
+	p.byID[m.ID] = m
+}
+
+// Remove implements Policy.
+func (p *PredictedLatency) Remove(m *Member) {
+	if !p.contains(m) {
+		return
+	}
+	last := len(p.rows) - 1
+	p.rows[m.row] = p.rows[last]
+	p.rows[m.row].m.row = m.row
+	p.rows[last] = latRow{}
+	p.rows = p.rows[:last]
+	p.total -= m.load
+	m.row = -1
+	delete(p.byID, m.ID)
+}
+
+// SetLoad implements Policy.
+func (p *PredictedLatency) SetLoad(m *Member, load int64) {
+	if p.contains(m) {
+		p.total += load - m.load
+		p.rows[m.row].load = load
+	}
+	m.load = load
+}
+
+// SetWeight implements Policy; predicted_latency ignores weights.
+func (p *PredictedLatency) SetWeight(m *Member, weight int64) { m.weight = weight }
+
+// Len implements Policy.
+func (p *PredictedLatency) Len() int { return len(p.rows) }
+
+// Cap is the bounded-load cap ⌈c·(m+1)/n⌉ for the pool as it stands.
+func (p *PredictedLatency) Cap() int64 {
+	n := len(p.rows)
+	if n == 0 {
+		return 0
+	}
+	return int64(math.Ceil(p.c * float64(p.total+1) / float64(n)))
+}
+
+// Pick implements Policy. key is not read: the request arrives by SetLatencyRequest.
+func (p *PredictedLatency) Pick(_ uint64, exclude []string) (*Member, Reason) {
+	idx, hashes, slo := p.idx, p.hashes, p.slo
+	p.idx, p.hashes, p.slo = nil, nil, 0
+	if len(p.rows) == 0 {
+		return nil, ReasonPredicted
+	}
+	limit := p.Cap()
+	depth, allHeld := 0, false
+	if idx != nil && len(hashes) > 0 {
+		if depth = p.deepest(idx, hashes, limit, exclude); depth > 0 {
+			p.gen++
+			hs := idx.Holders(hashes[depth-1])
+			walked := 0
+			for num, id, ok := hs.NextNum(); ok; num, id, ok = hs.NextNum() {
+				if walked++; walked > wideMarks {
+					allHeld = true // most of the fleet holds it (see PredictedLatency)
+					break
+				}
+				if r := p.row(num, id); r != nil {
+					r.mark = p.gen
+				}
+			}
+		}
+	}
+	prompt := len(hashes) * tokensPerChunk
+	fullK := float64(prompt) / 1000
+	heldK := float64(max(prompt-depth*tokensPerChunk, 0)) / 1000
+	// The best so far (see PredictedLatency for the order).
+	var best *latRow
+	var bestMeets bool
+	var bestBucket int64
+	var bestMatched int
+	for i := range p.rows {
+		r := &p.rows[i]
+		if r.load >= limit || (len(exclude) > 0 && excluded(r.m.ID, exclude)) {
+			continue
+		}
+		k, matched := fullK, 0
+		if depth > 0 && (allHeld || r.mark == p.gen) {
+			k, matched = heldK, depth
+		}
+		pred := ttftmodel.PredictWith(r.w, ttftmodel.X{1, float64(r.load), k})
+		meets, bucket := slo > 0 && pred <= slo, int64(pred/TieMs)
+		if best != nil {
+			switch {
+			case meets != bestMeets:
+				if !meets {
+					continue
+				}
+			case meets && matched != bestMatched: // both meet it: the cache, then (load, id)
+				if matched < bestMatched {
+					continue
+				}
+			case meets:
+				if !less(r.m, best.m) {
+					continue
+				}
+			case bucket != bestBucket:
+				if bucket > bestBucket {
+					continue
+				}
+			case matched != bestMatched:
+				if matched < bestMatched {
+					continue
+				}
+			case !less(r.m, best.m):
+				continue
+			}
+		}
+		best, bestMeets, bestBucket, bestMatched = r, meets, bucket, matched
+	}
+	if best == nil {
+		return nil, ReasonPredicted // every member under the cap is excluded, and so is the rest
+	}
+	k := fullK
+	if bestMatched > 0 {
+		k = heldK
+	}
+	p.last = ttftmodel.X{1, float64(best.load), k}
+	return best.m, ReasonPredicted
+}
+
+// row returns the row of the index's worker num (id), or nil when it is not a member.
+func (p *PredictedLatency) row(num int32, id string) *latRow {
+	if int(num) < len(p.nums) {
+		if i := p.nums[num] - 1; i >= 0 && int(i) < len(p.rows) && p.rows[i].m.ID == id {
+			return &p.rows[i]
+		}
+	}
+	m := p.byID[id]
+	if m == nil {
+		return nil
+	}
+	if int(num) >= len(p.nums) {
+		p.nums = append(p.nums, make([]int32, int(num)+1-len(p.nums))...)
+	}
+	p.nums[num] = m.row + 1
+	return &p.rows[m.row]
+}
+
+// deepest is the deepest depth whose chunk a candidate holds (0: none), as PrefixAware's.
+func (p *PredictedLatency) deepest(x *prefixindex.Index, hashes []uint64, limit int64, exclude []string) int {
+	lo, hi := 0, len(hashes)
+	for lo < hi {
+		mid := int(uint(lo+hi+1) >> 1)
+		if p.anyHeld(x, hashes[mid-1], limit, exclude) {
+			lo = mid
+		} else {
+			hi = mid - 1
+		}
+	}
+	return lo
+}
+
+func (p *PredictedLatency) anyHeld(x *prefixindex.Index, h uint64, limit int64, exclude []string) bool {
+	hs := x.Holders(h)
+	for num, id, ok := hs.NextNum(); ok; num, id, ok = hs.NextNum() {
+		if r := p.row(num, id); r != nil && r.load < limit && !(len(exclude) > 0 && excluded(id, exclude)) {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,254 @@
+package policy
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"testing"
+
+	"pgregory.net/rapid"
+
+	"github.com/tlgw/tlgw/internal/prefixindex"
+	"github.com/tlgw/tlgw/internal/ttftmodel"
+)
+
+// teach fits m's model (through p) to ttft = base + perK ms per 1,000 uncached tokens, with no
+// load term, from exact varied observations.
+func teach(p *PredictedLatency, m *Member, base, perK float64) {
+	r := rand.New(rand.NewPCG(uint64(base), uint64(perK)))
+	for range 200 {
+		x := ttftmodel.Features(int64(r.IntN(8)), r.IntN(8000))
+		p.Observe(m, x, base+perK*x[ttftmodel.KTokens])
+	}
+}
+
+// chunks returns n distinct chained chunk hashes of prompt k.
+func chunks(k, n int) []uint64 {
+	hs := make([]uint64, n)
+	for i := range hs {
+		hs[i] = uint64(k)<<32 | uint64(i+1)
+	}
+	return hs
+}
+
+// TestPredictedLatencyWorkedExample is the doc comment's example.
+func TestPredictedLatencyWorkedExample(t *testing.T) {
+	p := NewPredictedLatency(1.25)
+	ms := []*Member{{ID: "a"}, {ID: "b"}, {ID: "c"}}
+	for i, l := range []int64{1, 1, 0} {
+		p.Add(ms[i], l, 1)
+	}
+	teach(p, ms[0], 10, 100)
+	teach(p, ms[1], 5, 25)
+	teach(p, ms[2], 5, 25)
+	x := prefixindex.New(0)
+	prompt := chunks(1, 128) // 2,048 tokens
+	x.Record("a", prompt[:120])
+	if got := p.Cap(); got != 2 {
+		t.Fatalf("cap = %d, want 2", got)
+	}
+	p.SetLatencyRequest(x, prompt, 0)
+	if m, r := p.Pick(0, nil); m != ms[0] || r != ReasonPredicted {
+		t.Fatalf("got %s (%v), want a (predicted): 22.8 ms against 56.2", m.ID, r)
+	}
+	if f, want := p.Features(), (ttftmodel.X{1, 1, 0.128}); f != want {
+		t.Fatalf("features %v, want %v", f, want)
+	}
+	p.SetLatencyRequest(x, prompt, 20)
+	if m, _ := p.Pick(0, nil); m != ms[0] {
+		t.Fatalf("objective 20 ms, none meets it: got %s, want a (lowest prediction)", m.ID)
+	}
+	p.SetLatencyRequest(x, prompt, 0)
+	if m, _ := p.Pick(0, []string{"a"}); m != ms[2] {
+		t.Fatalf("a excluded: got %s, want c (56.2 ms twice, c less loaded)", m.ID)
+	}
+	// Without a request installed every member is predicted for an empty prompt: b and c
+	// tie at 5 ms, and c is less loaded.
+	if m, _ := p.Pick(0, nil); m != ms[2] {
+		t.Fatalf("no prompt: got %s, want c", m.ID)
+	}
+}
+
+// TestPredictedLatencyCacheUnderObjective is the doc comment's second example.
+func TestPredictedLatencyCacheUnderObjective(t *testing.T) {
+	p := NewPredictedLatency(1.25)
+	ms := []*Member{{ID: "a"}, {ID: "b"}, {ID: "c"}}
+	for i, l := range []int64{1, 1, 0} {
+		p.Add(ms[i], l, 1)
+	}
+	teach(p, ms[0], 10, 300)
+	teach(p, ms[1], 5, 10)
+	teach(p, ms[2], 5, 10)
+	x := prefixindex.New(0)
+	prompt := chunks(1, 128)
+	x.Record("a", prompt[:120])
+	for _, c := range []struct {
+		slo  float64
+		want *Member
+	}{{0, ms[2]}, {60, ms[0]}, {30, ms[2]}} {
+		p.SetLatencyRequest(x, prompt, c.slo)
+		if m, _ := p.Pick(0, nil); m != c.want {
+			t.Errorf("objective %v ms: got %s, want %s", c.slo, m.ID, c.want.ID)
+		}
+	}
+}
+
+// TestPredictedLatencyObjective: a member predicted to meet the objective beats one that does
+// not, and among those that meet it (with equal cached prefixes) the less loaded wins, then
+// the smaller id, whatever their predictions.
+func TestPredictedLatencyObjective(t *testing.T) {
+	p := NewPredictedLatency(4)
+	a, b := &Member{ID: "a"}, &Member{ID: "b"}
+	p.Add(a, 0, 1)
+	p.Add(b, 0, 1)
+	teach(p, a, 50, 0)
+	teach(p, b, 30, 0)
+	p.SetLatencyRequest(nil, nil, 40)
+	if m, _ := p.Pick(0, nil); m != b {
+		t.Fatalf("got %s, want b (30 ms meets 40)", m.ID)
+	}
+	p.SetLatencyRequest(nil, nil, 60)
+	if m, _ := p.Pick(0, nil); m != a {
+		t.Fatalf("both meet 60: got %s, want a (equal loads, smaller id)", m.ID)
+	}
+	p.SetLoad(a, 1)
+	p.SetLatencyRequest(nil, nil, 60)
+	if m, _ := p.Pick(0, nil); m != b {
+		t.Fatalf("both meet 60, a busier: got %s, want b", m.ID)
+	}
+	p.SetLatencyRequest(nil, nil, 0)
+	p.SetLoad(b, 1)
+	if m, _ := p.Pick(0, nil); m != b {
+		t.Fatalf("no objective: got %s, want b (lower prediction)", m.ID)
+	}
+}
+
+// TestPredictedLatencyLearnsFromObservations: an untrained pool picks the least loaded; once
+// one member is taught it is slow, the other takes its requests.
+func TestPredictedLatencyLearnsFromObservations(t *testing.T) {
+	p := NewPredictedLatency(10)
+	a, b := &Member{ID: "a"}, &Member{ID: "b"}
+	p.Add(a, 0, 1)
+	p.Add(b, 1, 1)
+	if m, _ := p.Pick(0, nil); m != a {
+		t.Fatalf("untrained: got %s, want a (less loaded)", m.ID)
+	}
+	teach(p, a, 500, 0)
+	if m, _ := p.Pick(0, nil); m != b {
+		t.Fatalf("a taught slow: got %s, want b", m.ID)
+	}
+	// Leaving and rejoining keeps what was learnt.
+	p.Remove(a)
+	p.Add(a, 0, 1)
+	if m, _ := p.Pick(0, nil); m != b {
+		t.Fatalf("after a rejoined: got %s, want b", m.ID)
+	}
+}
+
+// bruteLatency is predicted_latency's rule from scratch: candidates under the cap and not
+// excluded; the deepest match among them; a candidate holding that depth's chunk is matched
+// to it (every candidate when more than wideMarks workers hold it); the least by (meets the
+// objective; if it does −matched, load, id; else prediction bucket, −matched, load, id).
+func bruteLatency(p *PredictedLatency, x *prefixindex.Index, hashes []uint64, slo float64, exclude []string) *Member {
+	limit := p.Cap()
+	var cands []*Member
+	for _, r := range p.rows {
+		if r.m.load < limit && !slices.Contains(exclude, r.m.ID) {
+			cands = append(cands, r.m)
+		}
+	}
+	depth := 0
+	if x != nil {
+		for _, m := range cands {
+			depth = max(depth, x.Match(m.ID, hashes))
+		}
+	}
+	holders := 0
+	if depth > 0 {
+		hs := x.Holders(hashes[depth-1])
+		for _, ok := hs.Next(); ok; _, ok = hs.Next() {
+			holders++
+		}
+	}
+	type key struct {
+		meets   bool
+		bucket  int64
+		matched int
+		m       *Member
+	}
+	var keys []key
+	prompt := len(hashes) * tokensPerChunk
+	for _, m := range cands {
+		matched := 0
+		if depth > 0 && (holders > wideMarks || x.Holds(m.ID, hashes[depth-1])) {
+			matched = depth
+		}
+		pred := Predict(m, ttftmodel.Features(m.load, prompt-matched*tokensPerChunk))
+		keys = append(keys, key{slo > 0 && pred <= slo, int64(pred / TieMs), matched, m})
+	}
+	if len(keys) == 0 {
+		return nil
+	}
+	slices.SortFunc(keys, func(a, b key) int {
+		switch {
+		case a.meets != b.meets:
+			if a.meets {
+				return -1
+			}
+			return 1
+		case a.meets && a.matched != b.matched:
+			return b.matched - a.matched
+		case !a.meets && a.bucket != b.bucket:
+			return int(a.bucket - b.bucket)
+		case a.matched != b.matched:
+			return b.matched - a.matched
+		case less(a.m, b.m):
+			return -1
+		case less(b.m, a.m):
+			return 1
+		}
+		return 0
+	})
+	return keys[0].m
+}
+
+// TestPredictedLatencyMatchesBruteForce: on random pools, models, prefixes and exclusions the
+// pick is the from-scratch rule's.
+func TestPredictedLatencyMatchesBruteForce(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		n := rapid.IntRange(1, 90).Draw(t, "n")
+		p := NewPredictedLatency(rapid.Float64Range(1, 2).Draw(t, "c"))
+		x := prefixindex.New(0)
+		ms := make([]*Member, n)
+		prompts := rapid.IntRange(1, 4).Draw(t, "prompts")
+		for i := range ms {
+			ms[i] = &Member{ID: fmt.Sprintf("w%02d", i)}
+			p.Add(ms[i], int64(rapid.IntRange(0, 6).Draw(t, "load")), 1)
+			if rapid.Bool().Draw(t, "trained") {
+				base := float64(rapid.IntRange(0, 50).Draw(t, "base"))
+				perK := float64(rapid.IntRange(0, 400).Draw(t, "perK"))
+				teach(p, ms[i], base, perK)
+			}
+			if k := rapid.IntRange(0, prompts).Draw(t, "holds"); k > 0 {
+				x.Record(ms[i].ID, chunks(k, rapid.IntRange(1, 40).Draw(t, "held")))
+			}
+		}
+		for range 5 {
+			hashes := chunks(rapid.IntRange(1, prompts).Draw(t, "prompt"), rapid.IntRange(0, 40).Draw(t, "len"))
+			var exclude []string
+			for range rapid.IntRange(0, 3).Draw(t, "excluded") {
+				exclude = append(exclude, ms[rapid.IntRange(0, n-1).Draw(t, "ex")].ID)
+			}
+			slo := float64(rapid.SampledFrom([]int{0, 10, 100, 1000}).Draw(t, "slo"))
+			want := bruteLatency(p, x, hashes, slo, exclude)
+			p.SetLatencyRequest(x, hashes, slo)
+			got, _ := p.Pick(0, exclude)
+			if got != want {
+				t.Fatalf("Pick = %v, brute force = %v", got, want)
+			}
+			if got != nil && rapid.Bool().Draw(t, "reserve") {
+				p.SetLoad(got, got.load+1)
+			}
+		}
+	})
+}

@@ -1,0 +1,48 @@
+package router
+
+import (
+	"github.com/tlgw/tlgw/actors/router/policy"
+	"github.com/tlgw/tlgw/internal/ttftmodel"
+)
+
+// PolicyPredictedLatency is the route policy that picks by each worker's predicted TTFT
+// (R18.2): the router keeps the approximate prefix index for it (the uncached prompt tokens of
+// each candidate), and its request actors report what they measured (ObservedTTFT).
+const PolicyPredictedLatency = "predicted_latency"
+
+// setLatency hands a predicted_latency pool the request's part for the Pick that follows (the
+// policy clears it) and returns the pool's policy; nil for other policies.
+func (v *workerView) setLatency(ch choice) policy.LatencyScorer {
+	if !v.predicted {
+		return nil // other policies pay one branch per pick
+	}
+	pl := v.pools[ch.key]
+	if pl == nil {
+		return nil
+	}
+	ls, ok := pl.p.(policy.LatencyScorer)
+	if !ok {
+		return nil
+	}
+	ls.SetLatencyRequest(v.pidx, ch.hashes, float64(ch.sloMs))
+	return ls
+}
+
+// observeTTFT teaches the worker's model a TTFT its request actor measured; a worker no longer
+// registered is ignored, and so is a pick the model was not asked about (the admission gate's
+// soft target: no features). The model lives on the slot's member, so a worker out of its
+// pool (draining, ejected) still learns.
+func (v *workerView) observeTTFT(m *ObservedTTFT) {
+	s := v.slots[m.WorkerID]
+	if s == nil || m.Features[ttftmodel.Bias] != 1 {
+		return
+	}
+	ms := float64(m.TTFT) / 1e6
+	if s.pool != nil {
+		if ls, ok := s.pool.p.(policy.LatencyScorer); ok {
+			ls.Observe(&s.member, m.Features, ms)
+			return
+		}
+	}
+	policy.Observe(&s.member, m.Features, ms)
+}
