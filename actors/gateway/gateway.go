@@ -41,6 +41,8 @@ type Config struct {
 	Admission *router.AdmissionConfig
 	// PrefixIndexBlocks turns the router's approximate prefix index on (0 = off).
 	PrefixIndexBlocks int
+	// KVIndexBlocks bounds precise_prefix's exact index per worker (0 = its default).
+	KVIndexBlocks int
 	// MaxWorkers caps the registered workers (R13.2; 0 = no cap).
 	MaxWorkers int
 	// OnEvict, when set, is told each worker the registry evicts (on the registry's goroutine;
@@ -94,6 +96,7 @@ func Start(cfg Config) (*Gateway, error) {
 		Policy: cfg.Policy, LoadFactor: cfg.LoadFactor, Routes: cfg.Routes,
 		Metrics: cfg.RouterMetrics, Logger: cfg.Logger.With("actor", "router"),
 		Admission: cfg.Admission, Clock: cfg.Clock, PrefixIndexBlocks: cfg.PrefixIndexBlocks,
+		KVIndexBlocks: cfg.KVIndexBlocks,
 		Outlier: cfg.Outlier,
 	}, opts("router")...)
 	if err != nil {
