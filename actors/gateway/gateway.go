@@ -97,7 +97,7 @@ func Start(cfg Config) (*Gateway, error) {
 		Metrics: cfg.RouterMetrics, Logger: cfg.Logger.With("actor", "router"),
 		Admission: cfg.Admission, Clock: cfg.Clock, PrefixIndexBlocks: cfg.PrefixIndexBlocks,
 		KVIndexBlocks: cfg.KVIndexBlocks,
-		Outlier: cfg.Outlier,
+		Outlier:       cfg.Outlier,
 	}, opts("router")...)
 	if err != nil {
 		return nil, err

@@ -98,7 +98,7 @@ func Start(cfg *config.Config, o Options) (*App, error) {
 		Admission: admCfg, PrefixIndexBlocks: prefixBlocks, MaxWorkers: cfg.Registry.MaxWorkers,
 		// precise_prefix's exact index keeps as many chunk ids per worker as the approximate one.
 		KVIndexBlocks: cfg.Admission.PrefixIndex.BlocksPerWorker,
-		Outlier: g.Outlier,
+		Outlier:       g.Outlier,
 		// An evicted engine's gRPC connections are closed (R13.4): nothing dials it any more.
 		OnEvict: func(info router.WorkerInfo) {
 			if kvs != nil {
