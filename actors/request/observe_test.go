@@ -15,16 +15,27 @@ import (
 	"github.com/tlgw/tlgw/internal/gwtest"
 )
 
+// barrier, sent to the spy, is closed once every message the spy got before it is recorded.
+type barrier chan struct{}
+
 // observeRig is a rig whose request actors reach the router through a spy that records the
-// ObservedTTFT messages they send.
+// ObservedTTFT messages they send. The returned function records what the spy has seen so far:
+// it waits for the spy to handle everything sent to it before the call (a request actor sends
+// its observation before it answers, so after an answer the observation is in the spy's
+// mailbox).
 func observeRig(t *testing.T, observe bool) (*rig, func() []*router.ObservedTTFT) {
 	var mu sync.Mutex
 	var seen []*router.ObservedTTFT
+	var spyPID *actor.PID
+	var root *actor.RootContext
 	r := newRig(t, rigOpt{deps: func(d *request.Deps, h *gwtest.Harness) {
 		d.ObserveTTFT = observe
 		real := d.Router
 		spy, err := h.GW.System.Root.SpawnNamed(actor.PropsFromFunc(func(c actor.Context) {
 			switch m := c.Message().(type) {
+			case barrier:
+				close(m)
+				return
 			case *router.ObservedTTFT:
 				mu.Lock()
 				seen = append(seen, m)
@@ -37,9 +48,16 @@ func observeRig(t *testing.T, observe bool) (*rig, func() []*router.ObservedTTFT
 		if err != nil {
 			t.Fatal(err)
 		}
-		d.Router = spy
+		d.Router, spyPID, root = spy, spy, h.GW.System.Root
 	}})
 	return r, func() []*router.ObservedTTFT {
+		b := make(barrier)
+		root.Send(spyPID, b)
+		select {
+		case <-b:
+		case <-time.After(5 * time.Second):
+			t.Fatal("the spy did not handle a barrier in 5 s")
+		}
 		mu.Lock()
 		defer mu.Unlock()
 		return append([]*router.ObservedTTFT(nil), seen...)
@@ -65,17 +83,12 @@ func TestObservedTTFTReachesRouter(t *testing.T) {
 		if resp, body := r.post(t, "/v1/completions", "", `{"model":"smol","prompt":"hello"}`); resp.StatusCode != 200 {
 			t.Fatalf("%d %s", resp.StatusCode, body)
 		}
-		time.Sleep(20 * time.Millisecond) // an observation would have been sent before the answer
 		if n := len(seen()); n != 0 {
 			t.Fatalf("a non-streamed request sent %d observations", n)
 		}
 		resp, body := r.post(t, "/v1/completions", "", `{"model":"smol","prompt":"hello","stream":true}`)
 		if resp.StatusCode != 200 {
 			t.Fatalf("%d %s", resp.StatusCode, body)
-		}
-		deadline := time.Now().Add(2 * time.Second)
-		for observe && len(seen()) == 0 && time.Now().Before(deadline) {
-			time.Sleep(time.Millisecond)
 		}
 		got := seen()
 		if !observe {

@@ -12,6 +12,7 @@ type Metrics struct {
 	workers   *prometheus.GaugeVec
 	ejections *prometheus.CounterVec
 	routes    *prometheus.GaugeVec // tlgw_route_routable_workers{route}
+	kvIndex   prometheus.Gauge     // tlgw_kv_index_entries
 	admission admissionMetrics
 }
 
@@ -32,10 +33,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"reason"}),
 	}
 	m.routes = newRouteGaugeVec()
+	m.kvIndex = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "tlgw_kv_index_entries",
+		Help: "Chunk ids precise_prefix's exact index holds, summed over workers (R18.3; 0 under other policies).",
+	})
 	m.admission = newAdmissionMetrics()
 	if reg != nil {
 		a := m.admission
-		reg.MustRegister(m.decisions, m.workers, m.ejections, m.routes, a.queueLength, a.queueWait, a.gateDecisions, a.queueRejections,
+		reg.MustRegister(m.decisions, m.workers, m.ejections, m.routes, m.kvIndex, a.queueLength, a.queueWait, a.gateDecisions, a.queueRejections,
 			a.programs, a.programPauses, a.programForcedResumes)
 	}
 	return m

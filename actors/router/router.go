@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tlgw/tlgw/actors/router/policy"
 	"github.com/tlgw/tlgw/internal/clock"
@@ -49,7 +50,8 @@ type state struct {
 	view   *workerView
 	adm    *admitter // nil without [admission]
 	parent *actor.PID
-	gauges routeGauges // tlgw_route_routable_workers
+	gauges routeGauges      // tlgw_route_routable_workers
+	kvSize prometheus.Gauge // tlgw_kv_index_entries
 }
 
 func newState(cfg Config) *state {
@@ -64,7 +66,7 @@ func newState(cfg Config) *state {
 		clk = clock.Real{}
 	}
 	st := &state{log: cfg.Logger, table: newRouteTable(cfg.Routes), view: newWorkerView(cfg, clk),
-		gauges: routeGauges{vec: cfg.Metrics.routes, dirty: true}}
+		gauges: routeGauges{vec: cfg.Metrics.routes, dirty: true}, kvSize: cfg.Metrics.kvIndex}
 	if cfg.Admission != nil {
 		st.adm = newAdmitter(cfg.Admission, clk, cfg.Metrics.admission, st.view)
 	}
@@ -122,8 +124,12 @@ func (r *routerActor) Receive(c actor.Context) {
 	r.st.afterMessage()
 }
 
-// afterMessage publishes the route gauges when the message moved a pool or the table.
+// afterMessage publishes the route gauges when the message moved a pool or the table, and the
+// exact index's size under precise_prefix.
 func (st *state) afterMessage() {
+	if st.view.kidx != nil {
+		st.kvSize.Set(float64(st.view.kidx.Entries()))
+	}
 	if st.view.poolsMoved {
 		st.view.poolsMoved = false
 		st.gauges.dirty = true

@@ -103,9 +103,7 @@ func TestPrecisePrefixSubscribes(t *testing.T) {
 		n, _ := a.Gateway.Routable()
 		return n == 2 && kv.subs.Load() > 0
 	})
-	time.Sleep(100 * time.Millisecond) // the snapshot reaches the router
-
-	for range 3 {
+	send := func() {
 		resp, err := http.Post("http://"+a.HTTPAddr+"/v1/completions", "application/json",
 			strings.NewReader(`{"model":"smol","prompt":"`+prompt+`"}`))
 		if err != nil {
@@ -116,6 +114,17 @@ func TestPrecisePrefixSubscribes(t *testing.T) {
 		if resp.StatusCode != 200 {
 			t.Fatalf("status %d", resp.StatusCode)
 		}
+	}
+	// The snapshot travels a stream and an actor message after the subscription: once a repeat
+	// lands on w2 the router has it (bounded: at most a few requests).
+	gwtest.Eventually(t, "the snapshot reaches the router", func() bool {
+		send()
+		return served[1].Load() > 0
+	})
+	served[0].Store(0)
+	served[1].Store(0)
+	for range 3 {
+		send()
 	}
 	if served[0].Load() != 0 || served[1].Load() != 3 {
 		t.Fatalf("w1 served %d, w2 %d: want every repeat on w2, which holds the prompt", served[0].Load(), served[1].Load())

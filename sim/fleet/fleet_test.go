@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"image/png"
-	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -235,19 +234,23 @@ func TestSharedPrefixPrefixAwareBeatsRoundRobin(t *testing.T) {
 	}
 }
 
-// TestFullSize is the 1,000 × 100,000 run (R18.1's scale); FLEET_FULL=1 turns it on.
-func TestFullSize(t *testing.T) {
-	if os.Getenv("FLEET_FULL") == "" {
-		t.Skip("FLEET_FULL=1 runs 1,000 workers × 100,000 requests")
-	}
-	start := time.Now()
-	rep := run(t, Options{Trace: TraceSharedPrefix, Workers: 1000, Requests: 100000, Load: 0.8, Seed: 1,
-		Policies: []string{"round_robin", "least_outstanding", "affinity", "prefix_aware"}})
-	took := time.Since(start)
-	var md bytes.Buffer
-	_ = rep.WriteMarkdown(&md)
-	t.Logf("1,000 workers × 100,000 requests × %d policies in %v\n%s", len(rep.Results), took, md.String())
-	if took > 5*time.Minute {
-		t.Errorf("took %v, over 5 minutes", took)
+// BenchmarkFullSize is the 1,000 × 100,000 run of R18.1 (four policies), timed:
+// `go test -run '^$' -bench FullSize -benchtime 1x ./sim/fleet/` (docs/simulate.md has the figure).
+func BenchmarkFullSize(b *testing.B) {
+	for range b.N {
+		start := time.Now()
+		rep, err := Run(Options{Trace: TraceSharedPrefix, Workers: 1000, Requests: 100000, Load: 0.8, Seed: 1,
+			Policies: []string{"round_robin", "least_outstanding", "affinity", "prefix_aware"}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		took := time.Since(start)
+		var md bytes.Buffer
+		_ = rep.WriteMarkdown(&md)
+		b.Logf("1,000 workers × 100,000 requests × %d policies in %v\n%s", len(rep.Results), took, md.String())
+		b.ReportMetric(took.Seconds(), "s/run")
+		if took > 5*time.Minute {
+			b.Errorf("took %v, over 5 minutes", took)
+		}
 	}
 }

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bufio"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -66,7 +67,10 @@ func TestPrecisePrefixFollowsEngineCaches(t *testing.T) {
 
 	complete(t, "http://"+f.engines["pb"].HTTPAddr, prompt) // warmed on pb, behind the gateway's back
 	pbHits := engineMetric(t, f.engines["pb"], hits)
-	time.Sleep(500 * time.Millisecond) // pb's STORED reaches the router (a stream, then an actor message)
+	// pb's STORED reaches the router (its stream, then an actor message).
+	eventually(t, "the gateway's exact index holds pb's chunks", 5*time.Second, func() bool {
+		return metricSum(t, f.base, "tlgw_kv_index_entries") > 0
+	})
 
 	complete(t, f.base, prompt)
 	if got := engineMetric(t, f.engines["pa"], lookups); got != 0 {
@@ -83,7 +87,33 @@ func TestPrecisePrefixFollowsEngineCaches(t *testing.T) {
 	}
 	<-old.Exited()
 	f.engines["pb"] = proctest.StartEngine(t, tlengineBin, "--id", "pb", "--gateway", f.gw.GRPCAddr, "--model", "smol")
-	time.Sleep(500 * time.Millisecond) // its heartbeat moves the subscription to the new address
+	// Its heartbeat names the new address, the subscription moves there, and the new process's
+	// CLEARED and empty snapshot leave nothing of the old one in the index.
+	newHTTP := f.engines["pb"].HTTPAddr
+	eventually(t, "pb back at its new address, its old chunks gone from the index", 5*time.Second, func() bool {
+		resp, err := http.Get(f.base + "/admin/v1/workers")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var out struct {
+			Workers []struct {
+				ID        string `json:"id"`
+				Routable  bool   `json:"routable"`
+				Addresses struct {
+					HTTP string `json:"http"`
+				} `json:"addresses"`
+			} `json:"workers"`
+		}
+		if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+			t.Fatal(err)
+		}
+		back := false
+		for _, w := range out.Workers {
+			back = back || (w.ID == "pb" && w.Routable && w.Addresses.HTTP == newHTTP)
+		}
+		return back && metricSum(t, f.base, "tlgw_kv_index_entries") == 0
+	})
 
 	complete(t, f.base, prompt)
 	if got := engineMetric(t, f.engines["pa"], lookups); got == 0 {
