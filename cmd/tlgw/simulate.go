@@ -35,6 +35,8 @@ func runSimulate(args []string, stdout, stderr io.Writer) int {
 	slo := fs.Float64("slo-ttft-ms", 1000, "TTFT objective for slo_attainment, in ms (> 0)")
 	format := fs.String("format", "markdown", "json or markdown")
 	plot := fs.String("plot", "", "also draw hit rate and TTFT p99 per policy into this PNG file")
+	kvBlocks := fs.Int("kv-blocks", fleet.DefaultEngine.KVBlocks, "KV blocks per engine (16 tokens each): fewer means more evictions")
+	restartEvery := fs.Duration("restart-every", 0, "restart one engine in turn every this much simulated time, emptying its cache (0: never)")
 	if err := fs.Parse(args); err != nil {
 		if err == flag.ErrHelp {
 			return 0
@@ -59,6 +61,10 @@ func runSimulate(args []string, stdout, stderr io.Writer) int {
 		return bad("--slo-ttft-ms must be a positive number of milliseconds, got %v", *slo)
 	case *format != "json" && *format != "markdown":
 		return bad("--format must be json or markdown, got %q", *format)
+	case *kvBlocks < 1:
+		return bad("--kv-blocks must be at least 1, got %d", *kvBlocks)
+	case *restartEvery < 0:
+		return bad("--restart-every must not be negative, got %v", *restartEvery)
 	}
 	var pols []string
 	for _, p := range strings.Split(*policies, ",") {
@@ -70,7 +76,10 @@ func runSimulate(args []string, stdout, stderr io.Writer) int {
 		return bad("--policies names no policy")
 	}
 	o := fleet.Options{Trace: *trace, Workers: *workers, Requests: *requests, Load: *load, Policies: pols,
-		Seed: *seed, Heterogeneous: *hetero, SLOTTFT: time.Duration(*slo * float64(time.Millisecond))}
+		Seed: *seed, Heterogeneous: *hetero, SLOTTFT: time.Duration(*slo * float64(time.Millisecond)),
+		RestartEvery: *restartEvery}
+	o.Engine = fleet.DefaultEngine
+	o.Engine.KVBlocks = *kvBlocks
 	if err := o.Validate(); err != nil {
 		return bad("%v", err)
 	}

@@ -74,6 +74,8 @@ func TestSimulateBadFlags(t *testing.T) {
 		{[]string{"--policies", "round_robin,random"}, `unknown route policy "random"`},
 		{[]string{"extra"}, `unexpected argument "extra"`},
 		{[]string{"--workers", "x"}, "invalid value"},
+		{[]string{"--kv-blocks", "0"}, "--kv-blocks must be at least 1"},
+		{[]string{"--restart-every", "-1s"}, "--restart-every must not be negative"},
 	} {
 		var stdout, stderr bytes.Buffer
 		if code := run(append([]string{"simulate"}, tc.args...), &stdout, &stderr); code != 2 {
@@ -85,5 +87,41 @@ func TestSimulateBadFlags(t *testing.T) {
 		if stdout.Len() != 0 {
 			t.Errorf("%v: wrote %q to stdout", tc.args, stdout.String())
 		}
+	}
+}
+
+// TestSimulatePressureAndRestarts: --kv-blocks and --restart-every reach the simulation: fewer
+// KV blocks and restarts lower prefix_aware's hit rate, and precise_prefix follows what the
+// engines really hold.
+func TestSimulatePressureAndRestarts(t *testing.T) {
+	hit := func(args ...string) map[string]float64 {
+		t.Helper()
+		var stdout, stderr bytes.Buffer
+		all := append([]string{"simulate", "--trace", "shared-prefix", "--workers", "8", "--requests", "1500",
+			"--load", "0.9", "--seed", "1", "--policies", "prefix_aware,precise_prefix", "--format", "json"}, args...)
+		if code := run(all, &stdout, &stderr); code != 0 {
+			t.Fatalf("exit %d: %s", code, stderr.String())
+		}
+		var out struct {
+			Results []struct {
+				Policy  string  `json:"policy"`
+				HitRate float64 `json:"hit_rate"`
+			} `json:"results"`
+		}
+		if err := json.Unmarshal(stdout.Bytes(), &out); err != nil {
+			t.Fatal(err)
+		}
+		m := map[string]float64{}
+		for _, r := range out.Results {
+			m[r.Policy] = r.HitRate
+		}
+		return m
+	}
+	roomy, tight := hit(), hit("--kv-blocks", "512", "--restart-every", "1s")
+	if !(tight["prefix_aware"] < roomy["prefix_aware"]) {
+		t.Fatalf("prefix_aware hit rate %.3f with pressure and restarts, %.3f without", tight["prefix_aware"], roomy["prefix_aware"])
+	}
+	if !(tight["precise_prefix"] > tight["prefix_aware"]) {
+		t.Fatalf("under pressure and restarts precise_prefix %.3f, prefix_aware %.3f", tight["precise_prefix"], tight["prefix_aware"])
 	}
 }
