@@ -1,7 +1,6 @@
 package policy
 
 import (
-	"math"
 	"slices"
 	"strconv"
 
@@ -48,9 +47,7 @@ var _ Policy = (*Affinity)(nil)
 // NewAffinity returns an empty affinity policy with load factor c (≥ 1; default 1.25) and
 // vnodes ring points per member (default 64).
 func NewAffinity(c float64, vnodes int) *Affinity {
-	if c < 1 || math.IsNaN(c) || math.IsInf(c, 0) {
-		c = 1.25
-	}
+	c = loadFactor(c)
 	if vnodes <= 0 {
 		vnodes = 64
 	}
@@ -151,12 +148,7 @@ func (p *Affinity) SetWeight(m *Member, weight int64) { m.weight = weight }
 func (p *Affinity) Len() int { return p.n }
 
 // Cap is the bounded-load cap ⌈c·(m+1)/n⌉ for the pool as it stands.
-func (p *Affinity) Cap() int64 {
-	if p.n == 0 {
-		return 0
-	}
-	return int64(math.Ceil(p.c * float64(p.total+1) / float64(p.n)))
-}
+func (p *Affinity) Cap() int64 { return boundedCap(p.c, p.total, p.n) }
 
 // Pick implements Policy.
 func (p *Affinity) Pick(key uint64, exclude []string) (*Member, Reason) {

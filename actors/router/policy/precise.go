@@ -1,8 +1,6 @@
 package policy
 
 import (
-	"math"
-
 	"github.com/tlgw/tlgw/internal/kvindex"
 )
 
@@ -37,9 +35,7 @@ type HeldScorer interface {
 // holders until the first candidate; the pick is then the least (load, id) candidate among the
 // deepest chunk's holders. It allocates nothing.
 type PrecisePrefix struct {
-	c      float64
-	h      mheap
-	total  int64
+	loadHeap
 	idx    *HeldIndex
 	hashes []uint64
 }
@@ -52,57 +48,17 @@ var (
 // NewPrecisePrefix returns an empty precise_prefix policy with load factor c (≥ 1; default
 // 1.25).
 func NewPrecisePrefix(c float64) *PrecisePrefix {
-	if c < 1 || math.IsNaN(c) || math.IsInf(c, 0) {
-		c = 1.25
-	}
-	return &PrecisePrefix{c: c, h: mheap{less: less}}
+	return &PrecisePrefix{loadHeap: newLoadHeap(c)}
 }
 
 // SetHeld implements HeldScorer.
 func (p *PrecisePrefix) SetHeld(x *HeldIndex, hashes []uint64) { p.idx, p.hashes = x, hashes }
 
 // Add implements Policy.
-func (p *PrecisePrefix) Add(m *Member, load, weight int64) {
-	m.load, m.weight = load, weight
-	p.h.push(m)
-	p.total += load
-}
+func (p *PrecisePrefix) Add(m *Member, load, weight int64) { p.add(m, load, weight) }
 
 // Remove implements Policy.
-func (p *PrecisePrefix) Remove(m *Member) {
-	if p.h.remove(m) {
-		p.total -= m.load
-	}
-}
-
-// SetLoad implements Policy.
-func (p *PrecisePrefix) SetLoad(m *Member, load int64) {
-	if m.load == load {
-		return
-	}
-	if !p.h.contains(m) {
-		m.load = load
-		return
-	}
-	p.total += load - m.load
-	m.load = load
-	p.h.fix(m.pos)
-}
-
-// SetWeight implements Policy; precise_prefix ignores weights.
-func (p *PrecisePrefix) SetWeight(m *Member, weight int64) { m.weight = weight }
-
-// Len implements Policy.
-func (p *PrecisePrefix) Len() int { return p.h.len() }
-
-// Cap is the bounded-load cap ⌈c·(m+1)/n⌉ for the pool as it stands.
-func (p *PrecisePrefix) Cap() int64 {
-	n := p.h.len()
-	if n == 0 {
-		return 0
-	}
-	return int64(math.Ceil(p.c * float64(p.total+1) / float64(n)))
-}
+func (p *PrecisePrefix) Remove(m *Member) { p.remove(m) }
 
 // Pick implements Policy. key is not read: the prefix arrives by SetHeld.
 func (p *PrecisePrefix) Pick(_ uint64, exclude []string) (*Member, Reason) {

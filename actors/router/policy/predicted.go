@@ -1,8 +1,6 @@
 package policy
 
 import (
-	"math"
-
 	"github.com/tlgw/tlgw/internal/prefixindex"
 	"github.com/tlgw/tlgw/internal/ttftmodel"
 )
@@ -118,9 +116,7 @@ var (
 // NewPredictedLatency returns an empty predicted_latency policy with load factor c (≥ 1;
 // default 1.25).
 func NewPredictedLatency(c float64) *PredictedLatency {
-	if c < 1 || math.IsNaN(c) || math.IsInf(c, 0) {
-		c = 1.25
-	}
+	c = loadFactor(c)
 	return &PredictedLatency{c: c, byID: make(map[string]*Member)}
 }
 
@@ -188,13 +184,7 @@ func (p *PredictedLatency) SetWeight(m *Member, weight int64) { m.weight = weigh
 func (p *PredictedLatency) Len() int { return len(p.rows) }
 
 // Cap is the bounded-load cap ⌈c·(m+1)/n⌉ for the pool as it stands.
-func (p *PredictedLatency) Cap() int64 {
-	n := len(p.rows)
-	if n == 0 {
-		return 0
-	}
-	return int64(math.Ceil(p.c * float64(p.total+1) / float64(n)))
-}
+func (p *PredictedLatency) Cap() int64 { return boundedCap(p.c, p.total, len(p.rows)) }
 
 // Pick implements Policy. key is not read: the request arrives by SetLatencyRequest.
 func (p *PredictedLatency) Pick(_ uint64, exclude []string) (*Member, Reason) {

@@ -1,8 +1,6 @@
 package policy
 
 import (
-	"math"
-
 	"github.com/tlgw/tlgw/internal/prefixindex"
 )
 
@@ -58,11 +56,9 @@ type PrefixScorer interface {
 // excluded) does a walk grow towards the number of holders. A pick given a score function
 // (SetScores) scans every member. Neither allocates.
 type PrefixAware struct {
-	c     float64
-	h     mheap
-	total int64              // sum of member loads, for the cap
-	byID  map[string]*Member // the members, for the workers the prefix index names
-	wide  int                // ≤ wideHolders; see firstHolding (a variable for tests)
+	loadHeap
+	byID map[string]*Member // the members, for the workers the prefix index names
+	wide int                // ≤ wideHolders; see firstHolding (a variable for tests)
 	// The next pick's scores: a function, or the index and the request's hashes.
 	score  func(memberID string) int
 	idx    *prefixindex.Index
@@ -76,10 +72,7 @@ var (
 
 // NewPrefixAware returns an empty prefix_aware policy with load factor c (≥ 1; default 1.25).
 func NewPrefixAware(c float64) *PrefixAware {
-	if c < 1 || math.IsNaN(c) || math.IsInf(c, 0) {
-		c = 1.25
-	}
-	return &PrefixAware{c: c, h: mheap{less: less}, byID: make(map[string]*Member), wide: wideHolders}
+	return &PrefixAware{loadHeap: newLoadHeap(c), byID: make(map[string]*Member), wide: wideHolders}
 }
 
 // SetScores implements PrefixScorer.
@@ -94,47 +87,15 @@ func (p *PrefixAware) SetPrefix(x *prefixindex.Index, hashes []uint64) {
 
 // Add implements Policy.
 func (p *PrefixAware) Add(m *Member, load, weight int64) {
-	m.load, m.weight = load, weight
-	p.h.push(m)
-	p.total += load
+	p.add(m, load, weight)
 	p.byID[m.ID] = m
 }
 
 // Remove implements Policy.
 func (p *PrefixAware) Remove(m *Member) {
-	if p.h.remove(m) {
-		p.total -= m.load
+	if p.remove(m) {
 		delete(p.byID, m.ID)
 	}
-}
-
-// SetLoad implements Policy.
-func (p *PrefixAware) SetLoad(m *Member, load int64) {
-	if m.load == load {
-		return
-	}
-	if !p.h.contains(m) {
-		m.load = load
-		return
-	}
-	p.total += load - m.load
-	m.load = load
-	p.h.fix(m.pos)
-}
-
-// SetWeight implements Policy; prefix_aware ignores weights.
-func (p *PrefixAware) SetWeight(m *Member, weight int64) { m.weight = weight }
-
-// Len implements Policy.
-func (p *PrefixAware) Len() int { return p.h.len() }
-
-// Cap is the bounded-load cap ⌈c·(m+1)/n⌉ for the pool as it stands.
-func (p *PrefixAware) Cap() int64 {
-	n := p.h.len()
-	if n == 0 {
-		return 0
-	}
-	return int64(math.Ceil(p.c * float64(p.total+1) / float64(n)))
 }
 
 // Pick implements Policy. key is not read: the prefix arrives by SetPrefix or SetScores.
