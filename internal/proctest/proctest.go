@@ -29,6 +29,29 @@ func Build(dir, pkg string) (string, error) {
 	return bin, nil
 }
 
+// RunWithBinaries is a TestMain for packages that run tlgw and tlengine processes: it builds
+// both into a temporary directory, sets *tlgw and *tlengine to their paths, runs the tests,
+// removes the directory and exits with the tests' code (1 when a build fails).
+func RunWithBinaries(m *testing.M, tlgw, tlengine *string) {
+	dir, err := os.MkdirTemp("", "tlgw-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	*tlgw, err = Build(dir, "github.com/tlgw/tlgw/cmd/tlgw")
+	if err == nil {
+		*tlengine, err = Build(dir, "github.com/tlgw/tlgw/cmd/tlengine")
+	}
+	code := 1
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+	} else {
+		code = m.Run()
+	}
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
 // Proc is a running tlgw or tlengine process.
 type Proc struct {
 	Cmd      *exec.Cmd

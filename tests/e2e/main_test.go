@@ -3,8 +3,6 @@ package e2e
 
 import (
 	"context"
-	"fmt"
-	"os"
 	"os/exec"
 	"testing"
 	"time"
@@ -14,25 +12,7 @@ import (
 
 var tlgwBin, tlengineBin string
 
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "tlgw-e2e-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	tlgwBin, err = proctest.Build(dir, "github.com/tlgw/tlgw/cmd/tlgw")
-	if err == nil {
-		tlengineBin, err = proctest.Build(dir, "github.com/tlgw/tlgw/cmd/tlengine")
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.RemoveAll(dir)
-		os.Exit(1)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { proctest.RunWithBinaries(m, &tlgwBin, &tlengineBin) }
 
 // startTLGW runs `tlgw serve --config` with the given TOML (see proctest.StartTLGW).
 func startTLGW(t *testing.T, toml string) *proctest.Proc {

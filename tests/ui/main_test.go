@@ -3,8 +3,6 @@
 package ui
 
 import (
-	"fmt"
-	"os"
 	"testing"
 
 	"github.com/tlgw/tlgw/internal/proctest"
@@ -12,22 +10,4 @@ import (
 
 var tlgwBin, tlengineBin string
 
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "tlgw-ui-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	tlgwBin, err = proctest.Build(dir, "github.com/tlgw/tlgw/cmd/tlgw")
-	if err == nil {
-		tlengineBin, err = proctest.Build(dir, "github.com/tlgw/tlgw/cmd/tlengine")
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.RemoveAll(dir)
-		os.Exit(1)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { proctest.RunWithBinaries(m, &tlgwBin, &tlengineBin) }
