@@ -1,6 +1,10 @@
 package policy
 
 import (
+	"math"
+	"slices"
+	"strings"
+
 	"github.com/tlgw/tlgw/internal/prefixindex"
 	"github.com/tlgw/tlgw/internal/ttftmodel"
 )
@@ -84,7 +88,8 @@ const tokensPerChunk = prefixindex.ChunkBytes / 4
 // that many chunks and the others none. When more than wideMarks workers hold that chunk (a
 // system prompt most of the fleet has served), walking them all would cost more than the rest
 // of the pick, so every candidate is taken to hold it. The pick is one pass over a dense table
-// of the members (a few multiply-adds each) plus O(log L) index lookups and at most wideMarks
+// of the members kept sorted by id (a few multiply-adds and one packed comparison each, see
+// rank; no member is read to break a tie) plus O(log L) index lookups and at most wideMarks
 // holders, and allocates nothing.
 type PredictedLatency struct {
 	c     float64
@@ -140,15 +145,17 @@ func (p *PredictedLatency) contains(m *Member) bool {
 	return m.row >= 0 && int(m.row) < len(p.rows) && p.rows[m.row].m == m
 }
 
-// Add implements Policy.
+// Add implements Policy. The rows stay sorted by id, so the pick's scan meets equal
+// candidates smallest id first and never reads a member to break a tie.
 func (p *PredictedLatency) Add(m *Member, load, weight int64) {
 	m.load, m.weight = load, weight
-	m.row = int32(len(p.rows))
+	i, _ := slices.BinarySearchFunc(p.rows, m.ID, func(r latRow, id string) int { return strings.Compare(r.m.ID, id) })
 	r := latRow{load: load, m: m}
 	if m.ttft != nil {
 		r.w = m.ttft.Weights()
 	}
-	p.rows = append(p.rows, r)
+	p.rows = slices.Insert(p.rows, i, r)
+	p.renumber(i)
 	p.total += load
 	p.byID[m.ID] = m
 }
@@ -158,14 +165,20 @@ func (p *PredictedLatency) Remove(m *Member) {
 	if !p.contains(m) {
 		return
 	}
-	last := len(p.rows) - 1
-	p.rows[m.row] = p.rows[last]
-	p.rows[m.row].m.row = m.row
-	p.rows[last] = latRow{}
-	p.rows = p.rows[:last]
+	i := int(m.row)
+	p.rows = slices.Delete(p.rows, i, i+1)
+	p.renumber(i)
 	p.total -= m.load
 	m.row = -1
 	delete(p.byID, m.ID)
+}
+
+// renumber sets the row of every member from row i on (membership changes are rare beside
+// picks: a registration or an ejection moves at most the rows after it).
+func (p *PredictedLatency) renumber(i int) {
+	for ; i < len(p.rows); i++ {
+		p.rows[i].m.row = int32(i)
+	}
 }
 
 // SetLoad implements Policy.
@@ -214,59 +227,56 @@ func (p *PredictedLatency) Pick(_ uint64, exclude []string) (*Member, Reason) {
 	prompt := len(hashes) * tokensPerChunk
 	fullK := float64(prompt) / 1000
 	heldK := float64(max(prompt-depth*tokensPerChunk, 0)) / 1000
-	// The best so far (see PredictedLatency for the order).
-	var best *latRow
-	var bestMeets bool
-	var bestBucket int64
-	var bestMatched int
+	// The least score wins (see rank); rows are sorted by id, so the first of equal scores
+	// is the smallest id.
+	best, bestScore := -1, uint64(math.MaxUint64)
 	for i := range p.rows {
 		r := &p.rows[i]
 		if r.load >= limit || (len(exclude) > 0 && excluded(r.m.ID, exclude)) {
 			continue
 		}
-		k, matched := fullK, 0
+		held, k := false, fullK
 		if depth > 0 && (allHeld || r.mark == p.gen) {
-			k, matched = heldK, depth
+			held, k = true, heldK
 		}
-		pred := ttftmodel.PredictWith(r.w, ttftmodel.X{1, float64(r.load), k})
-		meets, bucket := slo > 0 && pred <= slo, int64(pred/TieMs)
-		if best != nil {
-			switch {
-			case meets != bestMeets:
-				if !meets {
-					continue
-				}
-			case meets && matched != bestMatched: // both meet it: the cache, then (load, id)
-				if matched < bestMatched {
-					continue
-				}
-			case meets:
-				if !less(r.m, best.m) {
-					continue
-				}
-			case bucket != bestBucket:
-				if bucket > bestBucket {
-					continue
-				}
-			case matched != bestMatched:
-				if matched < bestMatched {
-					continue
-				}
-			case !less(r.m, best.m):
-				continue
-			}
+		if s := rank(ttftmodel.PredictWith(r.w, ttftmodel.X{1, float64(r.load), k}), slo, held, r.load); s < bestScore {
+			best, bestScore = i, s
 		}
-		best, bestMeets, bestBucket, bestMatched = r, meets, bucket, matched
 	}
-	if best == nil {
+	if best < 0 {
 		return nil, ReasonPredicted // every member under the cap is excluded, and so is the rest
+	}
+	b := &p.rows[best]
+	bestMatched := 0
+	if depth > 0 && (allHeld || b.mark == p.gen) {
+		bestMatched = depth
 	}
 	k := fullK
 	if bestMatched > 0 {
 		k = heldK
 	}
-	p.last = ttftmodel.X{1, float64(best.load), k}
-	return best.m, ReasonPredicted
+	p.last = ttftmodel.X{1, float64(b.load), k}
+	return b.m, ReasonPredicted
+}
+
+// rank packs a candidate's place in the pick's order into one number, the least first:
+//
+//	meets the objective: 0 | not held << 40 | load
+//	otherwise:           1 << 63 | bucket << 41 | not held << 40 | load
+//
+// where bucket is the prediction in TieMs (below 2²² = 4,194,304 ms, since a prediction is
+// at most ttftmodel.MaxMs) and the load is clamped to [0, 2⁴⁰): loads that high tie. Held is
+// whether the candidate holds the prompt's deepest cached chunk (its matched depth is that
+// depth, or 0).
+func rank(pred, slo float64, held bool, load int64) uint64 {
+	s := uint64(min(max(load, 0), 1<<40-1))
+	if !held {
+		s |= 1 << 40
+	}
+	if slo > 0 && pred <= slo {
+		return s
+	}
+	return s | 1<<63 | uint64(int64(pred/TieMs))<<41
 }
 
 // row returns the row of the index's worker num (id), or nil when it is not a member.

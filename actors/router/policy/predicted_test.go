@@ -221,7 +221,14 @@ func TestPredictedLatencyMatchesBruteForce(t *testing.T) {
 		x := prefixindex.New(0)
 		ms := make([]*Member, n)
 		prompts := rapid.IntRange(1, 4).Draw(t, "prompts")
-		for i := range ms {
+		// Members join in any order (the pick's ties go to the smallest id whatever the
+		// order), and some leave and come back.
+		ids := make([]int, n)
+		for i := range ids {
+			ids[i] = i
+		}
+		order := rapid.Permutation(ids).Draw(t, "order")
+		for _, i := range order {
 			ms[i] = &Member{ID: fmt.Sprintf("w%02d", i)}
 			p.Add(ms[i], int64(rapid.IntRange(0, 6).Draw(t, "load")), 1)
 			if rapid.Bool().Draw(t, "trained") {
@@ -231,6 +238,13 @@ func TestPredictedLatencyMatchesBruteForce(t *testing.T) {
 			}
 			if k := rapid.IntRange(0, prompts).Draw(t, "holds"); k > 0 {
 				x.Record(ms[i].ID, chunks(k, rapid.IntRange(1, 40).Draw(t, "held")))
+			}
+		}
+		for range rapid.IntRange(0, 3).Draw(t, "rejoins") {
+			m := ms[rapid.IntRange(0, n-1).Draw(t, "rejoin")]
+			p.Remove(m)
+			if rapid.Bool().Draw(t, "back") {
+				p.Add(m, m.load, 1)
 			}
 		}
 		for range 5 {
