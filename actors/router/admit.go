@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tlgw/tlgw/actors/router/admission"
+	"github.com/tlgw/tlgw/actors/router/policy"
 	"github.com/tlgw/tlgw/internal/clock"
 	"github.com/tlgw/tlgw/internal/errs"
 	"github.com/tlgw/tlgw/internal/prefixindex"
@@ -63,8 +64,9 @@ func (a *admitter) host(fx effects) *host {
 type admitted struct {
 	e         *admission.Entry // &entry
 	requester *actor.PID
-	pick      *Pick  // its latest pick: the answer carries that pick's tag
-	target    target // what its first pick resolved to
+	pick      *Pick     // its latest pick: the answer carries that pick's tag
+	target    target    // what its first pick resolved to
+	arrived   time.Time // its first pick: an objective (Request.Objective) counts from it
 	// The queue's entry and request, in the same allocation.
 	entry admission.Entry
 	req   admission.Request
@@ -121,6 +123,11 @@ func (a *admitter) pick(table *routeTable, m *Pick, fx effects) {
 	ad := &admitted{requester: m.Requester, pick: m, target: t,
 		req: admission.Request{Key: m.Key, ID: m.RequestID, Class: m.Admit.Class,
 			SessionID: m.Admit.SessionID, PromptTokens: m.Admit.PromptTokens, Final: m.Admit.Final}}
+	if _, ok := pl.p.(policy.LatencyScorer); ok && m.SLOTTFTMs > 0 && !t.disagg {
+		// R18.4 with admission: dispatched only to a worker predicted to meet what is left of
+		// the objective; it waits for one, at most until the objective has passed.
+		ad.req.Objective, ad.arrived = time.Duration(m.SLOTTFTMs)*time.Millisecond, a.clock.Now()
+	}
 	ad.entry = admission.Entry{Req: &ad.req, Route: pl.memberIDs(), Pool: pl.name, Payload: ad}
 	ad.e = &ad.entry
 	a.entries[m.Key] = ad
@@ -203,8 +210,15 @@ func (a *admitter) choice(ad *admitted, t target, soft string, checkFull bool) c
 			}
 		}
 	}
-	return choice{key: t.key, disagg: t.disagg, prefixHash: ad.pick.PrefixHash, hashes: ad.pick.PrefixHashes,
+	ch := choice{key: t.key, disagg: t.disagg, prefixHash: ad.pick.PrefixHash, hashes: ad.pick.PrefixHashes,
 		exclude: exclude, soft: soft, requester: ad.requester, sloMs: ad.pick.SLOTTFTMs}
+	if checkFull && ad.req.Objective > 0 {
+		// A dispatch from the queue: what is left of the objective, in whole milliseconds
+		// (none left: nothing is in time, and its deadline rejects it).
+		ch.strict = true
+		ch.sloMs = max((ad.req.Objective - a.clock.Now().Sub(ad.arrived)).Milliseconds(), 0)
+	}
+	return ch
 }
 
 func (a *admitter) full(s *slot) bool { return a.threshold > 0 && s.load() >= a.threshold }
@@ -357,6 +371,11 @@ func (h host) Reject(e *admission.Entry, err error) {
 	out.Tag = ad.pick.Tag
 	var reason string
 	switch {
+	case errors.Is(err, admission.ErrQueueTimeout) && e.Req.Objective > 0 && a.clock.Now().Sub(ad.arrived) >= e.Req.Objective:
+		// R18.4: no worker was predicted to meet its objective before it passed.
+		reason = "slo_unmet"
+		out.Err = fmt.Errorf("no worker was predicted to answer within the request's TTFT objective of %d ms: %w",
+			e.Req.Objective.Milliseconds(), errs.ErrQueueTimeout)
 	case errors.Is(err, admission.ErrQueueTimeout):
 		reason = "queue_timeout"
 		out.Err = fmt.Errorf("the request waited its class's max_wait in the %q queue: %w", e.Req.Class, errs.ErrQueueTimeout)
@@ -420,7 +439,7 @@ func newAdmissionMetrics() admissionMetrics {
 			Name: "tlgw_gate_decisions_total", Help: "Dispatch gate answers by policy and decision (go, hold).",
 		}, []string{"policy", "decision"}),
 		queueRejections: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "tlgw_queue_rejections_total", Help: "Requests the queue rejected by class and reason (queue_full, queue_timeout, classifier_failed, refused).",
+			Name: "tlgw_queue_rejections_total", Help: "Requests the queue rejected by class and reason (queue_full, queue_timeout, slo_unmet, classifier_failed, refused).",
 		}, []string{"class", "reason"}),
 		programs: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "tlgw_programs", Help: "Agent programs the admission classifier keeps, by state (reasoning, acting, paused).",

@@ -1,10 +1,18 @@
 package router
 
 import (
+	"errors"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/tlgw/tlgw/actors/router/admission"
 	"github.com/tlgw/tlgw/actors/router/policy"
+	"github.com/tlgw/tlgw/internal/errs"
 	"github.com/tlgw/tlgw/internal/prefixindex"
 	"github.com/tlgw/tlgw/internal/ttftmodel"
 )
@@ -57,5 +65,117 @@ func TestPredictedLatencyLearnsFromObservations(t *testing.T) {
 	w0 := s.st.view.slots["w0"]
 	if got := policy.Predict(&w0.member, ttftmodel.Features(0, 1000)); got < 490 || got > 510 {
 		t.Fatalf("w0's model predicts %.1f ms for 1,000 uncached tokens, want 500", got)
+	}
+}
+
+// TestObjectiveWaitsForAWorkerInTime (R18.4 with admission): under predicted_latency with the
+// admission queue on (no busy threshold), a request whose objective no worker is predicted to
+// meet waits in the queue instead of going to the lowest prediction; a request without an
+// objective is not held back by it; a release that brings a prediction within what is left of
+// the objective dispatches it (not one that only meets the whole objective); one that waits
+// until its objective has passed is answered 503 queue_timeout (reason slo_unmet) well before
+// the class's max_wait; a class that never queues answers 429 at once.
+func TestObjectiveWaitsForAWorkerInTime(t *testing.T) {
+	cfg := admissionCfg(nil, 0)
+	cfg.Queue.Classes = append(cfg.Queue.Classes, admission.ClassConfig{Name: "noqueue", Quantum: 1, MaxWait: time.Second})
+	s, err := NewSim(Config{Policy: PolicyPredictedLatency, LoadFactor: 100, Admission: cfg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"w0", "w1"} {
+		s.SetWorker(WorkerInfo{ID: id, Model: "m", HTTPAddress: id})
+		for i := range 60 { // TTFT = 20 ms + 100 ms per request in flight
+			x := ttftmodel.Features(int64(i%5), 64*(i%7))
+			s.ObserveTTFT(&Picked{WorkerID: id, Features: x}, time.Duration(20+100*x[ttftmodel.Load])*time.Millisecond)
+		}
+	}
+	n := 0
+	pick := func(slo int64, class string) (*actor.PID, *Picked, bool) {
+		n++
+		pid := actor.NewPID("sim", fmt.Sprint("req/", n))
+		pk, ok := s.Pick(&Pick{Model: "m", RequestID: fmt.Sprint(n), Key: uint64(n), Requester: pid, Tag: 1,
+			Admit: &AdmitInfo{Class: class}, SLOTTFTMs: slo})
+		return pid, pk, ok
+	}
+	// Two requests on each worker: predicted 20 then 120 ms, both within 150.
+	var w0 []*Picked
+	for range 4 {
+		_, pk, ok := pick(150, "")
+		if !ok || pk.Err != nil {
+			t.Fatalf("pick within the objective: %+v %v", pk, ok)
+		}
+		if pk.WorkerID == "w0" {
+			w0 = append(w0, pk)
+		}
+	}
+	if len(w0) != 2 || s.InFlight("w1") != 2 {
+		t.Fatalf("in flight %d / %d, want 2 / 2", len(w0), s.InFlight("w1"))
+	}
+	// Both predicted at 220 ms now: it waits.
+	waiting, _, ok := pick(150, "")
+	if ok {
+		t.Fatal("a request no worker is predicted to serve in time was dispatched")
+	}
+	// No objective: goes at once, to the lowest prediction.
+	if _, pk, ok := pick(0, ""); !ok || pk.Err != nil {
+		t.Fatalf("a request without an objective was held: %+v %v", pk, ok)
+	} else if pk.WorkerID == "w0" {
+		w0 = append(w0, pk)
+	}
+	// A class that never queues: 429 at once.
+	if _, pk, ok := pick(150, "noqueue"); !ok || !errors.Is(pk.Err, errs.ErrQueueFull) {
+		t.Fatalf("never-queue class: %+v %v, want 429 queue_full", pk, ok)
+	}
+	s.Advance(50 * time.Millisecond)
+	// w0 down to one in flight: 120 ms would meet the whole objective, not the 100 ms left.
+	for len(w0) > 1 {
+		s.Release(w0[0], OutcomeSuccess)
+		w0 = w0[1:]
+	}
+	if ds := s.Deliveries(); len(ds) != 0 {
+		t.Fatalf("dispatched on 120 ms with 100 ms left: %v", ds)
+	}
+	s.Release(w0[0], OutcomeSuccess) // w0 idle: 20 ms
+	ds := s.Deliveries()
+	if len(ds) != 1 || !ds[0].To.Equal(waiting) {
+		t.Fatalf("deliveries %v, want the waiting request's", ds)
+	}
+	if pk, ok := ds[0].Msg.(*Picked); !ok || pk.Err != nil || pk.WorkerID != "w0" || !pk.Admitted {
+		t.Fatalf("delivered %#v, want w0", ds[0].Msg)
+	}
+	// Another that cannot be served in time: shed when its objective passes.
+	if _, _, ok := pick(100, ""); ok {
+		t.Fatal("dispatched at 120 ms against 100")
+	}
+	s.Advance(99 * time.Millisecond)
+	if ds := s.Deliveries(); len(ds) != 0 {
+		t.Fatalf("shed before its objective passed: %v", ds)
+	}
+	s.Advance(time.Millisecond)
+	ds = s.Deliveries()
+	if len(ds) != 1 {
+		t.Fatalf("%d deliveries when the objective passed, want its rejection", len(ds))
+	}
+	if pk, ok := ds[0].Msg.(*Picked); !ok || !errors.Is(pk.Err, errs.ErrQueueTimeout) || !strings.Contains(pk.Err.Error(), "100 ms") {
+		t.Fatalf("delivered %#v, want 503 queue_timeout naming the objective", ds[0].Msg)
+	}
+	if got := testutil.ToFloat64(s.st.adm.metrics.queueRejections.WithLabelValues("default", "slo_unmet")); got != 1 {
+		t.Fatalf("slo_unmet rejections %v, want 1", got)
+	}
+	if got := s.st.adm.q.Len(); got != 0 {
+		t.Fatalf("%d still queued", got)
+	}
+	// w0 holds one request (120 ms): 110 waits, until w0's model learns it is faster.
+	learner, _, ok := pick(110, "")
+	if ok {
+		t.Fatal("dispatched at 120 ms against 110")
+	}
+	for i := range 60 { // TTFT = 10 ms + 50 ms per request in flight
+		x := ttftmodel.Features(int64(i%5), 64*(i%7))
+		s.ObserveTTFT(&Picked{WorkerID: "w0", Features: x}, time.Duration(10+50*x[ttftmodel.Load])*time.Millisecond)
+	}
+	ds = s.Deliveries()
+	if len(ds) != 1 || !ds[0].To.Equal(learner) {
+		t.Fatalf("deliveries %v after w0's model learnt, want the waiting request's", ds)
 	}
 }

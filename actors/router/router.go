@@ -190,6 +190,7 @@ func (st *state) handle(msg any, fx effects) {
 		st.adm.finished(m, fx)
 	case *ObservedTTFT:
 		st.view.observeTTFT(m)
+		st.adm.wakeCapacity(fx) // a model changed: a request waiting for its objective may go
 	case admTick:
 		st.adm.tick(fx)
 	case *GetQueue:

@@ -138,6 +138,10 @@ type choice struct {
 	hashes     []uint64
 	exclude    []string
 	sloMs      int64      // the TTFT objective (R18.4; 0 = none), for predicted_latency
+	// strict: only a worker predicted to meet sloMs will do (an admitted request with an
+	// objective, dispatched from the queue); the gate's soft target is not taken, as it has no
+	// prediction.
+	strict bool
 	soft       string     // the gate's soft target ("" = none)
 	requester  *actor.PID // named in the Acquire, so the worker can watch it
 }
@@ -149,10 +153,13 @@ type choice struct {
 func (v *workerView) choose(ch choice, out *Picked, fx effects) bool {
 	var s *slot
 	reason := policy.ReasonLeastLoad
-	if ch.soft != "" {
+	if ch.soft != "" && !ch.strict {
 		if ts := v.slots[ch.soft]; ts != nil && ts.pool != nil && ts.pool.key == ch.key && !slices.Contains(ch.exclude, ch.soft) {
 			s = ts
 		}
+	}
+	if ch.strict && ch.sloMs <= 0 {
+		return false // its objective has passed: no worker is in time
 	}
 	if s == nil {
 		if pl := v.pools[ch.key]; pl != nil && v.pidx != nil && len(ch.hashes) > 0 {
@@ -164,6 +171,9 @@ func (v *workerView) choose(ch choice, out *Picked, fx effects) bool {
 		ls := v.setLatency(ch)
 		s, reason = v.pickIn(ch.key, ch.prefixHash, ch.exclude)
 		if ls != nil && s != nil {
+			if ch.strict && !ls.Meets() {
+				return false // nothing reserved: the request waits for a worker in time
+			}
 			out.Features = ls.Features()
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -257,6 +258,10 @@ func (q *Queue) Admit(e *Entry, h Host, cached func([]string) int) {
 	if r.Allowed != nil {
 		e.capKey += "\x00" + strings.Join(r.Allowed, "\x00")
 	}
+	if r.Objective > 0 {
+		// Its own candidate set: the key is the queue's internal id, no client's string.
+		e.capKey += "\x00o" + strconv.FormatUint(r.Key, 16)
+	}
 	if c.cfg.Order == OrderWSPT || c.cfg.Cost == CostUncachedTokens {
 		// A snapshot at admission: the estimate the request is ordered and charged by.
 		if cached != nil {
@@ -293,6 +298,9 @@ func (q *Queue) Admit(e *Entry, h Host, cached func([]string) int) {
 	limit, maxWait, count := c.cfg.QueueLimit, c.cfg.MaxWait, c.queued
 	if l.hasLim {
 		limit, maxWait, count = l.limit.QueueLimit, l.limit.MaxWait, c.named[l.name]
+	}
+	if r.Objective > 0 {
+		maxWait = min(maxWait, r.Objective)
 	}
 	if count >= limit {
 		e.state = left

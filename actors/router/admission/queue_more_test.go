@@ -353,3 +353,50 @@ func TestImmediateDispatchOpensNoLane(t *testing.T) {
 		t.Fatalf("after it went: state %v, %d lanes open", waiting.state, len(q.classes[0].lanes))
 	}
 }
+
+// TestObjectiveWaitsAlone: a request with an objective that its owner cannot dispatch in time
+// waits in a lane of its own — a request behind it in the same class and pool, with or without
+// an objective, goes at once — and expires when its objective has passed, before the class's
+// max_wait; once it can be served in time, a wake dispatches it.
+func TestObjectiveWaitsAlone(t *testing.T) {
+	h := newHost("w")
+	h.late = map[*Entry]bool{}
+	q := newQueue(h, nil)
+	late := entry("late", "", "", "w")
+	late.Req.Objective = 200 * time.Millisecond
+	h.late[late] = true
+	q.Admit(late, h, nil)
+	if !late.Queued() {
+		t.Fatal("the late request did not wait")
+	}
+	other := entry("other", "", "", "w")
+	other.Req.Objective = 200 * time.Millisecond
+	q.Admit(other, h, nil)
+	plain := entry("plain", "", "", "w")
+	q.Admit(plain, h, nil)
+	if len(h.dispatched) != 2 {
+		t.Fatalf("%d dispatched, want the two behind the late one", len(h.dispatched))
+	}
+	// A second late one: the first can go now, the second expires at its own objective.
+	late2 := entry("late2", "", "", "w")
+	late2.Req.Objective = 300 * time.Millisecond
+	h.late[late2] = true
+	q.Admit(late2, h, nil)
+	h.advance(q, 100*time.Millisecond)
+	delete(h.late, late)
+	q.WakeCapacity(h)
+	if late.Queued() || h.dispatched[len(h.dispatched)-1] != late {
+		t.Fatal("the first late request was not dispatched once it could be served in time")
+	}
+	h.advance(q, 199*time.Millisecond)
+	if _, ok := h.rejected[late2]; ok {
+		t.Fatal("rejected before its objective passed")
+	}
+	h.advance(q, time.Millisecond)
+	if err := h.rejected[late2]; !errors.Is(err, ErrQueueTimeout) {
+		t.Fatalf("late2: %v, want a queue timeout at its objective (max_wait is a minute)", err)
+	}
+	if q.Len() != 0 {
+		t.Fatalf("%d still queued", q.Len())
+	}
+}

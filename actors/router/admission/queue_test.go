@@ -19,6 +19,7 @@ type fakeHost struct {
 	dispatched []*Entry
 	rejected   map[*Entry]error
 	armed      []time.Time
+	late       map[*Entry]bool // entries no worker can serve in time (an objective's owner refuses them)
 }
 
 func newHost(workers ...string) *fakeHost {
@@ -52,6 +53,9 @@ func (h *fakeHost) View(e *Entry) View {
 }
 
 func (h *fakeHost) Dispatch(e *Entry, target string) (string, bool) {
+	if h.late[e] {
+		return "", false
+	}
 	best := ""
 	for _, w := range h.candidates(e) {
 		if h.full(w) {

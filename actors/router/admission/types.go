@@ -39,6 +39,13 @@ type Request struct {
 	// Pool names the pool the request goes to (its model and role; the queue sets it from the
 	// entry before Classify): requests of one pool compete for the same workers.
 	Pool string
+	// Objective is the request's own time objective (R18.4: its TTFT objective under
+	// predicted_latency; 0 = none), counted from its admission. Its owner dispatches it only to
+	// a worker predicted to meet what is left of it, so such a request waits in a lane of its
+	// own (its feasibility is its own: its prompt and its time, and it never holds another
+	// request back) and at most until the objective has passed — a later dispatch could not
+	// meet it — or its class's max_wait, whichever comes first (then 503 queue_timeout).
+	Objective time.Duration
 	// Final marks a session's last turn (X-TL-Session-Final: true): a program policy frees the
 	// session's state when it is admitted (R15.1).
 	Final bool

@@ -20,6 +20,9 @@ import (
 type LatencyScorer interface {
 	SetLatencyRequest(x *prefixindex.Index, hashes []uint64, sloMs float64)
 	Features() ttftmodel.X
+	// Meets reports whether the last Pick's member was predicted to meet the objective (true
+	// when the request had none).
+	Meets() bool
 	// Observe teaches m's model one measured TTFT, as the package's Observe, and refreshes
 	// the policy's copy of its weights.
 	Observe(m *Member, x ttftmodel.X, ttftMs float64)
@@ -103,6 +106,7 @@ type PredictedLatency struct {
 	hashes []uint64
 	slo    float64
 	last   ttftmodel.X
+	meets  bool
 }
 
 // latRow is what the pick reads of one member, side by side with the others.
@@ -132,6 +136,9 @@ func (p *PredictedLatency) SetLatencyRequest(x *prefixindex.Index, hashes []uint
 
 // Features implements LatencyScorer.
 func (p *PredictedLatency) Features() ttftmodel.X { return p.last }
+
+// Meets implements LatencyScorer.
+func (p *PredictedLatency) Meets() bool { return p.meets }
 
 // Observe implements LatencyScorer.
 func (p *PredictedLatency) Observe(m *Member, x ttftmodel.X, ttftMs float64) {
@@ -203,6 +210,7 @@ func (p *PredictedLatency) Cap() int64 { return boundedCap(p.c, p.total, len(p.r
 func (p *PredictedLatency) Pick(_ uint64, exclude []string) (*Member, Reason) {
 	idx, hashes, slo := p.idx, p.hashes, p.slo
 	p.idx, p.hashes, p.slo = nil, nil, 0
+	p.meets = false
 	if len(p.rows) == 0 {
 		return nil, ReasonPredicted
 	}
@@ -247,6 +255,7 @@ func (p *PredictedLatency) Pick(_ uint64, exclude []string) (*Member, Reason) {
 		return nil, ReasonPredicted // every member under the cap is excluded, and so is the rest
 	}
 	b := &p.rows[best]
+	p.meets = slo <= 0 || bestScore>>63 == 0
 	bestMatched := 0
 	if depth > 0 && (allHeld || b.mark == p.gen) {
 		bestMatched = depth
