@@ -36,6 +36,7 @@ func runSimulate(args []string, stdout, stderr io.Writer) int {
 	format := fs.String("format", "markdown", "json or markdown")
 	plot := fs.String("plot", "", "also draw hit rate and TTFT p99 per policy into this PNG file")
 	kvBlocks := fs.Int("kv-blocks", fleet.DefaultEngine.KVBlocks, "KV blocks per engine (16 tokens each): fewer means more evictions")
+	loadFactor := fs.Float64("load-factor", 1.25, "affinity_load_factor, the bounded-load c of affinity, prefix_aware, precise_prefix and predicted_latency (≥ 1)")
 	restartEvery := fs.Duration("restart-every", 0, "restart one engine in turn every this much simulated time, emptying its cache (0: never)")
 	if err := fs.Parse(args); err != nil {
 		if err == flag.ErrHelp {
@@ -63,6 +64,8 @@ func runSimulate(args []string, stdout, stderr io.Writer) int {
 		return bad("--format must be json or markdown, got %q", *format)
 	case *kvBlocks < 1:
 		return bad("--kv-blocks must be at least 1, got %d", *kvBlocks)
+	case !(*loadFactor >= 1) || math.IsInf(*loadFactor, 0):
+		return bad("--load-factor must be at least 1, got %v", *loadFactor)
 	case *restartEvery < 0:
 		return bad("--restart-every must not be negative, got %v", *restartEvery)
 	}
@@ -77,7 +80,7 @@ func runSimulate(args []string, stdout, stderr io.Writer) int {
 	}
 	o := fleet.Options{Trace: *trace, Workers: *workers, Requests: *requests, Load: *load, Policies: pols,
 		Seed: *seed, Heterogeneous: *hetero, SLOTTFT: time.Duration(*slo * float64(time.Millisecond)),
-		RestartEvery: *restartEvery}
+		RestartEvery: *restartEvery, LoadFactor: *loadFactor}
 	o.Engine = fleet.DefaultEngine
 	o.Engine.KVBlocks = *kvBlocks
 	if err := o.Validate(); err != nil {

@@ -76,6 +76,8 @@ func TestSimulateBadFlags(t *testing.T) {
 		{[]string{"--workers", "x"}, "invalid value"},
 		{[]string{"--kv-blocks", "0"}, "--kv-blocks must be at least 1"},
 		{[]string{"--restart-every", "-1s"}, "--restart-every must not be negative"},
+		{[]string{"--load-factor", "0.9"}, "--load-factor must be at least 1"},
+		{[]string{"--load-factor", "NaN"}, "--load-factor must be at least 1"},
 	} {
 		var stdout, stderr bytes.Buffer
 		if code := run(append([]string{"simulate"}, tc.args...), &stdout, &stderr); code != 2 {
@@ -123,5 +125,31 @@ func TestSimulatePressureAndRestarts(t *testing.T) {
 	}
 	if !(tight["precise_prefix"] > tight["prefix_aware"]) {
 		t.Fatalf("under pressure and restarts precise_prefix %.3f, prefix_aware %.3f", tight["precise_prefix"], tight["prefix_aware"])
+	}
+}
+
+// TestSimulateLoadFactor: --load-factor reaches the bounded-load cap: a tighter c lowers
+// prefix_aware's imbalance.
+func TestSimulateLoadFactor(t *testing.T) {
+	imbalance := func(c string) float64 {
+		t.Helper()
+		var stdout, stderr bytes.Buffer
+		args := []string{"simulate", "--trace", "shared-prefix", "--workers", "20", "--requests", "2000",
+			"--load", "0.8", "--seed", "1", "--policies", "prefix_aware", "--format", "json", "--load-factor", c}
+		if code := run(args, &stdout, &stderr); code != 0 {
+			t.Fatalf("exit %d: %s", code, stderr.String())
+		}
+		var out struct {
+			Results []struct {
+				Imbalance float64 `json:"imbalance"`
+			} `json:"results"`
+		}
+		if err := json.Unmarshal(stdout.Bytes(), &out); err != nil || len(out.Results) != 1 {
+			t.Fatalf("%v %s", err, stdout.String())
+		}
+		return out.Results[0].Imbalance
+	}
+	if loose, tight := imbalance("2"), imbalance("1"); !(tight < loose) {
+		t.Fatalf("imbalance %.3f with c = 1, %.3f with c = 2", tight, loose)
 	}
 }
