@@ -4,6 +4,9 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/tlgw/tlgw/actors/router/policy"
 	"github.com/tlgw/tlgw/internal/config"
 	"github.com/tlgw/tlgw/internal/prefixindex"
@@ -120,5 +123,29 @@ func TestPreciseIndexOffForOtherPolicies(t *testing.T) {
 func TestPrecisePolicyName(t *testing.T) {
 	if config.PolicyPrecisePrefix != PolicyPrecisePrefix {
 		t.Fatalf("config %q, router %q", config.PolicyPrecisePrefix, PolicyPrecisePrefix)
+	}
+}
+
+// TestPreciseIndexCountsDropped: ids past a worker's bound are not recorded, and
+// tlgw_kv_index_dropped_total counts them (once each, after the message that dropped them);
+// tlgw_kv_index_entries shows what is held.
+func TestPreciseIndexCountsDropped(t *testing.T) {
+	m := NewMetrics(prometheus.NewRegistry())
+	s, err := NewSim(Config{Policy: PolicyPrecisePrefix, KVIndexBlocks: 4, Metrics: m})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.SetWorker(WorkerInfo{ID: "w0", Model: "m", HTTPAddress: "127.0.0.1:9", KVEvents: true})
+	h := longPrompt("a prompt longer than the bound ", 7)
+	if !s.KVEvents(&KVEvents{WorkerID: "w0", Clear: true, Stored: h[:6]}) {
+		t.Fatal("not applied")
+	}
+	if got := testutil.ToFloat64(m.kvDropped); got != 2 {
+		t.Fatalf("dropped %v, want 2 (6 stored, bound 4)", got)
+	}
+	s.KVEvents(&KVEvents{WorkerID: "w0", Stored: h[6:]})
+	s.KVEvents(&KVEvents{WorkerID: "w0"})
+	if got, entries := testutil.ToFloat64(m.kvDropped), testutil.ToFloat64(m.kvIndex); got != 3 || entries != 4 {
+		t.Fatalf("dropped %v, entries %v; want 3 and 4", got, entries)
 	}
 }

@@ -13,6 +13,7 @@ type Metrics struct {
 	ejections *prometheus.CounterVec
 	routes    *prometheus.GaugeVec // tlgw_route_routable_workers{route}
 	kvIndex   prometheus.Gauge     // tlgw_kv_index_entries
+	kvDropped prometheus.Counter   // tlgw_kv_index_dropped_total
 	admission admissionMetrics
 }
 
@@ -37,10 +38,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Name: "tlgw_kv_index_entries",
 		Help: "Chunk ids precise_prefix's exact index holds, summed over workers (R18.3; 0 under other policies).",
 	})
+	m.kvDropped = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "tlgw_kv_index_dropped_total",
+		Help: "Chunk ids engines reported STORED that precise_prefix's exact index did not record: the worker already held blocks_per_worker ids (R18.3). Growing means the bound is below what the engines cache.",
+	})
 	m.admission = newAdmissionMetrics()
 	if reg != nil {
 		a := m.admission
-		reg.MustRegister(m.decisions, m.workers, m.ejections, m.routes, m.kvIndex, a.queueLength, a.queueWait, a.gateDecisions, a.queueRejections,
+		reg.MustRegister(m.decisions, m.workers, m.ejections, m.routes, m.kvIndex, m.kvDropped, a.queueLength, a.queueWait, a.gateDecisions, a.queueRejections,
 			a.programs, a.programPauses, a.programForcedResumes)
 	}
 	return m

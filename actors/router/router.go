@@ -52,6 +52,9 @@ type state struct {
 	parent *actor.PID
 	gauges routeGauges      // tlgw_route_routable_workers
 	kvSize prometheus.Gauge // tlgw_kv_index_entries
+	// tlgw_kv_index_dropped_total, and the index's count it has published.
+	kvDropped   prometheus.Counter
+	kvDroppedAt uint64
 }
 
 func newState(cfg Config) *state {
@@ -66,7 +69,8 @@ func newState(cfg Config) *state {
 		clk = clock.Real{}
 	}
 	st := &state{log: cfg.Logger, table: newRouteTable(cfg.Routes), view: newWorkerView(cfg, clk),
-		gauges: routeGauges{vec: cfg.Metrics.routes, dirty: true}, kvSize: cfg.Metrics.kvIndex}
+		gauges: routeGauges{vec: cfg.Metrics.routes, dirty: true}, kvSize: cfg.Metrics.kvIndex,
+		kvDropped: cfg.Metrics.kvDropped}
 	if cfg.Admission != nil {
 		st.adm = newAdmitter(cfg.Admission, clk, cfg.Metrics.admission, st.view)
 	}
@@ -129,6 +133,10 @@ func (r *routerActor) Receive(c actor.Context) {
 func (st *state) afterMessage() {
 	if st.view.kidx != nil {
 		st.kvSize.Set(float64(st.view.kidx.Entries()))
+		if d := st.view.kidx.Dropped(); d != st.kvDroppedAt {
+			st.kvDropped.Add(float64(d - st.kvDroppedAt))
+			st.kvDroppedAt = d
+		}
 	}
 	if st.view.poolsMoved {
 		st.view.poolsMoved = false
