@@ -137,13 +137,13 @@ type choice struct {
 	prefixHash uint64
 	hashes     []uint64
 	exclude    []string
-	sloMs      int64      // the TTFT objective (R18.4; 0 = none), for predicted_latency
+	sloMs      int64 // the TTFT objective (R18.4; 0 = none), for predicted_latency
 	// strict: only a worker predicted to meet sloMs will do (an admitted request with an
 	// objective, dispatched from the queue); the gate's soft target is not taken, as it has no
 	// prediction.
-	strict bool
-	soft       string     // the gate's soft target ("" = none)
-	requester  *actor.PID // named in the Acquire, so the worker can watch it
+	strict    bool
+	soft      string     // the gate's soft target ("" = none)
+	requester *actor.PID // named in the Acquire, so the worker can watch it
 }
 
 // choose picks and reserves the worker(s) of a resolved pick into out: the soft target when it

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"maps"
+	"math/bits"
 	"slices"
 	"strconv"
 	"strings"
@@ -259,8 +260,8 @@ func (q *Queue) Admit(e *Entry, h Host, cached func([]string) int) {
 		e.capKey += "\x00" + strings.Join(r.Allowed, "\x00")
 	}
 	if r.Objective > 0 {
-		// Its own candidate set: the key is the queue's internal id, no client's string.
-		e.capKey += "\x00o" + strconv.FormatUint(r.Key, 16)
+		// Its objective band's candidate set (see Request.Objective): at most 64 per pool.
+		e.capKey += "\x00o" + strconv.Itoa(bits.Len64(uint64(r.Objective.Milliseconds())))
 	}
 	if c.cfg.Order == OrderWSPT || c.cfg.Cost == CostUncachedTokens {
 		// A snapshot at admission: the estimate the request is ordered and charged by.

@@ -354,47 +354,59 @@ func TestImmediateDispatchOpensNoLane(t *testing.T) {
 	}
 }
 
-// TestObjectiveWaitsAlone: a request with an objective that its owner cannot dispatch in time
-// waits in a lane of its own — a request behind it in the same class and pool, with or without
-// an objective, goes at once — and expires when its objective has passed, before the class's
-// max_wait; once it can be served in time, a wake dispatches it.
-func TestObjectiveWaitsAlone(t *testing.T) {
+// TestObjectiveBands: a request with an objective that its owner cannot dispatch in time
+// waits with those of its objective band (within a factor of two) and holds back only them: a
+// request of another band, or without an objective, goes at once. It expires when its
+// objective has passed, before the class's max_wait; once it can be served in time, a wake
+// dispatches it and those behind it. However many wait in a band, a wake asks its head only.
+func TestObjectiveBands(t *testing.T) {
 	h := newHost("w")
 	h.late = map[*Entry]bool{}
 	q := newQueue(h, nil)
-	late := entry("late", "", "", "w")
-	late.Req.Objective = 200 * time.Millisecond
-	h.late[late] = true
-	q.Admit(late, h, nil)
-	if !late.Queued() {
-		t.Fatal("the late request did not wait")
+	admit := func(id string, objective time.Duration, late bool) *Entry {
+		e := entry(id, "", "", "w")
+		e.Req.Objective = objective
+		if late {
+			h.late[e] = true
+		}
+		q.Admit(e, h, nil)
+		return e
 	}
-	other := entry("other", "", "", "w")
-	other.Req.Objective = 200 * time.Millisecond
-	q.Admit(other, h, nil)
-	plain := entry("plain", "", "", "w")
-	q.Admit(plain, h, nil)
-	if len(h.dispatched) != 2 {
-		t.Fatalf("%d dispatched, want the two behind the late one", len(h.dispatched))
+	late := admit("late", 200*time.Millisecond, true)
+	behind := admit("behind", 250*time.Millisecond, false) // the same band: 128–255 ms
+	other := admit("other", 300*time.Millisecond, false)   // 256–511 ms
+	plain := admit("plain", 0, false)
+	if !late.Queued() || !behind.Queued() {
+		t.Fatal("the late request and the one behind it in its band should wait")
 	}
-	// A second late one: the first can go now, the second expires at its own objective.
-	late2 := entry("late2", "", "", "w")
-	late2.Req.Objective = 300 * time.Millisecond
-	h.late[late2] = true
-	q.Admit(late2, h, nil)
+	if other.Queued() || plain.Queued() || len(h.dispatched) != 2 {
+		t.Fatalf("%d dispatched, want the other band's and the plain one", len(h.dispatched))
+	}
+	// Many late ones in another band: a wake asks only that band's head (and late's).
+	var many []*Entry
+	for i := range 50 {
+		many = append(many, admit(fmt.Sprint("many", i), 3*time.Second, true))
+	}
+	h.dispatches = 0
+	q.WakeCapacity(h)
+	if h.dispatches != 2 {
+		t.Fatalf("a wake made %d dispatch attempts, want 2 (one per band)", h.dispatches)
+	}
 	h.advance(q, 100*time.Millisecond)
 	delete(h.late, late)
 	q.WakeCapacity(h)
-	if late.Queued() || h.dispatched[len(h.dispatched)-1] != late {
-		t.Fatal("the first late request was not dispatched once it could be served in time")
+	if late.Queued() || behind.Queued() {
+		t.Fatal("the band did not go once its head could be served in time")
 	}
-	h.advance(q, 199*time.Millisecond)
-	if _, ok := h.rejected[late2]; ok {
+	h.advance(q, 2899*time.Millisecond)
+	if _, ok := h.rejected[many[0]]; ok {
 		t.Fatal("rejected before its objective passed")
 	}
 	h.advance(q, time.Millisecond)
-	if err := h.rejected[late2]; !errors.Is(err, ErrQueueTimeout) {
-		t.Fatalf("late2: %v, want a queue timeout at its objective (max_wait is a minute)", err)
+	for _, e := range many {
+		if err := h.rejected[e]; !errors.Is(err, ErrQueueTimeout) {
+			t.Fatalf("%s: %v, want a queue timeout at its objective (max_wait is a minute)", e.Req.ID, err)
+		}
 	}
 	if q.Len() != 0 {
 		t.Fatalf("%d still queued", q.Len())

@@ -20,6 +20,7 @@ type fakeHost struct {
 	rejected   map[*Entry]error
 	armed      []time.Time
 	late       map[*Entry]bool // entries no worker can serve in time (an objective's owner refuses them)
+	dispatches int             // Dispatch calls
 }
 
 func newHost(workers ...string) *fakeHost {
@@ -53,6 +54,7 @@ func (h *fakeHost) View(e *Entry) View {
 }
 
 func (h *fakeHost) Dispatch(e *Entry, target string) (string, bool) {
+	h.dispatches++
 	if h.late[e] {
 		return "", false
 	}
