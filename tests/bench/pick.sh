@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 bt="${1:-1s}"
-go test -run '^$' -bench 'BenchmarkPolicyPick|BenchmarkPrefixAwarePick|BenchmarkPrecisePrefixPick|BenchmarkRouterPickRoundTrip' -benchtime "$bt" -benchmem ./tests/bench/ |
+go test -run '^$' -bench 'BenchmarkPolicyPick|BenchmarkPrefixAwarePick|BenchmarkPrecisePrefixPick|BenchmarkPredictedLatencyPick|BenchmarkRouterPickRoundTrip' -benchtime "$bt" -benchmem ./tests/bench/ |
 awk '
 /^Benchmark/ {
   name=$1; sub(/-[0-9]+$/, "", name)
