@@ -71,7 +71,8 @@ func TestPredictedLatencyLearnsFromObservations(t *testing.T) {
 // TestObjectiveWaitsForAWorkerInTime (R18.4 with admission): under predicted_latency with the
 // admission queue on (no busy threshold), a request whose objective no worker is predicted to
 // meet waits in the queue instead of going to the lowest prediction; a request without an
-// objective is not held back by it; a release that brings a prediction within what is left of
+// objective is not held back by it; nor is one no worker would serve in time even idle (it
+// goes now, to the lowest prediction); a release that brings a prediction within what is left of
 // the objective dispatches it (not one that only meets the whole objective); one that waits
 // until its objective has passed is answered 503 queue_timeout (reason slo_unmet) well before
 // the class's max_wait; a class that never queues answers 429 at once.
@@ -96,6 +97,13 @@ func TestObjectiveWaitsForAWorkerInTime(t *testing.T) {
 		pk, ok := s.Pick(&Pick{Model: "m", RequestID: fmt.Sprint(n), Key: uint64(n), Requester: pid, Tag: 1,
 			Admit: &AdmitInfo{Class: class}, SLOTTFTMs: slo})
 		return pid, pk, ok
+	}
+	// 10 ms: no worker would be in time even idle (20 ms at best), so waiting cannot help: it
+	// goes now, to the lowest prediction.
+	if _, pk, ok := pick(10, ""); !ok || pk.Err != nil || pk.WorkerID != "w0" {
+		t.Fatalf("an objective no idle worker meets: %+v %v, want w0 at once", pk, ok)
+	} else {
+		s.Release(pk, OutcomeSuccess)
 	}
 	// Two requests on each worker: predicted 20 then 120 ms, both within 150.
 	var w0 []*Picked

@@ -171,8 +171,11 @@ func (v *workerView) choose(ch choice, out *Picked, fx effects) bool {
 		ls := v.setLatency(ch)
 		s, reason = v.pickIn(ch.key, ch.prefixHash, ch.exclude)
 		if ls != nil && s != nil {
-			if ch.strict && !ls.Meets() {
-				return false // nothing reserved: the request waits for a worker in time
+			if now, idle := ls.Meets(); ch.strict && !now && idle {
+				// Nothing reserved: the request waits for load to fall on a worker that
+				// would be in time. One that no worker would serve in time even idle (its
+				// prompt's prefill alone is too long) goes now, to the lowest prediction.
+				return false
 			}
 			out.Features = ls.Features()
 		}

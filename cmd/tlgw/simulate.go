@@ -37,6 +37,7 @@ func runSimulate(args []string, stdout, stderr io.Writer) int {
 	plot := fs.String("plot", "", "also draw hit rate and TTFT p99 per policy into this PNG file")
 	kvBlocks := fs.Int("kv-blocks", fleet.DefaultEngine.KVBlocks, "KV blocks per engine (16 tokens each): fewer means more evictions")
 	loadFactor := fs.Float64("load-factor", 1.25, "affinity_load_factor, the bounded-load c of affinity, prefix_aware, precise_prefix and predicted_latency (≥ 1)")
+	adm := fs.Bool("admission", false, "the router's admission queue on (one class, no busy threshold): under predicted_latency a request no engine is predicted to serve within --slo-ttft-ms waits in the gateway and is shed when that has passed")
 	restartEvery := fs.Duration("restart-every", 0, "restart one engine in turn every this much simulated time, emptying its cache (0: never)")
 	if err := fs.Parse(args); err != nil {
 		if err == flag.ErrHelp {
@@ -80,7 +81,7 @@ func runSimulate(args []string, stdout, stderr io.Writer) int {
 	}
 	o := fleet.Options{Trace: *trace, Workers: *workers, Requests: *requests, Load: *load, Policies: pols,
 		Seed: *seed, Heterogeneous: *hetero, SLOTTFT: time.Duration(*slo * float64(time.Millisecond)),
-		RestartEvery: *restartEvery, LoadFactor: *loadFactor}
+		RestartEvery: *restartEvery, LoadFactor: *loadFactor, Admission: *adm}
 	o.Engine = fleet.DefaultEngine
 	o.Engine.KVBlocks = *kvBlocks
 	if err := o.Validate(); err != nil {

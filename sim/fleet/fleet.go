@@ -23,9 +23,11 @@ import (
 	"sync"
 	"time"
 
+	"github.com/asynkron/protoactor-go/actor"
 	"github.com/cespare/xxhash/v2"
 
 	"github.com/tlgw/tlgw/actors/router"
+	"github.com/tlgw/tlgw/actors/router/admission"
 	"github.com/tlgw/tlgw/actors/router/policy"
 	"github.com/tlgw/tlgw/internal/oai"
 	"github.com/tlgw/tlgw/internal/prefixindex"
@@ -55,6 +57,11 @@ type Options struct {
 	// RestartEvery, when positive, restarts one engine (in turn) every RestartEvery of
 	// simulated time: its prefix cache starts empty (precise.go).
 	RestartEvery time.Duration
+	// Admission turns the router's admission queue on as `[admission]` with one class and no
+	// busy threshold (queue limit Requests, max wait AdmissionMaxWait): nothing waits for room,
+	// and under predicted_latency a request that no engine is predicted to serve within its
+	// objective waits in the gateway until one is, and is shed when its objective passes (R18.4).
+	Admission bool
 	// Parallel bounds the policies run at once (default GOMAXPROCS).
 	Parallel int
 }
@@ -72,7 +79,8 @@ type Result struct {
 	TTFTMeanMs    float64 `json:"ttft_mean_ms"`
 	Requests      int     `json:"requests"`
 	Completed     int     `json:"completed"`
-	Rejected      int     `json:"rejected"` // no worker, or a prompt larger than its engine's KV
+	Rejected      int     `json:"rejected"` // no worker, a prompt larger than its engine's KV, or shed by the admission queue
+	Held          int     `json:"held"`     // requests that waited in the gateway's admission queue (Options.Admission)
 	OfferedRPS    float64 `json:"offered_rps"`
 	SimSeconds    float64 `json:"sim_seconds"` // simulated time until the last request ended
 }
@@ -81,6 +89,9 @@ type Result struct {
 type Report struct {
 	Results []Result `json:"results"`
 }
+
+// AdmissionMaxWait is the simulated class's max_wait (the config's default).
+const AdmissionMaxWait = 30 * time.Second
 
 // model is the one model every simulated engine serves.
 const model = "sim"
@@ -319,6 +330,7 @@ type runner struct {
 	queueSum  float64   // ms
 	outTokens int64
 	rejected  int
+	held      int
 	lastDone  int64
 	maxSum    float64 // Σ over samples of the largest in-flight count
 	meanSum   float64 // Σ over samples of the mean in-flight count
@@ -337,6 +349,11 @@ func runPolicy(o *Options, ms []EngineModel, tr *trace, arrivals []int64, pol st
 	if precise {
 		cfg.KVIndexBlocks = o.PrefixIndexBlocks
 		index = true
+	}
+	if o.Admission {
+		cfg.Admission = &router.AdmissionConfig{PolicyName: pol, Queue: admission.Config{
+			Classes:      []admission.ClassConfig{{Name: "default", Quantum: 1, QueueLimit: len(tr.reqs), MaxWait: AdmissionMaxWait}},
+			DefaultClass: "default"}}
 	}
 	s, err := router.NewSim(cfg)
 	if err != nil {
@@ -364,6 +381,7 @@ func runPolicy(o *Options, ms []EngineModel, tr *trace, arrivals []int64, pol st
 		ev := r.q.pop()
 		r.now = ev.at
 		s.AdvanceTo(router.SimStart.Add(time.Duration(ev.at)))
+		r.dispatched() // the queue's timers: expiries
 		switch ev.kind {
 		case evArrive:
 			r.arrive(ev.idx)
@@ -391,6 +409,7 @@ func runPolicy(o *Options, ms []EngineModel, tr *trace, arrivals []int64, pol st
 				r.q.push(r.now+int64(sampleEvery), evSample, 0)
 			}
 		}
+		r.dispatched() // what the event released or taught the router
 	}
 	return r.result(pol), nil
 }
@@ -452,37 +471,71 @@ func (r *runner) pick(i int32) (*router.Picked, error) {
 		return nil, err
 	}
 	p := &router.Pick{Model: model, RequestID: strconv.Itoa(int(i)), Key: uint64(i) + 1,
-		PrefixHash: xxhash.Sum64(key), Tag: 1, SLOTTFTMs: r.o.SLOTTFT.Milliseconds()}
+		PrefixHash: xxhash.Sum64(key), Tag: uint64(i) + 1, SLOTTFTMs: r.o.SLOTTFT.Milliseconds()}
 	if r.index {
 		rendered := oai.RenderPrompt(oai.Chat, r.body, len(r.body))
 		r.hashes = prefixindex.Hashes(r.hashes, rendered)
 		p.PrefixHashes = r.hashes
 	}
+	if r.o.Admission {
+		// An admitted pick, as the request actor makes it: the router keeps it while it waits.
+		p.PrefixHashes = slices.Clone(p.PrefixHashes)
+		p.Requester = actor.NewPID("sim", "request/"+p.RequestID)
+		p.Admit = &router.AdmitInfo{PromptTokens: r.tr.reqs[i].promptTokens()}
+	}
 	pk, ok := r.sim.Pick(p)
-	if !ok {
+	if !ok && !r.o.Admission {
 		return nil, errors.New("queued without admission")
 	}
-	return pk, nil
+	return pk, nil // nil: it waits in the queue
 }
 
 func (r *runner) arrive(i int32) {
 	r.arrived++
+	r.jobs[i].arrival = r.now
 	pk, err := r.pick(i)
 	if err != nil {
 		panic(fmt.Sprintf("fleet: request %d: %v", i, err)) // a bug in the simulator
 	}
+	if pk == nil {
+		r.inFlight++ // waiting in the gateway (dispatched)
+		r.held++
+		return
+	}
+	r.place(i, pk)
+}
+
+// dispatched places the requests the admission queue answered since the last call: a pick
+// goes to its engine, a rejection (shed) is counted.
+func (r *runner) dispatched() {
+	if !r.o.Admission {
+		return
+	}
+	for _, d := range r.sim.Deliveries() {
+		pk, ok := d.Msg.(*router.Picked)
+		if !ok || pk.Tag == 0 || pk.Tag > uint64(len(r.jobs)) {
+			continue
+		}
+		r.inFlight--
+		r.place(int32(pk.Tag-1), pk)
+	}
+}
+
+// place sends picked request i to its engine: it runs at once or waits in the engine's queue.
+func (r *runner) place(i int32, pk *router.Picked) {
 	if pk.Err != nil {
 		r.rejected++
 		return
 	}
 	j := &r.jobs[i]
-	j.picked, j.eng, j.arrival = pk, r.byID[pk.WorkerID], r.now
+	j.picked, j.eng = pk, r.byID[pk.WorkerID]
 	e := r.engines[j.eng]
 	prompt := r.prompt(i)
 	j.prompt = int32(len(prompt))
 	if !e.fits(len(prompt)) {
 		r.rejected++
 		r.sim.Release(pk, router.OutcomeNone)
+		r.finished(i, true)
 		return
 	}
 	r.inFlight++
@@ -528,6 +581,7 @@ func (r *runner) done(i int32) {
 	r.lastDone = r.now
 	r.inFlight--
 	r.sim.Release(j.picked, router.OutcomeSuccess)
+	r.finished(i, false)
 	j.picked = nil
 	for e.waiting() > 0 {
 		h := e.queue[e.head]
@@ -542,6 +596,14 @@ func (r *runner) done(i int32) {
 	if e.head > 64 && 2*e.head > len(e.queue) {
 		e.queue = append(e.queue[:0], e.queue[e.head:]...)
 		e.head = 0
+	}
+}
+
+// finished tells the admission queue request i ended, as its request actor does.
+func (r *runner) finished(i int32, aborted bool) {
+	if r.o.Admission {
+		req := &r.tr.reqs[i]
+		r.sim.Finished(&router.Finished{Key: uint64(i) + 1, Tokens: int64(req.promptTokens()) + int64(req.out.n), Aborted: aborted})
 	}
 }
 
@@ -561,7 +623,7 @@ func (r *runner) sample() {
 }
 
 func (r *runner) result(pol string) Result {
-	res := Result{Policy: pol, Requests: len(r.tr.reqs), Completed: len(r.ttft), Rejected: r.rejected}
+	res := Result{Policy: pol, Requests: len(r.tr.reqs), Completed: len(r.ttft), Rejected: r.rejected, Held: r.held}
 	var hit, look uint64
 	for _, e := range r.engines {
 		st := e.pool.Stats()

@@ -79,6 +79,7 @@ func (q *Queue) pumpOnce(h Host) {
 			e.wait = WaitCapacity
 			q.block(e.lane, e, h)
 			e.lane.group.full = q.pump
+			q.lateFailed(e)
 			continue
 		}
 		t := c.tier
@@ -187,7 +188,7 @@ func (q *Queue) nextHead(c *class, h Host) (*Entry, string) {
 			l = c.ready[0]
 		}
 		for _, g := range c.groups {
-			if g.full != q.pump && (l == nil || c.before(g.lanes[0].head(), l.head())) {
+			if g.full != q.pump && !(g.objective && q.lateDone()) && (l == nil || c.before(g.lanes[0].head(), l.head())) {
 				l = g.lanes[0]
 			}
 		}
@@ -207,5 +208,6 @@ func (q *Queue) nextHead(c *class, h Host) (*Entry, string) {
 			q.block(l, e, h)
 		}
 		l.group.full = q.pump // every head of this candidate set would find the same
+		q.lateFailed(e)
 	}
 }

@@ -101,6 +101,9 @@ type capGroup struct {
 	lanes laneHeap
 	idx   int    // place in class.groups
 	full  uint64 // the pump in which a head of the set found no room
+	// objective: the set of one request with an objective (Request.Objective), whose asks a
+	// pump bounds (MaxLateAsks).
+	objective bool
 }
 
 // laneOf names the request's lane and finds it (nil: not open): its classifier-named lane, else its session's,
@@ -175,7 +178,7 @@ func (q *Queue) block(l *lane, head *Entry, h Host) {
 		c := l.cls
 		g := c.groupBy[head.capKey]
 		if g == nil {
-			g = &capGroup{key: head.capKey, idx: len(c.groups)}
+			g = &capGroup{key: head.capKey, idx: len(c.groups), objective: head.Req.Objective > 0}
 			c.groups = append(c.groups, g)
 			c.groupBy[head.capKey] = g
 		}

@@ -6,7 +6,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"maps"
-	"math/bits"
 	"slices"
 	"strconv"
 	"strings"
@@ -180,7 +179,33 @@ type Queue struct {
 	panics   uint64   // the policy's panics recovered (R15.3)
 	failed   []*Entry // heads the gate failed on, to be rejected after the pump
 	pump     uint64   // numbers the pumps: a capacity group found full is skipped for the pump
+	// late counts the heads with an objective that could not go in pump late.pump (see
+	// MaxLateAsks).
+	late struct {
+		pump uint64
+		n    int
+	}
 }
+
+// MaxLateAsks bounds the heads with an objective (Request.Objective) that one pump asks in
+// vain: each waits in a candidate set of its own, so without a bound every wake would ask
+// every one of them (each ask a scan of its pool). Past the bound the rest are not asked in
+// that pump; the oldest are asked first, as everywhere.
+const MaxLateAsks = 8
+
+// lateFailed counts a head that could not go, when it has an objective.
+func (q *Queue) lateFailed(e *Entry) {
+	if e.Req.Objective <= 0 {
+		return
+	}
+	if q.late.pump != q.pump {
+		q.late.pump, q.late.n = q.pump, 0
+	}
+	q.late.n++
+}
+
+// lateDone reports whether this pump has asked MaxLateAsks heads with an objective in vain.
+func (q *Queue) lateDone() bool { return q.late.pump == q.pump && q.late.n >= MaxLateAsks }
 
 // New builds a queue. Unknown or duplicate class names are the caller's to validate.
 func New(cfg Config) *Queue {
@@ -260,8 +285,9 @@ func (q *Queue) Admit(e *Entry, h Host, cached func([]string) int) {
 		e.capKey += "\x00" + strings.Join(r.Allowed, "\x00")
 	}
 	if r.Objective > 0 {
-		// Its objective band's candidate set (see Request.Objective): at most 64 per pool.
-		e.capKey += "\x00o" + strconv.Itoa(bits.Len64(uint64(r.Objective.Milliseconds())))
+		// A candidate set of its own (see Request.Objective); the key is the queue's
+		// internal id, no client's string.
+		e.capKey += "\x00o" + strconv.FormatUint(r.Key, 16)
 	}
 	if c.cfg.Order == OrderWSPT || c.cfg.Cost == CostUncachedTokens {
 		// A snapshot at admission: the estimate the request is ordered and charged by.

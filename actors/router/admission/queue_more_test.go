@@ -354,12 +354,12 @@ func TestImmediateDispatchOpensNoLane(t *testing.T) {
 	}
 }
 
-// TestObjectiveBands: a request with an objective that its owner cannot dispatch in time
-// waits with those of its objective band (within a factor of two) and holds back only them: a
-// request of another band, or without an objective, goes at once. It expires when its
-// objective has passed, before the class's max_wait; once it can be served in time, a wake
-// dispatches it and those behind it. However many wait in a band, a wake asks its head only.
-func TestObjectiveBands(t *testing.T) {
+// TestObjectiveWaitsAlone: a request with an objective that its owner cannot dispatch in time
+// waits alone: requests after it, with the same objective, another or none, go at once. It
+// expires when its objective has passed, before the class's max_wait; once it can be served
+// in time, a wake dispatches it. However many wait, a wake asks at most MaxLateAsks of them in
+// vain, oldest first.
+func TestObjectiveWaitsAlone(t *testing.T) {
 	h := newHost("w")
 	h.late = map[*Entry]bool{}
 	q := newQueue(h, nil)
@@ -373,37 +373,49 @@ func TestObjectiveBands(t *testing.T) {
 		return e
 	}
 	late := admit("late", 200*time.Millisecond, true)
-	behind := admit("behind", 250*time.Millisecond, false) // the same band: 128–255 ms
-	other := admit("other", 300*time.Millisecond, false)   // 256–511 ms
+	same := admit("same", 200*time.Millisecond, false)
+	other := admit("other", 300*time.Millisecond, false)
 	plain := admit("plain", 0, false)
-	if !late.Queued() || !behind.Queued() {
-		t.Fatal("the late request and the one behind it in its band should wait")
+	if !late.Queued() {
+		t.Fatal("the late request did not wait")
 	}
-	if other.Queued() || plain.Queued() || len(h.dispatched) != 2 {
-		t.Fatalf("%d dispatched, want the other band's and the plain one", len(h.dispatched))
+	if same.Queued() || other.Queued() || plain.Queued() || len(h.dispatched) != 3 {
+		t.Fatalf("%d dispatched, want the three after the late one", len(h.dispatched))
 	}
-	// Many late ones in another band: a wake asks only that band's head (and late's).
 	var many []*Entry
-	for i := range 50 {
-		many = append(many, admit(fmt.Sprint("many", i), 3*time.Second, true))
+	for i := range 3 * MaxLateAsks {
+		objective := 3 * time.Second
+		if i == 3*MaxLateAsks-1 {
+			objective = 4 * time.Second // the youngest outlives the others
+		}
+		many = append(many, admit(fmt.Sprint("many", i), objective, true))
 	}
 	h.dispatches = 0
 	q.WakeCapacity(h)
-	if h.dispatches != 2 {
-		t.Fatalf("a wake made %d dispatch attempts, want 2 (one per band)", h.dispatches)
+	if h.dispatches != MaxLateAsks {
+		t.Fatalf("a wake made %d dispatch attempts, want %d", h.dispatches, MaxLateAsks)
 	}
+	// The oldest are asked: the first late one can go now, and does.
 	h.advance(q, 100*time.Millisecond)
 	delete(h.late, late)
+	delete(h.late, many[len(many)-1]) // the youngest could go too, but is not asked this pump
 	q.WakeCapacity(h)
-	if late.Queued() || behind.Queued() {
-		t.Fatal("the band did not go once its head could be served in time")
+	if late.Queued() {
+		t.Fatal("the first late request was not dispatched once it could be served in time")
+	}
+	if !many[len(many)-1].Queued() {
+		t.Fatal("the youngest was asked past the bound")
 	}
 	h.advance(q, 2899*time.Millisecond)
 	if _, ok := h.rejected[many[0]]; ok {
 		t.Fatal("rejected before its objective passed")
 	}
 	h.advance(q, time.Millisecond)
-	for _, e := range many {
+	// The others gone, the youngest is asked (the expiry's pump), and goes.
+	if youngest := many[len(many)-1]; youngest.Queued() || h.dispatched[len(h.dispatched)-1] != youngest {
+		t.Fatal("the youngest was not dispatched once the older ones had left")
+	}
+	for _, e := range many[:len(many)-1] {
 		if err := h.rejected[e]; !errors.Is(err, ErrQueueTimeout) {
 			t.Fatalf("%s: %v, want a queue timeout at its objective (max_wait is a minute)", e.Req.ID, err)
 		}

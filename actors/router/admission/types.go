@@ -41,13 +41,13 @@ type Request struct {
 	Pool string
 	// Objective is the request's own time objective (R18.4: its TTFT objective under
 	// predicted_latency; 0 = none), counted from its admission. Its owner dispatches it only to
-	// a worker predicted to meet what is left of it. Such requests wait apart from those
-	// without one, in lanes and candidate sets of their own per objective band (objectives
-	// within a factor of two: 64–127 ms, 128–255 ms, …), so a request no worker can serve in
-	// time holds back only requests of its band behind it — and only until its objective has
-	// passed — while a wake asks one head per band, whatever the number waiting. It waits at
-	// most until the objective has passed (a later dispatch could not meet it) or its class's
-	// max_wait, whichever comes first (then 503 queue_timeout).
+	// a worker predicted to meet what is left of it. Such a request waits in a lane and a
+	// candidate set of its own: whether it can go depends on its own prompt and time, so it
+	// holds back no other request (one behind it in a shared lane might be served in time),
+	// and a request that can go is never queued behind it. A pump asks at most MaxLateAsks of
+	// them in vain, oldest first. It waits at most until the objective has passed (a later
+	// dispatch could not meet it) or its class's max_wait, whichever comes first (then 503
+	// queue_timeout).
 	Objective time.Duration
 	// Final marks a session's last turn (X-TL-Session-Final: true): a program policy frees the
 	// session's state when it is admitted (R15.1).

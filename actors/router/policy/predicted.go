@@ -20,9 +20,10 @@ import (
 type LatencyScorer interface {
 	SetLatencyRequest(x *prefixindex.Index, hashes []uint64, sloMs float64)
 	Features() ttftmodel.X
-	// Meets reports whether the last Pick's member was predicted to meet the objective (true
-	// when the request had none).
-	Meets() bool
+	// Meets reports whether the last Pick's member was predicted to meet the objective (now;
+	// true when the request had none) and, when it was not, whether some member would be at
+	// no load (idle): whether waiting for load to fall can help.
+	Meets() (now, idle bool)
 	// Observe teaches m's model one measured TTFT, as the package's Observe, and refreshes
 	// the policy's copy of its weights.
 	Observe(m *Member, x ttftmodel.X, ttftMs float64)
@@ -106,7 +107,8 @@ type PredictedLatency struct {
 	hashes []uint64
 	slo    float64
 	last   ttftmodel.X
-	meets  bool
+	meets  bool // the last pick met its objective
+	idle   bool // … or some member would at no load
 }
 
 // latRow is what the pick reads of one member, side by side with the others.
@@ -138,7 +140,7 @@ func (p *PredictedLatency) SetLatencyRequest(x *prefixindex.Index, hashes []uint
 func (p *PredictedLatency) Features() ttftmodel.X { return p.last }
 
 // Meets implements LatencyScorer.
-func (p *PredictedLatency) Meets() bool { return p.meets }
+func (p *PredictedLatency) Meets() (now, idle bool) { return p.meets, p.meets || p.idle }
 
 // Observe implements LatencyScorer.
 func (p *PredictedLatency) Observe(m *Member, x ttftmodel.X, ttftMs float64) {
@@ -210,7 +212,7 @@ func (p *PredictedLatency) Cap() int64 { return boundedCap(p.c, p.total, len(p.r
 func (p *PredictedLatency) Pick(_ uint64, exclude []string) (*Member, Reason) {
 	idx, hashes, slo := p.idx, p.hashes, p.slo
 	p.idx, p.hashes, p.slo = nil, nil, 0
-	p.meets = false
+	p.meets, p.idle = false, false
 	if len(p.rows) == 0 {
 		return nil, ReasonPredicted
 	}
@@ -256,6 +258,9 @@ func (p *PredictedLatency) Pick(_ uint64, exclude []string) (*Member, Reason) {
 	}
 	b := &p.rows[best]
 	p.meets = slo <= 0 || bestScore>>63 == 0
+	if !p.meets {
+		p.idle = p.meetsIdle(slo, depth, allHeld, fullK, heldK, exclude)
+	}
 	bestMatched := 0
 	if depth > 0 && (allHeld || b.mark == p.gen) {
 		bestMatched = depth
@@ -286,6 +291,25 @@ func rank(pred, slo float64, held bool, load int64) uint64 {
 		return s
 	}
 	return s | 1<<63 | uint64(int64(pred/TieMs))<<41
+}
+
+// meetsIdle reports whether a member not excluded (under the cap or not) would be predicted to
+// meet slo at no load: a second pass, made only when the pick's member misses its objective.
+func (p *PredictedLatency) meetsIdle(slo float64, depth int, allHeld bool, fullK, heldK float64, exclude []string) bool {
+	for i := range p.rows {
+		r := &p.rows[i]
+		if len(exclude) > 0 && excluded(r.m.ID, exclude) {
+			continue
+		}
+		k := fullK
+		if depth > 0 && (allHeld || r.mark == p.gen) {
+			k = heldK
+		}
+		if ttftmodel.PredictWith(r.w, ttftmodel.X{1, 0, k}) <= slo {
+			return true
+		}
+	}
+	return false
 }
 
 // row returns the row of the index's worker num (id), or nil when it is not a member.

@@ -266,3 +266,148 @@ func TestPredictedLatencyMatchesBruteForce(t *testing.T) {
 		}
 	})
 }
+
+// TestPredictedLatencyMeets: Meets says whether the pick's member was predicted within the
+// objective and, when not, whether some member not excluded would be at no load — over the
+// cap or not: waiting for load to fall can help only then.
+func TestPredictedLatencyMeets(t *testing.T) {
+	p := NewPredictedLatency(1)
+	a, b := &Member{ID: "a"}, &Member{ID: "b"}
+	p.Add(a, 0, 1)
+	p.Add(b, 0, 1)
+	r := rand.New(rand.NewPCG(1, 2))
+	for _, m := range []*Member{a, b} { // 10 ms + 20 ms per request in flight
+		for range 200 {
+			x := ttftmodel.Features(int64(r.IntN(8)), r.IntN(4000))
+			p.Observe(m, x, 10+20*x[ttftmodel.Load])
+		}
+	}
+	check := func(what string, slo float64, exclude []string, now, idle bool) {
+		t.Helper()
+		p.SetLatencyRequest(nil, nil, slo)
+		p.Pick(0, exclude)
+		if n, i := p.Meets(); n != now || i != idle {
+			t.Fatalf("%s: Meets() = %v, %v; want %v, %v", what, n, i, now, idle)
+		}
+	}
+	check("no objective", 0, nil, true, true)
+	check("idle and in time", 15, nil, true, true)
+	p.SetLoad(a, 1)
+	p.SetLoad(b, 1) // both at 30 ms
+	check("loaded, in time", 30.5, nil, true, true)
+	check("loaded, in time idle", 20, nil, false, true)
+	check("not even idle", 9, nil, false, false)
+	p.SetLoad(a, 0) // b over the cap of 1 now; a at 10 ms
+	check("the one under the cap excluded, the other in time idle", 20, []string{"a"}, false, false)
+	p.SetLoad(a, 1)
+	p.SetLoad(b, 0)
+	check("a over the cap, b in time idle", 9.5, nil, false, false)
+	check("b at 10 ms", 10.5, nil, true, true)
+	p.SetLoad(b, 2) // the cap is 2 now: both under it, b at 50 ms, a at 30
+	check("a (30 ms) would be in time idle, b excluded", 25, []string{"b"}, false, true)
+	c := &Member{ID: "c"}
+	p.Add(c, 0, 1)
+	teach(p, c, 100, 0)
+	check("only c (100 ms), the fast ones excluded", 25, []string{"a", "b"}, false, false)
+}
+
+// TestPredictedLatencyCapBoundary: a member whose load is at the cap is not a candidate, even
+// when it alone holds the prompt and is predicted fastest; one under it is (the cap and the
+// total follow SetLoad and Remove).
+func TestPredictedLatencyCapBoundary(t *testing.T) {
+	p := NewPredictedLatency(1)
+	ms := []*Member{{ID: "a"}, {ID: "b"}, {ID: "c"}}
+	for _, m := range ms {
+		p.Add(m, 0, 1)
+	}
+	teach(p, ms[0], 5, 10)
+	teach(p, ms[1], 50, 200)
+	teach(p, ms[2], 50, 200)
+	x := prefixindex.New(0)
+	prompt := chunks(1, 16)
+	x.Record("a", prompt)
+	p.SetLoad(ms[0], 1) // total 1: cap ⌈1·2/3⌉ = 1, a is at it
+	if got := p.Cap(); got != 1 {
+		t.Fatalf("cap %d, want 1", got)
+	}
+	p.SetLatencyRequest(x, prompt, 0)
+	if m, _ := p.Pick(0, nil); m == ms[0] {
+		t.Fatal("a member at the cap was picked")
+	}
+	p.SetLoad(ms[1], 1) // total 2: cap ⌈1·3/3⌉ = 1
+	p.SetLoad(ms[2], 1) // total 3: cap ⌈1·4/3⌉ = 2, every member under it
+	if got := p.Cap(); got != 2 {
+		t.Fatalf("cap %d, want 2", got)
+	}
+	p.SetLatencyRequest(x, prompt, 0)
+	if m, _ := p.Pick(0, nil); m != ms[0] {
+		t.Fatalf("got %s, want a (under the cap, holding the prompt, fastest)", m.ID)
+	}
+	p.Remove(ms[2])
+	p.Remove(ms[2]) // twice: nothing more leaves
+	p.SetLoad(ms[2], 7)
+	if got := p.Cap(); got != 2 { // total 2 over 2 members: ⌈1·3/2⌉
+		t.Fatalf("cap %d after c left, want 2", got)
+	}
+}
+
+// TestPredictedLatencyWideHolders: when more than wideMarks workers hold the prompt's deepest
+// cached chunk, every candidate is taken to hold it (their predictions use the held depth);
+// at wideMarks or fewer, only the holders are.
+func TestPredictedLatencyWideHolders(t *testing.T) {
+	for _, holders := range []int{wideMarks, wideMarks + 1} {
+		p := NewPredictedLatency(10)
+		x := prefixindex.New(0)
+		prompt := chunks(1, 64) // 1,024 tokens
+		var ms []*Member
+		for i := range wideMarks + 2 {
+			m := &Member{ID: fmt.Sprintf("w%03d", i)}
+			ms = append(ms, m)
+			p.Add(m, 1, 1)
+			teach(p, m, 10, 100)
+			if i < holders {
+				x.Record(m.ID, prompt)
+			}
+		}
+		last := ms[len(ms)-1]
+		p.SetLoad(last, 0) // the least loaded, and never a holder
+		p.SetLatencyRequest(x, prompt, 0)
+		m, _ := p.Pick(0, nil)
+		held := p.Features()[ttftmodel.KTokens] == 0
+		// Wide: the least loaded, taken to hold the prompt; else a holder (10 ms against
+		// 112.4 ms for the least loaded, which does not hold it).
+		if wide := holders > wideMarks; !held || (m == last) != wide {
+			t.Fatalf("%d holders: picked %s with features %v", holders, m.ID, p.Features())
+		}
+	}
+}
+
+// TestRank: the packed order — within the objective before outside it; then (within) held
+// before not, then load; (outside) the prediction's TieMs bucket, then held, then load; a
+// prediction exactly at the objective meets it; loads past 2⁴⁰ tie without reaching the held
+// bit.
+func TestRank(t *testing.T) {
+	ordered := []struct {
+		pred, slo float64
+		held      bool
+		load      int64
+	}{
+		{40, 50, true, 0},
+		{50, 50, true, 1 << 50},
+		{10, 50, false, 0},
+		{49, 50, false, 1},
+		{50.5, 50, true, 9},
+		{50.9, 50, false, 0},
+		{51.2, 50, true, 0},
+		{51.9, 50, true, 3},
+	}
+	for i := 1; i < len(ordered); i++ {
+		a, b := ordered[i-1], ordered[i]
+		if ra, rb := rank(a.pred, a.slo, a.held, a.load), rank(b.pred, b.slo, b.held, b.load); ra >= rb {
+			t.Errorf("rank%v = %#x not below rank%v = %#x", a, ra, b, rb)
+		}
+	}
+	if rank(7, 0, true, 1<<41) != rank(7, 0, true, 1<<40-1) || rank(7, 0, true, -3) != rank(7, 0, true, 0) {
+		t.Error("loads outside [0, 2⁴⁰) are not clamped")
+	}
+}
