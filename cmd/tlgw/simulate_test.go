@@ -153,3 +153,30 @@ func TestSimulateLoadFactor(t *testing.T) {
 		t.Fatalf("imbalance %.3f with c = 1, %.3f with c = 2", tight, loose)
 	}
 }
+
+// TestSimulateAdmission: --admission reaches the simulation: under predicted_latency with a
+// tight objective some requests wait in the gateway's queue (JSON held), none without it.
+func TestSimulateAdmission(t *testing.T) {
+	held := func(args ...string) int {
+		t.Helper()
+		var stdout, stderr bytes.Buffer
+		all := append([]string{"simulate", "--trace", "shared-prefix", "--workers", "30", "--requests", "4000",
+			"--load", "1.2", "--seed", "1", "--heterogeneous", "--slo-ttft-ms", "200", "--policies", "predicted_latency",
+			"--format", "json"}, args...)
+		if code := run(all, &stdout, &stderr); code != 0 {
+			t.Fatalf("exit %d: %s", code, stderr.String())
+		}
+		var out struct {
+			Results []struct {
+				Held int `json:"held"`
+			} `json:"results"`
+		}
+		if err := json.Unmarshal(stdout.Bytes(), &out); err != nil || len(out.Results) != 1 {
+			t.Fatalf("%v %s", err, stdout.String())
+		}
+		return out.Results[0].Held
+	}
+	if off, on := held(), held("--admission"); off != 0 || on == 0 {
+		t.Fatalf("held %d without the queue (want 0), %d with it (want some)", off, on)
+	}
+}
