@@ -6,6 +6,7 @@ import (
 	"io"
 	"math"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -28,7 +29,7 @@ func runSimulate(args []string, stdout, stderr io.Writer) int {
 	trace := fs.String("trace", "shared-prefix", "the workload: "+strings.Join(fleet.Traces, ", "))
 	workers := fs.Int("workers", 20, "simulated engines")
 	requests := fs.Int("requests", 2000, "requests in the trace")
-	load := fs.Float64("load", 0.8, "offered load as a fraction of the fleet's estimated capacity (> 0)")
+	load := fs.String("load", "0.8", "offered load as a fraction of the fleet's estimated capacity (> 0); a comma-separated list is a rate sweep")
 	policies := fs.String("policies", "round_robin,least_outstanding,affinity,prefix_aware", "route policies to compare, comma-separated")
 	seed := fs.Uint64("seed", 1, "seed of the trace and the arrivals")
 	hetero := fs.Bool("heterogeneous", false, "a fleet of mixed KV sizes and speeds")
@@ -52,13 +53,17 @@ func runSimulate(args []string, stdout, stderr io.Writer) int {
 	if fs.NArg() > 0 {
 		return bad("unexpected argument %q", fs.Arg(0))
 	}
+	loads, ok := parseLoads(*load)
+	if !ok {
+		loads = nil
+	}
 	switch {
 	case *workers < 1:
 		return bad("--workers must be at least 1, got %d", *workers)
 	case *requests < 1:
 		return bad("--requests must be at least 1, got %d", *requests)
-	case !(*load > 0) || math.IsInf(*load, 0):
-		return bad("--load must be a positive fraction of capacity, got %v", *load)
+	case len(loads) == 0:
+		return bad("--load must be a positive fraction of capacity (or a comma-separated list of them), got %q", *load)
 	case !(*slo > 0) || math.IsInf(*slo, 0):
 		return bad("--slo-ttft-ms must be a positive number of milliseconds, got %v", *slo)
 	case *format != "json" && *format != "markdown":
@@ -79,7 +84,7 @@ func runSimulate(args []string, stdout, stderr io.Writer) int {
 	if len(pols) == 0 {
 		return bad("--policies names no policy")
 	}
-	o := fleet.Options{Trace: *trace, Workers: *workers, Requests: *requests, Load: *load, Policies: pols,
+	o := fleet.Options{Trace: *trace, Workers: *workers, Requests: *requests, Load: loads[0], Policies: pols,
 		Seed: *seed, Heterogeneous: *hetero, SLOTTFT: time.Duration(*slo * float64(time.Millisecond)),
 		RestartEvery: *restartEvery, LoadFactor: *loadFactor, Admission: *adm}
 	o.Engine = fleet.DefaultEngine
@@ -87,7 +92,7 @@ func runSimulate(args []string, stdout, stderr io.Writer) int {
 	if err := o.Validate(); err != nil {
 		return bad("%v", err)
 	}
-	rep, err := fleet.Run(o)
+	rep, err := fleet.Sweep(o, loads)
 	if err != nil {
 		fmt.Fprintf(stderr, "tlgw simulate: %v\n", err)
 		return 1
@@ -117,4 +122,25 @@ func writePlot(path string, rep *fleet.Report) error {
 		return err
 	}
 	return f.Close()
+}
+
+// maxLoads bounds a sweep's loads.
+const maxLoads = 32
+
+// parseLoads reads --load: one positive finite fraction, or up to maxLoads of them separated by
+// commas (a rate sweep); ok is false for anything else.
+func parseLoads(s string) ([]float64, bool) {
+	parts := strings.Split(s, ",")
+	if len(parts) > maxLoads {
+		return nil, false
+	}
+	loads := make([]float64, 0, len(parts))
+	for _, p := range parts {
+		f, err := strconv.ParseFloat(strings.TrimSpace(p), 64)
+		if err != nil || !(f > 0) || math.IsInf(f, 0) {
+			return nil, false
+		}
+		loads = append(loads, f)
+	}
+	return loads, true
 }

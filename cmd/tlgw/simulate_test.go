@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"image/png"
 	"os"
 	"path/filepath"
@@ -68,6 +69,10 @@ func TestSimulateBadFlags(t *testing.T) {
 		{[]string{"--requests", "0"}, "--requests must be at least 1"},
 		{[]string{"--load", "-1"}, "--load must be a positive fraction"},
 		{[]string{"--load", "NaN"}, "--load must be a positive fraction"},
+		{[]string{"--load", "0.5,x"}, "--load must be a positive fraction"},
+		{[]string{"--load", "0.5,,1"}, "--load must be a positive fraction"},
+		{[]string{"--load", "0.5,0"}, "--load must be a positive fraction"},
+		{[]string{"--load", strings.Repeat("0.5,", 32) + "1"}, "--load must be a positive fraction"},
 		{[]string{"--slo-ttft-ms", "0"}, "--slo-ttft-ms must be a positive"},
 		{[]string{"--format", "csv"}, "--format must be json or markdown"},
 		{[]string{"--policies", " , "}, "--policies names no policy"},
@@ -178,5 +183,41 @@ func TestSimulateAdmission(t *testing.T) {
 	}
 	if off, on := held(), held("--admission"); off != 0 || on == 0 {
 		t.Fatalf("held %d without the queue (want 0), %d with it (want some)", off, on)
+	}
+}
+
+// TestSimulateSweep: a comma-separated --load is a rate sweep: every policy at every load, in
+// order, in the JSON (each result naming its load) and a line plot.
+func TestSimulateSweep(t *testing.T) {
+	plot := filepath.Join(t.TempDir(), "sweep.png")
+	var stdout, stderr bytes.Buffer
+	args := []string{"simulate", "--trace", "no-sharing", "--workers", "4", "--requests", "300", "--load", "0.5, 1.2",
+		"--policies", "round_robin,least_outstanding", "--format", "json", "--plot", plot}
+	if code := run(args, &stdout, &stderr); code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr.String())
+	}
+	var out struct {
+		Results []struct {
+			Policy string  `json:"policy"`
+			Load   float64 `json:"load"`
+		} `json:"results"`
+	}
+	if err := json.Unmarshal(stdout.Bytes(), &out); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, r := range out.Results {
+		got = append(got, fmt.Sprintf("%s@%g", r.Policy, r.Load))
+	}
+	if want := "round_robin@0.5 least_outstanding@0.5 round_robin@1.2 least_outstanding@1.2"; strings.Join(got, " ") != want {
+		t.Fatalf("results %v, want %s", got, want)
+	}
+	f, err := os.Open(plot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := png.Decode(f); err != nil {
+		t.Fatalf("--plot did not write a PNG: %v", err)
 	}
 }

@@ -69,6 +69,7 @@ type Options struct {
 // Result is one policy's run (R18.1's fields first).
 type Result struct {
 	Policy        string  `json:"policy"`
+	Load          float64 `json:"load"` // the offered load of its run (Options.Load)
 	HitRate       float64 `json:"hit_rate"`
 	TTFTP50Ms     float64 `json:"ttft_p50_ms"`
 	TTFTP99Ms     float64 `json:"ttft_p99_ms"`
@@ -214,6 +215,7 @@ func Run(o Options) (*Report, error) {
 			defer func() { <-sem; wg.Done() }()
 			res, err := runPolicy(&o, ms, tr, arrivals, pol)
 			out.Results[i], errs[i] = res, err
+			out.Results[i].Load = o.Load
 			if res.SimSeconds > 0 {
 				out.Results[i].OfferedRPS = round(rate, 2)
 			}
@@ -222,6 +224,24 @@ func Run(o Options) (*Report, error) {
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
+	}
+	return out, nil
+}
+
+// Sweep runs o at each of loads in turn (a rate sweep: the same trace, arrivals at each load):
+// the results of every load, in order, each policy's as Run gives them.
+func Sweep(o Options, loads []float64) (*Report, error) {
+	if len(loads) == 0 {
+		return nil, errors.New("no loads")
+	}
+	out := &Report{}
+	for _, l := range loads {
+		o.Load = l
+		r, err := Run(o)
+		if err != nil {
+			return nil, err
+		}
+		out.Results = append(out.Results, r.Results...)
 	}
 	return out, nil
 }

@@ -254,3 +254,54 @@ func BenchmarkFullSize(b *testing.B) {
 		}
 	}
 }
+
+// TestSweep: a rate sweep up to and past saturation runs every policy at every load, in
+// order, each result naming its load; round_robin's TTFT p99 and queueing grow with the load
+// while prefix_aware's hit rate holds (12 engines, 24 system prompts: round_robin hits by
+// chance a third of the time); the Markdown has a load column and the plot is a PNG
+// (lines against the load).
+func TestSweep(t *testing.T) {
+	loads := []float64{0.5, 1.0, 1.5}
+	pols := []string{"round_robin", "prefix_aware"}
+	rep, err := Sweep(Options{Trace: TraceSharedPrefix, Workers: 12, Requests: 1500, Seed: 1, Policies: pols}, loads)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Results) != len(loads)*len(pols) {
+		t.Fatalf("%d results, want %d", len(rep.Results), len(loads)*len(pols))
+	}
+	for i, r := range rep.Results {
+		if r.Load != loads[i/len(pols)] || r.Policy != pols[i%len(pols)] {
+			t.Fatalf("result %d is %s at %v", i, r.Policy, r.Load)
+		}
+	}
+	rr := func(i int) Result { return rep.Results[i*len(pols)] }
+	pa := func(i int) Result { return rep.Results[i*len(pols)+1] }
+	if !(rr(0).TTFTP99Ms < rr(2).TTFTP99Ms && rr(0).QueueMeanMs < rr(2).QueueMeanMs) {
+		t.Errorf("round_robin p99 %.1f → %.1f ms, queue %.1f → %.1f ms from load 0.5 to 1.5",
+			rr(0).TTFTP99Ms, rr(2).TTFTP99Ms, rr(0).QueueMeanMs, rr(2).QueueMeanMs)
+	}
+	for i := range loads {
+		if pa(i).HitRate < rr(i).HitRate+0.4 {
+			t.Errorf("load %v: prefix_aware hit rate %.3f, round_robin %.3f", loads[i], pa(i).HitRate, rr(i).HitRate)
+		}
+	}
+	if _, err := Sweep(Options{Trace: TraceSharedPrefix, Workers: 2, Requests: 10, Policies: pols}, nil); err == nil {
+		t.Error("a sweep of no loads ran")
+	}
+	var md bytes.Buffer
+	if err := rep.WriteMarkdown(&md); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(md.String()), "\n")
+	if len(lines) != 2+len(rep.Results) || !strings.HasPrefix(lines[0], "| load | policy |") || !strings.HasPrefix(lines[5], "| 1 | prefix_aware |") {
+		t.Fatalf("markdown:\n%s", md.String())
+	}
+	var img bytes.Buffer
+	if err := rep.WritePNG(&img); err != nil {
+		t.Fatal(err)
+	}
+	if p, err := png.Decode(&img); err != nil || p.Bounds().Dx() < 1000 {
+		t.Fatalf("the sweep's plot: %v", err)
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"image/color"
 	"image/png"
 	"io"
+	"slices"
 	"strings"
 )
 
@@ -17,12 +18,23 @@ func (r *Report) WriteJSON(w io.Writer) error {
 	return e.Encode(r)
 }
 
-// WriteMarkdown writes the report as a Markdown table, one row per policy.
+// WriteMarkdown writes the report as a Markdown table, one row per policy (and per load, in a
+// first column, when the report is a sweep).
 func (r *Report) WriteMarkdown(w io.Writer) error {
 	var b strings.Builder
+	sweep := len(r.loads()) > 1
+	if sweep {
+		b.WriteString("| load ")
+	}
 	b.WriteString("| policy | hit_rate | ttft_p50_ms | ttft_p99_ms | tokens_per_s | queue_mean_ms | imbalance | slo_attainment | completed |\n")
+	if sweep {
+		b.WriteString("|---:")
+	}
 	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, x := range r.Results {
+		if sweep {
+			fmt.Fprintf(&b, "| %g ", x.Load)
+		}
 		fmt.Fprintf(&b, "| %s | %.4f | %.1f | %.1f | %.1f | %.1f | %.3f | %.4f | %d/%d |\n", x.Policy, x.HitRate,
 			x.TTFTP50Ms, x.TTFTP99Ms, x.TokensPerS, x.QueueMeanMs, x.Imbalance, x.SLOAttainment, x.Completed, x.Requests)
 	}
@@ -30,10 +42,35 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 	return err
 }
 
+// loads is the report's distinct loads, in the order they first appear.
+func (r *Report) loads() []float64 {
+	var ls []float64
+	for _, x := range r.Results {
+		if !slices.Contains(ls, x.Load) {
+			ls = append(ls, x.Load)
+		}
+	}
+	return ls
+}
+
+// policies is the report's distinct policies, in the order they first appear.
+func (r *Report) policies() []string {
+	var ps []string
+	for _, x := range r.Results {
+		if !slices.Contains(ps, x.Policy) {
+			ps = append(ps, x.Policy)
+		}
+	}
+	return ps
+}
+
 // WritePNG draws two bar charts side by side, hit rate (0 to 1) and TTFT p99 (0 to the
 // largest, in ms), one bar per policy, with the standard library only: the labels use a small
-// built-in bitmap font.
+// built-in bitmap font. A sweep (several loads) is drawn as lines instead (writeSweepPNG).
 func (r *Report) WritePNG(w io.Writer) error {
+	if len(r.loads()) > 1 {
+		return r.writeSweepPNG(w)
+	}
 	n := len(r.Results)
 	const (
 		barW, gap, margin, top, plotH, labelH = 90, 50, 40, 48, 300, 50
@@ -79,6 +116,101 @@ func (r *Report) WritePNG(w io.Writer) error {
 		}
 	}
 	return png.Encode(w, img)
+}
+
+// lineColors tell a sweep's policies apart.
+var lineColors = []color.RGBA{{52, 120, 198, 255}, {214, 96, 77, 255}, {60, 160, 80, 255}, {150, 90, 180, 255},
+	{230, 160, 30, 255}, {40, 170, 170, 255}, {120, 120, 120, 255}, {200, 80, 160, 255}}
+
+// writeSweepPNG draws a sweep: TTFT p99 (ms) and SLO attainment against the offered load, one
+// line per policy (colours in the legend below), the loads evenly spaced on the x axis.
+func (r *Report) writeSweepPNG(w io.Writer) error {
+	loads, pols := r.loads(), r.policies()
+	const (
+		margin, top, plotW, plotH, axisH, legendRow = 60, 48, 560, 300, 40, 20
+	)
+	panelW := plotW + 2*margin
+	W, H := 2*panelW, top+plotH+axisH+legendRow*((len(pols)+1)/2)+margin
+	img := image.NewRGBA(image.Rect(0, 0, W, H))
+	fill(img, img.Bounds(), color.RGBA{255, 255, 255, 255})
+	ink := color.RGBA{30, 30, 30, 255}
+	maxP99 := 1.0
+	for _, x := range r.Results {
+		maxP99 = max(maxP99, x.TTFTP99Ms)
+	}
+	panels := []struct {
+		title string
+		value func(Result) float64
+		lo    float64
+		hi    float64
+		ticks []string
+	}{
+		{"ttft p99 ms", func(x Result) float64 { return x.TTFTP99Ms }, 0, maxP99, []string{"0", fmt.Sprintf("%.0f", maxP99)}},
+		{"slo attainment", func(x Result) float64 { return x.SLOAttainment }, 0, 1, []string{"0", "1"}},
+	}
+	xOf := func(i int) int {
+		if len(loads) == 1 {
+			return plotW / 2
+		}
+		return i * plotW / (len(loads) - 1)
+	}
+	for p, pn := range panels {
+		x0, base := p*panelW+margin, top+plotH
+		text(img, x0, 14, pn.title, 3, ink)
+		fill(img, image.Rect(x0-1, top, x0, base+1), ink)
+		fill(img, image.Rect(x0-1, base, x0+plotW+1, base+1), ink)
+		text(img, x0-textWidth(pn.ticks[0], 2)-6, base-5, pn.ticks[0], 2, ink)
+		text(img, x0-textWidth(pn.ticks[1], 2)-6, top, pn.ticks[1], 2, ink)
+		for i, l := range loads {
+			lbl := fmt.Sprintf("%g", l)
+			text(img, x0+xOf(i)-textWidth(lbl, 2)/2, base+10, lbl, 2, ink)
+		}
+		yOf := func(v float64) int {
+			f := (v - pn.lo) / (pn.hi - pn.lo)
+			return base - int(min(max(f, 0), 1)*float64(plotH-8))
+		}
+		for k, pol := range pols {
+			col := lineColors[k%len(lineColors)]
+			px, py := -1, -1
+			for i, l := range loads {
+				for _, x := range r.Results {
+					if x.Policy != pol || x.Load != l {
+						continue
+					}
+					cx, cy := x0+xOf(i), yOf(pn.value(x))
+					fill(img, image.Rect(cx-3, cy-3, cx+4, cy+4), col)
+					if px >= 0 {
+						line(img, px, py, cx, cy, col)
+					}
+					px, py = cx, cy
+				}
+			}
+		}
+	}
+	// The legend: "load" under the axes, then the policies in two columns.
+	text(img, W/2-textWidth("offered load", 2)/2, top+plotH+axisH-12, "offered load", 2, ink)
+	for k, pol := range pols {
+		lx, ly := margin+(k%2)*panelW, top+plotH+axisH+(k/2)*legendRow+8
+		fill(img, image.Rect(lx, ly, lx+24, ly+8), lineColors[k%len(lineColors)])
+		text(img, lx+32, ly-1, pol, 2, ink)
+	}
+	return png.Encode(w, img)
+}
+
+// line draws a 3-pixel-wide segment from (x0, y0) to (x1, y1).
+func line(img *image.RGBA, x0, y0, x1, y1 int, c color.RGBA) {
+	steps := max(abs(x1-x0), abs(y1-y0), 1)
+	for s := 0; s <= steps; s++ {
+		x, y := x0+(x1-x0)*s/steps, y0+(y1-y0)*s/steps
+		fill(img, image.Rect(x-1, y-1, x+2, y+2), c)
+	}
+}
+
+func abs(x int) int {
+	if x < 0 {
+		return -x
+	}
+	return x
 }
 
 func fill(img *image.RGBA, r image.Rectangle, c color.RGBA) {
