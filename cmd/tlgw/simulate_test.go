@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/tlgw/tlgw/sim/fleet"
 )
 
 func TestSimulateJSONAndPlot(t *testing.T) {
@@ -103,23 +105,9 @@ func TestSimulateBadFlags(t *testing.T) {
 func TestSimulatePressureAndRestarts(t *testing.T) {
 	hit := func(args ...string) map[string]float64 {
 		t.Helper()
-		var stdout, stderr bytes.Buffer
-		all := append([]string{"simulate", "--trace", "shared-prefix", "--workers", "8", "--requests", "1500",
-			"--load", "0.9", "--seed", "1", "--policies", "prefix_aware,precise_prefix", "--format", "json"}, args...)
-		if code := run(all, &stdout, &stderr); code != 0 {
-			t.Fatalf("exit %d: %s", code, stderr.String())
-		}
-		var out struct {
-			Results []struct {
-				Policy  string  `json:"policy"`
-				HitRate float64 `json:"hit_rate"`
-			} `json:"results"`
-		}
-		if err := json.Unmarshal(stdout.Bytes(), &out); err != nil {
-			t.Fatal(err)
-		}
 		m := map[string]float64{}
-		for _, r := range out.Results {
+		for _, r := range simulateJSON(t, append([]string{"--trace", "shared-prefix", "--workers", "8", "--requests", "1500",
+			"--load", "0.9", "--seed", "1", "--policies", "prefix_aware,precise_prefix"}, args...)...) {
 			m[r.Policy] = r.HitRate
 		}
 		return m
@@ -138,21 +126,12 @@ func TestSimulatePressureAndRestarts(t *testing.T) {
 func TestSimulateLoadFactor(t *testing.T) {
 	imbalance := func(c string) float64 {
 		t.Helper()
-		var stdout, stderr bytes.Buffer
-		args := []string{"simulate", "--trace", "shared-prefix", "--workers", "20", "--requests", "2000",
-			"--load", "0.8", "--seed", "1", "--policies", "prefix_aware", "--format", "json", "--load-factor", c}
-		if code := run(args, &stdout, &stderr); code != 0 {
-			t.Fatalf("exit %d: %s", code, stderr.String())
+		rs := simulateJSON(t, "--trace", "shared-prefix", "--workers", "20", "--requests", "2000",
+			"--load", "0.8", "--seed", "1", "--policies", "prefix_aware", "--load-factor", c)
+		if len(rs) != 1 {
+			t.Fatalf("%d results", len(rs))
 		}
-		var out struct {
-			Results []struct {
-				Imbalance float64 `json:"imbalance"`
-			} `json:"results"`
-		}
-		if err := json.Unmarshal(stdout.Bytes(), &out); err != nil || len(out.Results) != 1 {
-			t.Fatalf("%v %s", err, stdout.String())
-		}
-		return out.Results[0].Imbalance
+		return rs[0].Imbalance
 	}
 	if loose, tight := imbalance("2"), imbalance("1"); !(tight < loose) {
 		t.Fatalf("imbalance %.3f with c = 1, %.3f with c = 2", tight, loose)
@@ -164,22 +143,12 @@ func TestSimulateLoadFactor(t *testing.T) {
 func TestSimulateAdmission(t *testing.T) {
 	held := func(args ...string) int {
 		t.Helper()
-		var stdout, stderr bytes.Buffer
-		all := append([]string{"simulate", "--trace", "shared-prefix", "--workers", "30", "--requests", "4000",
-			"--load", "1.2", "--seed", "1", "--heterogeneous", "--slo-ttft-ms", "200", "--policies", "predicted_latency",
-			"--format", "json"}, args...)
-		if code := run(all, &stdout, &stderr); code != 0 {
-			t.Fatalf("exit %d: %s", code, stderr.String())
+		rs := simulateJSON(t, append([]string{"--trace", "shared-prefix", "--workers", "30", "--requests", "4000",
+			"--load", "1.2", "--seed", "1", "--heterogeneous", "--slo-ttft-ms", "200", "--policies", "predicted_latency"}, args...)...)
+		if len(rs) != 1 {
+			t.Fatalf("%d results", len(rs))
 		}
-		var out struct {
-			Results []struct {
-				Held int `json:"held"`
-			} `json:"results"`
-		}
-		if err := json.Unmarshal(stdout.Bytes(), &out); err != nil || len(out.Results) != 1 {
-			t.Fatalf("%v %s", err, stdout.String())
-		}
-		return out.Results[0].Held
+		return rs[0].Held
 	}
 	if off, on := held(), held("--admission"); off != 0 || on == 0 {
 		t.Fatalf("held %d without the queue (want 0), %d with it (want some)", off, on)
@@ -190,23 +159,10 @@ func TestSimulateAdmission(t *testing.T) {
 // order, in the JSON (each result naming its load) and a line plot.
 func TestSimulateSweep(t *testing.T) {
 	plot := filepath.Join(t.TempDir(), "sweep.png")
-	var stdout, stderr bytes.Buffer
-	args := []string{"simulate", "--trace", "no-sharing", "--workers", "4", "--requests", "300", "--load", "0.5, 1.2",
-		"--policies", "round_robin,least_outstanding", "--format", "json", "--plot", plot}
-	if code := run(args, &stdout, &stderr); code != 0 {
-		t.Fatalf("exit %d: %s", code, stderr.String())
-	}
-	var out struct {
-		Results []struct {
-			Policy string  `json:"policy"`
-			Load   float64 `json:"load"`
-		} `json:"results"`
-	}
-	if err := json.Unmarshal(stdout.Bytes(), &out); err != nil {
-		t.Fatal(err)
-	}
+	rs := simulateJSON(t, "--trace", "no-sharing", "--workers", "4", "--requests", "300", "--load", "0.5, 1.2",
+		"--policies", "round_robin,least_outstanding", "--plot", plot)
 	var got []string
-	for _, r := range out.Results {
+	for _, r := range rs {
 		got = append(got, fmt.Sprintf("%s@%g", r.Policy, r.Load))
 	}
 	if want := "round_robin@0.5 least_outstanding@0.5 round_robin@1.2 least_outstanding@1.2"; strings.Join(got, " ") != want {
@@ -220,4 +176,18 @@ func TestSimulateSweep(t *testing.T) {
 	if _, err := png.Decode(f); err != nil {
 		t.Fatalf("--plot did not write a PNG: %v", err)
 	}
+}
+
+// simulateJSON runs `tlgw simulate` with args (JSON output) and returns its results.
+func simulateJSON(t *testing.T, args ...string) []fleet.Result {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	if code := run(append([]string{"simulate", "--format", "json"}, args...), &stdout, &stderr); code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr.String())
+	}
+	var out fleet.Report
+	if err := json.Unmarshal(stdout.Bytes(), &out); err != nil {
+		t.Fatalf("%v: %s", err, stdout.String())
+	}
+	return out.Results
 }

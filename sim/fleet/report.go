@@ -43,25 +43,20 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 }
 
 // loads is the report's distinct loads, in the order they first appear.
-func (r *Report) loads() []float64 {
-	var ls []float64
-	for _, x := range r.Results {
-		if !slices.Contains(ls, x.Load) {
-			ls = append(ls, x.Load)
-		}
-	}
-	return ls
-}
+func (r *Report) loads() []float64 { return distinct(r.Results, func(x Result) float64 { return x.Load }) }
 
 // policies is the report's distinct policies, in the order they first appear.
-func (r *Report) policies() []string {
-	var ps []string
-	for _, x := range r.Results {
-		if !slices.Contains(ps, x.Policy) {
-			ps = append(ps, x.Policy)
+func (r *Report) policies() []string { return distinct(r.Results, func(x Result) string { return x.Policy }) }
+
+// distinct is the distinct values of f over rs, in the order they first appear.
+func distinct[T comparable](rs []Result, f func(Result) T) []T {
+	var out []T
+	for _, x := range rs {
+		if v := f(x); !slices.Contains(out, v) {
+			out = append(out, v)
 		}
 	}
-	return ps
+	return out
 }
 
 // WritePNG draws two bar charts side by side, hit rate (0 to 1) and TTFT p99 (0 to the
