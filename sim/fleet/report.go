@@ -43,10 +43,14 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 }
 
 // loads is the report's distinct loads, in the order they first appear.
-func (r *Report) loads() []float64 { return distinct(r.Results, func(x Result) float64 { return x.Load }) }
+func (r *Report) loads() []float64 {
+	return distinct(r.Results, func(x Result) float64 { return x.Load })
+}
 
 // policies is the report's distinct policies, in the order they first appear.
-func (r *Report) policies() []string { return distinct(r.Results, func(x Result) string { return x.Policy }) }
+func (r *Report) policies() []string {
+	return distinct(r.Results, func(x Result) string { return x.Policy })
+}
 
 // distinct is the distinct values of f over rs, in the order they first appear.
 func distinct[T comparable](rs []Result, f func(Result) T) []T {
