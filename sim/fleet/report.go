@@ -122,7 +122,7 @@ var lineColors = []color.RGBA{{52, 120, 198, 255}, {214, 96, 77, 255}, {60, 160,
 	{230, 160, 30, 255}, {40, 170, 170, 255}, {120, 120, 120, 255}, {200, 80, 160, 255}}
 
 // writeSweepPNG draws a sweep: TTFT p99 (ms) and SLO attainment against the offered load, one
-// line per policy (colours in the legend below), the loads evenly spaced on the x axis.
+// line per policy (colours in the legend below), the loads placed by value on the x axis.
 func (r *Report) writeSweepPNG(w io.Writer) error {
 	loads, pols := r.loads(), r.policies()
 	const (
@@ -147,11 +147,13 @@ func (r *Report) writeSweepPNG(w io.Writer) error {
 		{"ttft p99 ms", func(x Result) float64 { return x.TTFTP99Ms }, 0, maxP99, []string{"0", fmt.Sprintf("%.0f", maxP99)}},
 		{"slo attainment", func(x Result) float64 { return x.SLOAttainment }, 0, 1, []string{"0", "1"}},
 	}
+	slices.Sort(loads) // lines join the loads in increasing order, placed by value
+	lo, hi := loads[0], loads[len(loads)-1]
 	xOf := func(i int) int {
-		if len(loads) == 1 {
+		if hi == lo {
 			return plotW / 2
 		}
-		return i * plotW / (len(loads) - 1)
+		return int((loads[i] - lo) / (hi - lo) * plotW)
 	}
 	for p, pn := range panels {
 		x0, base := p*panelW+margin, top+plotH
