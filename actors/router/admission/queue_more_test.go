@@ -424,3 +424,69 @@ func TestObjectiveWaitsAlone(t *testing.T) {
 		t.Fatalf("%d still queued", q.Len())
 	}
 }
+
+// TestLateAsksBoundOnlyObjectives: the bound on vain asks per pump counts and skips only
+// requests with an objective: requests without one waiting for full workers are asked after
+// the bound is reached (and do not count towards it), so one that can go goes, and a late one
+// is still asked after many of them failed.
+func TestLateAsksBoundOnlyObjectives(t *testing.T) {
+	workers := []string{"v", "late"}
+	for i := range MaxLateAsks + 2 {
+		workers = append(workers, fmt.Sprint("full", i))
+	}
+	h := newHost(workers...)
+	h.threshold = 1
+	h.late = map[*Entry]bool{}
+	q := newQueue(h, nil)
+	var lates []*Entry
+	for i := range MaxLateAsks + 2 { // the oldest: late ones that cannot go
+		e := entry(fmt.Sprint("late", i), "", "", "late")
+		e.Req.Objective = time.Minute
+		h.late[e] = true
+		q.Admit(e, h, nil)
+		lates = append(lates, e)
+	}
+	var fulls []*Entry
+	for i := range MaxLateAsks + 2 { // then requests without one, each for a full worker of its own
+		w := fmt.Sprint("full", i)
+		h.loads[w] = 1
+		e := entry(fmt.Sprint("f", i), "", "", w)
+		e.Req.Allowed = []string{w}
+		q.Admit(e, h, nil)
+		fulls = append(fulls, e)
+	}
+	h.loads["v"] = 1
+	plain := entry("plain", "", "", "v")
+	q.Admit(plain, h, nil)
+	canGo := entry("can-go", "", "", "late") // an objective, and room in time once asked
+	canGo.Req.Objective = time.Minute
+	h.late[canGo] = true
+	q.Admit(canGo, h, nil)
+	for _, e := range append(append(lates, fulls...), plain, canGo) {
+		if !e.Queued() {
+			t.Fatalf("%s did not wait", e.Req.ID)
+		}
+	}
+	h.loads["v"] = 0
+	delete(h.late, canGo)
+	q.WakeCapacity(h)
+	if plain.Queued() {
+		t.Fatal("a request without an objective was skipped once the late ones reached the bound")
+	}
+	for _, e := range fulls {
+		if !e.Queued() {
+			t.Fatalf("%s went to a full worker", e.Req.ID)
+		}
+	}
+	if !canGo.Queued() {
+		t.Fatal("a late request past the bound was asked")
+	}
+	// Without the late ones ahead, the requests without an objective that fail do not use up
+	// the bound: the late one that can go is asked, and goes.
+	for _, e := range lates {
+		q.Cancel(e, h)
+	}
+	if canGo.Queued() {
+		t.Fatal("the late request that could go was not asked after ten failed requests without an objective")
+	}
+}
