@@ -2,9 +2,16 @@ package router
 
 import "github.com/tlgw/tlgw/actors/router/policy"
 
-// PolicyPrecisePrefix is the route policy that reads the exact prefix index (R18.2): the router
-// keeps the index only for it.
+// PolicyPrecisePrefix is the route policy that reads the exact prefix index (R18.2).
 const PolicyPrecisePrefix = "precise_prefix"
+
+// UsesKVEvents reports whether route policy name reads the exact prefix index that the engines'
+// KvEvents feed (R18.3): precise_prefix always; predicted_latency for a pool whose every member
+// reports kv_events (its uncached-token estimate is then what the engines hold, not what the
+// gateway sent them). The router keeps the index, and the gateway subscribes, only for them.
+func UsesKVEvents(name string) bool {
+	return name == PolicyPrecisePrefix || name == PolicyPredictedLatency
+}
 
 // kvEvents applies one worker's prefix-cache events to the exact index (R18.3) and reports
 // whether it did: only for a registered, live worker that reports kv_events, keyed by the
@@ -33,14 +40,16 @@ func (st *state) kvEvents(m *KVEvents) bool {
 	return true
 }
 
-// setHeld hands a precise_prefix pool the exact index and the pick's chunk hashes for the
-// Pick that follows (the policy clears them).
+// setHeld hands a precise_prefix pool — or a predicted_latency pool whose every member reports
+// kv_events — the exact index and the pick's chunk hashes for the Pick that follows (the policy
+// clears them). A predicted_latency pool with a member that does not report keeps the
+// approximate index: the exact one would say that member holds nothing.
 func (v *workerView) setHeld(ch choice) {
 	if v.kidx == nil || len(ch.hashes) == 0 {
 		return
 	}
 	if pl := v.pools[ch.key]; pl != nil {
-		if hs, ok := pl.p.(policy.HeldScorer); ok {
+		if hs, ok := pl.p.(policy.HeldScorer); ok && (!v.predicted || pl.kvMembers == len(pl.members)) {
 			hs.SetHeld(v.kidx, ch.hashes)
 		}
 	}

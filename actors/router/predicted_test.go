@@ -187,3 +187,49 @@ func TestObjectiveWaitsForAWorkerInTime(t *testing.T) {
 		t.Fatalf("deliveries %v after w0's model learnt, want the waiting request's", ds)
 	}
 }
+
+// TestPredictedLatencyReadsEngineCaches: under predicted_latency, a pool whose every member
+// reports kv_events is read through the exact index (what the engines hold), so a prompt goes
+// to the worker whose engine reports holding it although the gateway sent it elsewhere; once a
+// member stops reporting (a heartbeat, in place), the pool falls back to the approximate index
+// of what the gateway sent; when it reports again, the exact index is back.
+func TestPredictedLatencyReadsEngineCaches(t *testing.T) {
+	s, err := NewSim(Config{Policy: PolicyPredictedLatency, LoadFactor: 4, PrefixIndexBlocks: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	set := func(id string, kv bool) {
+		s.SetWorker(WorkerInfo{ID: id, Model: "m", HTTPAddress: id, KVEvents: kv})
+	}
+	set("w0", true)
+	set("w1", true)
+	hashes := prefixindex.Hashes(nil, []byte(strings.Repeat("a long shared system prompt. ", 20)))
+	pick := func() string {
+		t.Helper()
+		pk, ok := s.Pick(&Pick{Model: "m", RequestID: "r", PrefixHashes: hashes})
+		if !ok || pk.Err != nil {
+			t.Fatalf("pick: %v %+v", ok, pk)
+		}
+		s.Release(pk, OutcomeSuccess)
+		return pk.WorkerID
+	}
+	if got := pick(); got != "w0" {
+		t.Fatalf("first pick %s, want w0 (a tie: the smaller id)", got)
+	}
+	// The engines say w1 holds the prompt; w0's engine reports nothing (it evicted it).
+	if !s.KVEvents(&KVEvents{WorkerID: "w1", Clear: true, Stored: hashes}) || !s.KVEvents(&KVEvents{WorkerID: "w0", Clear: true}) {
+		t.Fatal("events not applied")
+	}
+	if got := pick(); got != "w1" {
+		t.Fatalf("every member reports: picked %s, want w1 (its engine holds the prompt)", got)
+	}
+	set("w0", false) // w0 stops reporting: the approximate index, where w0 and w1 both hold it
+	if got := pick(); got != "w0" {
+		t.Fatalf("a member does not report: picked %s, want w0 (both sent the prompt, the smaller id)", got)
+	}
+	set("w0", true)
+	s.KVEvents(&KVEvents{WorkerID: "w0", Clear: true})
+	if got := pick(); got != "w1" {
+		t.Fatalf("every member reports again: picked %s, want w1", got)
+	}
+}

@@ -28,6 +28,7 @@ type slot struct {
 	acqSent  uint64
 	member   policy.Member
 	pool     *pool // the pool the member is in while routable, else nil
+	kvIn     bool  // counted in its pool's kvMembers
 	state    string
 	ej       ejection // R14.2 (outlier.go)
 }
@@ -67,6 +68,21 @@ type pool struct {
 	p       policy.Policy
 	members map[string]*slot // by worker id
 	ids     []string         // member ids in order, rebuilt after a membership change
+	// kvMembers counts the members that report kv_events (slot.kvIn): predicted_latency reads
+	// the exact index only when every member does.
+	kvMembers int
+}
+
+// countKV counts member s in kvMembers while it reports kv_events.
+func (pl *pool) countKV(s *slot) {
+	if s.kvIn != s.info.KVEvents {
+		s.kvIn = s.info.KVEvents
+		if s.kvIn {
+			pl.kvMembers++
+		} else {
+			pl.kvMembers--
+		}
+	}
 }
 
 // memberIDs returns the pool's worker ids in order (shared: callers must not modify it).
@@ -124,7 +140,7 @@ func newWorkerView(cfg Config, clk clock.Clock) *workerView {
 		v.pidx = prefixindex.New(cfg.PrefixIndexBlocks)
 	}
 	v.predicted = cfg.Policy == config.PolicyPredictedLatency
-	if cfg.Policy == PolicyPrecisePrefix {
+	if UsesKVEvents(cfg.Policy) {
 		v.kidx = kvindex.New[*policy.Member](cfg.KVIndexBlocks)
 	}
 	return v
@@ -289,6 +305,7 @@ func (v *workerView) workerState(m *WorkerState, fx effects) bool {
 		// keeps its state (round robin counters, ring position).
 		prev.p.SetWeight(&s.member, s.info.KVTotalBlocks)
 		prev.p.SetLoad(&s.member, s.load())
+		prev.countKV(s)
 		v.setState(s, s.stateName())
 		return false
 	}
@@ -319,6 +336,7 @@ func (v *workerView) joinPool(s *slot) {
 	pl.members[s.info.ID] = s
 	pl.ids = nil
 	s.pool = pl
+	pl.countKV(s)
 	v.routable++
 	v.poolsMoved = true
 }
@@ -328,6 +346,10 @@ func (v *workerView) leavePool(s *slot) {
 		return
 	}
 	s.pool.p.Remove(&s.member)
+	if s.kvIn {
+		s.pool.kvMembers--
+		s.kvIn = false
+	}
 	delete(s.pool.members, s.info.ID)
 	s.pool.ids = nil
 	if s.pool.p.Len() == 0 {

@@ -121,7 +121,7 @@ func Start(cfg *config.Config, o Options) (*App, error) {
 		pool.Close()
 		return nil, err
 	}
-	if g.RoutePolicy == config.PolicyPrecisePrefix {
+	if router.UsesKVEvents(g.RoutePolicy) {
 		kvs = grpcapi.NewKVSubscriber(grpcapi.KVSubscriberOptions{Sink: gw, Engines: engines, Clock: o.Clock,
 			Logger: o.Logger.With("component", "kv_events")})
 		regOpts.OnAccepted = kvs.Watch
@@ -157,7 +157,7 @@ func Start(cfg *config.Config, o Options) (*App, error) {
 	deps := &request.Deps{
 		Router: gw.Router, Transport: o.Transport, Engines: a.engines, MaxAttempts: g.MaxAttempts,
 		Metrics: request.NewMetrics(reg), Logger: o.Logger, Errors: httpapi.ErrorWriter{},
-		Admission: admCfg != nil, Clock: o.Clock, PrefixHashes: prefixBlocks > 0 || g.RoutePolicy == config.PolicyPrecisePrefix,
+		Admission: admCfg != nil, Clock: o.Clock, PrefixHashes: prefixBlocks > 0 || router.UsesKVEvents(g.RoutePolicy),
 		StreamFirstByteTimeout: g.StreamFirstByteTimeout, RequestTimeout: g.RequestTimeout,
 		StreamIdleTimeout: g.StreamIdleTimeout, ControlTimeout: g.ControlTimeout,
 		RetryBudget: request.NewRetryBudget(g.RetryBudgetPercent), ObserveTTFT: g.RoutePolicy == config.PolicyPredictedLatency,

@@ -46,10 +46,17 @@ func (h *heldKV) Subscribe(_ *kvv1.SubscribeRequest, st grpc.ServerStreamingServ
 // TestPrecisePrefixSubscribes: with route_policy = "precise_prefix" the gateway subscribes to
 // the KvEvents of a worker whose heartbeat sets kv_events, and routes a prompt to the worker
 // whose engine reports holding it (w2, though w1 would win a tie); shutdown ends the
-// subscription (goleak in TestMain).
+// subscription (goleak in TestMain). The same under predicted_latency, whose pool reads the
+// exact index when every member reports: there w1's engine reports too, holding nothing.
 func TestPrecisePrefixSubscribes(t *testing.T) {
-	prompt := strings.Repeat("a prompt that w2's engine holds in its prefix cache. ", 20)
-	kv := &heldKV{ids: prefixindex.Hashes(nil, []byte(prompt))}
+	for _, policy := range []string{config.PolicyPrecisePrefix, config.PolicyPredictedLatency} {
+		t.Run(policy, func(t *testing.T) { testSubscribes(t, policy) })
+	}
+}
+
+// kvServer serves kv on a loopback gRPC server until the test ends.
+func kvServer(t *testing.T, kv *heldKV) string {
+	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -57,7 +64,18 @@ func TestPrecisePrefixSubscribes(t *testing.T) {
 	gs := grpc.NewServer()
 	kvv1.RegisterKvEventsServer(gs, kv)
 	go func() { _ = gs.Serve(lis) }()
-	defer gs.Stop()
+	t.Cleanup(gs.Stop)
+	return lis.Addr().String()
+}
+
+func testSubscribes(t *testing.T, policy string) {
+	prompt := strings.Repeat("a prompt that w2's engine holds in its prefix cache. ", 20)
+	kv, empty := &heldKV{ids: prefixindex.Hashes(nil, []byte(prompt))}, &heldKV{}
+	kvAddr := kvServer(t, kv)
+	emptyAddr := ""
+	if policy == config.PolicyPredictedLatency {
+		emptyAddr = kvServer(t, empty)
+	}
 
 	var served [2]atomic.Int32
 	var engines [2]*httptest.Server
@@ -73,7 +91,7 @@ func TestPrecisePrefixSubscribes(t *testing.T) {
 
 	cfg := config.Default()
 	cfg.Gateway.HTTPListen, cfg.Gateway.RegistryListen = "127.0.0.1:0", "127.0.0.1:0"
-	cfg.Gateway.RoutePolicy = config.PolicyPrecisePrefix
+	cfg.Gateway.RoutePolicy = policy
 	a, err := app.Start(cfg, app.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
@@ -93,15 +111,17 @@ func TestPrecisePrefixSubscribes(t *testing.T) {
 		st := &controlv1.WorkerStatus{WorkerId: id, Model: "smol", Role: controlv1.Role_ROLE_UNIFIED,
 			HttpAddress: strings.TrimPrefix(engines[i].URL, "http://")}
 		if id == "w2" {
-			st.GrpcAddress, st.KvEvents = lis.Addr().String(), true
+			st.GrpcAddress, st.KvEvents = kvAddr, true
+		} else if emptyAddr != "" {
+			st.GrpcAddress, st.KvEvents = emptyAddr, true
 		}
 		if _, err := reg.Heartbeat(context.Background(), st); err != nil {
 			t.Fatal(err)
 		}
 	}
-	gwtest.Eventually(t, "both routable and w2 subscribed", func() bool {
+	gwtest.Eventually(t, "both routable and subscribed", func() bool {
 		n, _ := a.Gateway.Routable()
-		return n == 2 && kv.subs.Load() > 0
+		return n == 2 && kv.subs.Load() > 0 && (emptyAddr == "" || empty.subs.Load() > 0)
 	})
 	send := func() {
 		resp, err := http.Post("http://"+a.HTTPAddr+"/v1/completions", "application/json",

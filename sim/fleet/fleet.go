@@ -360,9 +360,11 @@ const sampleEvery = 100 * time.Millisecond
 
 func runPolicy(o *Options, ms []EngineModel, tr *trace, arrivals []int64, pol string) (Result, error) {
 	cfg := router.Config{Policy: pol, LoadFactor: o.LoadFactor}
-	// As the gateway's app: the approximate index is on for prefix_aware; precise_prefix has
-	// the exact one, fed by the engines' events.
-	index, precise := pol == "prefix_aware" || pol == router.PolicyPredictedLatency, pol == router.PolicyPrecisePrefix
+	// As the gateway's app: the approximate index is on for prefix_aware and predicted_latency;
+	// precise_prefix and predicted_latency have the exact one, fed by the engines' events (every
+	// simulated engine reports them).
+	index := pol == "prefix_aware" || pol == router.PolicyPredictedLatency
+	precise := router.UsesKVEvents(pol)
 	if index {
 		cfg.PrefixIndexBlocks = o.PrefixIndexBlocks
 	}

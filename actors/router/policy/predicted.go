@@ -86,7 +86,9 @@ const tokensPerChunk = prefixindex.ChunkBytes / 4
 // the third (lowest, and less loaded than the second); 60 ms the first (all meet it, and it
 // holds the prefix); 30 ms the third again (only the fast ones meet it).
 //
-// The match is read for the prompt's deepest cached depth only: a binary search over the
+// The prompt tokens a member holds come from the exact index (SetHeld: what its engine reports
+// it caches, R18.3) when the router installs it, else from the approximate index (what the
+// gateway sent it). The match is read for the prompt's deepest cached depth only: a binary search over the
 // depths, as prefix_aware's, finds the deepest chunk a candidate holds, its holders are
 // stamped with a generation, and the scan over the members counts the stamped ones as holding
 // that many chunks and the others none. When more than wideMarks workers hold that chunk (a
@@ -103,6 +105,7 @@ type PredictedLatency struct {
 	nums  []int32 // row+1 by the prefix index's worker number (a cache checked against the id)
 	gen   uint32
 	// The next pick's request, and the features of the last pick.
+	held   *HeldIndex // the exact index, when installed: it stands for idx
 	idx    *prefixindex.Index
 	hashes []uint64
 	slo    float64
@@ -122,6 +125,7 @@ type latRow struct {
 var (
 	_ Policy        = (*PredictedLatency)(nil)
 	_ LatencyScorer = (*PredictedLatency)(nil)
+	_ HeldScorer    = (*PredictedLatency)(nil)
 )
 
 // NewPredictedLatency returns an empty predicted_latency policy with load factor c (≥ 1;
@@ -135,6 +139,11 @@ func NewPredictedLatency(c float64) *PredictedLatency {
 func (p *PredictedLatency) SetLatencyRequest(x *prefixindex.Index, hashes []uint64, sloMs float64) {
 	p.idx, p.hashes, p.slo = x, hashes, sloMs
 }
+
+// SetHeld implements HeldScorer: for the next Pick, the exact index (R18.3) stands for the
+// approximate one; the router installs it only when every member's engine reports what it
+// holds.
+func (p *PredictedLatency) SetHeld(x *HeldIndex, hashes []uint64) { p.held, p.hashes = x, hashes }
 
 // Features implements LatencyScorer.
 func (p *PredictedLatency) Features() ttftmodel.X { return p.last }
@@ -210,15 +219,28 @@ func (p *PredictedLatency) Cap() int64 { return boundedCap(p.c, p.total, len(p.r
 
 // Pick implements Policy. key is not read: the request arrives by SetLatencyRequest.
 func (p *PredictedLatency) Pick(_ uint64, exclude []string) (*Member, Reason) {
-	idx, hashes, slo := p.idx, p.hashes, p.slo
-	p.idx, p.hashes, p.slo = nil, nil, 0
+	idx, hashes, slo, held := p.idx, p.hashes, p.slo, p.held
+	p.idx, p.hashes, p.slo, p.held = nil, nil, 0, nil
 	p.meets, p.idle = false, false
 	if len(p.rows) == 0 {
 		return nil, ReasonPredicted
 	}
 	limit := p.Cap()
 	depth, allHeld := 0, false
-	if idx != nil && len(hashes) > 0 {
+	if held != nil && len(hashes) > 0 {
+		if depth = p.deepestHeld(held, hashes, limit, exclude); depth > 0 {
+			p.gen++
+			if hs := held.Holders(hashes[depth-1]); len(hs) > wideMarks {
+				allHeld = true // most of the fleet holds it (see PredictedLatency)
+			} else {
+				for _, m := range hs {
+					if p.contains(m) {
+						p.rows[m.row].mark = p.gen
+					}
+				}
+			}
+		}
+	} else if idx != nil && len(hashes) > 0 {
 		if depth = p.deepest(idx, hashes, limit, exclude); depth > 0 {
 			p.gen++
 			hs := idx.Holders(hashes[depth-1])
@@ -328,6 +350,23 @@ func (p *PredictedLatency) row(num int32, id string) *latRow {
 	}
 	p.nums[num] = m.row + 1
 	return &p.rows[m.row]
+}
+
+// deepestHeld is deepest over the exact index: the deepest depth whose chunk a candidate's
+// engine reports it holds (0: none).
+func (p *PredictedLatency) deepestHeld(x *HeldIndex, hashes []uint64, limit int64, exclude []string) int {
+	lo, hi := 0, len(hashes)
+	for lo < hi {
+		mid := int(uint(lo+hi+1) >> 1)
+		if slices.ContainsFunc(x.Holders(hashes[mid-1]), func(m *Member) bool {
+			return p.contains(m) && m.load < limit && !(len(exclude) > 0 && excluded(m.ID, exclude))
+		}) {
+			lo = mid
+		} else {
+			hi = mid - 1
+		}
+	}
+	return lo
 }
 
 // deepest is the deepest depth whose chunk a candidate holds (0: none), as PrefixAware's.
