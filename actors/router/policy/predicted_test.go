@@ -8,6 +8,7 @@ import (
 
 	"pgregory.net/rapid"
 
+	"github.com/tlgw/tlgw/internal/kvindex"
 	"github.com/tlgw/tlgw/internal/prefixindex"
 	"github.com/tlgw/tlgw/internal/ttftmodel"
 )
@@ -149,7 +150,7 @@ func TestPredictedLatencyLearnsFromObservations(t *testing.T) {
 // excluded; the deepest match among them; a candidate holding that depth's chunk is matched
 // to it (every candidate when more than wideMarks workers hold it); the least by (meets the
 // objective; if it does −matched, load, id; else prediction bucket, −matched, load, id).
-func bruteLatency(p *PredictedLatency, x *prefixindex.Index, hashes []uint64, slo float64, exclude []string) *Member {
+func bruteLatency(p *PredictedLatency, x holdings, hashes []uint64, slo float64, exclude []string) *Member {
 	limit := p.Cap()
 	var cands []*Member
 	for _, r := range p.rows {
@@ -160,15 +161,12 @@ func bruteLatency(p *PredictedLatency, x *prefixindex.Index, hashes []uint64, sl
 	depth := 0
 	if x != nil {
 		for _, m := range cands {
-			depth = max(depth, x.Match(m.ID, hashes))
+			depth = max(depth, x.match(m, hashes))
 		}
 	}
 	holders := 0
 	if depth > 0 {
-		hs := x.Holders(hashes[depth-1])
-		for _, ok := hs.Next(); ok; _, ok = hs.Next() {
-			holders++
-		}
+		holders = x.holders(hashes[depth-1])
 	}
 	type key struct {
 		meets   bool
@@ -180,7 +178,7 @@ func bruteLatency(p *PredictedLatency, x *prefixindex.Index, hashes []uint64, sl
 	prompt := len(hashes) * tokensPerChunk
 	for _, m := range cands {
 		matched := 0
-		if depth > 0 && (holders > wideMarks || x.Holds(m.ID, hashes[depth-1])) {
+		if depth > 0 && (holders > wideMarks || x.holds(m, hashes[depth-1])) {
 			matched = depth
 		}
 		pred := Predict(m, ttftmodel.Features(m.load, prompt-matched*tokensPerChunk))
@@ -212,13 +210,41 @@ func bruteLatency(p *PredictedLatency, x *prefixindex.Index, hashes []uint64, sl
 	return keys[0].m
 }
 
+// holdings is what bruteLatency reads of an index: the approximate one (approx) or the exact
+// one (exact).
+type holdings interface {
+	match(m *Member, hashes []uint64) int
+	holds(m *Member, id uint64) bool
+	holders(id uint64) int
+}
+
+type approx struct{ x *prefixindex.Index }
+
+func (a approx) match(m *Member, hashes []uint64) int { return a.x.Match(m.ID, hashes) }
+func (a approx) holds(m *Member, id uint64) bool       { return a.x.Holds(m.ID, id) }
+func (a approx) holders(id uint64) int {
+	n := 0
+	hs := a.x.Holders(id)
+	for _, ok := hs.Next(); ok; _, ok = hs.Next() {
+		n++
+	}
+	return n
+}
+
+type exact struct{ x *HeldIndex }
+
+func (e exact) match(m *Member, hashes []uint64) int { return e.x.Match(m, hashes) }
+func (e exact) holds(m *Member, id uint64) bool       { return e.x.Holds(m, id) }
+func (e exact) holders(id uint64) int                 { return len(e.x.Holders(id)) }
+
 // TestPredictedLatencyMatchesBruteForce: on random pools, models, prefixes and exclusions the
-// pick is the from-scratch rule's.
+// pick is the from-scratch rule's, over the approximate index or (SetHeld) the exact one.
 func TestPredictedLatencyMatchesBruteForce(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		n := rapid.IntRange(1, 90).Draw(t, "n")
 		p := NewPredictedLatency(rapid.Float64Range(1, 2).Draw(t, "c"))
-		x := prefixindex.New(0)
+		x, held := prefixindex.New(0), kvindex.New[*Member](0)
+		useExact := rapid.Bool().Draw(t, "exact")
 		ms := make([]*Member, n)
 		prompts := rapid.IntRange(1, 4).Draw(t, "prompts")
 		// Members join in any order (the pick's ties go to the smallest id whatever the
@@ -237,7 +263,9 @@ func TestPredictedLatencyMatchesBruteForce(t *testing.T) {
 				teach(p, ms[i], base, perK)
 			}
 			if k := rapid.IntRange(0, prompts).Draw(t, "holds"); k > 0 {
-				x.Record(ms[i].ID, chunks(k, rapid.IntRange(1, 40).Draw(t, "held")))
+				hs := chunks(k, rapid.IntRange(1, 40).Draw(t, "held"))
+				x.Record(ms[i].ID, hs)
+				held.Store(ms[i], hs)
 			}
 		}
 		for range rapid.IntRange(0, 3).Draw(t, "rejoins") {
@@ -254,8 +282,14 @@ func TestPredictedLatencyMatchesBruteForce(t *testing.T) {
 				exclude = append(exclude, ms[rapid.IntRange(0, n-1).Draw(t, "ex")].ID)
 			}
 			slo := float64(rapid.SampledFrom([]int{0, 10, 100, 1000}).Draw(t, "slo"))
-			want := bruteLatency(p, x, hashes, slo, exclude)
+			var want *Member
 			p.SetLatencyRequest(x, hashes, slo)
+			if useExact {
+				want = bruteLatency(p, exact{held}, hashes, slo, exclude)
+				p.SetHeld(held, hashes)
+			} else {
+				want = bruteLatency(p, approx{x}, hashes, slo, exclude)
+			}
 			got, _ := p.Pick(0, exclude)
 			if got != want {
 				t.Fatalf("Pick = %v, brute force = %v", got, want)
@@ -353,31 +387,37 @@ func TestPredictedLatencyCapBoundary(t *testing.T) {
 
 // TestPredictedLatencyWideHolders: when more than wideMarks workers hold the prompt's deepest
 // cached chunk, every candidate is taken to hold it (their predictions use the held depth);
-// at wideMarks or fewer, only the holders are.
+// at wideMarks or fewer, only the holders are. Over either index.
 func TestPredictedLatencyWideHolders(t *testing.T) {
-	for _, holders := range []int{wideMarks, wideMarks + 1} {
-		p := NewPredictedLatency(10)
-		x := prefixindex.New(0)
-		prompt := chunks(1, 64) // 1,024 tokens
-		var ms []*Member
-		for i := range wideMarks + 2 {
-			m := &Member{ID: fmt.Sprintf("w%03d", i)}
-			ms = append(ms, m)
-			p.Add(m, 1, 1)
-			teach(p, m, 10, 100)
-			if i < holders {
-				x.Record(m.ID, prompt)
+	for _, useExact := range []bool{false, true} {
+		for _, holders := range []int{wideMarks, wideMarks + 1} {
+			p := NewPredictedLatency(10)
+			x, held := prefixindex.New(0), kvindex.New[*Member](0)
+			prompt := chunks(1, 64) // 1,024 tokens
+			var ms []*Member
+			for i := range wideMarks + 2 {
+				m := &Member{ID: fmt.Sprintf("w%03d", i)}
+				ms = append(ms, m)
+				p.Add(m, 1, 1)
+				teach(p, m, 10, 100)
+				if i < holders {
+					x.Record(m.ID, prompt)
+					held.Store(m, prompt)
+				}
 			}
-		}
-		last := ms[len(ms)-1]
-		p.SetLoad(last, 0) // the least loaded, and never a holder
-		p.SetLatencyRequest(x, prompt, 0)
-		m, _ := p.Pick(0, nil)
-		held := p.Features()[ttftmodel.KTokens] == 0
-		// Wide: the least loaded, taken to hold the prompt; else a holder (10 ms against
-		// 112.4 ms for the least loaded, which does not hold it).
-		if wide := holders > wideMarks; !held || (m == last) != wide {
-			t.Fatalf("%d holders: picked %s with features %v", holders, m.ID, p.Features())
+			last := ms[len(ms)-1]
+			p.SetLoad(last, 0) // the least loaded, and never a holder
+			p.SetLatencyRequest(x, prompt, 0)
+			if useExact {
+				p.SetHeld(held, prompt)
+			}
+			m, _ := p.Pick(0, nil)
+			isHeld := p.Features()[ttftmodel.KTokens] == 0
+			// Wide: the least loaded, taken to hold the prompt; else a holder (10 ms against
+			// 112.4 ms for the least loaded, which does not hold it).
+			if wide := holders > wideMarks; !isHeld || (m == last) != wide {
+				t.Fatalf("exact %v, %d holders: picked %s with features %v", useExact, holders, m.ID, p.Features())
+			}
 		}
 	}
 }
