@@ -451,3 +451,32 @@ func TestRank(t *testing.T) {
 		t.Error("loads outside [0, 2⁴⁰) are not clamped")
 	}
 }
+
+// TestPredictedLatencyMeetsIdleCountsTheCache: whether a member would be in time idle is
+// predicted with the prompt tokens it holds: a holder that misses the objective only by its
+// load would meet it idle, though the whole prompt's prefill would not.
+func TestPredictedLatencyMeetsIdleCountsTheCache(t *testing.T) {
+	p := NewPredictedLatency(10)
+	a, b := &Member{ID: "a"}, &Member{ID: "b"}
+	r := rand.New(rand.NewPCG(3, 4))
+	for _, m := range []*Member{a, b} { // 10 ms + 50 ms per request in flight + 100 ms per 1,000 tokens
+		p.Add(m, 0, 1)
+		for range 300 {
+			x := ttftmodel.Features(int64(r.IntN(6)), r.IntN(4000))
+			p.Observe(m, x, 10+50*x[ttftmodel.Load]+100*x[ttftmodel.KTokens])
+		}
+	}
+	p.SetLoad(a, 2)
+	p.SetLoad(b, 2)
+	x := prefixindex.New(0)
+	prompt := chunks(1, 128) // 2,048 tokens
+	x.Record("a", prompt[:120])
+	// a: 10 + 100 + 12.8 = 122.8 ms now, 22.8 idle; b: 314.8 now, 214.8 idle.
+	p.SetLatencyRequest(x, prompt, 50)
+	if m, _ := p.Pick(0, nil); m != a {
+		t.Fatalf("picked %s, want a (lowest prediction)", m.ID)
+	}
+	if now, idle := p.Meets(); now || !idle {
+		t.Fatalf("Meets() = %v, %v; want false, true (a would be in time idle, with its cache)", now, idle)
+	}
+}
