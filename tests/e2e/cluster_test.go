@@ -231,19 +231,27 @@ func TestClusterOfThreeReplicas(t *testing.T) {
 	})
 
 	t.Run("the same prompt to the affinity route lands on the same worker through every replica", func(t *testing.T) {
+		// A round asks every replica once. The ring is the same on every replica, but the
+		// bounded-load cap sends a request past its owner whenever a replica momentarily sees
+		// the owner's load at the cap (a heartbeat's queue depth, a release not yet reported;
+		// seen once in a full -race run): a round that disagrees is asked again, at most five
+		// times, so only a disagreement that persists fails.
 		for p := range 20 {
 			prompt := fmt.Sprintf("shared system prompt number %d: you are a careful assistant", p)
-			var owner string
-			for i := range 3 {
-				r, b := c.complete(t, i, "chat", prompt)
-				if r.StatusCode != 200 {
-					t.Fatalf("replica %d: %d %s", i+1, r.StatusCode, b)
+			var got [3]string
+			for round := 0; ; round++ {
+				for i := range 3 {
+					r, b := c.complete(t, i, "chat", prompt)
+					if r.StatusCode != 200 {
+						t.Fatalf("replica %d: %d %s", i+1, r.StatusCode, b)
+					}
+					got[i] = r.Header.Get("X-TL-Route")
 				}
-				w := r.Header.Get("X-TL-Route")
-				if i == 0 {
-					owner = w
-				} else if w != owner {
-					t.Fatalf("prompt %d: replica 1 sent it to %s, replica %d to %s", p, owner, i+1, w)
+				if got[0] == got[1] && got[1] == got[2] {
+					break
+				}
+				if round == 4 {
+					t.Fatalf("prompt %d: replicas sent it to %v, five rounds in a row", p, got)
 				}
 			}
 		}
