@@ -221,7 +221,7 @@ type holdings interface {
 type approx struct{ x *prefixindex.Index }
 
 func (a approx) match(m *Member, hashes []uint64) int { return a.x.Match(m.ID, hashes) }
-func (a approx) holds(m *Member, id uint64) bool       { return a.x.Holds(m.ID, id) }
+func (a approx) holds(m *Member, id uint64) bool      { return a.x.Holds(m.ID, id) }
 func (a approx) holders(id uint64) int {
 	n := 0
 	hs := a.x.Holders(id)
@@ -234,8 +234,8 @@ func (a approx) holders(id uint64) int {
 type exact struct{ x *HeldIndex }
 
 func (e exact) match(m *Member, hashes []uint64) int { return e.x.Match(m, hashes) }
-func (e exact) holds(m *Member, id uint64) bool       { return e.x.Holds(m, id) }
-func (e exact) holders(id uint64) int                 { return len(e.x.Holders(id)) }
+func (e exact) holds(m *Member, id uint64) bool      { return e.x.Holds(m, id) }
+func (e exact) holders(id uint64) int                { return len(e.x.Holders(id)) }
 
 // TestPredictedLatencyMatchesBruteForce: on random pools, models, prefixes and exclusions the
 // pick is the from-scratch rule's, over the approximate index or (SetHeld) the exact one.
