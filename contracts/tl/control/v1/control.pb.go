@@ -120,7 +120,7 @@ type WorkerStatus struct {
 	// capacity. At most 1048576 (1 << 20).
 	BlockSize uint32 `protobuf:"varint,13,opt,name=block_size,json=blockSize,proto3" json:"block_size,omitempty"`
 	// The worker serves tl.kv.v1.KvEvents/Subscribe on grpc_address (R18.3):
-	// a gateway with route_policy = "precise_prefix" subscribes to it.
+	// a gateway with route_policy = "precise_prefix" or "predicted_latency" subscribes to it.
 	KvEvents      bool `protobuf:"varint,14,opt,name=kv_events,json=kvEvents,proto3" json:"kv_events,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
