@@ -155,11 +155,14 @@ func TestObjectiveWaitsForAWorkerInTime(t *testing.T) {
 	if _, _, ok := pick(100, ""); ok {
 		t.Fatal("dispatched at 120 ms against 100")
 	}
-	s.Advance(99 * time.Millisecond)
+	s.Advance(99*time.Millisecond + 500*time.Microsecond)
+	// A wake with less than a millisecond left: nothing is in time (an objective of 0 must not
+	// read as no objective).
+	s.ObserveTTFT(&Picked{WorkerID: "w1", Features: ttftmodel.Features(1, 0)}, 120*time.Millisecond)
 	if ds := s.Deliveries(); len(ds) != 0 {
-		t.Fatalf("shed before its objective passed: %v", ds)
+		t.Fatalf("dispatched or shed before its objective passed: %v", ds)
 	}
-	s.Advance(time.Millisecond)
+	s.Advance(500 * time.Microsecond)
 	ds = s.Deliveries()
 	if len(ds) != 1 {
 		t.Fatalf("%d deliveries when the objective passed, want its rejection", len(ds))
