@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime/debug"
+	"runtime/pprof"
 	"syscall"
 	"time"
 
@@ -107,12 +108,25 @@ func serve(args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	path := fs.String("config", "", "TOML configuration file (required; an empty file serves defaults)")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	cpuProfile := fs.String("cpu-profile", "", "write a CPU profile of the whole run to this file (pprof; cmd/tlgw/default.pgo is one)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
 	if *path == "" {
 		fmt.Fprintln(stderr, "tlgw serve: --config FILE is required")
 		return 2
+	}
+	if *cpuProfile != "" {
+		stopProfile, err := startCPUProfile(*cpuProfile)
+		if err != nil {
+			fmt.Fprintf(stderr, "tlgw serve: --cpu-profile: %v\n", err)
+			return 1
+		}
+		defer func() {
+			if err := stopProfile(); err != nil {
+				fmt.Fprintf(stderr, "tlgw serve: --cpu-profile: %v\n", err)
+			}
+		}()
 	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
@@ -152,4 +166,22 @@ func serve(args []string, stdout, stderr io.Writer) int {
 	}
 	log.Info("stopped")
 	return code
+}
+
+// startCPUProfile starts a CPU profile into a new file at path; the func it returns stops the
+// profile and closes the file. The file must not exist: a profile never overwrites one.
+func startCPUProfile(path string) (stop func() error, err error) {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		os.Remove(path)
+		return nil, err
+	}
+	return func() error {
+		pprof.StopCPUProfile()
+		return f.Close()
+	}, nil
 }

@@ -247,7 +247,8 @@ func needTools(b *testing.B) {
 // machine's drift hits both alike: this VM's speed changes by up to 2× within seconds, which
 // 5 s phases let fall on one proxy's phase. A ratio is the median of the rounds' ratios. Run
 // with -benchtime 1x; tests/bench/proxy.sh prints the figures. TLGW_BENCH_PHASE sets a phase's
-// length (default 2s), TLGW_BENCH_ROUNDS the rounds (default 20).
+// length (default 2s), TLGW_BENCH_ROUNDS the rounds (default 20), TLGW_BENCH_CPU_PROFILE a file
+// for the gateway's CPU profile of the whole run (tests/bench/pgo.sh).
 func BenchmarkProxyVsBare(b *testing.B) {
 	needTools(b)
 	phaseLen := envDuration(b, "TLGW_BENCH_PHASE", 2*time.Second)
@@ -271,7 +272,11 @@ func BenchmarkProxyVsBare(b *testing.B) {
 	if err := os.WriteFile(cfg, []byte(benchGatewayTOML), 0o600); err != nil {
 		b.Fatal(err)
 	}
-	gw := proctest.Start(b, "taskset", []string{"-c", serverCore, bins[0], "serve", "--config", cfg})
+	gwArgs := []string{"-c", serverCore, bins[0], "serve", "--config", cfg}
+	if prof := os.Getenv("TLGW_BENCH_CPU_PROFILE"); prof != "" {
+		gwArgs = append(gwArgs, "--cpu-profile", prof) // written when the gateway stops (pgo.sh)
+	}
+	gw := proctest.Start(b, "taskset", gwArgs)
 	g := &rig{b: b, dir: dir}
 	var upstreams []string
 	for i := 0; i < 2; i++ {
