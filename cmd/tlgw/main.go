@@ -61,7 +61,8 @@ const usage = `usage:
   tlgw demo [--http-listen ADDR]   the gateway plus simulated engines on loopback (default 127.0.0.1:8080)
   tlgw cascade sweep --fixture F [--small-cost S] [--accept-if 'mean_logprob > tau']
                                    print a cascade's cost and quality curve as JSON
-  tlgw serve --config FILE         run the gateway
+  tlgw serve --config FILE [--log-level L] [--cpu-profile FILE]
+                                   run the gateway (--cpu-profile: a pprof CPU profile of the run)
   tlgw simulate --trace T --workers N --requests M --load F --policies a,b --seed S
                 [--heterogeneous] [--slo-ttft-ms X] --format json|markdown [--plot FILE.png]
                                    compare route policies over simulated engines (R18.1)

@@ -2,6 +2,8 @@ package e2e
 
 import (
 	"bufio"
+	"bytes"
+	"compress/gzip"
 	"context"
 	"fmt"
 	"io"
@@ -18,6 +20,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	controlv1 "github.com/tlgw/tlgw/contracts/tl/control/v1"
+	"github.com/tlgw/tlgw/internal/proctest"
 )
 
 // standIn is an engine stand-in: OpenAI JSON and SSE answers over a real socket.
@@ -201,5 +204,59 @@ func TestServeRejectsBadConfig(t *testing.T) {
 	}
 	if code, out := runTLGW(t, "version"); code != 0 || !strings.HasPrefix(out, "tlgw ") {
 		t.Fatalf("version: %d %q", code, out)
+	}
+}
+
+// TestServeWritesACPUProfile: `tlgw serve --cpu-profile FILE` records the whole run and writes
+// the profile (gzip-compressed pprof, what cmd/tlgw/default.pgo is) when SIGTERM stops it.
+func TestServeWritesACPUProfile(t *testing.T) {
+	dir := t.TempDir()
+	cfg, prof := filepath.Join(dir, "tlgw.toml"), filepath.Join(dir, "cpu.pprof")
+	if err := os.WriteFile(cfg, []byte("[gateway]\nhttp_listen = \"127.0.0.1:0\"\nregistry_listen = \"127.0.0.1:0\"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p := proctest.Start(t, tlgwBin, []string{"serve", "--config", cfg, "--cpu-profile", prof})
+	if resp, err := http.Get("http://" + p.HTTPAddr + "/healthz"); err == nil {
+		resp.Body.Close()
+	}
+	if err := p.Cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-p.Exited():
+		if err := p.Err(); err != nil {
+			t.Fatalf("exit: %v\n%s", err, p.Logs())
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("tlgw did not stop on SIGTERM\n%s", p.Logs())
+	}
+	f, err := os.Open(prof)
+	if err != nil {
+		t.Fatalf("no profile: %v", err)
+	}
+	defer f.Close()
+	zr, err := gzip.NewReader(f)
+	if err != nil {
+		t.Fatalf("the profile is not gzip: %v", err)
+	}
+	raw, err := io.ReadAll(zr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The profile's string table names its sample types: samples/count and cpu/nanoseconds.
+	for _, want := range []string{"samples", "cpu", "nanoseconds"} {
+		if !bytes.Contains(raw, []byte(want)) {
+			t.Errorf("the profile (%d bytes) lacks %q", len(raw), want)
+		}
+	}
+
+	// A file that exists is never overwritten: serve refuses to start.
+	before, _ := os.ReadFile(prof)
+	code, out := runTLGW(t, "serve", "--config", cfg, "--cpu-profile", prof)
+	if code != 1 || !strings.Contains(out, "--cpu-profile") {
+		t.Fatalf("existing profile file: exit %d, %q", code, out)
+	}
+	if after, _ := os.ReadFile(prof); !bytes.Equal(before, after) {
+		t.Fatal("serve changed an existing profile file")
 	}
 }
