@@ -40,20 +40,28 @@ func TestLeastOutstandingMatchesDefinition(t *testing.T) {
 		}
 		p := NewLeastOutstanding()
 		in := map[*Member]bool{}
+		loads := map[*Member]int64{} // the test's own record of what it set: the policy must keep it
 		steps := rapid.IntRange(1, 200).Draw(t, "steps")
 		for s := 0; s < steps; s++ {
 			m := ms[rapid.IntRange(0, n-1).Draw(t, "m")]
 			switch rapid.IntRange(0, 3).Draw(t, "op") {
 			case 0:
 				if !in[m] {
-					p.Add(m, rapid.Int64Range(0, 20).Draw(t, "load"), 1)
+					loads[m] = rapid.Int64Range(0, 20).Draw(t, "load")
+					p.Add(m, loads[m], 1)
 					in[m] = true
 				}
 			case 1:
 				p.Remove(m)
 				delete(in, m)
 			default:
-				p.SetLoad(m, rapid.Int64Range(0, 20).Draw(t, "load"))
+				loads[m] = rapid.Int64Range(0, 20).Draw(t, "load")
+				p.SetLoad(m, loads[m])
+			}
+			for _, x := range ms {
+				if x.Load() != loads[x] {
+					t.Fatalf("%s: load %d, set %d", x.ID, x.Load(), loads[x])
+				}
 			}
 			var exclude []string
 			for k := rapid.IntRange(0, 4).Draw(t, "excl"); k > 0; k-- {
@@ -198,6 +206,26 @@ func TestAffinityNeverExceedsCapWhileAnyoneIsUnder(t *testing.T) {
 	})
 }
 
+// TestAffinityDefaultVnodes: a ring size of 0 or less means the default, 64 points per
+// member, so such a policy picks exactly as one built with 64.
+func TestAffinityDefaultVnodes(t *testing.T) {
+	for _, vnodes := range []int{0, -1} {
+		p, ref := NewAffinity(1.25, vnodes), NewAffinity(1.25, 64)
+		for i := range 5 {
+			p.Add(&Member{ID: fmt.Sprintf("m%d", i)}, int64(i%2), 1)
+			ref.Add(&Member{ID: fmt.Sprintf("m%d", i)}, int64(i%2), 1)
+		}
+		for k := range uint64(50) {
+			key := k * 0x9e3779b97f4a7c15
+			got, gr := p.Pick(key, nil)
+			want, wr := ref.Pick(key, nil)
+			if got == nil || got.ID != want.ID || gr != wr {
+				t.Fatalf("vnodes %d, key %x: picked %v (%v), want %s (%v)", vnodes, key, got, gr, want.ID, wr)
+			}
+		}
+	}
+}
+
 func TestAffinityMembershipChanges(t *testing.T) {
 	p := NewAffinity(1.25, 32)
 	a, b := &Member{ID: "a"}, &Member{ID: "b"}
@@ -242,8 +270,10 @@ func TestAffinityMembershipChanges(t *testing.T) {
 	}
 }
 
-// refAffinity is R3.3 from scratch: build the ring of the live members, walk it.
-func refAffinity(ms []*Member, in map[*Member]bool, c float64, vnodes int, key uint64, exclude []string) *Member {
+// refAffinity is R3.3 from scratch: build the ring of the live members, walk it. The reason
+// is affinity when the member is the key's owner (the first member met that is not
+// excluded), load when it is another.
+func refAffinity(ms []*Member, in map[*Member]bool, c float64, vnodes int, key uint64, exclude []string) (*Member, Reason) {
 	var ring []point
 	var total int64
 	n := 0
@@ -258,25 +288,34 @@ func refAffinity(ms []*Member, in map[*Member]bool, c float64, vnodes int, key u
 		}
 	}
 	if n == 0 {
-		return nil
+		return nil, ReasonAffinity
 	}
 	slices.SortFunc(ring, cmpPoint)
 	limit := int64(math.Ceil(c * float64(total+1) / float64(n)))
 	start, _ := slices.BinarySearchFunc(ring, key, func(pt point, k uint64) int { return cmpUint(pt.hash, k) })
-	var fallback *Member
+	var owner, fallback *Member
+	reason := func(m *Member) (*Member, Reason) {
+		if m == owner {
+			return m, ReasonAffinity
+		}
+		return m, ReasonLoad
+	}
 	for s := 0; s < len(ring); s++ {
 		m := ring[(start+s)%len(ring)].m
 		if excluded(m.ID, exclude) {
 			continue
 		}
+		if owner == nil {
+			owner = m
+		}
 		if m.load < limit {
-			return m
+			return reason(m)
 		}
 		if fallback == nil || less(m, fallback) {
 			fallback = m
 		}
 	}
-	return fallback
+	return reason(fallback)
 }
 
 func cmpUint(a, b uint64) int {
@@ -317,9 +356,9 @@ func TestAffinityMatchesDefinition(t *testing.T) {
 					exclude = append(exclude, ms[rapid.IntRange(0, n-1).Draw(t, "x")].ID)
 				}
 				key := rapid.Uint64().Draw(t, "key")
-				got, _ := p.Pick(key, exclude)
-				if want := refAffinity(ms, in, 1.25, 8, key, exclude); got != want {
-					t.Fatalf("pick = %v, want %v", got, want)
+				got, gr := p.Pick(key, exclude)
+				if want, wr := refAffinity(ms, in, 1.25, 8, key, exclude); got != want || gr != wr {
+					t.Fatalf("pick = %v (%v), want %v (%v)", got, gr, want, wr)
 				}
 			}
 		}

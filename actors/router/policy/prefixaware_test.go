@@ -53,6 +53,12 @@ func TestPrefixAwareSkipsMemberAtCap(t *testing.T) {
 	if m, r := p.Pick(0, nil); m.ID != "b" || r != ReasonLeastLoad {
 		t.Fatalf("got %s (%v), want b (least_load)", m.ID, r)
 	}
+	// Exactly at the cap (loads 1, 0, 0, 0: cap = ⌈1.25·2/4⌉ = 1) is at the cap.
+	p.SetLoad(ms[0], 1)
+	p.SetScores(scores(map[string]int{"a": 30, "c": 9}))
+	if m, r := p.Pick(0, nil); m.ID != "c" || r != ReasonPrefix {
+		t.Fatalf("got %s (%v), want c: a's load 1 is the cap", m.ID, r)
+	}
 	// Under the cap again (cap = ⌈1.25·1/4⌉ = 1 > 0), a's match counts.
 	p.SetLoad(ms[0], 0)
 	p.SetScores(scores(map[string]int{"a": 30, "c": 9}))

@@ -136,6 +136,17 @@ func TestPrefixAwareSetPrefixDeepHolderAtCap(t *testing.T) {
 	if m, _ := p.Pick(0, []string{"d", "e"}); m.ID != "f" {
 		t.Fatalf("got %s, want f", m.ID)
 	}
+	// Exactly at the cap is at the cap: loads 2, 2, 0, 0, 1, 0 make it ⌈1.25·6/6⌉ = 2, so a
+	// and b are passed over for their 40 and 2 chunks.
+	p.SetLoad(p.byID["a"], 2)
+	p.SetLoad(p.byID["b"], 2)
+	if got := p.Cap(); got != 2 {
+		t.Fatalf("cap = %d, want 2", got)
+	}
+	p.SetPrefix(x, q)
+	if m, _ := p.Pick(0, []string{"d", "e"}); m.ID != "f" {
+		t.Fatalf("got %s, want f: a and b are at the cap", m.ID)
+	}
 }
 
 func TestPrefixAwareSetPrefixAllocatesNothing(t *testing.T) {
