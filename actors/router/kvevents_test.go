@@ -72,6 +72,15 @@ func TestPreciseRoutesToHolder(t *testing.T) {
 	if s.KVEvents(&KVEvents{WorkerID: "w3", Stored: h}) {
 		t.Fatal("events of a worker that does not report kv_events were applied")
 	}
+	// The bound counts stored and removed ids together: exactly MaxKVEventIDs is applied, one
+	// more is not, however they are split.
+	half := MaxKVEventIDs / 2
+	if !s.KVEvents(&KVEvents{WorkerID: "w2", Stored: make([]uint64, half), Removed: make([]uint64, MaxKVEventIDs-half)}) {
+		t.Fatal("a message of exactly MaxKVEventIDs ids was refused")
+	}
+	if s.KVEvents(&KVEvents{WorkerID: "w2", Stored: make([]uint64, half+1), Removed: make([]uint64, MaxKVEventIDs-half)}) {
+		t.Fatal("a message of MaxKVEventIDs+1 stored and removed ids was applied")
+	}
 	big := make([]uint64, MaxKVEventIDs+1)
 	copy(big, h)
 	if s.KVEvents(&KVEvents{WorkerID: "w2", Stored: big}) {

@@ -201,11 +201,41 @@ func TestOutlierEjectionEndsWithTheRegistration(t *testing.T) {
 		t.Fatal("the ejection did not end")
 	}
 
-	off, _ := outlierRig(t, config.Outlier{})
-	off.join("w1", "smol", 0)
-	off.join("w2", "smol", 0)
-	off.askEject("w1", Outcome5xx)
-	if !off.row(t, "w1").Routable {
-		t.Fatal("ejection is off, yet the worker was ejected")
+	// Off means off, whatever the other knobs allow.
+	for _, o := range []config.Outlier{{}, {ConsecutiveFailures: 1, MaxEjection: time.Minute, MaxEjectedPercent: 100}} {
+		off, _ := outlierRig(t, o)
+		off.join("w1", "smol", 0)
+		off.join("w2", "smol", 0)
+		off.askEject("w1", Outcome5xx)
+		if !off.row(t, "w1").Routable {
+			t.Fatalf("ejection is off (%+v), yet the worker was ejected", o)
+		}
+	}
+}
+
+// TestOutlierEjectedPercentCountsTheEjected: at max_ejected_percent 50 of four workers two may
+// be out at once and a third is refused while both are; once one is back, another may go.
+func TestOutlierEjectedPercentCountsTheEjected(t *testing.T) {
+	r, _ := outlierRig(t, testOutlier)
+	for _, id := range []string{"w1", "w2", "w3", "w4"} {
+		r.join(id, "smol", 0)
+	}
+	r.askEject("w1", Outcome5xx)
+	r.advance(10 * time.Second)
+	r.askEject("w2", Outcome5xx)
+	if r.row(t, "w1").Routable || r.row(t, "w2").Routable {
+		t.Fatal("two of four (50%) may be ejected at once")
+	}
+	r.askEject("w3", Outcome5xx)
+	if !r.row(t, "w3").Routable {
+		t.Fatal("a third of four ejected past max_ejected_percent 50")
+	}
+	r.advance(20 * time.Second) // w1's 30 s are up; w2 has 10 s left
+	if !r.row(t, "w1").Routable || r.row(t, "w2").Routable {
+		t.Fatalf("w1 %+v w2 %+v", r.row(t, "w1"), r.row(t, "w2"))
+	}
+	r.askEject("w3", Outcome5xx)
+	if r.row(t, "w3").Routable {
+		t.Fatal("with one of four out, a second may go")
 	}
 }
