@@ -7,6 +7,7 @@ import (
 	"pgregory.net/rapid"
 
 	"github.com/tlgw/tlgw/actors/router/admission"
+	"github.com/tlgw/tlgw/internal/prefixindex"
 )
 
 // TestPoolCountsItsKVReporters: whatever workers join, leave, change model, start or stop
@@ -127,5 +128,54 @@ func TestSoftTargetSteersThePick(t *testing.T) {
 	runBounded(t, "drained", func() { q.pick("id-drained", "smol", "") })
 	if p := q.picked(); p.WorkerID != "w1" {
 		t.Fatalf("a drained soft target took the request: %q", p.WorkerID)
+	}
+}
+
+// cacheReader is an admission policy whose classifier reads the cached prefix of each request
+// on each of its route's workers.
+type cacheReader struct{ seen []map[string]int }
+
+func (c *cacheReader) Classify(_ *admission.Request, route []string, cached func([]string) int) {
+	m := map[string]int{}
+	for _, id := range route {
+		m[id] = cached([]string{id})
+	}
+	m["*"] = cached(route)
+	c.seen = append(c.seen, m)
+}
+func (c *cacheReader) Gate() admission.Gate { return nil }
+
+// TestClassifierReadsCachedTokens: a classifier asks how many prompt tokens a set of workers
+// holds; the answer is the prefix index's best match over them, at 16 tokens per 64-byte chunk
+// (the gateway's estimate), and 0 for a request that carries no chunk hashes.
+func TestClassifierReadsCachedTokens(t *testing.T) {
+	c := &cacheReader{}
+	r := newRig(t, Config{Policy: "prefix_aware", PrefixIndexBlocks: 64, Admission: admissionCfg(c, 0)})
+	r.join("w1", "smol", 0)
+	r.join("w2", "smol", 0)
+	h := longPrompt("a prompt the classifier reads, long enough ", 5)
+	send := func(id string, hashes []uint64) *Picked {
+		q := r.newRequester()
+		runBounded(t, id, func() {
+			r.deliver(q.pid, &Pick{Model: "smol", RequestID: id, Key: q.key, Requester: q.pid, Tag: 1,
+				PrefixHashes: hashes, Admit: &AdmitInfo{}})
+		})
+		p := q.picked()
+		q.release(p)
+		return p
+	}
+	first := send("first", h) // records the prompt on the worker it went to
+	other := map[string]string{"w1": "w2", "w2": "w1"}[first.WorkerID]
+	send("second", h)
+	send("none", nil)
+	want := len(h) * prefixindex.ChunkBytes / 4
+	if got := c.seen[0]; got[first.WorkerID] != 0 || got["*"] != 0 {
+		t.Fatalf("before any pick: %v", got)
+	}
+	if got := c.seen[1]; got[first.WorkerID] != want || got[other] != 0 || got["*"] != want {
+		t.Fatalf("after the prompt went to %s: %v, want %d tokens there", first.WorkerID, got, want)
+	}
+	if got := c.seen[2]; got[first.WorkerID] != 0 || got["*"] != 0 {
+		t.Fatalf("a request without hashes: %v", got)
 	}
 }
