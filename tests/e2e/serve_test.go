@@ -172,17 +172,7 @@ scopes = ["inference", "admin", "debug"]
 	}
 
 	// Graceful shutdown on SIGTERM: exit code 0.
-	if err := p.Cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-p.Exited():
-		if err := p.Err(); err != nil {
-			t.Fatalf("exit: %v\n%s", err, p.Logs())
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatalf("tlgw did not stop on SIGTERM\n%s", p.Logs())
-	}
+	stopGracefully(t, p)
 }
 
 // TestServeRejectsBadConfig: a bad key or value stops start-up with a message naming the key.
@@ -207,6 +197,22 @@ func TestServeRejectsBadConfig(t *testing.T) {
 	}
 }
 
+// stopGracefully sends p SIGTERM and fails unless it exits with code 0 within 10 s.
+func stopGracefully(t *testing.T, p *proctest.Proc) {
+	t.Helper()
+	if err := p.Cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-p.Exited():
+		if err := p.Err(); err != nil {
+			t.Fatalf("exit: %v\n%s", err, p.Logs())
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("tlgw did not stop on SIGTERM\n%s", p.Logs())
+	}
+}
+
 // TestServeWritesACPUProfile: `tlgw serve --cpu-profile FILE` records the whole run and writes
 // the profile (gzip-compressed pprof, what cmd/tlgw/default.pgo is) when SIGTERM stops it.
 func TestServeWritesACPUProfile(t *testing.T) {
@@ -219,17 +225,7 @@ func TestServeWritesACPUProfile(t *testing.T) {
 	if resp, err := http.Get("http://" + p.HTTPAddr + "/healthz"); err == nil {
 		resp.Body.Close()
 	}
-	if err := p.Cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-p.Exited():
-		if err := p.Err(); err != nil {
-			t.Fatalf("exit: %v\n%s", err, p.Logs())
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatalf("tlgw did not stop on SIGTERM\n%s", p.Logs())
-	}
+	stopGracefully(t, p)
 	f, err := os.Open(prof)
 	if err != nil {
 		t.Fatalf("no profile: %v", err)
