@@ -14,15 +14,9 @@
 // new one, which stays for more work afterwards while fewer than MaxIdle are idle. The pool
 // therefore bounds only what it keeps, never what runs: a function that blocks (an HTTP round
 // trip) occupies its goroutine like a plain go statement would.
-//
-// The idle goroutines are a stack: work goes to the one that parked last, whose stack and data
-// are the likeliest to be still in the CPU's caches. (Goroutines waiting on one shared channel
-// would be served first-come first-served, so every hand-off would land on the goroutine idle
-// the longest, the coldest.)
 package gopool
 
 import (
-	"slices"
 	"sync"
 	"sync/atomic"
 )
@@ -37,44 +31,35 @@ const DefaultThroughput = 300
 // Pool is a set of reusable goroutines. It implements protoactor's actor.Dispatcher. The zero
 // value is not usable; use New.
 type Pool struct {
-	mu      sync.Mutex
-	idle    []*worker // parked (or about to park) goroutines, the last parked on top
-	closed  bool      // under mu
+	work    chan func() // unbuffered: a send succeeds only when a goroutine is waiting
 	quit    chan struct{}
-	maxIdle int
-	nIdle   atomic.Int32 // len(idle), for Idle without the lock
+	maxIdle int32
+	idle    atomic.Int32 // goroutines waiting on work (or about to)
 	live    atomic.Int32 // goroutines the pool started that have not exited
+	closed  atomic.Bool
 	once    sync.Once
 }
-
-// worker is one pooled goroutine's mailbox: at most one function, handed over by the Go call
-// that took the worker off the idle stack (so the send never blocks).
-type worker struct{ work chan func() }
 
 // New returns a pool that keeps at most maxIdle idle goroutines (DefaultMaxIdle when ≤ 0).
 func New(maxIdle int) *Pool {
 	if maxIdle <= 0 {
 		maxIdle = DefaultMaxIdle
 	}
-	return &Pool{quit: make(chan struct{}), maxIdle: maxIdle}
+	return &Pool{work: make(chan func()), quit: make(chan struct{}), maxIdle: int32(maxIdle)}
 }
 
 // Go runs fn on a pooled goroutine, or on a new one when none is idle. It never blocks. After
 // Close it runs fn on a plain new goroutine.
 func (p *Pool) Go(fn func()) {
-	p.mu.Lock()
-	if n := len(p.idle); n > 0 && !p.closed {
-		w := p.idle[n-1]
-		p.idle[n-1] = nil
-		p.idle = p.idle[:n-1]
-		p.nIdle.Store(int32(n - 1))
-		p.mu.Unlock()
-		w.work <- fn // buffered and empty: this call alone took w off the stack
-		return
+	if !p.closed.Load() {
+		select {
+		case p.work <- fn:
+			return
+		default:
+		}
 	}
-	p.mu.Unlock()
 	p.live.Add(1)
-	go p.worker(&worker{work: make(chan func(), 1)}, fn)
+	go p.worker(fn)
 }
 
 // Schedule implements actor.Dispatcher.
@@ -84,38 +69,26 @@ func (p *Pool) Schedule(fn func()) { p.Go(fn) }
 func (p *Pool) Throughput() int { return DefaultThroughput }
 
 // worker runs fn and then, while the pool wants it, the functions handed to it.
-func (p *Pool) worker(w *worker, fn func()) {
+func (p *Pool) worker(fn func()) {
 	defer p.live.Add(-1)
 	for {
 		fn()
-		p.mu.Lock()
-		if p.closed || len(p.idle) >= p.maxIdle {
-			p.mu.Unlock()
+		if p.idle.Add(1) > p.maxIdle || p.closed.Load() {
+			p.idle.Add(-1)
 			return
 		}
-		p.idle = append(p.idle, w)
-		p.nIdle.Store(int32(len(p.idle)))
-		p.mu.Unlock()
 		select {
-		case fn = <-w.work:
+		case fn = <-p.work:
+			p.idle.Add(-1)
 		case <-p.quit:
-			p.mu.Lock()
-			i := slices.Index(p.idle, w)
-			if i >= 0 {
-				p.idle = slices.Delete(p.idle, i, i+1)
-				p.nIdle.Store(int32(len(p.idle)))
-			}
-			p.mu.Unlock()
-			if i >= 0 {
-				return
-			}
-			fn = <-w.work // a Go took it off the stack before Close: its function is on the way
+			p.idle.Add(-1)
+			return
 		}
 	}
 }
 
 // Idle is the number of goroutines waiting for work.
-func (p *Pool) Idle() int { return int(p.nIdle.Load()) }
+func (p *Pool) Idle() int { return int(p.idle.Load()) }
 
 // Live is the number of goroutines the pool started that have not exited, idle or running.
 func (p *Pool) Live() int { return int(p.live.Load()) }
@@ -124,9 +97,7 @@ func (p *Pool) Live() int { return int(p.live.Load()) }
 // works after Close (on plain goroutines), so a late timer or message is never lost.
 func (p *Pool) Close() {
 	p.once.Do(func() {
-		p.mu.Lock()
-		p.closed = true
-		p.mu.Unlock()
+		p.closed.Store(true)
 		close(p.quit)
 	})
 }
