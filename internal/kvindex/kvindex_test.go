@@ -101,7 +101,8 @@ func TestBound(t *testing.T) {
 	if !x.Holds("a", 4) || x.Len("a") != 3 {
 		t.Fatal("freed room not reused")
 	}
-	if New[int](0).BlocksPerWorker() != DefaultBlocksPerWorker || New[int](1<<30).BlocksPerWorker() != MaxBlocksPerWorker {
+	if New[int](0).BlocksPerWorker() != DefaultBlocksPerWorker || New[int](1<<30).BlocksPerWorker() != MaxBlocksPerWorker ||
+		New[int](1).BlocksPerWorker() != 1 || New[int](-1).BlocksPerWorker() != DefaultBlocksPerWorker {
 		t.Fatal("bounds not defaulted")
 	}
 }
