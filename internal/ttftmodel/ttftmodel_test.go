@@ -89,3 +89,16 @@ func TestPredictionsStayFinite(t *testing.T) {
 		}
 	})
 }
+
+// TestObservationsCount: each usable observation counts; a NaN one is ignored.
+func TestObservationsCount(t *testing.T) {
+	var m Model
+	for i := range 5 {
+		m.Observe(Features(int64(i), 100*i), 10+float64(i))
+	}
+	m.Observe(Features(1, 1), math.NaN())
+	m.Observe(X{1, math.NaN(), 0}, 10)
+	if got := m.Observations(); got != 5 {
+		t.Fatalf("Observations = %d, want 5", got)
+	}
+}
