@@ -421,3 +421,28 @@ func TestFinishedRequestUnwatchesItsWorkers(t *testing.T) {
 	default:
 	}
 }
+
+// TestAnswered: a request counts as answered (router.Finished with Aborted false) only when the
+// relay reached the answer's end and the status was 2xx.
+func TestAnswered(t *testing.T) {
+	for _, c := range []struct {
+		res  *relayResult
+		code int
+		want bool
+	}{
+		{nil, 200, false},
+		{&relayResult{finished: false}, 200, false},
+		{&relayResult{finished: true}, 200, true},
+		{&relayResult{finished: true}, 204, true},
+		{&relayResult{finished: true}, 299, true},
+		{&relayResult{finished: true}, 199, false},
+		{&relayResult{finished: true}, 300, false},
+		{&relayResult{finished: true}, 404, false},
+		{&relayResult{finished: true}, 502, false},
+	} {
+		r := &requestActor{relayOut: c.res}
+		if got := r.answered(c.code); got != c.want {
+			t.Errorf("%+v, code %d: answered %v, want %v", c.res, c.code, got, c.want)
+		}
+	}
+}
