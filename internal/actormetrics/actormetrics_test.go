@@ -165,6 +165,9 @@ func TestMessageHistogram(t *testing.T) {
 		"router/Watch":   1,
 		"router/Stop":    1,
 	}
+	// The StopFuture completes on the Terminated that the Stop's handling sends, which may be
+	// before that handling returns and is observed: wait for its sample.
+	eventually(t, "the Stop observed", func() bool { return sampleCounts(t, reg)["router/Stop"] == 1 })
 	if got := sampleCounts(t, reg); !reflect.DeepEqual(got, want) {
 		t.Errorf("sample counts = %v, want %v", got, want)
 	}
