@@ -5,7 +5,8 @@
 # whether a change moved throughput by a few percent: two separate proxy.sh runs cannot on this
 # VM. Needs wrk and taskset.
 # Usage: tests/bench/ab.sh REV_A [REV_B (default HEAD)] [sse|json]   (TLGW_AB_ROUNDS=20 by default;
-# TLGW_AB_CONFIG_A or _B: a TOML file that side serves with instead of the proxy benchmark's)
+# TLGW_AB_CONFIG_A or _B: a TOML file that side serves with instead of the proxy benchmark's;
+# TLGW_AB_CONNS: wrk's connections, 64 by default)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 [ $# -ge 1 ] || { echo "usage: $0 REV_A [REV_B] [sse|json]" >&2; exit 2; }

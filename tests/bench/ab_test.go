@@ -26,8 +26,10 @@ import (
 // revisions); TLGW_AB_KIND is sse (default) or json, TLGW_AB_ROUNDS the slices (default 20),
 // TLGW_BENCH_PHASE a slice's length (default 2s); TLGW_AB_CONFIG_A or TLGW_AB_CONFIG_B
 // replaces that side's configuration (the proxy benchmark's by default), so one build against
-// itself with a feature off says what the feature costs. Reported: the median ratio A ÷ B of
-// events/s (sse) or req/s (json), and each build's median CPU per stream or request.
+// itself with a feature off says what the feature costs; TLGW_AB_CONNS sets wrk's connections
+// (default 64; 1 compares the latency a lone client sees). Reported: the median ratio A ÷ B of
+// events/s (sse) or req/s (json), each build's median CPU per stream or request, and the
+// median over the slices of A's p50 latency minus B's.
 func BenchmarkGatewayAB(b *testing.B) {
 	dirA, dirB := os.Getenv("TLGW_AB_A"), os.Getenv("TLGW_AB_B")
 	if dirA == "" || dirB == "" {
@@ -40,6 +42,13 @@ func BenchmarkGatewayAB(b *testing.B) {
 		var err error
 		if rounds, err = strconv.Atoi(v); err != nil || rounds < 1 {
 			b.Fatalf("TLGW_AB_ROUNDS=%q", v)
+		}
+	}
+	conns := benchConns
+	if v := os.Getenv("TLGW_AB_CONNS"); v != "" {
+		var err error
+		if conns, err = strconv.Atoi(v); err != nil || conns < 1 {
+			b.Fatalf("TLGW_AB_CONNS=%q", v)
 		}
 	}
 	slice := envDuration(b, "TLGW_BENCH_PHASE", 2*time.Second)
@@ -92,16 +101,16 @@ func BenchmarkGatewayAB(b *testing.B) {
 	if stream {
 		body = `{"model":"%s","prompt":"` + prompt + `","max_tokens":64,"seed":1,"stream":true}`
 	}
-	ga.run(a, body, stream, benchConns, time.Second) // warm both
-	gb.run(bb, body, stream, benchConns, time.Second)
+	ga.run(a, body, stream, conns, time.Second) // warm both
+	gb.run(bb, body, stream, conns, time.Second)
 	b.ResetTimer()
-	var ratios, cpuA, cpuB []float64
+	var ratios, cpuA, cpuB, p50 []float64
 	for i := 0; i < rounds; i++ {
 		var pa, pb phase
 		if i%2 == 0 {
-			pa, pb = ga.run(a, body, stream, benchConns, slice), gb.run(bb, body, stream, benchConns, slice)
+			pa, pb = ga.run(a, body, stream, conns, slice), gb.run(bb, body, stream, conns, slice)
 		} else {
-			pb, pa = gb.run(bb, body, stream, benchConns, slice), ga.run(a, body, stream, benchConns, slice)
+			pb, pa = gb.run(bb, body, stream, conns, slice), ga.run(a, body, stream, conns, slice)
 		}
 		if pa.errors+pb.errors > 0 || (stream && (pa.truncated+pb.truncated > 0)) {
 			b.Fatalf("round %d: errors A %d B %d, truncated A %d B %d", i, pa.errors, pb.errors, pa.truncated, pb.truncated)
@@ -114,11 +123,13 @@ func BenchmarkGatewayAB(b *testing.B) {
 		}
 		ratios = append(ratios, pa.perSecond(units(pa))/pb.perSecond(units(pb)))
 		cpuA, cpuB = append(cpuA, pa.cpuPer(pa.requests)), append(cpuB, pb.cpuPer(pb.requests))
+		p50 = append(p50, float64((pa.p50 - pb.p50).Microseconds()))
 	}
 	b.StopTimer()
 	median := func(v []float64) float64 { v = slices.Clone(v); slices.Sort(v); return v[len(v)/2] }
 	b.ReportMetric(median(ratios), "A/B-ratio")
 	b.ReportMetric(median(cpuA), "A-cpu-µs/req")
 	b.ReportMetric(median(cpuB), "B-cpu-µs/req")
+	b.ReportMetric(median(p50), "A-B-p50-µs")
 	b.ReportMetric(float64(rounds), "slices")
 }
