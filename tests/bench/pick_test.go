@@ -10,7 +10,12 @@ import (
 	"time"
 
 	"github.com/tlgw/tlgw/actors/router"
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/tlgw/tlgw/actors/router/policy"
+	"github.com/tlgw/tlgw/internal/actormetrics"
+	"github.com/tlgw/tlgw/internal/gopool"
 	"github.com/tlgw/tlgw/internal/gwtest"
 	"github.com/tlgw/tlgw/internal/prefixindex"
 )
@@ -79,12 +84,17 @@ func BenchmarkPolicyPick(b *testing.B) {
 }
 
 // BenchmarkRouterPickRoundTrip is a pick through the router actor: the request, the router's
-// work, the reply (then the Release a requester sends).
+// work, the reply (then the Release a requester sends). The actors run as the gateway runs
+// them (internal/app): each kind's own mailbox, on pooled goroutines.
 func BenchmarkRouterPickRoundTrip(b *testing.B) {
 	for _, name := range policy.Names() {
 		for _, n := range sizes {
 			b.Run(fmt.Sprintf("%s/workers=%d", name, n), func(b *testing.B) {
-				h := gwtest.New(b, gwtest.WithPolicy(name))
+				am, pool := actormetrics.New(prometheus.NewRegistry()), gopool.New(0)
+				b.Cleanup(pool.Close)
+				h := gwtest.New(b, gwtest.WithPolicy(name), gwtest.WithActorOptions(func(kind string) []actor.PropsOption {
+					return append(am.Options(kind), actor.WithDispatcher(pool))
+				}))
 				for i := 0; i < n; i++ {
 					_, err := h.GW.Heartbeat(gwtest.Worker(fmt.Sprintf("worker-%04d", i), "smol", int64(i%5)))
 					if err != nil {
