@@ -11,8 +11,8 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/tlgw/tlgw/actors/router"
 
+	"github.com/tlgw/tlgw/actors/router"
 	"github.com/tlgw/tlgw/actors/router/policy"
 	"github.com/tlgw/tlgw/internal/actormetrics"
 	"github.com/tlgw/tlgw/internal/gopool"
