@@ -299,3 +299,52 @@ func TestField(t *testing.T) {
 		t.Error("Field of a non-object found a key")
 	}
 }
+
+// TestErrorsAtEveryByte cuts valid bodies at every byte and corrupts every byte in turn. A
+// cut body ends too early: "unexpected end of input", or, cut inside a multi-byte UTF-8
+// sequence, that sequence is invalid at its first byte. A control byte or 0xff written over
+// any byte is reported at that byte's offset (at its sequence's first byte when the byte was
+// inside one): the message points at the fault, wherever the scanner's fast paths stood.
+func TestErrorsAtEveryByte(t *testing.T) {
+	bodies := []struct {
+		kind Kind
+		body string
+	}{
+		{Chat, `{"model":"gpt-4o-mini","messages":[{"role":"system","content":"You are \"helpful\"\n\u00e9\ud83d\ude00 and long enough to pass eight"},{"role":"user","content":[{"type":"text","text":"hi there"}]}],"stream":true,"temperature":0.7,"max_tokens":-12e+3,"x":[true,false,null,{"y":[1.5E-2]}]}`},
+		{Chat, `{"model":"m","messages":[{"role":"user","content":"café 😀 ok"}]}`},
+		{Completions, `{"model":"m","prompt":[[1,2,3],[4]],"n":1,"logit_bias":{"50256":-100}}`},
+		{Completions, ` { "model" : "m" , "prompt" : "abcdefghijklmnopqrstuvwxyz0123456789\\\/\b\f\r\t" } `},
+	}
+	// seqStart is the offset of the UTF-8 sequence byte k of b belongs to.
+	seqStart := func(b string, k int) int {
+		for k > 0 && b[k]&0xc0 == 0x80 {
+			k--
+		}
+		return k
+	}
+	for _, tc := range bodies {
+		if _, err := Parse(tc.kind, []byte(tc.body)); err != nil {
+			t.Fatalf("%s: %v", tc.body, err)
+		}
+		start, end := len(tc.body)-len(strings.TrimLeft(tc.body, " ")), len(strings.TrimRight(tc.body, " "))
+		for k := start + 1; k < end; k++ {
+			want := "invalid JSON: unexpected end of input"
+			if s := seqStart(tc.body, k); s != k {
+				want = "invalid JSON: invalid UTF-8 in string at offset " + strconv.Itoa(s)
+			}
+			if _, err := Parse(tc.kind, []byte(tc.body[:k])); err == nil || err.Error() != want {
+				t.Errorf("cut at %d (…%q): %v, want %s", k, tc.body[max(0, k-10):k], err, want)
+			}
+		}
+		for _, bad := range []byte{0x01, 0x1f, 0xff} {
+			for k := 0; k < end; k++ {
+				b := []byte(tc.body)
+				b[k] = bad
+				want := " at offset " + strconv.Itoa(seqStart(tc.body, k))
+				if _, err := Parse(tc.kind, b); err == nil || !strings.HasSuffix(err.Error(), want) {
+					t.Errorf("%#x at %d (…%q): %v, want …%s", bad, k, tc.body[max(0, k-10):k+1], err, want)
+				}
+			}
+		}
+	}
+}
