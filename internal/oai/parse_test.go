@@ -169,6 +169,8 @@ func TestParseErrors(t *testing.T) {
 		{"trailing comma", Chat, `{"model":"m",}`, `invalid JSON: unexpected character '}' at offset 13`, ""},
 		{"trailing data", Chat, `{"model":"m"} {}`, `invalid JSON: unexpected data after the top-level value at offset 14`, ""},
 		{"stray byte", Chat, "{\"model\":\"m\"\x01}", `invalid JSON: unexpected byte 0x1 at offset 12`, ""},
+		{"stray DEL", Chat, "{\"model\":\"m\"\x7f}", `invalid JSON: unexpected byte 0x7f at offset 12`, ""},
+		{"stray tilde", Chat, "{\"model\":\"m\"~}", `invalid JSON: unexpected character '~' at offset 12`, ""},
 		{"single quotes", Chat, `{'model':'m'}`, `invalid JSON: unexpected character '\'' at offset 1`, ""},
 		{"bad escape", Chat, `{"model":"\x"}`, `invalid JSON: invalid escape character 'x' at offset 11`, ""},
 		{"bad unicode escape", Chat, `{"model":"\u12g4"}`, `invalid JSON: invalid \u escape at offset 14`, ""},
@@ -185,7 +187,17 @@ func TestParseErrors(t *testing.T) {
 		{"duplicate escaped key", Chat, `{"model":"a","mod\u0065l":"a"}`, `duplicate key "model" in the request body`, "model"},
 		{"duplicate unknown key", Chat, `{"model":"a","logprobs":true,"x":1,"logprobs":false}`, `duplicate key "logprobs" in the request body`, "logprobs"},
 		{"duplicate among many keys", Chat, `{` + manyKeys(40) + `,"k7":0}`, `duplicate key "k7" in the request body`, "k7"},
+		{"duplicate key of the quoted length", Chat, `{"model":"a","` + strings.Repeat("k", 64) + `":1,"` + strings.Repeat("k", 64) + `":2}`,
+			`duplicate key "` + strings.Repeat("k", 64) + `" in the request body`, strings.Repeat("k", 64)},
+		{"duplicate key longer than quoted", Chat, `{"model":"a","` + strings.Repeat("k", 65) + `":1,"` + strings.Repeat("k", 65) + `":2}`,
+			`duplicate key "` + strings.Repeat("k", 64) + `…" in the request body`, strings.Repeat("k", 64) + "…"},
 		{"duplicate before a syntax error", Chat, `{"model":"a","model":"b",}`, `invalid JSON: unexpected character '}' at offset 25`, ""},
+		// A wrong shape is kept while the rest of the body is validated: a syntax error after
+		// it, anywhere, is the body's error.
+		{"messages shape then syntax", Chat, `{"model":"m","messages":5,"x":tru}`, `invalid JSON: unexpected character '}' at offset 33`, ""},
+		{"content shape then syntax", Chat, `{"model":"m","messages":[{"role":"user","content":[{"type":1}],"x":tru}]}`, `invalid JSON: unexpected character '}' at offset 70`, ""},
+		{"part shape then syntax in the parts", Chat, `{"model":"m","messages":[{"role":"user","content":[{"type":1},{"text":"a"]}]}`, `invalid JSON: unexpected character ']' at offset 73`, ""},
+		{"prompt shape then syntax", Completions, `{"model":"m","prompt":[1,"a"],"x":[}`, `invalid JSON: unexpected character '}' at offset 35`, ""},
 		{"model missing", Chat, `{"messages":[{"role":"user","content":"x"}]}`, `"model" is required`, "model"},
 		{"model null", Chat, `{"model":null}`, `"model" is required`, "model"},
 		{"model empty", Chat, `{"model":""}`, `"model" is required`, "model"},
@@ -344,6 +356,26 @@ func TestErrorsAtEveryByte(t *testing.T) {
 				if _, err := Parse(tc.kind, b); err == nil || !strings.HasSuffix(err.Error(), want) {
 					t.Errorf("%#x at %d (…%q): %v, want …%s", bad, k, tc.body[max(0, k-10):k+1], err, want)
 				}
+			}
+		}
+	}
+}
+
+// TestNestingLimit: a body nested exactly maxDepth containers deep (the top-level object
+// counted) parses; one container more is refused where it opens.
+func TestNestingLimit(t *testing.T) {
+	const head = `{"model":"m","messages":[{"role":"user","content":"x"}],"x":`
+	for _, c := range []struct{ open, close string }{{"[", "]"}, {`{"a":`, "}"}} {
+		for _, extra := range []int{0, 1} {
+			n := maxDepth - 1 + extra // containers inside the top-level object
+			body := head + strings.Repeat(c.open, n) + "1" + strings.Repeat(c.close, n) + "}"
+			_, err := Parse(Chat, []byte(body))
+			if extra == 0 && err != nil {
+				t.Errorf("%d levels of %s: %v", maxDepth, c.open, err)
+			}
+			want := "invalid JSON: nesting too deep at offset " + strconv.Itoa(len(head)+(maxDepth-1)*len(c.open))
+			if extra == 1 && (err == nil || err.Error() != want) {
+				t.Errorf("%d levels of %s: %v, want %s", maxDepth+1, c.open, err, want)
 			}
 		}
 	}
