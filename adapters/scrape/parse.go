@@ -323,11 +323,6 @@ func (p parsed) kvFromUsage(d dialect, kvTotal int64) (free, total int64, err er
 		paired := true
 		for _, u := range usage {
 			t, ok := reported[labelValue(u.m, engineLabel)]
-			if !ok && len(reported) == 1 && len(usage) == 1 {
-				for _, only := range reported {
-					t, ok = only, true
-				}
-			}
 			if !ok {
 				paired = false
 				break

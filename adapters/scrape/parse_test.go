@@ -4,6 +4,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -314,5 +315,47 @@ func TestParseBlockSize(t *testing.T) {
 		if got.BlockSize != c.want {
 			t.Errorf("%s: block size %d, want %d", c.name, got.BlockSize, c.want)
 		}
+	}
+}
+
+// TestParseBounds: the edges of what an engine's numbers may be. A count may reach 2^62 (so
+// that adding two never overflows) and no further; a usage fraction may stray by usageEps
+// past 0 or 1 (float noise) and no further; an engine's total of 0 blocks is no total.
+func TestParseBounds(t *testing.T) {
+	page := func(waiting, usage string, info string) string {
+		return "vllm:num_requests_waiting " + waiting + "\nvllm:num_requests_running 0\nvllm:kv_cache_usage_perc " + usage + "\n" + info
+	}
+	exact := func(f float64) string { return strconv.FormatFloat(f, 'g', -1, 64) }
+	for _, c := range []struct {
+		name, page string
+		want       Status
+		err        string
+	}{
+		{"count at 2^62", page("4611686018427387904", "0", ""), Status{QueueDepth: 1 << 62, KVFreeBlocks: 100, KVTotalBlocks: 100}, ""},
+		{"count past 2^62", page("5e18", "0", ""), Status{}, "vllm:num_requests_waiting sums to 5e+18, want a count from 0 up"},
+		{"usage at 1 + eps", page("0", exact(1+usageEps), ""), Status{KVFreeBlocks: 0, KVTotalBlocks: 100}, ""},
+		{"usage past 1 + eps", page("0", "1.00001", ""), Status{}, "vllm:kv_cache_usage_perc is 1.00001, want a fraction from 0 to 1"},
+		{"usage at -eps", page("0", exact(-usageEps), ""), Status{KVFreeBlocks: 100, KVTotalBlocks: 100}, ""},
+		{"usage past -eps", page("0", "-0.00001", ""), Status{}, "vllm:kv_cache_usage_perc is -1e-05, want a fraction from 0 to 1"},
+		{"total of 0 blocks", page("0", "0.5", `vllm:cache_config_info{block_size="16",num_gpu_blocks="0"} 1`+"\n"),
+			Status{KVFreeBlocks: 50, KVTotalBlocks: 100, BlockSize: 16}, ""},
+		{"total of 1 block", page("0", "0", `vllm:cache_config_info{block_size="16",num_gpu_blocks="1"} 1`+"\n"),
+			Status{KVFreeBlocks: 1, KVTotalBlocks: 1, BlockSize: 16}, ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			got, err := Parse(VLLM, "m", strings.NewReader(c.page), 100)
+			if c.err != "" {
+				if err == nil || err.Error() != c.err {
+					t.Fatalf("error %v, want %q", err, c.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got != c.want {
+				t.Fatalf("got %+v, want %+v", got, c.want)
+			}
+		})
 	}
 }
