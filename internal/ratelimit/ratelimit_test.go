@@ -72,6 +72,56 @@ func TestTPM(t *testing.T) {
 	}
 }
 
+// TestBurst: requests within one second all count at once; the wait counts from the moment of
+// the refusal to the end of that second's window.
+func TestBurst(t *testing.T) {
+	f, l := newFake()
+	f.advance(500 * time.Millisecond) // mid-second
+	lim := Limits{RPM: 3}
+	for range 3 {
+		allow(t, l, 1, lim)
+	}
+	st, ok := l.Allow(1, lim)
+	if ok || st.RetryAfter != 59500*time.Millisecond || st.RemainingRequests != 0 {
+		t.Fatalf("4th in the same second: ok %v, %+v; want refused for 59.5 s", ok, st)
+	}
+	f.advance(59500*time.Millisecond - time.Nanosecond)
+	if _, ok := l.Allow(1, lim); ok {
+		t.Fatal("allowed before the burst's second left the window")
+	}
+	f.advance(time.Nanosecond)
+	allow(t, l, 1, lim)
+}
+
+// TestRetryAfterSkipsSecondsThatLeft: a bucket still holding a second older than the window
+// (its slot not reused since) neither counts nor shortens the wait.
+func TestRetryAfterSkipsSecondsThatLeft(t *testing.T) {
+	f, l := newFake()
+	lim := Limits{RPM: 1}
+	allow(t, l, 1, lim) // second 0, slot 0
+	f.advance(61 * time.Second)
+	allow(t, l, 1, lim) // second 61, slot 1; slot 0 still holds second 0
+	f.advance(500 * time.Millisecond)
+	st, ok := l.Allow(1, lim)
+	if ok || st.RetryAfter != 59500*time.Millisecond {
+		t.Fatalf("ok %v, %+v; want refused for 59.5 s", ok, st)
+	}
+}
+
+// TestTPMAtTheLimit: a window holding exactly tpm tokens refuses.
+func TestTPMAtTheLimit(t *testing.T) {
+	f, l := newFake()
+	lim := Limits{TPM: 100}
+	allow(t, l, 1, lim)
+	l.Spend(1, 99)
+	f.advance(time.Second)
+	allow(t, l, 1, lim) // 99 < 100
+	l.Spend(1, 1)
+	if st, ok := l.Allow(1, lim); ok || st.RetryAfter != 59*time.Second || st.RemainingTokens != 0 {
+		t.Fatalf("at 100 of 100 tokens: ok %v, %+v; want refused until the 99 leave (59 s)", ok, st)
+	}
+}
+
 // TestNoLimits: zero limits never refuse.
 func TestNoLimits(t *testing.T) {
 	_, l := newFake()
@@ -85,6 +135,8 @@ func TestNoLimits(t *testing.T) {
 // window, RetryAfter is within (0, 60 s] when refused, and remaining counts are never negative.
 func FuzzLimiter(f *testing.F) {
 	f.Add([]byte{1, 2, 3, 200, 4, 5, 0, 0, 0})
+	f.Add([]byte{1, 1, 1, 1, 1, 1, 1, 1})                // a burst within one second
+	f.Add([]byte{3, 1, 1, 1, 1, 1, 1, 201, 1, 1, 1, 1, 1}) // mid-second bursts across a minute
 	f.Fuzz(func(t *testing.T, ops []byte) {
 		fk, l := newFake()
 		lim := Limits{RPM: 5, TPM: 300}
