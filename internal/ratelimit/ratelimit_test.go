@@ -135,7 +135,7 @@ func TestNoLimits(t *testing.T) {
 // window, RetryAfter is within (0, 60 s] when refused, and remaining counts are never negative.
 func FuzzLimiter(f *testing.F) {
 	f.Add([]byte{1, 2, 3, 200, 4, 5, 0, 0, 0})
-	f.Add([]byte{1, 1, 1, 1, 1, 1, 1, 1})                // a burst within one second
+	f.Add([]byte{1, 1, 1, 1, 1, 1, 1, 1})                  // a burst within one second
 	f.Add([]byte{3, 1, 1, 1, 1, 1, 1, 201, 1, 1, 1, 1, 1}) // mid-second bursts across a minute
 	f.Fuzz(func(t *testing.T, ops []byte) {
 		fk, l := newFake()
