@@ -91,4 +91,32 @@ func TestDeadlineFollowsHeartbeats(t *testing.T) {
 	beat(5, time.Second) // a shorter TTL brings the deadline nearer at once
 	advance(time.Second)
 	expect(5)
+
+	beat(6, time.Second)
+	beat(7, 0) // a status without a TTL keeps the last one
+	advance(time.Second - time.Nanosecond)
+	none("1 ns before the kept TTL")
+	advance(time.Nanosecond)
+	expect(7)
+}
+
+// TestStopCancelsTheDeadline: a stopped worker leaves no timer behind on the clock.
+func TestStopCancelsTheDeadline(t *testing.T) {
+	sys := actor.NewActorSystem()
+	clk := clock.NewFake(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	probe := sys.Root.Spawn(actor.PropsFromFunc(func(actor.Context) {}))
+	info := router.WorkerInfo{ID: "w1", Model: "smol", LastHeartbeat: clk.Now()}
+	w := sys.Root.Spawn(Props(Config{Clock: clk, Router: probe, Registry: probe, TTL: time.Minute}, Status{Info: info, Seq: 1, TTL: time.Minute}))
+	if err := sys.Root.RequestFuture(w, &actor.Touch{}, 5*time.Second).Wait(); err != nil {
+		t.Fatal(err)
+	}
+	if n := clk.Pending(); n != 1 {
+		t.Fatalf("%d timers pending while live, want 1", n)
+	}
+	if err := sys.Root.StopFuture(w).Wait(); err != nil {
+		t.Fatal(err)
+	}
+	if n := clk.Pending(); n != 0 {
+		t.Fatalf("%d timers pending after the stop", n)
+	}
 }
