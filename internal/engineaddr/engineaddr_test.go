@@ -3,6 +3,7 @@ package engineaddr
 import (
 	"net"
 	"net/netip"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -63,6 +64,54 @@ func TestHostPort(t *testing.T) {
 		err := Rules{}.HostPort(tt.addr)
 		if (err == nil) != tt.ok {
 			t.Errorf("HostPort(%q) = %v, want ok=%v", tt.addr, err, tt.ok)
+		}
+	}
+}
+
+// TestHostBoundaries: the edges of the host and port rules, byte by byte.
+func TestHostBoundaries(t *testing.T) {
+	label := strings.Repeat("a", 63)
+	atMax := label + "." + label + "." + label + "." + label + "." // MaxPart bytes, a valid name
+	if len(atMax) != MaxPart {
+		t.Fatalf("len %d", len(atMax))
+	}
+	for _, tt := range []struct {
+		host string
+		ok   bool
+	}{
+		{atMax, true},
+		{label + "." + label + "." + label + "." + label + ".b", false}, // MaxPart + 1 bytes
+		{"az.AZ.09.a-b.a_b", true},
+		{"a`b", false}, {"a{b", false}, // around a–z
+		{"a@b", false}, {"a[b", false}, // around A–Z
+		{"a/b", false}, {"a:b", false}, // around 0–9
+		{"a,b", false}, {"a.b-", false},
+	} {
+		if err := (Rules{}).Host(tt.host); (err == nil) != tt.ok {
+			t.Errorf("Host(%q) = %v, want ok=%v", tt.host, err, tt.ok)
+		}
+	}
+	for _, tt := range []struct {
+		port string
+		ok   bool
+	}{
+		{"9", true}, {"9999", true}, {"10000", true}, {"99999", false}, {"100000", false},
+		{"8/", false}, {"8:", false},
+	} {
+		if err := (Rules{}).HostPort("10.0.0.5:" + tt.port); (err == nil) != tt.ok {
+			t.Errorf("port %q: %v, want ok=%v", tt.port, err, tt.ok)
+		}
+	}
+	// A message quotes at most 80 bytes of an address.
+	for _, n := range []int{80, 81} {
+		addr := strings.Repeat("x", n)
+		err := (Rules{}).HostPort(addr)
+		want := strconv.Quote(addr) + " is not host:port"
+		if n > 80 {
+			want = strconv.Quote(addr[:80]) + "… is not host:port"
+		}
+		if err == nil || err.Error() != want {
+			t.Errorf("%d bytes: %v, want %s", n, err, want)
 		}
 	}
 }
