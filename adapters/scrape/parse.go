@@ -138,8 +138,10 @@ const engineLabel = "engine"
 // fraction gauges; when a fraction has no total to apply to, both KV fields are 0. BlockSize is
 // read from the block_size label of vLLM's cache_config_info when the page has it (see Status).
 //
-// Errors name what is wrong: a malformed page (reason parse), a required series absent for the
-// model (missing_series), an unknown kind (invalid_target).
+// Errors name what is wrong: a malformed page or values no engine can have (a negative or
+// non-finite count, a usage fraction outside 0–1, more free blocks than the total: reason
+// parse), a required series absent for the model (missing_series), an unknown kind
+// (invalid_target).
 func Parse(kind Kind, model string, page io.Reader, kvTotal int64) (Status, error) {
 	d, ok := dialects[kind]
 	if !ok {
@@ -168,6 +170,10 @@ func Parse(kind Kind, model string, page io.Reader, kvTotal int64) (Status, erro
 			if st.KVTotalBlocks, err = pg.count(d.total); err != nil {
 				return Status{}, err
 			}
+		}
+		// As a heartbeat's (adapters/grpc): free blocks beyond a known total are no state.
+		if st.KVTotalBlocks > 0 && st.KVFreeBlocks > st.KVTotalBlocks {
+			return Status{}, failf(ReasonParse, "%s (%d) exceeds the total of %d blocks", d.free, st.KVFreeBlocks, st.KVTotalBlocks)
 		}
 		return st, nil
 	}

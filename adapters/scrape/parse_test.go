@@ -344,18 +344,88 @@ func TestParseBounds(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			got, err := Parse(VLLM, "m", strings.NewReader(c.page), 100)
-			if c.err != "" {
-				if err == nil || err.Error() != c.err {
-					t.Fatalf("error %v, want %q", err, c.err)
-				}
-				return
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			if got != c.want {
-				t.Fatalf("got %+v, want %+v", got, c.want)
-			}
+			check(t, got, err, c.want, c.err)
 		})
 	}
+	tl := func(free, total string) string {
+		pg := "tlengine_queue_depth 0\ntlengine_running 0\ntlengine_kv_blocks_free " + free + "\n"
+		if total != "" {
+			pg += "tlengine_kv_blocks_total " + total + "\n"
+		}
+		return pg
+	}
+	for _, c := range []struct {
+		name, page string
+		want       Status
+		err        string
+	}{
+		{"free at the total", tl("64", "64"), Status{KVFreeBlocks: 64, KVTotalBlocks: 64}, ""},
+		{"free over the total", tl("65", "64"), Status{}, "tlengine_kv_blocks_free (65) exceeds the total of 64 blocks"},
+		{"free over the configured total", tl("101", ""), Status{}, "tlengine_kv_blocks_free (101) exceeds the total of 100 blocks"},
+		{"free with a total of 0", tl("5", "0"), Status{KVFreeBlocks: 5}, ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			got, err := Parse(TLEngine, "smol", strings.NewReader(c.page), 100)
+			check(t, got, err, c.want, c.err)
+		})
+	}
+}
+
+// check compares a Parse result with the wanted status, or its error with the wanted message.
+func check(t *testing.T, got Status, err error, want Status, wantErr string) {
+	t.Helper()
+	if wantErr != "" {
+		if err == nil || err.Error() != wantErr {
+			t.Fatalf("error %v, want %q", err, wantErr)
+		}
+		if r := reasonOf(err); r != ReasonParse {
+			t.Fatalf("reason %q, want %q", r, ReasonParse)
+		}
+		return
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got != want {
+		t.Fatalf("got %+v, want %+v", got, want)
+	}
+}
+
+// FuzzParse: whatever page an engine serves, Parse returns an error or a status an engine can
+// have — counts from 0 up, free blocks within a known total, a block size within bounds — and
+// a status for one model never exceeds the status of every model summed.
+func FuzzParse(f *testing.F) {
+	for _, name := range []string{"vllm_v1.txt", "vllm_v0.txt", "sglang.txt", "tlengine.txt"} {
+		b, err := os.ReadFile(filepath.Join("testdata", name))
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b, int64(1000))
+	}
+	f.Add([]byte("tlengine_queue_depth 1\ntlengine_running 2\ntlengine_kv_blocks_free 3\n"), int64(0))
+	f.Add([]byte("vllm:num_requests_waiting 1e300\nvllm:num_requests_running -0\nvllm:kv_cache_usage_perc 1\n"), int64(-5))
+	f.Fuzz(func(t *testing.T, page []byte, kvTotal int64) {
+		for _, kind := range []Kind{VLLM, SGLang, TLEngine} {
+			st, err := Parse(kind, "", strings.NewReader(string(page)), kvTotal)
+			if err != nil {
+				if reasonOf(err) == "" {
+					t.Fatalf("%s: an error without a reason: %v", kind, err)
+				}
+				continue
+			}
+			if st.QueueDepth < 0 || st.Running < 0 || st.KVFreeBlocks < 0 || st.KVTotalBlocks < 0 {
+				t.Fatalf("%s: a negative count: %+v", kind, st)
+			}
+			if st.KVTotalBlocks > 0 && st.KVFreeBlocks > st.KVTotalBlocks {
+				t.Fatalf("%s: free over total: %+v", kind, st)
+			}
+			if st.BlockSize < 0 || st.BlockSize > MaxBlockSize {
+				t.Fatalf("%s: block size %d", kind, st.BlockSize)
+			}
+			one, err := Parse(kind, llama, strings.NewReader(string(page)), kvTotal)
+			if err == nil && (one.QueueDepth > st.QueueDepth || one.Running > st.Running) {
+				t.Fatalf("%s: one model's status %+v over every model's %+v", kind, one, st)
+			}
+		}
+	})
 }
