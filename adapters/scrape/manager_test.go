@@ -2,6 +2,7 @@ package scrape
 
 import (
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -558,6 +559,57 @@ func TestAgainstTLEngine(t *testing.T) {
 		ev := next(t, sink)
 		if idle := (Status{KVFreeBlocks: 64, KVTotalBlocks: 64, BlockSize: 32}); ev.err != nil || ev.st != idle {
 			t.Fatalf("%s after the requests: %+v %v, want %+v", ev.t.ID, ev.st, ev.err, idle)
+		}
+	}
+}
+
+// TestPageAtTheLimit: a page of exactly MaxBodyBytes is read, with or without Content-Length;
+// one byte more is refused either way.
+func TestPageAtTheLimit(t *testing.T) {
+	base := vllmPage("m", 3)
+	line := "# " + strings.Repeat("x", 1021) + "\n" // 1,024 bytes
+	pad := func(n int) string {
+		var b strings.Builder
+		b.WriteString(base)
+		for b.Len()+len(line) <= n {
+			b.WriteString(line)
+		}
+		if rest := n - b.Len(); rest > 0 {
+			b.WriteString("#" + strings.Repeat(" ", rest-2) + "\n")
+		}
+		return b.String()
+	}
+	for _, size := range []int{MaxBodyBytes, MaxBodyBytes + 1} {
+		page := pad(size)
+		if len(page) != size {
+			t.Fatalf("padded to %d bytes, want %d", len(page), size)
+		}
+		for _, announced := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%d bytes, Content-Length %v", size, announced), func(t *testing.T) {
+				srv := serve(t, func(w http.ResponseWriter, r *http.Request) {
+					if announced {
+						w.Header().Set("Content-Length", strconv.Itoa(len(page)))
+					} else {
+						w.(http.Flusher).Flush() // chunked: no length announced
+					}
+					io.WriteString(w, page)
+				})
+				fc := clock.NewFake(gwtest.Epoch0)
+				sink := make(chanSink, 4)
+				m := NewManager(sink, fc, prometheus.NewRegistry())
+				defer m.Close()
+				m.Set([]Target{{ID: "w", Model: "m", HTTPAddress: addr(srv), Kind: VLLM}})
+				ev := next(t, sink)
+				if size == MaxBodyBytes {
+					if ev.err != nil || ev.st.QueueDepth != 3 {
+						t.Fatalf("a page at the limit: %+v", ev)
+					}
+					return
+				}
+				if ev.reason != ReasonTooLarge {
+					t.Fatalf("a page over the limit: reason %q (%v)", ev.reason, ev.err)
+				}
+			})
 		}
 	}
 }

@@ -341,6 +341,10 @@ func TestParseBounds(t *testing.T) {
 			Status{KVFreeBlocks: 50, KVTotalBlocks: 100, BlockSize: 16}, ""},
 		{"total of 1 block", page("0", "0", `vllm:cache_config_info{block_size="16",num_gpu_blocks="1"} 1`+"\n"),
 			Status{KVFreeBlocks: 1, KVTotalBlocks: 1, BlockSize: 16}, ""},
+		{"block size at the bound", page("0", "0", `vllm:cache_config_info{block_size="1048576",num_gpu_blocks="1"} 1`+"\n"),
+			Status{KVFreeBlocks: 1, KVTotalBlocks: 1, BlockSize: MaxBlockSize}, ""},
+		{"block size past the bound", page("0", "0", `vllm:cache_config_info{block_size="1048577",num_gpu_blocks="1"} 1`+"\n"),
+			Status{KVFreeBlocks: 1, KVTotalBlocks: 1}, ""},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			got, err := Parse(VLLM, "m", strings.NewReader(c.page), 100)
