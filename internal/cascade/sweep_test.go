@@ -3,6 +3,7 @@ package cascade
 import (
 	"math"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -379,4 +380,47 @@ func FuzzReadFixture(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestFixtureEdges: the edges of the fixture's values and of the accept_if template's tau.
+func TestFixtureEdges(t *testing.T) {
+	const sample = `{"small_logprobs": [-1], "small_correct": 1, "large_correct": 0}`
+	for _, cost := range []string{"0", "9", "0.0", "-0"} {
+		f, err := ReadFixture(strings.NewReader(`{"small_cost": ` + cost + `, "taus": [0], "samples": [` + sample + `]}`))
+		if err != nil {
+			t.Fatalf("small_cost %s: %v", cost, err)
+		}
+		if want, _ := strconv.ParseFloat(cost, 64); f.SmallCost != want {
+			t.Fatalf("small_cost %s read as %v", cost, f.SmallCost)
+		}
+	}
+	// A value is quoted in full up to 40 bytes, cut after 40.
+	for _, n := range []int{40, 41} {
+		v := `"` + strings.Repeat("x", n-2) + `"`
+		_, err := ReadFixture(strings.NewReader(`{"small_cost": ` + v + `}`))
+		want := "small_cost: want a number, got " + v
+		if n > 40 {
+			want = "small_cost: want a number, got " + v[:40] + "…"
+		}
+		if err == nil || !strings.HasSuffix(err.Error(), want) {
+			t.Errorf("%d-byte value: %v, want it to end in %q", n, err, want)
+		}
+	}
+	// tau is a word when the bytes around it cannot continue an identifier.
+	for _, c := range []string{"/", ":", "`", "{", "@", "[", "\x7f", " ", "-"} {
+		if n := len(tauWords("tau" + c + "1")); n != 1 {
+			t.Errorf("%q: %d words", "tau"+c+"1", n)
+		}
+		if n := len(tauWords("1" + c + "tau")); n != 1 {
+			t.Errorf("%q: %d words", "1"+c+"tau", n)
+		}
+	}
+	for _, c := range []string{"0", "9", "a", "z", "A", "Z", "_", ".", "\x80"} {
+		if n := len(tauWords("tau" + c)); n != 0 {
+			t.Errorf("%q: %d words", "tau"+c, n)
+		}
+		if n := len(tauWords(c + "tau")); n != 0 {
+			t.Errorf("%q: %d words", c+"tau", n)
+		}
+	}
 }
