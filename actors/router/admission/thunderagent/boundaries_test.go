@@ -486,3 +486,20 @@ func TestProgramsView(t *testing.T) {
 		}
 	}
 }
+
+// TestHardPinRoomIsThePinnedWorkers: a pin's room is its own worker's capacity, whatever room
+// a bigger worker has; and among workers used alike the lowest id wins, in whatever order the
+// view lists them.
+func TestHardPinRoomIsThePinnedWorkers(t *testing.T) {
+	g := newRig(t, cfg(), 2000, 1000)
+	g.run(g.req("other", 500), "w2", 500) // w2: 500 acting; w1 empty and twice as big
+	if d := g.check(g.req("pinned", 600, "w2")); d.Go {
+		t.Fatalf("a pin without room at its worker went (w1 has 2,000): %+v", d)
+	}
+
+	h := newRig(t, cfg(), 1000, 1000, 1000)
+	h.ws[0], h.ws[2] = h.ws[2], h.ws[0] // the view lists w3, w2, w1
+	if d := h.check(h.req("n", 10)); !d.Go || d.Target != "w1" {
+		t.Fatalf("%+v, want the lowest id w1 among workers used alike", d)
+	}
+}
