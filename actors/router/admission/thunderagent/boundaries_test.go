@@ -503,3 +503,20 @@ func TestHardPinRoomIsThePinnedWorkers(t *testing.T) {
 		t.Fatalf("%+v, want the lowest id w1 among workers used alike", d)
 	}
 }
+
+// TestForcedResumeTiesInAnyOrder: the forced resume's tie goes to the lowest id whatever order
+// the view lists the workers in.
+func TestForcedResumeTiesInAnyOrder(t *testing.T) {
+	c := cfg()
+	c.ResumeTimeout = time.Second
+	g := newRig(t, c, 1000, 1000, 1000)
+	g.ws[0], g.ws[2] = g.ws[2], g.ws[0] // w3, w2, w1
+	g.run(g.req("busy", 500), "w1", 500)
+	free := g.req("free", 5000)
+	g.check(free)
+	g.now = g.now.Add(time.Second)
+	g.p.forceTimedOut("p", g.ws, g.now)
+	if w := g.prog("free").worker; w != "w2" {
+		t.Fatalf("resumed on %q, want w2 (w2 and w3 tie, w1 has less room)", w)
+	}
+}
