@@ -69,16 +69,23 @@ func snapshot(p *Pool) state {
 
 func diffState(a, b state) string { return cmp.Diff(a, b, cmp.AllowUnexported(block{})) }
 
+// TestNewPoolDefaults: a count or a size of 0 or less selects its default; 1 is kept.
 func TestNewPoolDefaults(t *testing.T) {
-	p := NewPool(0, -1)
-	st := p.Stats()
-	if st.TotalBlocks != DefaultTotalBlocks || p.BlockSize() != DefaultBlockSize {
-		t.Fatalf("got %d blocks of %d, want %d of %d", st.TotalBlocks, p.BlockSize(), DefaultTotalBlocks, DefaultBlockSize)
+	for _, c := range []struct{ blocks, size, wantBlocks, wantSize int }{
+		{0, -1, DefaultTotalBlocks, DefaultBlockSize},
+		{-1, 0, DefaultTotalBlocks, DefaultBlockSize},
+		{1, 1, 1, 1},
+	} {
+		p := NewPool(c.blocks, c.size)
+		st := p.Stats()
+		if st.TotalBlocks != c.wantBlocks || p.BlockSize() != c.wantSize {
+			t.Fatalf("NewPool(%d, %d): %d blocks of %d, want %d of %d", c.blocks, c.size, st.TotalBlocks, p.BlockSize(), c.wantBlocks, c.wantSize)
+		}
+		if st.FreeBlocks != st.TotalBlocks || st.CachedBlocks != 0 || st.ReferencedBlocks != 0 {
+			t.Fatalf("fresh pool stats %+v", st)
+		}
+		check(t, p)
 	}
-	if st.FreeBlocks != st.TotalBlocks || st.CachedBlocks != 0 || st.ReferencedBlocks != 0 {
-		t.Fatalf("fresh pool stats %+v", st)
-	}
-	check(t, p)
 }
 
 func TestHitAccounting(t *testing.T) {
