@@ -2,6 +2,7 @@ package policy
 
 import (
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -264,8 +265,12 @@ func TestPredictedLatencyMatchesBruteForce(t *testing.T) {
 			}
 			if k := rapid.IntRange(0, prompts).Draw(t, "holds"); k > 0 {
 				hs := chunks(k, rapid.IntRange(1, 40).Draw(t, "held"))
-				x.Record(ms[i].ID, hs)
 				held.Store(ms[i], hs)
+				if useExact {
+					// The approximate index believes otherwise: the exact one must win.
+					hs = chunks(rapid.IntRange(1, prompts).Draw(t, "believed"), rapid.IntRange(1, 40).Draw(t, "believedLen"))
+				}
+				x.Record(ms[i].ID, hs)
 			}
 		}
 		for range rapid.IntRange(0, 3).Draw(t, "rejoins") {
@@ -296,6 +301,16 @@ func TestPredictedLatencyMatchesBruteForce(t *testing.T) {
 			}
 			if got != nil && rapid.Bool().Draw(t, "reserve") {
 				p.SetLoad(got, got.load+1)
+			}
+			// Members leave and join between picks: rows move under the pick's cached
+			// worker numbers.
+			switch m := ms[rapid.IntRange(0, n-1).Draw(t, "churned")]; rapid.IntRange(0, 2).Draw(t, "churn") {
+			case 1:
+				p.Remove(m)
+			case 2:
+				if !p.contains(m) {
+					p.Add(m, m.load, 1)
+				}
 			}
 		}
 	})
@@ -459,11 +474,16 @@ func TestPredictedLatencyMeetsIdleCountsTheCache(t *testing.T) {
 	p := NewPredictedLatency(10)
 	a, b := &Member{ID: "a"}, &Member{ID: "b"}
 	r := rand.New(rand.NewPCG(3, 4))
-	for _, m := range []*Member{a, b} { // 10 ms + 50 ms per request in flight + 100 ms per 1,000 tokens
+	// a: 10 ms + 50 ms per request in flight + 100 ms per 1,000 tokens; b the same from 100 ms.
+	for _, mb := range []struct {
+		m    *Member
+		base float64
+	}{{a, 10}, {b, 100}} {
+		m, base := mb.m, mb.base
 		p.Add(m, 0, 1)
 		for range 300 {
 			x := ttftmodel.Features(int64(r.IntN(6)), r.IntN(4000))
-			p.Observe(m, x, 10+50*x[ttftmodel.Load]+100*x[ttftmodel.KTokens])
+			p.Observe(m, x, base+50*x[ttftmodel.Load]+100*x[ttftmodel.KTokens])
 		}
 	}
 	p.SetLoad(a, 2)
@@ -471,12 +491,25 @@ func TestPredictedLatencyMeetsIdleCountsTheCache(t *testing.T) {
 	x := prefixindex.New(0)
 	prompt := chunks(1, 128) // 2,048 tokens
 	x.Record("a", prompt[:120])
-	// a: 10 + 100 + 12.8 = 122.8 ms now, 22.8 idle; b: 314.8 now, 214.8 idle.
+	// a: 10 + 100 + 12.8 = 122.8 ms now, 22.8 idle; b: 404.8 now, 304.8 idle (112.8 had it
+	// held the prompt: so only a's own cache can make the answer yes).
 	p.SetLatencyRequest(x, prompt, 50)
 	if m, _ := p.Pick(0, nil); m != a {
 		t.Fatalf("picked %s, want a (lowest prediction)", m.ID)
 	}
 	if now, idle := p.Meets(); now || !idle {
 		t.Fatalf("Meets() = %v, %v; want false, true (a would be in time idle, with its cache)", now, idle)
+	}
+	// An objective exactly at a's idle prediction is met; a hair below it is not.
+	idleA := ttftmodel.PredictWith(a.ttft.Weights(), ttftmodel.Features(0, (128-120)*tokensPerChunk))
+	for _, c := range []struct {
+		slo  float64
+		idle bool
+	}{{idleA, true}, {math.Nextafter(idleA, 0), false}} {
+		p.SetLatencyRequest(x, prompt, c.slo)
+		p.Pick(0, nil)
+		if now, idle := p.Meets(); now || idle != c.idle {
+			t.Fatalf("objective %v ms (a idle %v ms): Meets() = %v, %v; want false, %v", c.slo, idleA, now, idle, c.idle)
+		}
 	}
 }
