@@ -205,30 +205,60 @@ func TestPromptChunksMapping(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			req, err := parseRequest([]byte(c.body), c.kind == oai.Chat, "smol")
-			if err != nil {
-				t.Fatal(err)
-			}
-			prompt := sampler.Tokenize(req.prompt)
-			got := promptChunks(req, []byte(c.body), prompt)
-			all := prefixindex.Hashes(nil, oai.RenderPrompt(c.kind, []byte(c.body), 1<<20))
-			if len(all) < 3 || len(got) != len(all) {
-				t.Fatalf("%d chunks, want all %d (at least 3)", len(got), len(all))
-			}
-			text, at := engineText(t, c.kind, c.body)
-			if text != req.prompt {
-				t.Fatalf("test's engine text differs from the engine's")
-			}
-			for i, ch := range got {
-				e := at((i+1)*prefixindex.ChunkBytes - 1)
-				start := len(sampler.Detokenize(prompt[:ch.token]))
-				end := start + len(sampler.TokenText(prompt[ch.token]))
-				if ch.id != all[i] || e < start || e >= end {
-					t.Fatalf("chunk %d: id %x token %d (bytes %d-%d), want id %x and a token covering byte %d",
-						i, ch.id, ch.token, start, end, all[i], e)
-				}
+			if n := checkPromptChunks(t, c.kind, c.body); n < 3 {
+				t.Fatalf("%d chunks, want at least 3", n)
 			}
 		})
+	}
+}
+
+// checkPromptChunks checks promptChunks on one body against the gateway's render: every chunk,
+// in order, each with the engine token covering its last byte; it returns the chunk count.
+func checkPromptChunks(t *testing.T, kind oai.Kind, body string) int {
+	t.Helper()
+	req, err := parseRequest([]byte(body), kind == oai.Chat, "smol")
+	if err != nil {
+		t.Fatal(err)
+	}
+	prompt := sampler.Tokenize(req.prompt)
+	got := promptChunks(req, []byte(body), prompt)
+	all := prefixindex.Hashes(nil, oai.RenderPrompt(kind, []byte(body), 1<<20))
+	if len(got) != len(all) {
+		t.Fatalf("%d chunks, want all %d", len(got), len(all))
+	}
+	text, at := engineText(t, kind, body)
+	if text != req.prompt {
+		t.Fatalf("test's engine text differs from the engine's")
+	}
+	for i, ch := range got {
+		e := at((i+1)*prefixindex.ChunkBytes - 1)
+		start := len(sampler.Detokenize(prompt[:ch.token]))
+		end := start + len(sampler.TokenText(prompt[ch.token]))
+		if ch.id != all[i] || e < start || e >= end {
+			t.Fatalf("chunk %d: id %x token %d (bytes %d-%d), want id %x and a token covering byte %d",
+				i, ch.id, ch.token, start, end, all[i], e)
+		}
+	}
+	return len(got)
+}
+
+// TestPromptChunksAtTheEdges: renders of one byte short of a chunk, exactly one and exactly two
+// chunks, and chat messages whose render ends exactly at a chunk's last byte or one byte either
+// side of it.
+func TestPromptChunksAtTheEdges(t *testing.T) {
+	for _, n := range []int{63, 64, 65, 127, 128} {
+		body := `{"model":"smol","prompt":"` + strings.Repeat("a", n) + `"}`
+		if got := checkPromptChunks(t, oai.Completions, body); got != n/prefixindex.ChunkBytes {
+			t.Fatalf("a prompt of %d bytes: %d chunks, want %d", n, got, n/prefixindex.ChunkBytes)
+		}
+	}
+	// "system\n" + content + "\n" is 8 + len(content) bytes of the render.
+	for _, n := range []int{55, 56, 57} {
+		body := `{"model":"smol","messages":[{"role":"system","content":"` + strings.Repeat("s", n) +
+			`"},{"role":"user","content":"` + strings.Repeat("u", 100) + `"}]}`
+		if got := checkPromptChunks(t, oai.Chat, body); got != (8+n+5+101)/prefixindex.ChunkBytes {
+			t.Fatalf("a system message of %d bytes: %d chunks", n, got)
+		}
 	}
 }
 
