@@ -485,3 +485,56 @@ func TestBlockSizeBounds(t *testing.T) {
 		t.Fatalf("block size %d: %v", MaxBlockSize, err)
 	}
 }
+
+// TestConfigDefaultsAndBounds: each count must be 1 or more (0 selects its default), each cost
+// 0 or more, the KV lease positive (0 selects 60 s); a heartbeat interval of 0 or less is 2 s;
+// unset listen addresses are loopback with a free port, set ones are kept.
+func TestConfigDefaultsAndBounds(t *testing.T) {
+	base := func() Config { return Config{ID: "c", Model: "smol"} }
+	for _, c := range []struct {
+		name string
+		set  func(*Config)
+		ok   bool
+	}{
+		{"kv blocks 1", func(c *Config) { c.KVBlocks = 1 }, true},
+		{"kv blocks -1", func(c *Config) { c.KVBlocks = -1 }, false},
+		{"block size 1", func(c *Config) { c.BlockSize = 1 }, true},
+		{"max running 1", func(c *Config) { c.MaxRunning = 1 }, true},
+		{"max running -1", func(c *Config) { c.MaxRunning = -1 }, false},
+		{"free prefill and decode", func(c *Config) { c.PrefillPerToken, c.DecodePerToken = 0, 0 }, true},
+		{"prefill -1 ns", func(c *Config) { c.PrefillPerToken = -1 }, false},
+		{"decode -1 ns", func(c *Config) { c.DecodePerToken = -1 }, false},
+		{"kv lease 1 ns", func(c *Config) { c.KVLease = 1 }, true},
+		{"kv lease -1 ns", func(c *Config) { c.KVLease = -1 }, false},
+		{"resolve interval 1 ns", func(c *Config) { c.ResolveInterval = 1 }, true},
+	} {
+		cfg := base()
+		c.set(&cfg)
+		if err := cfg.defaults(); (err == nil) != c.ok {
+			t.Errorf("%s: err %v, want ok %v", c.name, err, c.ok)
+		}
+	}
+
+	cfg := base()
+	if err := cfg.defaults(); err != nil {
+		t.Fatal(err)
+	}
+	if cfg.KVBlocks != 1024 || cfg.MaxRunning != 256 || cfg.KVLease != 60*time.Second || cfg.HeartbeatInterval != 2*time.Second ||
+		cfg.HTTPListen != "127.0.0.1:0" || cfg.GRPCListen != "127.0.0.1:0" || cfg.KVListen != "127.0.0.1:0" || cfg.Clock == nil {
+		t.Fatalf("defaults %+v", cfg)
+	}
+	for _, hb := range []time.Duration{0, -time.Second} {
+		cfg := base()
+		cfg.HeartbeatInterval = hb
+		if err := cfg.defaults(); err != nil || cfg.HeartbeatInterval != 2*time.Second {
+			t.Errorf("heartbeat interval %v: %v (%v), want 2s", hb, cfg.HeartbeatInterval, err)
+		}
+	}
+	cfg = base()
+	cfg.HeartbeatInterval, cfg.KVLease = time.Nanosecond, time.Nanosecond
+	cfg.HTTPListen, cfg.GRPCListen, cfg.KVListen = "127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"
+	if err := cfg.defaults(); err != nil || cfg.HeartbeatInterval != time.Nanosecond || cfg.KVLease != time.Nanosecond ||
+		cfg.HTTPListen != "127.0.0.1:1" || cfg.GRPCListen != "127.0.0.1:2" || cfg.KVListen != "127.0.0.1:3" {
+		t.Fatalf("set values not kept: %+v (%v)", cfg, err)
+	}
+}

@@ -322,3 +322,18 @@ func TestResolveIntervalDefault(t *testing.T) {
 		t.Fatal("a negative resolve interval was accepted")
 	}
 }
+
+// TestDNSNameCharacters: a label takes letters, digits, hyphens and underscores, and nothing
+// next to them in ASCII.
+func TestDNSNameCharacters(t *testing.T) {
+	for _, ok := range []string{"a", "z", "A", "Z", "0", "9", "-", "_", "aZ09-_"} {
+		if err := checkDNSName("x" + ok + ".svc"); err != nil {
+			t.Errorf("%q refused: %v", ok, err)
+		}
+	}
+	for _, bad := range []string{"`", "{", "@", "[", "/", ":", ",", "^", "\x7f", "é"} {
+		if err := checkDNSName("x" + bad + ".svc"); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}
