@@ -538,3 +538,64 @@ func TestConfigDefaultsAndBounds(t *testing.T) {
 		t.Fatalf("set values not kept: %+v (%v)", cfg, err)
 	}
 }
+
+// TestRequestBounds: every sampling and output field at and just past each end of its range.
+func TestRequestBounds(t *testing.T) {
+	const tiny = 1e-9
+	cases := []struct {
+		chat   bool
+		fields string // JSON members after the prompt
+		ok     bool
+	}{
+		{false, `"max_tokens":1`, true},
+		{false, `"max_tokens":0`, false},
+		{false, `"max_completion_tokens":1,"max_tokens":0`, true},
+		{false, `"temperature":0`, true},
+		{false, `"temperature":2`, true},
+		{false, fmt.Sprintf(`"temperature":%g`, -tiny), false},
+		{false, fmt.Sprintf(`"temperature":%g`, 2+tiny), false},
+		{false, `"top_p":1`, true},
+		{false, fmt.Sprintf(`"top_p":%g`, tiny), true},
+		{false, `"top_p":0`, false},
+		{false, fmt.Sprintf(`"top_p":%g`, 1+tiny), false},
+		{false, `"top_k":-1`, true},
+		{false, `"top_k":0`, true},
+		{false, `"top_k":-2`, false},
+		{false, `"n":1`, true},
+		{false, `"n":0`, false},
+		{false, `"n":2`, false},
+		{false, `"logprobs":0`, true},
+		{false, `"logprobs":5`, true},
+		{false, `"logprobs":-1`, false},
+		{false, `"logprobs":6`, false},
+		{false, `"stop":["a","b","c","d"]`, true},
+		{false, `"stop":["a","b","c","d","e"]`, false},
+		{true, `"logprobs":true,"top_logprobs":0`, true},
+		{true, `"logprobs":true,"top_logprobs":20`, true},
+		{true, `"logprobs":true,"top_logprobs":-1`, false},
+		{true, `"logprobs":true,"top_logprobs":21`, false},
+	}
+	for _, c := range cases {
+		body := `{"model":"smol","prompt":"x",` + c.fields + `}`
+		if c.chat {
+			body = `{"model":"smol","messages":[{"role":"user","content":"x"}],` + c.fields + `}`
+		}
+		_, err := parseRequest([]byte(body), c.chat, "smol")
+		if (err == nil) != c.ok {
+			t.Errorf("%s: err %v, want ok %v", body, err, c.ok)
+		}
+	}
+	// What the accepted values set: top_k 1 is kept, 0 and -1 leave it off; the logprobs count.
+	for _, c := range []struct {
+		fields       string
+		topK, topLog int
+	}{{`"top_k":1`, 1, 0}, {`"top_k":0`, 0, 0}, {`"top_k":-1`, 0, 0}, {`"logprobs":5`, 0, 5}} {
+		r, err := parseRequest([]byte(`{"model":"smol","prompt":"x",`+c.fields+`}`), false, "smol")
+		if err != nil {
+			t.Fatalf("%s: %v", c.fields, err)
+		}
+		if r.params.TopK != c.topK || r.topLogprobs != c.topLog {
+			t.Errorf("%s: top_k %d, logprobs %d; want %d, %d", c.fields, r.params.TopK, r.topLogprobs, c.topK, c.topLog)
+		}
+	}
+}
