@@ -768,3 +768,91 @@ func TestResumeMatchesGenerator(t *testing.T) {
 		}
 	}
 }
+
+// TestPrefillPushesWholeBlocks: a prompt of exactly two blocks is pushed as two blocks (no
+// empty third, which a decode engine refuses), one token more as three.
+func TestPrefillPushesWholeBlocks(t *testing.T) {
+	const bs = 16 // the engines' default --block-size
+	x := startPD(t, Config{})
+	ids := sampler.Tokenize(strings.Repeat("a prompt of a good many words ", 20))
+	for _, n := range []int{2 * bs, 2*bs + 1} {
+		if len(ids) < n {
+			t.Fatalf("only %d prompt tokens", len(ids))
+		}
+		resp, err := x.ctl.Prefill(context.Background(), &enginev1.PrefillRequest{RequestId: fmt.Sprint("r", n), PromptIds: ids[:n],
+			Model: "smol", DecodeTarget: x.d.KVAddr, Sampling: &enginev1.SamplingParams{MaxTokens: 4, Temperature: 1, TopP: 1, Seed: 1}})
+		if err != nil {
+			t.Fatalf("%d tokens: %v", n, err)
+		}
+		if h := resp.GetHandle(); h.GetNumTokens() != uint32(n) || h.GetNumBlocks() != uint32((n+bs-1)/bs) {
+			t.Fatalf("%d tokens: handle of %d tokens in %d blocks", n, h.GetNumTokens(), h.GetNumBlocks())
+		}
+	}
+}
+
+// TestPrefillPaysOnlyUncached: a prompt prefilled again costs only what its prefix cache does
+// not hold — for 33 tokens in blocks of 16, the last token (1 ms) instead of 33.
+func TestPrefillPaysOnlyUncached(t *testing.T) {
+	fc := clock.NewFake(time.Unix(0, 0))
+	p := start(t, Config{ID: "p-slow", Role: RolePrefill, PrefillPerToken: time.Millisecond, Clock: fc})
+	d := start(t, Config{ID: "d-fast", Role: RoleDecode})
+	ctl := enginev1.NewEngineControlClient(dial(t, p.GRPCAddr))
+	ids := sampler.Tokenize(strings.Repeat("a prompt of a good many words ", 20))[:33]
+	for i, cost := range []time.Duration{33 * time.Millisecond, time.Millisecond} {
+		done := make(chan error, 1)
+		go func() {
+			_, err := ctl.Prefill(context.Background(), &enginev1.PrefillRequest{RequestId: fmt.Sprint("r", i), PromptIds: ids,
+				Model: "smol", DecodeTarget: d.KVAddr, Sampling: &enginev1.SamplingParams{MaxTokens: 4, Temperature: 1, TopP: 1, Seed: 1}})
+			done <- err
+		}()
+		gwtest.Eventually(t, "prefill waits on the clock", func() bool { return fc.Pending() == 1 })
+		fc.Advance(cost - time.Nanosecond)
+		select {
+		case err := <-done:
+			t.Fatalf("prefill %d finished before %v: %v", i, cost, err)
+		default:
+		}
+		fc.Advance(time.Nanosecond)
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("prefill %d not done at %v", i, cost)
+		}
+	}
+}
+
+// TestPushOfExactlyThePool: a push of exactly the decode engine's KV tokens fits; one token
+// more is refused before anything is held.
+func TestPushOfExactlyThePool(t *testing.T) {
+	x := startPD(t, Config{KVBlocks: 2})
+	tokens := sampler.Tokenize(strings.Repeat("alpha beta gamma delta ", 10))
+	for _, c := range []struct {
+		n    int
+		code codes.Code
+	}{{32, codes.OK}, {33, codes.ResourceExhausted}} {
+		stream, err := x.kv.Push(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, b := range pushBlocks(tokens[:c.n], "smol") {
+			if err := stream.Send(b); err != nil {
+				break
+			}
+		}
+		h, err := stream.CloseAndRecv()
+		if status.Code(err) != c.code {
+			t.Fatalf("a push of %d tokens into 32: %v, want %v", c.n, err, c.code)
+		}
+		if err == nil {
+			if h.GetNumTokens() != 32 {
+				t.Fatalf("handle of %d tokens", h.GetNumTokens())
+			}
+			if _, err := x.kv.Release(context.Background(), h); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}
