@@ -433,6 +433,13 @@ func runPolicy(o *Options, ms []EngineModel, tr *trace, arrivals []int64, pol st
 		}
 		r.dispatched() // what the event released or taught the router
 	}
+	// Every pick was released: a request the router still counts would have skewed every pick
+	// after it.
+	for _, e := range r.engines {
+		if n := s.InFlight(e.id); n != 0 {
+			return Result{}, fmt.Errorf("%s: the router still counts %d requests in flight on %s after the run", pol, n, e.id)
+		}
+	}
 	return r.result(pol), nil
 }
 

@@ -305,3 +305,20 @@ func TestSweep(t *testing.T) {
 		t.Fatalf("the sweep's plot: %v", err)
 	}
 }
+
+// TestPromptLargerThanAnEngine: a prompt whose KV does not fit its engine's whole pool is
+// rejected at once (as tlengine answers it), counted, and released; the rest complete.
+func TestPromptLargerThanAnEngine(t *testing.T) {
+	e := DefaultEngine
+	e.KVBlocks = 128 // 2,048 tokens: no-sharing prompts run 512–3,072
+	rep := run(t, Options{Trace: TraceNoSharing, Workers: 4, Requests: 300, Load: 0.5, Engine: e,
+		Policies: []string{"round_robin", "least_outstanding"}, Seed: 1})
+	for _, r := range rep.Results {
+		if r.Rejected == 0 || r.Completed == 0 || r.Completed+r.Rejected != r.Requests {
+			t.Fatalf("%s: %d completed, %d rejected of %d; want some of each", r.Policy, r.Completed, r.Rejected, r.Requests)
+		}
+	}
+	if a, b := rep.Results[0].Rejected, rep.Results[1].Rejected; a != b {
+		t.Fatalf("the same prompts are too large whatever the policy: %d and %d rejected", a, b)
+	}
+}
