@@ -155,3 +155,33 @@ func TestShrink(t *testing.T) {
 		t.Fatal("lost entries on rebuild")
 	}
 }
+
+// TestHolderTableShrinks: the holder table is rebuilt (its peak reset to what it holds) once
+// it holds under an eighth of a peak of at least 1,024 ids — not at exactly an eighth, and never
+// for a smaller peak.
+func TestHolderTableShrinks(t *testing.T) {
+	ids := func(from, to int) []uint64 {
+		var out []uint64
+		for i := from; i < to; i++ {
+			out = append(out, uint64(i))
+		}
+		return out
+	}
+	x := New[string](4096)
+	x.Store("w", ids(0, 1024))
+	x.Remove("w", ids(0, 1024-128)) // 128 left: exactly an eighth
+	if x.peak != 1024 {
+		t.Fatalf("rebuilt at an eighth: peak %d", x.peak)
+	}
+	x.Remove("w", ids(1024-128, 1024-127)) // 127 left
+	if x.peak != 127 || len(x.holders) != 127 || !x.Holds("w", 1023) || x.Holds("w", 0) {
+		t.Fatalf("after dropping under an eighth: peak %d, %d held", x.peak, len(x.holders))
+	}
+
+	small := New[string](4096)
+	small.Store("w", ids(0, 1023))
+	small.Remove("w", ids(0, 1022))
+	if small.peak != 1023 {
+		t.Fatalf("a peak under 1,024 was rebuilt: peak %d", small.peak)
+	}
+}
