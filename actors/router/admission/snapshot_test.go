@@ -131,9 +131,9 @@ func TestConfigNeedsPrefixIndex(t *testing.T) {
 }
 
 // TestSnapshot: the admin view names each class's settings, queue and credit, and each lane
-// that holds requests with its kind, length and head — ready, waiting for capacity, or held
-// (with the time it is held until, in UTC) — ordered by the head's request id; session lanes
-// show no session id.
+// that holds requests with its kind, length and head — here waiting for capacity or held (with
+// the time it is held until, in UTC) — ordered by the head's request id; session lanes show no
+// session id.
 func TestSnapshot(t *testing.T) {
 	h := newHost("w1", "w2")
 	h.threshold, h.loads["w1"], h.loads["w2"] = 1, 1, 0
