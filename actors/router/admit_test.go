@@ -404,3 +404,18 @@ func TestClassifierRefusalAnswersItsReason(t *testing.T) {
 		t.Fatalf("queue_full rejections %v, want 0", got)
 	}
 }
+
+// TestUnknownModelWithAdmission: with the admission queue on, a model that no route names and
+// no worker serves is answered 404 model_not_found at once, as without the queue — not 503.
+func TestUnknownModelWithAdmission(t *testing.T) {
+	r := newRig(t, Config{Admission: admissionCfg(nil, 1)})
+	r.join("w1", "smol", 1)
+	q := r.newRequester()
+	runBounded(t, "unknown model", func() { q.pick("x", "nope", "") })
+	if p := q.picked(); !errors.Is(p.Err, errs.ErrModelNotFound) {
+		t.Fatalf("%+v, want model_not_found", p)
+	}
+	if n := r.st.adm.q.Len(); n != 0 {
+		t.Fatalf("%d queued", n)
+	}
+}

@@ -9,12 +9,13 @@ import (
 
 // TestRouteSplitMatchesTheDraw: a backend is the first whose cumulative weight exceeds
 // u·total, u = CanaryDraw(request id) (R5); a weight of 0 is never drawn; the shares come out
-// as the weights say; and a route without backends serves its own id.
+// as the weights say, whatever they sum to; and a route without backends serves its own id.
 func TestRouteSplitMatchesTheDraw(t *testing.T) {
 	routes := compileRoutes([]config.Route{
 		{Model: "smol", Aliases: []string{"small"}, Backends: []config.Backend{{Model: "v3", Weight: 0.9}, {Model: "v4", Weight: 0.1}}},
 		{Model: "edge", Backends: []config.Backend{{Model: "zero-first", Weight: 0}, {Model: "one", Weight: 1}, {Model: "zero-last", Weight: 0}}},
 		{Model: "plain"},
+		{Model: "heavy", Backends: []config.Backend{{Model: "three", Weight: 3}, {Model: "one", Weight: 1}}}, // weights not summing to 1
 	})
 	if routes["small"] != routes["smol"] {
 		t.Fatal("the alias does not resolve to its route")
@@ -33,6 +34,13 @@ func TestRouteSplitMatchesTheDraw(t *testing.T) {
 		}
 		if got == "v4" {
 			v4++
+		}
+		wantHeavy := "three"
+		if CanaryDraw(id)*4 >= 3 {
+			wantHeavy = "one"
+		}
+		if got := routes["heavy"].servedModel(id); got != wantHeavy {
+			t.Fatalf("%s (u = %v): served %s from weights 3:1, want %s", id, CanaryDraw(id), got, wantHeavy)
 		}
 		if got := routes["edge"].servedModel(id); got != "one" {
 			t.Fatalf("%s: served %s from a split whose only weight is on one", id, got)
