@@ -70,6 +70,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	cfg.Fault, cfg.Role = f, engine.Role(role)
 	cfg.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	// Signals are taken before the engine starts: a SIGTERM right after the address line is
+	// printed must close the engine, not kill the process.
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
 	e, err := engine.Start(cfg)
 	if err != nil {
 		fmt.Fprintln(stderr, "tlengine:", err)
@@ -79,8 +83,6 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fmt.Fprintf(stdout, "tlengine listening http=%s grpc=%s kv=%s\n", e.HTTPAddr, e.GRPCAddr, e.KVAddr)
 	cfg.Logger.Info("tlengine serving", "id", cfg.ID, "model", cfg.Model, "role", role, "fault", f.String(),
 		"gateways", cfg.Gateways)
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
 	<-ctx.Done()
 	e.Close()
 	return 0

@@ -140,6 +140,10 @@ func serve(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "tlgw serve: %s: %v\n", *path, err)
 		return 1
 	}
+	// Signals are taken before the gateway starts: a SIGTERM right after the address line is
+	// printed must drain and stop it (and write the profile), not kill the process.
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
 	a, err := app.Start(cfg, app.Options{Logger: log})
 	if err != nil {
 		fmt.Fprintf(stderr, "tlgw serve: %v\n", err)
@@ -150,8 +154,6 @@ func serve(args []string, stdout, stderr io.Writer) int {
 	log.Info("tlgw serving", "version", versionString(), "http", a.HTTPAddr, "registry", a.GRPCAddr,
 		"policy", cfg.Gateway.RoutePolicy, "routes", len(cfg.Gateway.Routes))
 
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
 	code := 0
 	select {
 	case <-ctx.Done():

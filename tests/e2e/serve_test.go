@@ -213,6 +213,22 @@ func stopGracefully(t *testing.T, p *proctest.Proc) {
 	}
 }
 
+// TestSIGTERMRightAfterStart: a SIGTERM sent the moment the listening line appears stops tlgw
+// and tlengine gracefully (exit 0), every time — the signal handler is in place before the
+// line is printed. Twenty starts each.
+func TestSIGTERMRightAfterStart(t *testing.T) {
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "tlgw.toml")
+	if err := os.WriteFile(cfg, []byte("[gateway]\nhttp_listen = \"127.0.0.1:0\"\nregistry_listen = \"127.0.0.1:0\"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 20 {
+		stopGracefully(t, proctest.Start(t, tlgwBin, []string{"serve", "--config", cfg}))
+		stopGracefully(t, proctest.StartEngine(t, tlengineBin, "--id", fmt.Sprint("e", i), "--model", "smol",
+			"--http-listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0", "--kv-listen", "127.0.0.1:0"))
+	}
+}
+
 // TestServeWritesACPUProfile: `tlgw serve --cpu-profile FILE` records the whole run and writes
 // the profile (gzip-compressed pprof, what cmd/tlgw/default.pgo is) when SIGTERM stops it.
 func TestServeWritesACPUProfile(t *testing.T) {
