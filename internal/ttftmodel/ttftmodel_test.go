@@ -102,3 +102,73 @@ func TestObservationsCount(t *testing.T) {
 		t.Fatalf("Observations = %d, want 5", got)
 	}
 }
+
+// TestPredictWithIsTheDotProduct: every feature counts with its own weight, the bias too (a
+// caller may scale it), and the result is clamped to [0, MaxMs].
+func TestPredictWithIsTheDotProduct(t *testing.T) {
+	for _, c := range []struct {
+		w, x X
+		want float64
+	}{
+		{X{2, 3, 5}, X{7, 11, 13}, 2*7 + 3*11 + 5*13},
+		{X{0.5, 0, 0}, X{4, 1e9, 1e9}, 2},
+		{X{-1, 0, 0}, X{1, 0, 0}, 0},
+		{X{MaxMs, 1, 0}, X{1, 1, 0}, MaxMs},
+	} {
+		if got := PredictWith(c.w, c.x); got != c.want {
+			t.Errorf("PredictWith(%v, %v) = %v, want %v", c.w, c.x, got, c.want)
+		}
+	}
+}
+
+// TestLearnsWithAScaledBias: the regression is over the features as given; a bias feature
+// other than 1 is learnt like any other.
+func TestLearnsWithAScaledBias(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	var m Model
+	truth := func(x X) float64 { return 3*x[Bias] + 4*x[Load] + 50*x[KTokens] }
+	for range 300 {
+		x := X{2, float64(r.IntN(20)), float64(r.IntN(4000)) / 1000}
+		m.Observe(x, truth(x))
+	}
+	for _, x := range []X{{2, 0, 0}, {2, 7, 1.5}, {2, 19, 3.9}} {
+		if got, want := m.Predict(x), truth(x); math.Abs(got-want) > 0.01 {
+			t.Errorf("Predict(%v) = %.4f, want %.4f", x, got, want)
+		}
+	}
+}
+
+// TestCovarianceWindUpIsBounded: with features that never vary, forgetting inflates the
+// covariance of the directions nothing excites; its trace stops at maxTrace, observation
+// after observation.
+func TestCovarianceWindUpIsBounded(t *testing.T) {
+	var m Model
+	peak := 0.0
+	for i := range 5_000 {
+		m.Observe(Features(0, 0), 42)
+		trace := m.p[0][0] + m.p[1][1] + m.p[2][2]
+		if trace > maxTrace*(1+1e-12) {
+			t.Fatalf("after %d observations the covariance's trace is %v, over %v", i+1, trace, float64(maxTrace))
+		}
+		peak = max(peak, trace)
+	}
+	if peak < maxTrace*forget {
+		t.Fatalf("the trace peaked at %v: the test never reached the bound %v", peak, float64(maxTrace))
+	}
+}
+
+// TestLearnsAcrossTheRange: a TTFT near the top of the range is learnt, not taken for a
+// runaway state and reset.
+func TestLearnsAcrossTheRange(t *testing.T) {
+	var m Model
+	const y = 3_000_000 // 50 minutes, within MaxMs
+	for range 200 {
+		m.Observe(Features(0, 0), y)
+	}
+	if got := m.Predict(Features(0, 0)); math.Abs(got-y) > 1 {
+		t.Fatalf("Predict = %v, want %v", got, float64(y))
+	}
+	if got := m.Observations(); got != 200 {
+		t.Fatalf("Observations = %d, want 200 (no reset)", got)
+	}
+}
