@@ -1,0 +1,473 @@
+package registry
+
+import (
+	"errors"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/tlgw/tlgw/actors/router"
+	"github.com/tlgw/tlgw/actors/worker"
+	"github.com/tlgw/tlgw/internal/clock"
+	"github.com/tlgw/tlgw/internal/errs"
+)
+
+const ttl = 6 * time.Second
+
+// fixture is a registry whose worker actors report to a probe standing in for the router,
+// on a fake clock.
+type fixture struct {
+	t       *testing.T
+	sys     *actor.ActorSystem
+	clk     *clock.Fake
+	reg     *actor.PID
+	probe   *actor.PID
+	states  chan *router.WorkerState
+	evicted chan router.WorkerInfo
+	pids    map[string]*actor.PID // the last worker actor seen per id
+}
+
+func newFixture(t *testing.T, tune func(*Config)) *fixture {
+	t.Helper()
+	f := &fixture{
+		t: t, sys: actor.NewActorSystem(), clk: clock.NewFake(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)),
+		states: make(chan *router.WorkerState, 256), evicted: make(chan router.WorkerInfo, 64),
+		pids: make(map[string]*actor.PID),
+	}
+	f.probe = f.sys.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
+		if m, ok := c.Message().(*router.WorkerState); ok {
+			f.states <- m
+		}
+	}))
+	cfg := Config{Clock: f.clk, Router: f.probe, TTL: ttl, Logger: slog.New(slog.DiscardHandler), OnEvict: func(w router.WorkerInfo) { f.evicted <- w }}
+	if tune != nil {
+		tune(&cfg)
+	}
+	f.reg = f.sys.Root.Spawn(Props(cfg))
+	t.Cleanup(func() {
+		_ = f.sys.Root.StopFuture(f.reg).Wait()
+		_ = f.sys.Root.StopFuture(f.probe).Wait()
+	})
+	return f
+}
+
+// beat sends one heartbeat and returns its ack, as the gRPC adapter does (Reply channel).
+func (f *fixture) beat(id, model, cred string, hbTTL time.Duration) Ack {
+	f.t.Helper()
+	reply := make(chan Ack, 1)
+	f.sys.Root.Send(f.reg, &Heartbeat{Info: router.WorkerInfo{ID: id, Model: model, HTTPAddress: "127.0.0.1:1"},
+		TTL: hbTTL, Credential: cred, Reply: reply})
+	select {
+	case a := <-reply:
+		return a
+	case <-time.After(5 * time.Second):
+		f.t.Fatalf("no ack for %s's heartbeat", id)
+		return Ack{}
+	}
+}
+
+// state waits for the next WorkerState a worker actor reports.
+func (f *fixture) state() *router.WorkerState {
+	f.t.Helper()
+	select {
+	case s := <-f.states:
+		f.pids[s.Info.ID] = s.PID
+		return s
+	case <-time.After(5 * time.Second):
+		f.t.Fatal("no worker state reported")
+		return nil
+	}
+}
+
+// settle waits until the registry, every known worker actor and the probe have processed
+// everything sent to them so far.
+func (f *fixture) settle() {
+	f.t.Helper()
+	touch := func(pid *actor.PID) {
+		// A stopped actor answers nothing: its future times out, which is not a failure here.
+		_ = f.sys.Root.RequestFuture(pid, &actor.Touch{}, time.Second).Wait()
+	}
+	touch(f.reg)
+	for _, pid := range f.pids {
+		touch(pid)
+	}
+	touch(f.probe)
+}
+
+// quiet checks that no worker state and no eviction are pending.
+func (f *fixture) quiet(when string) {
+	f.t.Helper()
+	f.settle()
+	select {
+	case s := <-f.states:
+		f.t.Fatalf("%s: unexpected worker state %+v live %v pid %v at %v", when, s.Info, s.Live, s.PID, f.clk.Now())
+	case w := <-f.evicted:
+		f.t.Fatalf("%s: unexpected eviction of %s", when, w.ID)
+	default:
+	}
+}
+
+func (f *fixture) evict() router.WorkerInfo {
+	f.t.Helper()
+	select {
+	case w := <-f.evicted:
+		return w
+	case <-time.After(5 * time.Second):
+		f.t.Fatal("no eviction")
+		return router.WorkerInfo{}
+	}
+}
+
+// TestOneWorkerActorPerID: the first heartbeat of an id spawns its worker actor, stamped
+// with the registry's clock; later ones update the same actor.
+func TestOneWorkerActorPerID(t *testing.T) {
+	f := newFixture(t, nil)
+	if a := f.beat("w1", "smol", "", 0); a != (Ack{Epoch: 1}) {
+		t.Fatalf("first ack = %+v, want epoch 1", a)
+	}
+	s := f.state()
+	if s.Info.ID != "w1" || !s.Live || !s.Info.LastHeartbeat.Equal(f.clk.Now()) {
+		t.Fatalf("first state = %+v live %v", s.Info, s.Live)
+	}
+	first := s.PID
+	f.clk.Advance(time.Second)
+	f.beat("w1", "smol", "", 0)
+	s = f.state()
+	if !s.PID.Equal(first) {
+		t.Fatalf("second heartbeat reported by %v, want the same actor %v", s.PID, first)
+	}
+	if !s.Info.LastHeartbeat.Equal(f.clk.Now()) {
+		t.Fatalf("second heartbeat stamped %v, want %v", s.Info.LastHeartbeat, f.clk.Now())
+	}
+	f.beat("w2", "smol", "", 0)
+	if s := f.state(); s.Info.ID != "w2" || s.PID.Equal(first) {
+		t.Fatalf("w2 reported as %+v by %v", s.Info, s.PID)
+	}
+	f.quiet("after three heartbeats")
+}
+
+// TestAckByRespond: a heartbeat without a Reply channel (a static worker's scrape) is
+// answered by Respond.
+func TestAckByRespond(t *testing.T) {
+	f := newFixture(t, nil)
+	got, err := f.sys.Root.RequestFuture(f.reg, &Heartbeat{Info: router.WorkerInfo{ID: "s1", Model: "smol"},
+		Credential: CredentialStatic}, 5*time.Second).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a, ok := got.(*Ack); !ok || *a != (Ack{Epoch: 1}) {
+		t.Fatalf("reply = %#v, want *Ack{Epoch: 1}", got)
+	}
+	f.state()
+}
+
+// TestIDBoundToItsCredential: a live worker's id answers only to the credential that
+// registered it (R13.1); a refused heartbeat changes nothing, and the id is free again once
+// the worker is evicted.
+func TestIDBoundToItsCredential(t *testing.T) {
+	f := newFixture(t, nil)
+	f.beat("w1", "smol", "alice", 0)
+	f.state()
+	a := f.beat("w1", "evil", "mallory", 0)
+	if !errors.Is(a.Err, ErrIDTaken) || a.Drain || a.Epoch != 0 {
+		t.Fatalf("ack for another credential = %+v, want ErrIDTaken and nothing else", a)
+	}
+	f.quiet("after the refused heartbeat")
+	if a := f.beat("w1", "smol", "", 0); !errors.Is(a.Err, ErrIDTaken) {
+		t.Fatalf("ack without a credential = %+v, want ErrIDTaken", a)
+	}
+	if a := f.beat("w1", "smol", "alice", 0); a.Err != nil {
+		t.Fatalf("the registering credential refused: %v", a.Err)
+	}
+	if s := f.state(); s.Info.Model != "smol" {
+		t.Fatalf("model = %q after the refused heartbeat, want smol", s.Info.Model)
+	}
+	f.clk.Advance(ttl)
+	if w := f.evict(); w.ID != "w1" {
+		t.Fatalf("evicted %q", w.ID)
+	}
+	if a := f.beat("w1", "smol", "mallory", 0); a.Err != nil {
+		t.Fatalf("after eviction the id is free, got %v", a.Err)
+	}
+}
+
+// TestMaxWorkers: a new id beyond max_workers is refused; registered ids keep heartbeating,
+// and an eviction makes room.
+func TestMaxWorkers(t *testing.T) {
+	f := newFixture(t, func(c *Config) { c.MaxWorkers = 2 })
+	f.beat("w1", "smol", "", 0)
+	f.state()
+	f.clk.Advance(time.Second)
+	f.beat("w2", "smol", "", 0)
+	f.state()
+	a := f.beat("w3", "smol", "", 0)
+	if !errors.Is(a.Err, ErrTooManyWorkers) || a.Epoch != 0 {
+		t.Fatalf("third id: ack %+v, want ErrTooManyWorkers", a)
+	}
+	f.quiet("after the refused third id")
+	if a := f.beat("w2", "smol", "", 0); a.Err != nil {
+		t.Fatalf("a registered id at the cap: %v", a.Err)
+	}
+	f.state()
+	f.clk.Advance(ttl - time.Second) // w1's deadline; w2 heartbeat 1 s later
+	if w := f.evict(); w.ID != "w1" {
+		t.Fatalf("evicted %q, want w1", w.ID)
+	}
+	if a := f.beat("w3", "smol", "", 0); a.Err != nil {
+		t.Fatalf("third id after an eviction: %v", a.Err)
+	}
+}
+
+// TestEviction: a worker whose deadline passes is stopped, forgotten and reported to
+// OnEvict; an Expired older than the last status forwarded is ignored (a newer heartbeat is
+// on its way to the worker and revives it); a heartbeat's own TTL replaces k·T.
+func TestEviction(t *testing.T) {
+	f := newFixture(t, nil)
+	f.beat("w1", "smol", "", 0) // status 1
+	f.state()
+	f.beat("w1", "smol", "", 0) // status 2
+	f.state()
+	f.sys.Root.Send(f.reg, &worker.Expired{ID: "w1", Seq: 1})
+	f.sys.Root.Send(f.reg, &worker.Expired{ID: "nobody", Seq: 1})
+	f.quiet("after a stale Expired")
+
+	f.clk.Advance(ttl - time.Nanosecond)
+	f.quiet("1 ns before the deadline")
+	f.clk.Advance(time.Nanosecond)
+	if s := f.state(); s.Live {
+		t.Fatalf("state at the deadline: live")
+	}
+	if w := f.evict(); w.ID != "w1" || w.Model != "smol" {
+		t.Fatalf("evicted %+v", w)
+	}
+	pid := f.pids["w1"]
+	f.settle()
+	if _, alive := f.sys.ProcessRegistry.Get(pid); alive {
+		t.Fatalf("the evicted worker's actor %v is still running", pid)
+	}
+
+	// A static worker's TTL (k·scrape_interval) replaces k·T.
+	f.beat("s1", "smol", CredentialStatic, 2*time.Second)
+	f.state()
+	f.clk.Advance(2 * time.Second)
+	if s := f.state(); s.Live {
+		t.Fatal("the static worker is live 2 s after its scrape")
+	}
+	if w := f.evict(); w.ID != "s1" {
+		t.Fatalf("evicted %q, want s1", w.ID)
+	}
+	f.beat("s1", "smol", CredentialStatic, 2*time.Second)
+	f.state()
+	f.clk.Advance(time.Second)
+	f.beat("s1", "smol", CredentialStatic, 0) // no TTL: k·T from here
+	f.state()
+	f.clk.Advance(ttl - time.Nanosecond)
+	f.quiet("a heartbeat without a TTL uses k·T")
+	f.clk.Advance(time.Nanosecond)
+	f.state()
+	if w := f.evict(); w.ID != "s1" {
+		t.Fatalf("evicted %q, want s1", w.ID)
+	}
+}
+
+// TestWorkerStoppedElsewhere: a worker actor that stops without an eviction (its supervisor
+// gave up) leaves the registry, which reports it; the id registers afresh.
+func TestWorkerStoppedElsewhere(t *testing.T) {
+	f := newFixture(t, nil)
+	f.beat("w1", "smol", "", 0)
+	f.beat("w2", "smol", "", 0)
+	f.state()
+	f.state()
+	if err := f.sys.Root.StopFuture(f.pids["w2"]).Wait(); err != nil {
+		t.Fatal(err)
+	}
+	if w := f.evict(); w.ID != "w2" {
+		t.Fatalf("evicted %q, want w2", w.ID)
+	}
+	delete(f.pids, "w2")
+	f.quiet("after the stop")
+	f.beat("w2", "smol", "", 0)
+	if s := f.state(); s.Info.ID != "w2" || !s.Live {
+		t.Fatalf("re-registered: %+v", s.Info)
+	}
+}
+
+// TestStoppingTheRegistryStopsItsWorkers: the workers are not the registry's children, yet
+// they stop with it.
+func TestStoppingTheRegistryStopsItsWorkers(t *testing.T) {
+	f := newFixture(t, nil)
+	f.beat("w1", "smol", "", 0)
+	s := f.state()
+	if err := f.sys.Root.StopFuture(f.reg).Wait(); err != nil {
+		t.Fatal(err)
+	}
+	done := f.sys.Root.StopFuture(s.PID) // answers at once when the actor is gone already
+	if err := done.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	if _, alive := f.sys.ProcessRegistry.Get(s.PID); alive {
+		t.Fatal("the worker outlived its registry")
+	}
+}
+
+// TestDrainModel: draining a model marks every worker of it (and only it), in their states and
+// in their heartbeat acks, and a worker of that model registering later; undraining reverses
+// it; a model no worker serves is ErrModelNotFound and changes nothing.
+func TestDrainModel(t *testing.T) {
+	f := newFixture(t, nil)
+	f.beat("a1", "a", "", 0)
+	f.beat("a2", "a", "", 0)
+	f.beat("b1", "b", "", 0)
+	for range 3 {
+		f.state()
+	}
+	ask := func(m *DrainModel) any {
+		t.Helper()
+		got, err := f.sys.Root.RequestFuture(f.reg, m, 5*time.Second).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	if got := ask(&DrainModel{Model: "c", Drained: true}); !errors.Is(got.(error), errs.ErrModelNotFound) {
+		t.Fatalf("drain of an unserved model = %v", got)
+	}
+	f.quiet("after the refused drain")
+	if a := f.beat("b1", "b", "", 0); a.Drain {
+		t.Fatal("b drained by a refused drain of c")
+	}
+	f.state()
+
+	if got := ask(&DrainModel{Model: "a", Drained: true}); *got.(*DrainResult) != (DrainResult{Workers: 2}) {
+		t.Fatalf("drain a = %+v", got)
+	}
+	seen := map[string]bool{}
+	for range 2 {
+		s := f.state()
+		if s.Info.Model != "a" || !s.Info.AdminDrained {
+			t.Fatalf("state after draining a: %+v", s.Info)
+		}
+		seen[s.Info.ID] = true
+	}
+	if len(seen) != 2 {
+		t.Fatalf("drained workers %v, want a1 and a2", seen)
+	}
+	f.quiet("after draining a")
+	if a := f.beat("a1", "a", "", 0); !a.Drain {
+		t.Fatal("a1's ack after the drain: not drained")
+	}
+	if s := f.state(); !s.Info.AdminDrained {
+		t.Fatal("a1's heartbeat undid the drain")
+	}
+	if a := f.beat("b1", "b", "", 0); a.Drain {
+		t.Fatal("b1 drained with a")
+	}
+	f.state()
+	if a := f.beat("a3", "a", "", 0); !a.Drain {
+		t.Fatal("a new worker of a drained model: not drained")
+	}
+	if s := f.state(); !s.Info.AdminDrained {
+		t.Fatal("a3's first state: not drained")
+	}
+	// Draining again changes no worker, yet answers with the count.
+	if got := ask(&DrainModel{Model: "a", Drained: true}); got.(*DrainResult).Workers != 3 {
+		t.Fatalf("second drain = %+v", got)
+	}
+	f.quiet("after draining a drained model")
+
+	if got := ask(&DrainModel{Model: "a", Drained: false}); got.(*DrainResult).Workers != 3 {
+		t.Fatalf("undrain = %+v", got)
+	}
+	for range 3 {
+		if s := f.state(); s.Info.AdminDrained {
+			t.Fatalf("after undraining: %+v", s.Info)
+		}
+	}
+	if a := f.beat("a4", "a", "", 0); a.Drain {
+		t.Fatal("a new worker after the undrain: drained")
+	}
+}
+
+// TestSyncDrains: the cluster's set of drained models replaces the registry's: workers of a
+// model in it are drained, the others undrained, and later workers follow it.
+func TestSyncDrains(t *testing.T) {
+	f := newFixture(t, nil)
+	f.beat("a1", "a", "", 0)
+	f.beat("b1", "b", "", 0)
+	f.state()
+	f.state()
+	f.sys.Root.Send(f.reg, &SyncDrains{Models: []string{"a", "unserved"}})
+	if s := f.state(); s.Info.ID != "a1" || !s.Info.AdminDrained {
+		t.Fatalf("after syncing {a}: %+v", s.Info)
+	}
+	f.quiet("only a1 changes")
+	f.sys.Root.Send(f.reg, &SyncDrains{Models: []string{"b"}})
+	got := map[string]bool{}
+	for range 2 {
+		s := f.state()
+		got[s.Info.ID] = s.Info.AdminDrained
+	}
+	if !(got["b1"] && !got["a1"] && len(got) == 2) {
+		t.Fatalf("after syncing {b}: %v", got)
+	}
+	if a := f.beat("b2", "b", "", 0); !a.Drain {
+		t.Fatal("a new worker of a synced drained model: not drained")
+	}
+	if a := f.beat("a2", "a", "", 0); a.Drain {
+		t.Fatal("a new worker of a model synced undrained: drained")
+	}
+	if a := f.beat("u1", "unserved", "", 0); a.Drain {
+		t.Fatal("a model dropped from the set stays drained")
+	}
+}
+
+// TestEpochFollowsTheRouteTable: acks carry the route table's epoch as last announced, even a
+// lower one (a rebuilt etcd restarts its revisions).
+func TestEpochFollowsTheRouteTable(t *testing.T) {
+	f := newFixture(t, nil)
+	for _, epoch := range []uint64{7, 3} {
+		f.sys.Root.Send(f.reg, &router.EpochChanged{Epoch: epoch})
+		if a := f.beat("w1", "smol", "", 0); a.Epoch != epoch {
+			t.Fatalf("ack epoch %d, want %d", a.Epoch, epoch)
+		}
+		f.state()
+	}
+}
+
+// TestActorNames: any id registers; the characters protoactor reserves or that make a poor
+// name become '_', and two ids that sanitize alike still get their own actors.
+func TestActorNames(t *testing.T) {
+	for in, want := range map[string]string{
+		"w-1.a_b":                "w-1.a_b",
+		"a/b$c":                  "a_b_c",
+		"sp ace\ttab":            "sp_ace_tab",
+		"\x00\x1f\x20!~\x7f\xff": "___!~__",
+		"é":                      "__",
+	} {
+		if got := sanitize(in); got != want {
+			t.Errorf("sanitize(%q) = %q, want %q", in, got, want)
+		}
+	}
+	f := newFixture(t, nil)
+	f.beat("a/b", "smol", "", 0)
+	f.beat("a$b", "smol", "", 0)
+	x, y := f.state(), f.state()
+	if x.PID.Equal(y.PID) || x.Info.ID == y.Info.ID {
+		t.Fatalf("two ids share an actor: %v %v", x, y)
+	}
+}
+
+// TestScrapeFailed: a failed scrape is shown on its worker; one for an unknown id is dropped.
+func TestScrapeFailed(t *testing.T) {
+	f := newFixture(t, nil)
+	f.beat("s1", "smol", CredentialStatic, 0)
+	f.state()
+	f.sys.Root.Send(f.reg, &ScrapeFailed{ID: "s1", Reason: "connection refused"})
+	f.sys.Root.Send(f.reg, &ScrapeFailed{ID: "nobody", Reason: "x"})
+	if s := f.state(); s.Info.ScrapeError != "connection refused" || !s.Live {
+		t.Fatalf("after a failed scrape: %+v", s.Info)
+	}
+	f.quiet("after the failed scrapes")
+}
