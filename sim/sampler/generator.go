@@ -250,10 +250,7 @@ func (g *Generator) Next() (tok Token, finish string, ok bool) {
 
 // sample draws one token: DrawsPerToken PCG32 draws, no allocation.
 func (g *Generator) sample() (uint32, float64) {
-	const n = uint64(GenerativeVocabSize)
 	h := g.ctx
-	offset := uint32((h >> 32) * n >> 32)
-	stride := 1 + uint32((h&0xffffffff)*(n-1)>>32)
 	u := g.rng.Float64()
 	rank := 0
 	if !g.greedy && len(g.cdf) > 1 {
@@ -269,9 +266,19 @@ func (g *Generator) sample() (uint32, float64) {
 		}
 		rank = lo
 	}
-	id := (offset + stride*uint32(rank)) % uint32(n)
+	id := rankID(h, rank)
 	g.ctx = nextContext(h, id)
 	return id, g.logp[rank]
+}
+
+// rankID is the id at probability rank in the step whose context hash is h: an affine
+// permutation of the generative ids (offset + stride·rank mod n, stride in [1, n−1]), a
+// bijection because n is prime.
+func rankID(h uint64, rank int) uint32 {
+	const n = uint64(GenerativeVocabSize)
+	offset := (h >> 32) * n >> 32
+	stride := 1 + (h&0xffffffff)*(n-1)>>32
+	return uint32((offset + stride*uint64(rank)) % n)
 }
 
 func nextContext(ctx uint64, id uint32) uint64 {
