@@ -1,8 +1,11 @@
 package registry
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -470,4 +473,80 @@ func TestScrapeFailed(t *testing.T) {
 		t.Fatalf("after a failed scrape: %+v", s.Info)
 	}
 	f.quiet("after the failed scrapes")
+}
+
+// recorder keeps the messages of the records logged at Warn or above.
+type recorder struct{ warns chan string }
+
+func (r recorder) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelWarn }
+func (r recorder) Handle(_ context.Context, rec slog.Record) error {
+	r.warns <- rec.Message
+	return nil
+}
+func (r recorder) WithAttrs([]slog.Attr) slog.Handler { return r }
+func (r recorder) WithGroup(string) slog.Handler      { return r }
+
+// TestChangedAddressesAreWarnedOf: a worker id heartbeating with other addresses or another
+// model is taken at its word (the latest wins) and the operator warned; the same heartbeat
+// again warns of nothing.
+func TestChangedAddressesAreWarnedOf(t *testing.T) {
+	rec := recorder{warns: make(chan string, 16)}
+	f := newFixture(t, func(c *Config) { c.Logger = slog.New(rec) })
+	beat := func(info router.WorkerInfo) {
+		t.Helper()
+		reply := make(chan Ack, 1)
+		f.sys.Root.Send(f.reg, &Heartbeat{Info: info, Reply: reply})
+		if a := <-reply; a.Err != nil {
+			t.Fatal(a.Err)
+		}
+		f.state()
+	}
+	base := router.WorkerInfo{ID: "w1", Model: "smol", HTTPAddress: "127.0.0.1:1", GRPCAddress: "127.0.0.1:2", KVAddress: "127.0.0.1:3"}
+	beat(base)
+	beat(base)
+	for _, change := range []func(*router.WorkerInfo){
+		func(w *router.WorkerInfo) { w.HTTPAddress = "127.0.0.1:9" },
+		func(w *router.WorkerInfo) { w.GRPCAddress = "127.0.0.1:9" },
+		func(w *router.WorkerInfo) { w.KVAddress = "127.0.0.1:9" },
+		func(w *router.WorkerInfo) { w.Model = "big" },
+	} {
+		info := base
+		change(&info)
+		warned := func(what string) {
+			t.Helper()
+			select {
+			case msg := <-rec.warns:
+				if !strings.Contains(msg, "different addresses or model") {
+					t.Fatalf("warning %q", msg)
+				}
+			default:
+				t.Fatalf("no warning for %s", what)
+			}
+			select {
+			case msg := <-rec.warns:
+				t.Fatalf("a second warning for %s: %q", what, msg)
+			default:
+			}
+		}
+		beat(info)
+		warned(fmt.Sprintf("%+v after %+v", info, base))
+		beat(base)
+		warned("the change back")
+	}
+	beat(base)
+	select {
+	case msg := <-rec.warns:
+		t.Fatalf("unchanged heartbeat warned: %q", msg)
+	default:
+	}
+}
+
+// TestNoLoggerGiven: a registry configured without a logger uses the default one.
+func TestNoLoggerGiven(t *testing.T) {
+	f := newFixture(t, func(c *Config) { c.Logger = nil })
+	f.beat("w1", "smol", "", 0)
+	f.state()
+	if a := f.beat("w1", "smol", "other", 0); !errors.Is(a.Err, ErrIDTaken) { // logs a warning
+		t.Fatalf("ack %+v", a)
+	}
 }
