@@ -132,6 +132,10 @@ func (o *Options) defaults() error {
 		return errors.New("no policies")
 	case o.SLOTTFT < 0:
 		return fmt.Errorf("the TTFT objective must be positive, got %v", o.SLOTTFT)
+	case !(o.LoadFactor >= 1) || math.IsInf(o.LoadFactor, 0):
+		return fmt.Errorf("the load factor must be at least 1, got %v", o.LoadFactor)
+	case o.PrefixIndexBlocks < 1:
+		return fmt.Errorf("the prefix index must have at least 1 block per worker, got %d", o.PrefixIndexBlocks)
 	case o.Engine.KVBlocks < 1 || o.Engine.BlockSize < 1 || o.Engine.MaxRunning < 1 ||
 		o.Engine.PrefillPerToken < 0 || o.Engine.DecodePerToken < 0:
 		return fmt.Errorf("bad engine model %+v", o.Engine)

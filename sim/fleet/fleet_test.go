@@ -4,12 +4,15 @@ import (
 	"bytes"
 	"encoding/json"
 	"image/png"
+	"math"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/cespare/xxhash/v2"
+	"github.com/google/go-cmp/cmp"
 
 	"github.com/tlgw/tlgw/internal/oai"
 	"github.com/tlgw/tlgw/internal/prefixindex"
@@ -187,12 +190,49 @@ func TestValidate(t *testing.T) {
 		"load":     func(o *Options) { o.Load = 0 },
 		"policy":   func(o *Options) { o.Policies = []string{"random"} },
 		"policies": func(o *Options) { o.Policies = nil },
+		"load inf": func(o *Options) { o.Load = math.Inf(1) },
+		"load nan": func(o *Options) { o.Load = math.NaN() },
+		"slo":      func(o *Options) { o.SLOTTFT = -time.Millisecond },
+		"c < 1":    func(o *Options) { o.LoadFactor = 0.99 },
+		"c nan":    func(o *Options) { o.LoadFactor = math.NaN() },
+		"c inf":    func(o *Options) { o.LoadFactor = math.Inf(1) },
+		"index":    func(o *Options) { o.PrefixIndexBlocks = -1 },
+		"kv":       func(o *Options) { o.Engine = DefaultEngine; o.Engine.KVBlocks = 0 },
+		"block":    func(o *Options) { o.Engine = DefaultEngine; o.Engine.BlockSize = 0 },
+		"running":  func(o *Options) { o.Engine = DefaultEngine; o.Engine.MaxRunning = 0 },
+		"prefill":  func(o *Options) { o.Engine = DefaultEngine; o.Engine.PrefillPerToken = -1 },
+		"decode":   func(o *Options) { o.Engine = DefaultEngine; o.Engine.DecodePerToken = -1 },
 	} {
 		o := ok
 		set(&o)
 		if err := o.Validate(); err == nil {
 			t.Errorf("%s: accepted", name)
 		}
+	}
+}
+
+// TestDefaults: a zero setting takes its documented default; the edges of each range are
+// accepted.
+func TestDefaults(t *testing.T) {
+	o := Options{Trace: TraceAgentic, Workers: 1, Requests: 1, Load: 1, Policies: []string{"round_robin"}}
+	if err := o.defaults(); err != nil {
+		t.Fatal(err)
+	}
+	want := Options{Trace: TraceAgentic, Workers: 1, Requests: 1, Load: 1, Policies: []string{"round_robin"},
+		SLOTTFT: time.Second, Engine: DefaultEngine, Heartbeat: 2 * time.Second, LoadFactor: 1.25,
+		PrefixIndexBlocks: prefixindex.DefaultBlocksPerWorker, Parallel: runtime.GOMAXPROCS(0)}
+	if diff := cmp.Diff(want, o); diff != "" {
+		t.Fatalf("defaults (-want +got):\n%s", diff)
+	}
+	edge := Options{Trace: TraceAgentic, Workers: 1, Requests: 1, Load: 1e-9, Policies: []string{"round_robin"},
+		SLOTTFT: time.Nanosecond, Heartbeat: time.Nanosecond, LoadFactor: 1, PrefixIndexBlocks: 1, Parallel: 1,
+		Engine: EngineModel{KVBlocks: 1, BlockSize: 1, MaxRunning: 1}}
+	kept := edge
+	if err := edge.defaults(); err != nil {
+		t.Fatalf("edges refused: %v", err)
+	}
+	if diff := cmp.Diff(kept, edge); diff != "" {
+		t.Fatalf("edge settings changed (-want +got):\n%s", diff)
 	}
 }
 
