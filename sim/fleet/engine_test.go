@@ -1,8 +1,13 @@
 package fleet
 
 import (
+	"bytes"
 	"testing"
 	"time"
+
+	"pgregory.net/rapid"
+
+	"github.com/tlgw/tlgw/internal/oai"
 )
 
 // TestScaledEngine: a heterogeneous engine's speed divides both per-token times and its
@@ -135,4 +140,37 @@ func TestOfferedRate(t *testing.T) {
 			t.Errorf("%s: offered %v req/s, want %v", r.Policy, r.OfferedRPS, want)
 		}
 	}
+}
+
+// TestShortBodyGivesTheSameKey: the body a pick without a prefix index writes (only as much
+// as the prefix key reads) gives the key of the whole body, for messages of every length
+// around the key's 64 bytes.
+func TestShortBodyGivesTheSameKey(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		n := rapid.IntRange(1, 5).Draw(t, "messages")
+		msgs := make([]message, n)
+		for i := range msgs {
+			msgs[i] = message{
+				role: role(rapid.IntRange(0, 2).Draw(t, "role")),
+				seg:  rapid.Uint64().Draw(t, "seg"),
+				n:    int32(rapid.IntRange(0, 40).Draw(t, "tokens")),
+			}
+		}
+		seed := rapid.Uint64().Draw(t, "seed")
+		whole, err := oai.PrefixKey(oai.Chat, chatBody(nil, seed, msgs, true))
+		if err != nil {
+			t.Fatal(err)
+		}
+		short := chatBody(nil, seed, msgs, false)
+		key, err := oai.PrefixKey(oai.Chat, short)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(key, whole) {
+			t.Fatalf("messages %+v: short body's key %q, whole body's %q", msgs, key, whole)
+		}
+		if long := chatBody(nil, seed, msgs, true); len(short) > len(long) {
+			t.Fatalf("the short body (%d bytes) is longer than the whole one (%d)", len(short), len(long))
+		}
+	})
 }
