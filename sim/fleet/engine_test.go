@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"pgregory.net/rapid"
 
 	"github.com/tlgw/tlgw/internal/oai"
@@ -173,4 +174,77 @@ func TestShortBodyGivesTheSameKey(t *testing.T) {
 			t.Fatalf("the short body (%d bytes) is longer than the whole one (%d)", len(short), len(long))
 		}
 	})
+}
+
+// TestResultFromItsCounts: a run's figures from the counts it kept — nearest-rank
+// percentiles, the SLO over every request (a rejected one misses it), hit tokens over lookups
+// summed over the engines and the pools restarts replaced, time averages for the imbalance.
+func TestResultFromItsCounts(t *testing.T) {
+	m := EngineModel{KVBlocks: 16, BlockSize: 4, MaxRunning: 4}
+	a, b := newEngine("w0", m), newEngine("w1", m)
+	prompt := []uint32{1, 2, 3, 4, 5, 6, 7, 8, 9}
+	for range 2 { // the second allocation finds the first's two full blocks
+		seq, _, _ := a.tryStart(prompt)
+		a.finish(a.pool, seq, nil)
+	}
+	st := a.pool.Stats()
+	if st.HitTokens != 8 || st.LookupTokens != 18 {
+		t.Fatalf("pool stats %+v, want 8 hit tokens of 18 looked up", st)
+	}
+	b.oldHit, b.oldLook = 30, 82
+	r := &runner{
+		o: &Options{SLOTTFT: 3 * time.Millisecond}, tr: &trace{reqs: make([]request, 6)},
+		engines: []*engine{a, b}, ttft: []float64{5, 1, 3, 2, 4}, queueSum: 2.5, rejected: 1, held: 2,
+		lastDone: int64(4 * time.Second), outTokens: 1000,
+	}
+	// Two samples: in flight 3 and 1, then 0 and 4.
+	a.run, b.run = 3, 1
+	r.sample()
+	a.run, b.run = 0, 4
+	r.sample()
+	got := r.result("p")
+	want := Result{
+		Policy: "p", Requests: 6, Completed: 5, Rejected: 1, Held: 2,
+		HitRate:   0.38, // (8 + 30) / (18 + 82)
+		TTFTP50Ms: 3, TTFTP99Ms: 5, TTFTMeanMs: 3, QueueMeanMs: 0.5,
+		SLOAttainment: 0.5, // 1, 2 and 3 ms of 6 requests
+		SimSeconds:    4, TokensPerS: 250,
+		Imbalance: 1.75, // the largest counts (3 + 4) over the means (2 + 2)
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Fatalf("result (-want +got):\n%s", diff)
+	}
+	for _, c := range []struct {
+		n    int
+		q    float64
+		want float64
+	}{{1, 0.99, 0}, {100, 0.99, 98}, {100, 0.50, 49}, {101, 0.50, 50}, {200, 0.99, 197}, {3, 0.5, 1}} {
+		sorted := make([]float64, c.n)
+		for i := range sorted {
+			sorted[i] = float64(i)
+		}
+		if got := percentile(sorted, c.q); got != c.want {
+			t.Errorf("percentile of 0..%d at %v = %v, want %v", c.n-1, c.q, got, c.want)
+		}
+	}
+}
+
+// TestStartTimesTheRequest: a request that starts 3 ms after it arrived waited 3 ms and has
+// its first token after the prefill of its uncached tokens; its end follows the decode.
+func TestStartTimesTheRequest(t *testing.T) {
+	m := EngineModel{KVBlocks: 16, BlockSize: 4, MaxRunning: 4, PrefillPerToken: time.Millisecond, DecodePerToken: 2 * time.Millisecond}
+	e := newEngine("w0", m)
+	r := &runner{
+		o: &Options{}, tr: &trace{reqs: []request{{out: message{n: 5}}}},
+		engines: []*engine{e}, jobs: make([]job, 1), now: int64(5 * time.Millisecond),
+	}
+	r.jobs[0] = job{arrival: int64(2 * time.Millisecond), prompt: 10}
+	seq, _, _ := e.tryStart([]uint32{1, 2, 3, 4, 5, 6, 7, 8, 9, 10})
+	r.start(0, seq, 4)
+	if len(r.ttft) != 1 || r.ttft[0] != 9 || r.queueSum != 3 {
+		t.Fatalf("ttft %v ms, queue %v ms; want [9] (3 waiting + 6 uncached tokens) and 3", r.ttft, r.queueSum)
+	}
+	if ev := r.q.pop(); ev.kind != evDone || ev.at != int64(21*time.Millisecond) {
+		t.Fatalf("done event %+v, want at 21 ms (first token at 11 ms + 5 tokens of 2 ms)", ev)
+	}
 }

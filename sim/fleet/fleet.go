@@ -438,11 +438,18 @@ func runPolicy(o *Options, ms []EngineModel, tr *trace, arrivals []int64, pol st
 		r.dispatched() // what the event released or taught the router
 	}
 	// Every pick was released: a request the router still counts would have skewed every pick
-	// after it.
+	// after it. And every request ended: it completed or was rejected, and no engine still
+	// runs or queues one.
 	for _, e := range r.engines {
 		if n := s.InFlight(e.id); n != 0 {
 			return Result{}, fmt.Errorf("%s: the router still counts %d requests in flight on %s after the run", pol, n, e.id)
 		}
+		if e.run != 0 || e.waiting() != 0 {
+			return Result{}, fmt.Errorf("%s: %s still runs %d and queues %d requests after the run", pol, e.id, e.run, e.waiting())
+		}
+	}
+	if ended := len(r.ttft) + r.rejected; r.inFlight != 0 || ended != len(tr.reqs) {
+		return Result{}, fmt.Errorf("%s: %d of %d requests ended (%d counted in flight) after the run", pol, ended, len(tr.reqs), r.inFlight)
 	}
 	return r.result(pol), nil
 }
