@@ -2,6 +2,8 @@ package fleet
 
 import (
 	"bytes"
+	"image/color"
+	"image/png"
 	"testing"
 	"time"
 
@@ -246,5 +248,89 @@ func TestStartTimesTheRequest(t *testing.T) {
 	}
 	if ev := r.q.pop(); ev.kind != evDone || ev.at != int64(21*time.Millisecond) {
 		t.Fatalf("done event %+v, want at 21 ms (first token at 11 ms + 5 tokens of 2 ms)", ev)
+	}
+}
+
+// TestBarHeights: the plot's bars stand in proportion to their values — the hit rate against
+// 1, TTFT p99 against the largest — side by side in the order of the results.
+func TestBarHeights(t *testing.T) {
+	rep := &Report{Results: []Result{
+		{Policy: "a", HitRate: 1, TTFTP99Ms: 100},
+		{Policy: "b", HitRate: 0.5, TTFTP99Ms: 50},
+		{Policy: "c", HitRate: 0.25, TTFTP99Ms: 200},
+	}}
+	var buf bytes.Buffer
+	if err := rep.WritePNG(&buf); err != nil {
+		t.Fatal(err)
+	}
+	img, err := png.Decode(&buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The layout WritePNG documents in its constants: bars 90 px wide, 50 apart, a 40 px
+	// margin, the plot 300 px tall from y = 48 with 16 px kept for the labels.
+	const barW, gap, margin, top, plotH = 90, 50, 40, 48, 300
+	panelW := margin + 3*(barW+gap) + gap
+	if b := img.Bounds(); b.Dx() != 2*panelW+margin {
+		t.Fatalf("width %d, want %d", b.Dx(), 2*panelW+margin)
+	}
+	cols := []color.RGBA{{52, 120, 198, 255}, {214, 96, 77, 255}}
+	want := [2][3]int{{284, 142, 71}, {142, 71, 284}}
+	for p := range 2 {
+		for i := range 3 {
+			x := margin + p*panelW + gap + i*(barW+gap) + 3 // clear of the centred value label
+			h := 0
+			for y := top + plotH - 1; y >= top; y-- {
+				if color.RGBAModel.Convert(img.At(x, y)) != cols[p] {
+					break
+				}
+				h++
+			}
+			if h != want[p][i] {
+				t.Errorf("panel %d, bar %d: %d px tall, want %d", p, i, h, want[p][i])
+			}
+		}
+	}
+}
+
+// TestSweepPoints: a sweep's points sit at their load (by value, across the plot's width) and
+// their value (TTFT p99 against the largest, SLO attainment against 1), in their policy's
+// colour.
+func TestSweepPoints(t *testing.T) {
+	rep := &Report{Results: []Result{
+		{Policy: "a", Load: 0.5, TTFTP99Ms: 100, SLOAttainment: 1},
+		{Policy: "b", Load: 0.5, TTFTP99Ms: 50, SLOAttainment: 0.8},
+		{Policy: "a", Load: 1, TTFTP99Ms: 200, SLOAttainment: 0.5},
+		{Policy: "b", Load: 1, TTFTP99Ms: 100, SLOAttainment: 0.2},
+		{Policy: "a", Load: 0.75, TTFTP99Ms: 150, SLOAttainment: 0.75},
+	}}
+	var buf bytes.Buffer
+	if err := rep.WritePNG(&buf); err != nil {
+		t.Fatal(err)
+	}
+	img, err := png.Decode(&buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// writeSweepPNG's layout: panels of 560 × 300 px with 60 px margins, from y = 48, 8 px kept
+	// at the top.
+	const margin, top, plotW, plotH = 60, 48, 560, 300
+	base := top + plotH
+	for _, c := range []struct {
+		panel int
+		load  float64
+		frac  float64 // of the panel's range
+		col   color.RGBA
+	}{
+		{0, 0.5, 0.5, lineColors[0]}, {0, 1, 1, lineColors[0]}, {0, 0.75, 0.75, lineColors[0]},
+		{0, 0.5, 0.25, lineColors[1]}, {0, 1, 0.5, lineColors[1]},
+		{1, 0.5, 1, lineColors[0]}, {1, 1, 0.5, lineColors[0]}, {1, 0.75, 0.75, lineColors[0]},
+		{1, 0.5, 0.8, lineColors[1]}, {1, 1, 0.2, lineColors[1]},
+	} {
+		x := c.panel*(plotW+2*margin) + margin + int((c.load-0.5)/0.5*plotW)
+		y := base - int(c.frac*float64(plotH-8))
+		if got := color.RGBAModel.Convert(img.At(x, y)); got != c.col {
+			t.Errorf("panel %d, load %v, at %v of the range: pixel (%d, %d) is %v, want %v", c.panel, c.load, c.frac, x, y, got, c.col)
+		}
 	}
 }
