@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"image/color"
 	"image/png"
+	"slices"
 	"testing"
 	"time"
 
@@ -11,6 +12,7 @@ import (
 	"pgregory.net/rapid"
 
 	"github.com/tlgw/tlgw/internal/oai"
+	"github.com/tlgw/tlgw/internal/prefixindex"
 )
 
 // TestScaledEngine: a heterogeneous engine's speed divides both per-token times and its
@@ -331,6 +333,85 @@ func TestSweepPoints(t *testing.T) {
 		y := base - int(c.frac*float64(plotH-8))
 		if got := color.RGBAModel.Convert(img.At(x, y)); got != c.col {
 			t.Errorf("panel %d, load %v, at %v of the range: pixel (%d, %d) is %v, want %v", c.panel, c.load, c.frac, x, y, got, c.col)
+		}
+	}
+}
+
+// TestChunkBlocksFollowTheRenderedPrompt: the block carrying each chunk, from the layout the
+// simulator assumes, agrees with the gateway's own rendering of the request: chunk k is carried
+// by the block of the last token whose text starts before byte 64·(k+1) of the rendered
+// prompt, and the chunk count is the gateway's.
+func TestChunkBlocksFollowTheRenderedPrompt(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		n := rapid.IntRange(1, 4).Draw(t, "messages")
+		msgs := make([]message, n)
+		for i := range msgs {
+			msgs[i] = message{role: role(rapid.IntRange(0, 2).Draw(t, "role")), seg: uint64(i + 1),
+				n: int32(rapid.IntRange(0, 60).Draw(t, "tokens"))}
+		}
+		bs := rapid.SampledFrom([]int{1, 4, 16}).Draw(t, "block size")
+		render := func(ms []message) []byte {
+			body := chatBody(nil, 9, ms, true)
+			return oai.RenderPrompt(oai.Chat, body, len(body))
+		}
+		rendered := render(msgs)
+		// Each token's first byte in the rendered prompt: its message's content starts after the
+		// earlier messages' rendering and the role's line.
+		var starts []int
+		for j, m := range msgs {
+			content := len(render(msgs[:j])) + len(roleNames[m.role]) + 1
+			if j == 0 {
+				content = len(roleNames[m.role]) + 1
+			}
+			one := render([]message{{role: m.role, seg: m.seg, n: 1}})
+			if len(one) != len(roleNames[m.role])+1+4+1 {
+				t.Fatalf("a token renders as %d bytes with its message, want 4", len(one)-len(roleNames[m.role])-2)
+			}
+			for tok := range int(m.n) {
+				starts = append(starts, content+4*tok)
+			}
+		}
+		chunks := len(prefixindex.Hashes(nil, rendered))
+		got := chunkBlocks(nil, msgs, chunks, bs)
+		if len(got) != chunks {
+			t.Fatalf("%d blocks for %d chunks", len(got), chunks)
+		}
+		for k := range chunks {
+			before := 0
+			for _, s := range starts {
+				if s < (k+1)*prefixindex.ChunkBytes {
+					before++
+				}
+			}
+			want := -1
+			if before > 0 {
+				want = (before - 1) / bs
+			}
+			if got[k] != want {
+				t.Fatalf("chunk %d of %q: block %d, want %d (%d tokens start before its end)", k, rendered, got[k], want, before)
+			}
+		}
+	})
+}
+
+// TestChunkBlocksExamples: worked cases of chunkBlocks.
+func TestChunkBlocksExamples(t *testing.T) {
+	for _, c := range []struct {
+		msgs   []message
+		chunks int
+		bs     int
+		want   []int
+	}{
+		// "system\n" + 1 token + "\n": one chunk, its one token in block 0.
+		{[]message{{role: roleSystem, n: 1}}, 1, 16, []int{0}},
+		// "user\n\n": one chunk and no token.
+		{[]message{{role: roleUser}}, 1, 16, []int{-1}},
+		// "system\n" then 40 tokens from byte 7: 15 start before byte 64 (7 + 4·14 = 63), 31
+		// before byte 128, and all 40 before the partial third chunk's end.
+		{[]message{{role: roleSystem, n: 40}}, 3, 4, []int{3, 7, 9}},
+	} {
+		if got := chunkBlocks(nil, c.msgs, c.chunks, c.bs); !slices.Equal(got, c.want) {
+			t.Errorf("chunkBlocks(%+v, %d, %d) = %v, want %v", c.msgs, c.chunks, c.bs, got, c.want)
 		}
 	}
 }

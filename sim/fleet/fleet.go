@@ -347,6 +347,7 @@ type runner struct {
 	toks   []uint32 // scratch: a prompt's tokens
 	body   []byte   // scratch: a request body
 	hashes []uint64 // scratch: a prompt's chunk hashes
+	blocks []int    // scratch: the KV block carrying each chunk (precise.go)
 
 	inFlight  int // requests picked and not yet done
 	arrived   int

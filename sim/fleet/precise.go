@@ -37,15 +37,32 @@ func (r *runner) tag(i, eng int32, seq *kv.Seq) {
 	r.body = chatBody(r.body, r.o.Seed, req.msgs, true)
 	r.hashes = prefixindex.Hashes(r.hashes, oai.RenderPrompt(oai.Chat, r.body, len(r.body)))
 	var stored []uint64
-	// Walk the rendered prompt ("role\n", 4 bytes a token, "\n" per message) chunk by chunk:
-	// tokens counts the tokens that start before the chunk's end.
-	k, tokens, at := 0, 0, 0
-	bs := e.model.BlockSize
-	for _, m := range req.msgs {
+	r.blocks = chunkBlocks(r.blocks[:0], req.msgs, len(r.hashes), e.model.BlockSize)
+	for k, b := range r.blocks {
+		if b >= 0 {
+			stored = e.pool.Tag(seq, b, r.hashes[k:k+1], stored)
+		}
+	}
+	r.sendKV(e, nil, stored)
+}
+
+// chunkBlocks appends, for each of the n 64-byte chunks of msgs' rendered prompt ("role\n",
+// 4 bytes a token, "\n" per message), the index of the KV block of bs tokens that holds the
+// last token starting before the chunk's end: the block whose eviction loses the chunk. A
+// chunk before the first token has -1.
+func chunkBlocks(dst []int, msgs []message, n, bs int) []int {
+	block := func(tokens int) int {
+		if tokens == 0 {
+			return -1
+		}
+		return (tokens - 1) / bs
+	}
+	k, tokens, at := 0, 0, 0 // tokens: those starting before chunk k's end
+	for _, m := range msgs {
 		at += len(roleNames[m.role]) + 1
 		for range m.n {
-			for k < len(r.hashes) && at >= (k+1)*prefixindex.ChunkBytes {
-				stored = r.tagChunk(e, seq, tokens, bs, k, stored)
+			for k < n && at >= (k+1)*prefixindex.ChunkBytes {
+				dst = append(dst, block(tokens))
 				k++
 			}
 			tokens++
@@ -53,17 +70,10 @@ func (r *runner) tag(i, eng int32, seq *kv.Seq) {
 		}
 		at++
 	}
-	for ; k < len(r.hashes); k++ {
-		stored = r.tagChunk(e, seq, tokens, bs, k, stored)
+	for ; k < n; k++ {
+		dst = append(dst, block(tokens))
 	}
-	r.sendKV(e, nil, stored)
-}
-
-func (r *runner) tagChunk(e *engine, seq *kv.Seq, tokens, bs, k int, stored []uint64) []uint64 {
-	if tokens == 0 {
-		return stored
-	}
-	return e.pool.Tag(seq, (tokens-1)/bs, r.hashes[k:k+1], stored)
+	return dst
 }
 
 // flushKV reports the ids engine eng's pool evicted since the last flush.
