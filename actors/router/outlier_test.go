@@ -239,3 +239,25 @@ func TestOutlierEjectedPercentCountsTheEjected(t *testing.T) {
 		t.Fatal("with one of four out, a second may go")
 	}
 }
+
+// TestOutlierEjectionEndWakesTheQueue: a request held in the admission queue while the only
+// routable worker is full goes to the ejected worker the moment its ejection ends.
+func TestOutlierEjectionEndWakesTheQueue(t *testing.T) {
+	r := newRig(t, Config{Outlier: testOutlier, Admission: admissionCfg(nil, 1)})
+	r.join("w1", "smol", 0)
+	r.join("w2", "smol", 0)
+	r.askEject("w1", Outcome5xx)
+	if r.row(t, "w1").Routable {
+		t.Fatal("w1 not ejected")
+	}
+	r.join("w2", "smol", 1) // full at threshold 1
+	x := r.newRequester()
+	x.pick("x", "smol", "")
+	x.queued()
+	r.advance(30*time.Second - time.Millisecond)
+	x.silent()
+	r.advance(time.Millisecond)
+	if p := x.picked(); p.Err != nil || p.WorkerID != "w1" {
+		t.Fatalf("after w1's ejection ended: %+v, want w1", p)
+	}
+}
