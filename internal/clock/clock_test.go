@@ -1,6 +1,7 @@
 package clock
 
 import (
+	"slices"
 	"testing"
 	"time"
 )
@@ -65,4 +66,53 @@ func TestSince(t *testing.T) {
 	if got := Since(Real{}, time.Now().Add(-time.Hour)); got < time.Hour {
 		t.Fatalf("Since an hour ago = %v", got)
 	}
+}
+
+// TestFakeTiesFireInSchedulingOrder: timers due at one instant fire in the order they were
+// scheduled, whatever their number.
+func TestFakeTiesFireInSchedulingOrder(t *testing.T) {
+	c := NewFake(time.Unix(0, 0))
+	var got []int
+	for i := range 20 {
+		d := time.Second
+		if i%3 == 0 {
+			d = 2 * time.Second
+		}
+		c.AfterFunc(d, func() { got = append(got, i) })
+	}
+	c.Advance(2 * time.Second)
+	var want []int
+	for _, late := range []bool{false, true} {
+		for i := range 20 {
+			if (i%3 == 0) == late {
+				want = append(want, i)
+			}
+		}
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("fired %v, want %v", got, want)
+	}
+}
+
+// TestFakeDueNowFiresOnAdvanceZero: a timer due now (or in the past) waits for an Advance,
+// and Advance(0) fires it without moving the clock.
+func TestFakeDueNowFiresOnAdvanceZero(t *testing.T) {
+	start := time.Unix(100, 0)
+	c := NewFake(start)
+	fired := 0
+	c.AfterFunc(0, func() { fired++ })
+	c.AfterFunc(-time.Second, func() { fired++ })
+	if fired != 0 || c.Pending() != 2 {
+		t.Fatalf("fired %d, pending %d before any Advance", fired, c.Pending())
+	}
+	c.Advance(0)
+	if fired != 2 || !c.Now().Equal(start) {
+		t.Fatalf("after Advance(0): fired %d, now %v", fired, c.Now())
+	}
+	defer func() {
+		if recover() == nil {
+			t.Fatal("a negative Advance did not panic")
+		}
+	}()
+	c.Advance(-time.Nanosecond)
 }
