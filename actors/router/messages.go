@@ -281,6 +281,18 @@ type WorkerView struct {
 	// "" when the worker is not ejected. The reason is an Outcome's name.
 	EjectedUntil   time.Time
 	EjectionReason string
+	// TTFT is the worker's predicted_latency model (R18.2), nil before its first observation.
+	TTFT *TTFTModelView
+}
+
+// TTFTModelView is a worker's online TTFT model: TTFT ≈ BiasMs + MsPerLoad × its load (in
+// flight + queue depth) + MsPer1kUncachedTokens × thousands of prompt tokens it is not
+// believed to hold, learnt from Observations measured TTFTs.
+type TTFTModelView struct {
+	Observations          uint64
+	BiasMs                float64
+	MsPerLoad             float64
+	MsPer1kUncachedTokens float64
 }
 
 // WorkerList answers ListWorkers; workers are sorted by id.

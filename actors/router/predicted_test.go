@@ -42,6 +42,11 @@ func TestPredictedLatencyLearnsFromObservations(t *testing.T) {
 		}
 		return pk
 	}
+	for _, w := range s.st.view.list(0).Workers {
+		if w.TTFT != nil {
+			t.Fatalf("%s lists a TTFT model before any observation: %+v", w.Info.ID, *w.TTFT)
+		}
+	}
 	first := pick(0)
 	if first.WorkerID != "w0" || first.Features != (ttftmodel.X{1, 0, 0.128}) {
 		t.Fatalf("untrained: picked %s with features %v, want w0 (least loaded, smaller id) with [1 0 0.128]",
@@ -65,6 +70,24 @@ func TestPredictedLatencyLearnsFromObservations(t *testing.T) {
 	w0 := s.st.view.slots["w0"]
 	if got := policy.Predict(&w0.member, ttftmodel.Features(0, 1000)); got < 490 || got > 510 {
 		t.Fatalf("w0's model predicts %.1f ms for 1,000 uncached tokens, want 500", got)
+	}
+	// The admin listing shows each model: what it learnt from and its weights.
+	near := func(got, want float64) bool { return got > want-2.5 && got < want+2.5 } // observations in whole ms
+	for _, c := range []struct {
+		id            string
+		bias, perKTok float64
+	}{{"w0", 400, 100}, {"w1", 20, 10}} {
+		var m *TTFTModelView
+		for _, w := range s.st.view.list(0).Workers {
+			if w.Info.ID == c.id {
+				m = w.TTFT
+			}
+		}
+		if m == nil || m.Observations != 50 || !near(m.BiasMs, c.bias) || !near(m.MsPerLoad, 0) ||
+			!near(m.MsPer1kUncachedTokens, c.perKTok) {
+			t.Fatalf("%s's listed model %+v, want 50 observations, %v ms + 0 ms per load + %v ms per 1,000 tokens",
+				c.id, m, c.bias, c.perKTok)
+		}
 	}
 }
 

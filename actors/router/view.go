@@ -12,6 +12,7 @@ import (
 	"github.com/tlgw/tlgw/internal/config"
 	"github.com/tlgw/tlgw/internal/kvindex"
 	"github.com/tlgw/tlgw/internal/prefixindex"
+	"github.com/tlgw/tlgw/internal/ttftmodel"
 )
 
 // slot is the router's record of one registered worker.
@@ -417,6 +418,10 @@ func (v *workerView) list(epoch uint64) *WorkerList {
 		wv := WorkerView{Info: s.info, InFlight: s.inFlight(), Routable: s.routable()}
 		if s.ej.on {
 			wv.EjectedUntil, wv.EjectionReason = s.ej.until, s.ej.reason.String()
+		}
+		if n, w, ok := policy.Model(&s.member); ok {
+			wv.TTFT = &TTFTModelView{Observations: n, BiasMs: w[ttftmodel.Bias], MsPerLoad: w[ttftmodel.Load],
+				MsPer1kUncachedTokens: w[ttftmodel.KTokens]}
 		}
 		out.Workers = append(out.Workers, wv)
 	}

@@ -36,6 +36,15 @@ type workerJSON struct {
 	LastHeartbeat  time.Time  `json:"last_heartbeat"`
 	Static         bool       `json:"static,omitempty"`
 	ScrapeError    string     `json:"scrape_error,omitempty"`
+	// R18.2: predicted_latency's model of this worker, once it has learnt from a request.
+	TTFTModel *ttftModelJSON `json:"ttft_model,omitempty"`
+}
+
+type ttftModelJSON struct {
+	Observations          uint64  `json:"observations"`
+	BiasMs                float64 `json:"bias_ms"`
+	MsPerLoad             float64 `json:"ms_per_load"`
+	MsPer1kUncachedTokens float64 `json:"ms_per_1k_uncached_tokens"`
 }
 
 type addressesJSON struct {
@@ -61,7 +70,13 @@ func (s *Server) listWorkers(w http.ResponseWriter, _ *http.Request) {
 			u := v.EjectedUntil.UTC()
 			until = &u
 		}
+		var model *ttftModelJSON
+		if m := v.TTFT; m != nil {
+			model = &ttftModelJSON{Observations: m.Observations, BiasMs: m.BiasMs, MsPerLoad: m.MsPerLoad,
+				MsPer1kUncachedTokens: m.MsPer1kUncachedTokens}
+		}
 		out.Workers = append(out.Workers, workerJSON{
+			TTFTModel:    model,
 			EjectedUntil: until, EjectionReason: v.EjectionReason,
 			ID: in.ID, Role: in.Role.String(), Model: in.Model,
 			Addresses:  addressesJSON{HTTP: in.HTTPAddress, GRPC: in.GRPCAddress, KV: in.KVAddress},

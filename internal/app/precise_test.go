@@ -2,6 +2,7 @@ package app_test
 
 import (
 	"context"
+	"encoding/json"
 	"io"
 	"log/slog"
 	"net"
@@ -81,8 +82,13 @@ func testSubscribes(t *testing.T, policy string) {
 	var engines [2]*httptest.Server
 	for i := range engines {
 		engines[i] = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			_, _ = io.Copy(io.Discard, r.Body)
+			body, _ := io.ReadAll(r.Body)
 			served[i].Add(1)
+			if strings.Contains(string(body), `"stream":true`) {
+				w.Header().Set("Content-Type", "text/event-stream")
+				_, _ = io.WriteString(w, "data: {\"choices\":[{\"text\":\"ok\"}]}\n\ndata: [DONE]\n\n")
+				return
+			}
 			w.Header().Set("Content-Type", "application/json")
 			_, _ = io.WriteString(w, `{"choices":[{"text":"ok"}]}`)
 		}))
@@ -140,10 +146,11 @@ func testSubscribes(t *testing.T, policy string) {
 			return true
 		})
 	}
+	stream := ""
 	send := func() {
 		idle()
 		req, err := http.NewRequest(http.MethodPost, "http://"+a.HTTPAddr+"/v1/completions",
-			strings.NewReader(`{"model":"smol","prompt":"`+prompt+`"}`))
+			strings.NewReader(`{"model":"smol",`+stream+`"prompt":"`+prompt+`"}`))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -178,4 +185,41 @@ func testSubscribes(t *testing.T, policy string) {
 	if served[0].Load() != 0 || served[1].Load() != 3 {
 		t.Fatalf("w1 served %d, w2 %d: want every repeat on w2, which holds the prompt", served[0].Load(), served[1].Load())
 	}
+	if policy != config.PolicyPredictedLatency {
+		return
+	}
+	// The request actors report each streamed attempt's TTFT: w2's model learns from streamed
+	// repeats, and the admin listing shows it.
+	stream = `"stream":true,`
+	for range 3 {
+		send()
+	}
+	if served[1].Load() != 6 {
+		t.Fatalf("w2 served %d of 6 repeats", served[1].Load())
+	}
+	gwtest.Eventually(t, "w2's TTFT model listed with the repeats", func() bool {
+		resp, err := http.Get("http://" + a.HTTPAddr + "/admin/v1/workers")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var out struct {
+			Workers []struct {
+				ID    string `json:"id"`
+				Model *struct {
+					Observations uint64   `json:"observations"`
+					BiasMs       *float64 `json:"bias_ms"`
+				} `json:"ttft_model"`
+			} `json:"workers"`
+		}
+		if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+			t.Fatal(err)
+		}
+		for _, w := range out.Workers {
+			if w.ID == "w2" && w.Model != nil && w.Model.Observations >= 3 && w.Model.BiasMs != nil {
+				return true
+			}
+		}
+		return false
+	})
 }

@@ -47,6 +47,15 @@ func Predict(m *Member, x ttftmodel.X) float64 {
 	return m.ttft.Predict(x)
 }
 
+// Model reports m's TTFT model as the admin listing shows it: the observations it learnt from
+// since its last reset and its weights; ok false before its first observation.
+func Model(m *Member) (observations uint64, weights ttftmodel.X, ok bool) {
+	if m.ttft == nil {
+		return 0, ttftmodel.X{}, false
+	}
+	return m.ttft.Observations(), m.ttft.Weights(), true
+}
+
 // TieMs is how close two predictions must be to count as a tie, broken by the longer cached
 // prefix and then the lower load: predictions a millisecond apart are noise, and a cached
 // prefix keeps the cache warm for the next request.
