@@ -181,6 +181,24 @@ func Eventually(t testing.TB, what string, cond func() bool) {
 	}
 }
 
+// Idle waits until g's router counts no request in flight on any worker: a request's release
+// travels from its request actor through its worker actor after the client has its answer.
+func Idle(t testing.TB, g *gateway.Gateway) {
+	t.Helper()
+	Eventually(t, "no request counted in flight", func() bool {
+		l, err := g.Workers()
+		if err != nil {
+			return false
+		}
+		for _, w := range l.Workers {
+			if w.InFlight != 0 {
+				return false
+			}
+		}
+		return true
+	})
+}
+
 // Probe is an actor that hands every message it receives to a channel: a stand-in requester
 // for messages that arrive later than a request/reply (an admission queue's Picked).
 type Probe struct {

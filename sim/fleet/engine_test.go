@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"bytes"
+	"image"
 	"image/color"
 	"image/png"
 	"slices"
@@ -261,14 +262,7 @@ func TestBarHeights(t *testing.T) {
 		{Policy: "b", HitRate: 0.5, TTFTP99Ms: 50},
 		{Policy: "c", HitRate: 0.25, TTFTP99Ms: 200},
 	}}
-	var buf bytes.Buffer
-	if err := rep.WritePNG(&buf); err != nil {
-		t.Fatal(err)
-	}
-	img, err := png.Decode(&buf)
-	if err != nil {
-		t.Fatal(err)
-	}
+	img := plot(t, rep)
 	// The layout WritePNG documents in its constants: bars 90 px wide, 50 apart, a 40 px
 	// margin, the plot 300 px tall from y = 48 with 16 px kept for the labels.
 	const barW, gap, margin, top, plotH = 90, 50, 40, 48, 300
@@ -306,14 +300,7 @@ func TestSweepPoints(t *testing.T) {
 		{Policy: "b", Load: 1, TTFTP99Ms: 100, SLOAttainment: 0.2},
 		{Policy: "a", Load: 0.75, TTFTP99Ms: 150, SLOAttainment: 0.75},
 	}}
-	var buf bytes.Buffer
-	if err := rep.WritePNG(&buf); err != nil {
-		t.Fatal(err)
-	}
-	img, err := png.Decode(&buf)
-	if err != nil {
-		t.Fatal(err)
-	}
+	img := plot(t, rep)
 	// writeSweepPNG's layout: panels of 560 × 300 px with 60 px margins, from y = 48, 8 px kept
 	// at the top.
 	const margin, top, plotW, plotH = 60, 48, 560, 300
@@ -414,4 +401,18 @@ func TestChunkBlocksExamples(t *testing.T) {
 			t.Errorf("chunkBlocks(%+v, %d, %d) = %v, want %v", c.msgs, c.chunks, c.bs, got, c.want)
 		}
 	}
+}
+
+// plot is rep's PNG, decoded.
+func plot(t *testing.T, rep *Report) image.Image {
+	t.Helper()
+	var buf bytes.Buffer
+	if err := rep.WritePNG(&buf); err != nil {
+		t.Fatal(err)
+	}
+	img, err := png.Decode(&buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return img
 }

@@ -335,18 +335,7 @@ func TestCrashInjection(t *testing.T) {
 		}
 	}
 	// Invariant 3: every in-flight count is back to 0.
-	gwtest.Eventually(t, "in-flight counts back to 0", func() bool {
-		l, err := gw.Gateway.Workers()
-		if err != nil {
-			return false
-		}
-		for _, w := range l.Workers {
-			if w.InFlight != 0 {
-				return false
-			}
-		}
-		return true
-	})
+	gwtest.Idle(t, gw.Gateway)
 	// Invariant 4: no KV handle held and no KV block in use on any live engine.
 	gwtest.Eventually(t, "no KV handle held", func() bool {
 		for _, e := range fleet {
