@@ -36,7 +36,7 @@ type workerJSON struct {
 	LastHeartbeat  time.Time  `json:"last_heartbeat"`
 	Static         bool       `json:"static,omitempty"`
 	ScrapeError    string     `json:"scrape_error,omitempty"`
-	// R18.2: predicted_latency's model of this worker, once it has learnt from a request.
+	// R18.2: predicted_latency's model of this worker, once it has learnt from a streamed request.
 	TTFTModel *ttftModelJSON `json:"ttft_model,omitempty"`
 }
 
