@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/tlgw/tlgw/actors/router"
 	controlv1 "github.com/tlgw/tlgw/contracts/tl/control/v1"
 	kvv1 "github.com/tlgw/tlgw/contracts/tl/kv/v1"
 	"github.com/tlgw/tlgw/internal/app"
@@ -207,4 +208,66 @@ func testSubscribes(t *testing.T, policy string) {
 		}
 		return false
 	})
+}
+
+// TestPrefixAwareGetsTheHashes: with route_policy = "prefix_aware" the request actors send
+// each prompt's chunk hashes with their picks, so a repeat of a prompt is picked for its prefix
+// (tlgw_routing_decisions_total{reason="prefix"}), not as the first sight of a stranger.
+func TestPrefixAwareGetsTheHashes(t *testing.T) {
+	engine := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"choices":[{"text":"ok"}]}`)
+	}))
+	defer engine.Close()
+	cfg := config.Default()
+	cfg.Gateway.HTTPListen, cfg.Gateway.RegistryListen = "127.0.0.1:0", "127.0.0.1:0"
+	cfg.Gateway.RoutePolicy = "prefix_aware"
+	a, err := app.Start(cfg, app.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = a.Shutdown(ctx)
+	}()
+	if _, err := a.Gateway.Heartbeat(router.WorkerInfo{ID: "w1", Model: "smol", HTTPAddress: strings.TrimPrefix(engine.URL, "http://")}); err != nil {
+		t.Fatal(err)
+	}
+	gwtest.Eventually(t, "w1 routable", func() bool { n, _ := a.Gateway.Routable(); return n == 1 })
+	prompt := strings.Repeat("a prompt long enough for several chunks of the prefix index. ", 8)
+	for range 2 {
+		gwtest.Idle(t, a.Gateway)
+		resp, err := http.Post("http://"+a.HTTPAddr+"/v1/completions", "application/json",
+			strings.NewReader(`{"model":"smol","prompt":"`+prompt+`"}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("status %d", resp.StatusCode)
+		}
+	}
+	resp, err := http.Get("http://" + a.HTTPAddr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	const want = `tlgw_routing_decisions_total{policy="prefix_aware",reason="prefix"} 1`
+	if !strings.Contains(string(b), want+"\n") {
+		t.Fatalf("no %q in the metrics:\n%s", want, grepLines(string(b), "tlgw_routing_decisions_total"))
+	}
+}
+
+func grepLines(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }
