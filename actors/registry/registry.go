@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -112,6 +113,10 @@ type state struct {
 	epoch   uint64
 	entries map[string]*entry
 	drained map[string]bool
+	// spawned numbers the worker actors this registry has spawned: each gets a name of its
+	// own, so the Terminated of an id's stopped actor never matches the actor of its next
+	// registration (a name reused at once would give both the same PID).
+	spawned uint64
 }
 
 // Props returns the registry's props. Its state survives restarts. Worker actors are spawned
@@ -207,9 +212,10 @@ func (st *state) heartbeat(c actor.Context, m *Heartbeat) *Ack {
 		}, worker.Status{Info: info, Seq: 1, TTL: ttl}, append([]actor.PropsOption{
 			actor.WithGuardian(actor.RestartingSupervisorStrategy()),
 		}, st.cfg.WorkerOptions...)...)
-		pid, err := c.ActorSystem().Root.SpawnNamed(props, "worker/"+sanitize(info.ID))
+		st.spawned++
+		pid, err := c.ActorSystem().Root.SpawnNamed(props, "worker/"+sanitize(info.ID)+"#"+strconv.FormatUint(st.spawned, 10))
 		if err != nil {
-			// The previous actor of this id is still stopping; fall back to a generated name.
+			// Another actor of the system took the name: fall back to a generated one.
 			pid = c.ActorSystem().Root.SpawnPrefix(props, "worker/")
 		}
 		e.pid = pid

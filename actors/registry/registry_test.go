@@ -550,3 +550,35 @@ func TestNoLoggerGiven(t *testing.T) {
 		t.Fatalf("ack %+v", a)
 	}
 }
+
+// TestStaleTerminatedKeepsTheNewRegistration: an id evicted and registered again at once gets
+// an actor of its own name, so the old actor's Terminated, arriving after the new
+// registration, neither forgets nor reports the new one (before, the reused name gave both
+// actors one PID: the new worker was dropped and its actor left running unregistered).
+func TestStaleTerminatedKeepsTheNewRegistration(t *testing.T) {
+	f := newFixture(t, nil)
+	f.beat("w1", "smol", "", 0)
+	old := f.state().PID
+	f.clk.Advance(ttl)
+	f.state() // live false
+	f.evict()
+	// The old actor has stopped and the registry has had its Terminated: its name is free.
+	if err := f.sys.Root.StopFuture(old).Wait(); err != nil {
+		t.Fatal(err)
+	}
+	f.settle()
+	f.beat("w1", "smol", "", 0)
+	cur := f.state().PID
+	if cur.Equal(old) {
+		t.Fatalf("the new registration's actor has the old one's PID %v", old)
+	}
+	f.sys.Root.Send(f.reg, &actor.Terminated{Who: old}) // a late copy of the old actor's Terminated
+	f.quiet("after the old actor's Terminated")
+	f.clk.Advance(time.Second)
+	if a := f.beat("w1", "smol", "", 0); a.Err != nil {
+		t.Fatal(a.Err)
+	}
+	if s := f.state(); !s.PID.Equal(cur) || !s.Live {
+		t.Fatalf("the next heartbeat reported by %v (live %v), want the registered actor %v", s.PID, s.Live, cur)
+	}
+}
