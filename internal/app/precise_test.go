@@ -96,18 +96,7 @@ func testSubscribes(t *testing.T, policy string) {
 		defer engines[i].Close()
 	}
 
-	cfg := config.Default()
-	cfg.Gateway.HTTPListen, cfg.Gateway.RegistryListen = "127.0.0.1:0", "127.0.0.1:0"
-	cfg.Gateway.RoutePolicy = policy
-	a, err := app.Start(cfg, app.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = a.Shutdown(ctx)
-	}()
+	a := startGateway(t, policy)
 	conn, err := grpc.NewClient(a.GRPCAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
@@ -220,18 +209,7 @@ func TestPrefixAwareGetsTheHashes(t *testing.T) {
 		_, _ = io.WriteString(w, `{"choices":[{"text":"ok"}]}`)
 	}))
 	defer engine.Close()
-	cfg := config.Default()
-	cfg.Gateway.HTTPListen, cfg.Gateway.RegistryListen = "127.0.0.1:0", "127.0.0.1:0"
-	cfg.Gateway.RoutePolicy = "prefix_aware"
-	a, err := app.Start(cfg, app.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = a.Shutdown(ctx)
-	}()
+	a := startGateway(t, "prefix_aware")
 	if _, err := a.Gateway.Heartbeat(router.WorkerInfo{ID: "w1", Model: "smol", HTTPAddress: strings.TrimPrefix(engine.URL, "http://")}); err != nil {
 		t.Fatal(err)
 	}
@@ -270,4 +248,23 @@ func grepLines(s, sub string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// startGateway starts a gateway on loopback with route_policy = policy, shut down with the
+// test.
+func startGateway(t *testing.T, policy string) *app.App {
+	t.Helper()
+	cfg := config.Default()
+	cfg.Gateway.HTTPListen, cfg.Gateway.RegistryListen = "127.0.0.1:0", "127.0.0.1:0"
+	cfg.Gateway.RoutePolicy = policy
+	a, err := app.Start(cfg, app.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = a.Shutdown(ctx)
+	})
+	return a
 }
