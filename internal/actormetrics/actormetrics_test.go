@@ -369,12 +369,38 @@ func TestSupervisionDirectives(t *testing.T) {
 	}, actor.WithSupervisor(stopOnFailure)))
 	<-terminated
 
+	// A child under a Resume strategy keeps running: the message after its crash is handled.
+	resumeOnFailure := actor.NewOneForOneStrategy(10, time.Second, func(any) actor.Directive { return actor.ResumeDirective })
+	handled := make(chan struct{})
+	sys.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
+		if _, ok := c.Message().(*actor.Started); ok {
+			kid := c.Spawn(actor.PropsFromFunc(func(c actor.Context) {
+				switch m := c.Message().(type) {
+				case Other:
+					if m.N == 0 {
+						panic("injected crash")
+					}
+					close(handled)
+				}
+			}))
+			c.Send(kid, Other{})
+			c.Send(kid, Other{N: 1})
+		}
+	}, actor.WithSupervisor(resumeOnFailure)))
+	<-handled
+
+	// A directive this package has no label for (none today; the event is published by hand,
+	// synchronously) is counted as unknown, at either end of the range.
+	sys.EventStream.Publish(&actor.SupervisorEvent{Directive: actor.Directive(len(directiveLabels))})
+	sys.EventStream.Publish(&actor.SupervisorEvent{Directive: -1})
+
 	expected := fmt.Sprintf(`# HELP %[1]s Supervision directives applied to failed actors (resume, restart, stop, escalate).
 # TYPE %[1]s counter
 %[1]s{directive="escalate"} 0
 %[1]s{directive="restart"} 1
-%[1]s{directive="resume"} 0
+%[1]s{directive="resume"} 1
 %[1]s{directive="stop"} 1
+%[1]s{directive="unknown"} 2
 `, RestartsName)
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(expected), RestartsName); err != nil {
 		t.Error(err)
