@@ -135,9 +135,15 @@ func TestPredictedLatencyLearnsFromObservations(t *testing.T) {
 	if m, _ := p.Pick(0, nil); m != a {
 		t.Fatalf("untrained: got %s, want a (less loaded)", m.ID)
 	}
+	if n, w, ok := Model(a); ok || n != 0 || w != (ttftmodel.X{}) {
+		t.Fatalf("untrained model listed: %d observations, weights %v, ok %v", n, w, ok)
+	}
 	teach(p, a, 500, 0)
 	if m, _ := p.Pick(0, nil); m != b {
 		t.Fatalf("a taught slow: got %s, want b", m.ID)
+	}
+	if n, w, ok := Model(a); !ok || n != 200 || math.Abs(w[ttftmodel.Bias]-500) > 1 {
+		t.Fatalf("a's model: %d observations, weights %v, ok %v; want 200 observations and a bias near 500 ms", n, w, ok)
 	}
 	// Leaving and rejoining keeps what was learnt.
 	p.Remove(a)
@@ -150,8 +156,9 @@ func TestPredictedLatencyLearnsFromObservations(t *testing.T) {
 // bruteLatency is predicted_latency's rule from scratch: candidates under the cap and not
 // excluded; the deepest match among them; a candidate holding that depth's chunk is matched
 // to it (every candidate when more than wideMarks workers hold it); the least by (meets the
-// objective; if it does −matched, load, id; else prediction bucket, −matched, load, id).
-func bruteLatency(p *PredictedLatency, x holdings, hashes []uint64, slo float64, exclude []string) *Member {
+// objective; if it does −matched, load, id; else prediction bucket, −matched, load, id), and
+// the features the model is asked about it: its load and the prompt tokens it does not hold.
+func bruteLatency(p *PredictedLatency, x holdings, hashes []uint64, slo float64, exclude []string) (*Member, ttftmodel.X) {
 	limit := p.Cap()
 	var cands []*Member
 	for _, r := range p.rows {
@@ -174,6 +181,7 @@ func bruteLatency(p *PredictedLatency, x holdings, hashes []uint64, slo float64,
 		bucket  int64
 		matched int
 		m       *Member
+		x       ttftmodel.X
 	}
 	var keys []key
 	prompt := len(hashes) * tokensPerChunk
@@ -182,11 +190,12 @@ func bruteLatency(p *PredictedLatency, x holdings, hashes []uint64, slo float64,
 		if depth > 0 && (holders > wideMarks || x.holds(m, hashes[depth-1])) {
 			matched = depth
 		}
-		pred := Predict(m, ttftmodel.Features(m.load, prompt-matched*tokensPerChunk))
-		keys = append(keys, key{slo > 0 && pred <= slo, int64(pred / TieMs), matched, m})
+		f := ttftmodel.Features(m.load, prompt-matched*tokensPerChunk)
+		pred := Predict(m, f)
+		keys = append(keys, key{slo > 0 && pred <= slo, int64(pred / TieMs), matched, m, f})
 	}
 	if len(keys) == 0 {
-		return nil
+		return nil, ttftmodel.X{}
 	}
 	slices.SortFunc(keys, func(a, b key) int {
 		switch {
@@ -208,7 +217,7 @@ func bruteLatency(p *PredictedLatency, x holdings, hashes []uint64, slo float64,
 		}
 		return 0
 	})
-	return keys[0].m
+	return keys[0].m, keys[0].x
 }
 
 // holdings is what bruteLatency reads of an index: the approximate one (approx) or the exact
@@ -288,16 +297,20 @@ func TestPredictedLatencyMatchesBruteForce(t *testing.T) {
 			}
 			slo := float64(rapid.SampledFrom([]int{0, 10, 100, 1000}).Draw(t, "slo"))
 			var want *Member
+			var wantX ttftmodel.X
 			p.SetLatencyRequest(x, hashes, slo)
 			if useExact {
-				want = bruteLatency(p, exact{held}, hashes, slo, exclude)
+				want, wantX = bruteLatency(p, exact{held}, hashes, slo, exclude)
 				p.SetHeld(held, hashes)
 			} else {
-				want = bruteLatency(p, approx{x}, hashes, slo, exclude)
+				want, wantX = bruteLatency(p, approx{x}, hashes, slo, exclude)
 			}
 			got, _ := p.Pick(0, exclude)
 			if got != want {
 				t.Fatalf("Pick = %v, brute force = %v", got, want)
+			}
+			if got != nil && p.Features() != wantX {
+				t.Fatalf("features of %s = %v, brute force = %v", got.ID, p.Features(), wantX)
 			}
 			if got != nil && rapid.Bool().Draw(t, "reserve") {
 				p.SetLoad(got, got.load+1)
