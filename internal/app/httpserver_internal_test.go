@@ -1,7 +1,9 @@
 package app
 
 import (
+	"net"
 	"net/http"
+	"os"
 	"testing"
 	"time"
 
@@ -20,5 +22,39 @@ func TestHTTPServerTimeouts(t *testing.T) {
 	}
 	if s := newHTTPServer(http.NotFoundHandler(), config.Default().Gateway); s.ReadHeaderTimeout != maxHeaderWait || s.IdleTimeout != 120*time.Second {
 		t.Fatalf("defaults: read header %v, idle %v", s.ReadHeaderTimeout, s.IdleTimeout)
+	}
+	// A Gateway built in code without body_read_timeout (the config file refuses 0) still bounds
+	// the headers: a zero ReadHeaderTimeout would mean no bound at all.
+	g.BodyReadTimeout = 0
+	if s := newHTTPServer(http.NotFoundHandler(), g); s.ReadHeaderTimeout != maxHeaderWait {
+		t.Fatalf("no body_read_timeout: read header %v, want %v", s.ReadHeaderTimeout, maxHeaderWait)
+	}
+}
+
+// TestReplicaID: [cluster] replica_id names the replica when set; otherwise its hostname and
+// HTTP port do.
+func TestReplicaID(t *testing.T) {
+	cfg := config.Default()
+	cfg.Cluster.ReplicaID = "gw-a"
+	if id, err := replicaID(cfg, "127.0.0.1:8080"); err != nil || id != "gw-a" {
+		t.Fatalf("set: %q, %v; want gw-a", id, err)
+	}
+	cfg.Cluster.ReplicaID = ""
+	host, err := os.Hostname()
+	if err != nil {
+		if _, err := replicaID(cfg, "127.0.0.1:8080"); err == nil {
+			t.Fatal("no hostname here, and no error")
+		}
+		return
+	}
+	want := net.JoinHostPort(host, "8080")
+	if !config.ValidReplicaID(want) {
+		if _, err := replicaID(cfg, "127.0.0.1:8080"); err == nil {
+			t.Fatalf("hostname:port %q cannot name a replica, and no error", want)
+		}
+		return
+	}
+	if id, err := replicaID(cfg, "127.0.0.1:8080"); err != nil || id != want {
+		t.Fatalf("unset: %q, %v; want %q", id, err, want)
 	}
 }
