@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/tlgw/tlgw/internal/app"
 	"github.com/tlgw/tlgw/internal/config"
@@ -26,6 +27,9 @@ func TestStaticWorkersAdmin(t *testing.T) {
 	defer e.Close()
 	cfg := config.Default()
 	cfg.Gateway.HTTPListen, cfg.Gateway.RegistryListen = "127.0.0.1:0", "127.0.0.1:0"
+	// Engines' heartbeats are not what a static worker lives by: its deadline is k scrape
+	// intervals (150 ms here), not k·T (3 min).
+	cfg.Gateway.HeartbeatInterval = time.Minute
 	a, err := app.Start(cfg, app.Options{Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
@@ -90,4 +94,10 @@ func TestStaticWorkersAdmin(t *testing.T) {
 	if r.StatusCode != 200 || out["choices"] == nil {
 		t.Fatalf("completion via a static worker: %d %v", r.StatusCode, out)
 	}
+	// Once its engine is gone, the worker is evicted k scrape intervals after its last scrape.
+	e.Close()
+	gwtest.Eventually(t, "the static worker whose engine stopped is evicted", func() bool {
+		l, err := a.Gateway.Workers()
+		return err == nil && len(l.Workers) == 0
+	})
 }
