@@ -50,6 +50,10 @@ func FuzzEventFraming(f *testing.F) {
 	f.Add([]byte("data: a\n\ndata: b\r\n\r\nevent: c\rdata: d\r\rdata: [DONE]\n\n"), uint8(3))
 	f.Add([]byte("data: partial"), uint8(1))
 	f.Add([]byte("\n\n\r\n\r\r"), uint8(2))
+	// Reads of 8 bytes: a read that starts with the "\r" ending a blank line, and one that
+	// starts with two blank lines ("\n" line ends only) before a partial event.
+	f.Add([]byte("data: x\n\rdata: y"), uint8(7))
+	f.Add([]byte("data: x\n\n\nmore"), uint8(7))
 	f.Fuzz(func(t *testing.T, stream []byte, step uint8) {
 		// The property is about events within the bound (the bound has its own tests): a
 		// longer input is cut to the bound, so no event in it can exceed it.
@@ -64,8 +68,11 @@ func FuzzEventFraming(f *testing.F) {
 			t.Fatalf("forwarded %q + held %q != stream %q", out, rest, stream)
 		}
 		// The forwarded part is the same whatever the read sizes (one read gives the reference).
+		// Only a "\n" that completes a "\r\n" may wait for the next read; with "\n" line ends
+		// only, the two are equal.
 		one, _ := feedAll([][]byte{stream})
-		if !bytes.Equal(one, out) && !(len(one) == len(out)+1 && bytes.HasPrefix(one, out) && one[len(one)-1] == '\n') {
+		tolerated := bytes.ContainsRune(stream, '\r') && len(one) == len(out)+1 && bytes.HasPrefix(one, out) && one[len(one)-1] == '\n'
+		if !bytes.Equal(one, out) && !tolerated {
 			t.Fatalf("split reads forwarded %q, one read %q", out, one)
 		}
 		// With "\n" line ends only, one read forwards up to the last blank line (a fresh framer
