@@ -116,6 +116,36 @@ func TestPreciseForgetsRemovedWorker(t *testing.T) {
 	}
 }
 
+// TestPreciseForgetsAWorkerThatIsNotLive: a worker whose heartbeats lapsed (not live, not yet
+// evicted) has its events refused, so what it holds is unknown from then on: its holdings are
+// forgotten at once, and when it is live again it holds nothing in the index until its
+// subscriber sends a fresh snapshot.
+func TestPreciseForgetsAWorkerThatIsNotLive(t *testing.T) {
+	s := preciseSim(t, 2)
+	h := longPrompt("a prompt held by the worker that lapses ", 4)
+	if !s.KVEvents(&KVEvents{WorkerID: "w1", Clear: true, Stored: h}) {
+		t.Fatal("snapshot refused")
+	}
+	w := s.byID["w1"]
+	s.deliver(&WorkerState{PID: w.pid, Info: w.info, Live: false})
+	if e := s.st.view.kidx.Entries(); e != 0 {
+		t.Fatalf("%d entries kept for a worker that is not live", e)
+	}
+	if s.KVEvents(&KVEvents{WorkerID: "w1", Removed: h[2:]}) {
+		t.Fatal("events of a worker that is not live were applied")
+	}
+	s.SetWorker(w.info) // live again
+	if p := s.pickFor(t, h); p.Reason != policy.ReasonLeastLoad {
+		t.Fatalf("back from a lapse with holdings from before it: %s (%v)", p.WorkerID, p.Reason)
+	}
+	if !s.KVEvents(&KVEvents{WorkerID: "w1", Clear: true, Stored: h[:2]}) {
+		t.Fatal("the fresh snapshot was refused")
+	}
+	if p := s.pickFor(t, h); p.WorkerID != "w1" || p.Reason != policy.ReasonPrefix {
+		t.Fatalf("after the fresh snapshot: %s (%v), want w1 for its prefix", p.WorkerID, p.Reason)
+	}
+}
+
 // TestPreciseIndexOffForOtherPolicies: only precise_prefix keeps the exact index.
 func TestPreciseIndexOffForOtherPolicies(t *testing.T) {
 	s, err := NewSim(Config{Policy: "prefix_aware", PrefixIndexBlocks: 64})

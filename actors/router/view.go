@@ -291,8 +291,10 @@ func (v *workerView) workerState(m *WorkerState, fx effects) bool {
 		v.dropModel(s.info.Model)
 	}
 	prev := s.pool
-	if v.kidx != nil && !m.Info.KVEvents {
-		v.kidx.Forget(&s.member) // it no longer reports what it holds
+	if v.kidx != nil && (!m.Info.KVEvents || !m.Live) {
+		// It no longer reports what it holds, or it is not live: its events are refused until it
+		// is (kvEvents), so what it holds is unknown until its subscriber's next snapshot.
+		v.kidx.Forget(&s.member)
 	}
 	s.info, s.live = m.Info, m.Live
 	if m.AcqSeen >= s.acqSeen {

@@ -53,6 +53,12 @@ type KVSubscriberOptions struct {
 //     snapshot is never sent before the router knows the worker (its registration reaches the
 //     router from the worker actor, on another path). A refusal ends the stream and retries.
 //   - STORED and REMOVED become Stored and Removed; a later CLEARED becomes Clear.
+//   - Each message waits for the router's answer (KVEvents.Reply) before the next is read, so a
+//     subscription has at most one message in the router's mailbox: an engine that sends faster
+//     than the router applies waits in its own stream (gRPC's flow control), not in the
+//     router's memory or in front of its picks. A message the router refuses (the worker is
+//     not live any more, or no longer registered) ends the stream, since what the engine holds
+//     is unknown from then on; the router forgets a worker's holdings when it stops being live.
 //   - A sequence gap, an event with more than router.MaxKVEventIDs ids, a message over
 //     MaxKVEventBytes, an unknown kind or a stream that ends: the router is told Clear (what the
 //     engine holds is unknown now: a restart empties it) and the subscriber subscribes again
@@ -222,7 +228,7 @@ var (
 	errKVGap        = errors.New("sequence gap")
 	errKVTooMany    = errors.New("too many block ids in one event")
 	errKVKind       = errors.New("unknown event kind")
-	errKVRefused    = errors.New("the router does not know the worker (yet)")
+	errKVRefused    = errors.New("the router refused the worker's events (it is not registered or not live)")
 )
 
 // stream runs one subscription until it fails; synced reports whether it got past its
@@ -247,7 +253,10 @@ func (s *KVSubscriber) stream(ctx context.Context, sub *kvSub) (synced bool, err
 		return false, errKVNotCleared
 	}
 	seq := ev.GetSeq()
-	if !s.handshake(ctx, sub) {
+	// One answer channel for the stream's messages: an answer that comes after its wait gave
+	// up (a handshake's timeout) can only land here, never in a later stream's.
+	reply := make(chan bool, 1)
+	if !s.handshake(ctx, sub, reply) {
 		return false, errKVRefused
 	}
 	for {
@@ -280,15 +289,36 @@ func (s *KVSubscriber) stream(ctx context.Context, sub *kvSub) (synced bool, err
 		if len(ids) == 0 && !out.Clear {
 			continue
 		}
-		if !s.send(sub, out) {
-			return true, context.Canceled
+		if !s.deliver(ctx, sub, out, reply) {
+			if ctx.Err() != nil {
+				return true, context.Canceled
+			}
+			return true, errKVRefused
 		}
 	}
 }
 
-// handshake sends the stream's Clear and waits for the router to acknowledge the worker.
-func (s *KVSubscriber) handshake(ctx context.Context, sub *kvSub) bool {
-	reply := make(chan bool, 1)
+// deliver hands ev to the sink and waits for the router's answer: whether it applied it. False
+// as well when the subscription stopped or ctx ended first. The router answers every message
+// with a Reply, and reply has room for it, so the wait ends: the router's answer, Forget,
+// Close or the stream's end.
+func (s *KVSubscriber) deliver(ctx context.Context, sub *kvSub, ev *router.KVEvents, reply chan bool) bool {
+	ev.Reply = reply
+	if !s.send(sub, ev) {
+		return false
+	}
+	select {
+	case ok := <-reply:
+		return ok
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// handshake sends the stream's Clear and waits for the router to acknowledge the worker, at
+// most HandshakeTimeout (the router may not know the worker yet: its registration comes on
+// another path).
+func (s *KVSubscriber) handshake(ctx context.Context, sub *kvSub, reply chan bool) bool {
 	if !s.send(sub, &router.KVEvents{WorkerID: sub.id, Clear: true, Reply: reply}) {
 		return false
 	}

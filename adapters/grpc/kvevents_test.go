@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -51,7 +52,7 @@ func (f *fakeKV) Subscribe(_ *kvv1.SubscribeRequest, st grpc.ServerStreamingServ
 	return nil
 }
 
-func startFakeKV(t *testing.T) (*fakeKV, string) {
+func startFakeKV(t testing.TB) (*fakeKV, string) {
 	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -65,15 +66,25 @@ func startFakeKV(t *testing.T) (*fakeKV, string) {
 	return f, lis.Addr().String()
 }
 
-// sinkRec records what the subscriber sends; it acknowledges handshakes with accept's next
-// value (true once it runs out).
+// sinkRec records what the subscriber sends; it answers each message that asks with
+// accept's next value (true once it runs out). A stream's messages share one answer channel,
+// so a handshake is the first message on a channel not seen before.
 type sinkRec struct {
 	got    chan *router.KVEvents
 	accept chan bool
+
+	mu     sync.Mutex
+	seen   map[chan<- bool]bool
+	shakes map[*router.KVEvents]bool
 }
 
 func (s *sinkRec) KVEvents(ev *router.KVEvents) {
 	if ev.Reply != nil {
+		s.mu.Lock()
+		if !s.seen[ev.Reply] {
+			s.seen[ev.Reply], s.shakes[ev] = true, ev.Clear
+		}
+		s.mu.Unlock()
 		ok := true
 		select {
 		case ok = <-s.accept:
@@ -82,6 +93,13 @@ func (s *sinkRec) KVEvents(ev *router.KVEvents) {
 		ev.Reply <- ok
 	}
 	s.got <- ev
+}
+
+// handshake reports whether ev opened its stream: a Clear, the first on its answer channel.
+func (s *sinkRec) handshake(ev *router.KVEvents) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.shakes[ev]
 }
 
 func (s *sinkRec) next(t *testing.T) *router.KVEvents {
@@ -110,7 +128,8 @@ func ev(seq uint64, kind kvv1.KvEvent_Kind, ids ...uint64) *kvv1.KvEvent {
 
 func newTestSubscriber(t *testing.T) (*KVSubscriber, *sinkRec, *Engines) {
 	t.Helper()
-	sink := &sinkRec{got: make(chan *router.KVEvents, 64), accept: make(chan bool, 4)}
+	sink := &sinkRec{got: make(chan *router.KVEvents, 64), accept: make(chan bool, 4),
+		seen: map[chan<- bool]bool{}, shakes: map[*router.KVEvents]bool{}}
 	engines := NewEngines()
 	s := NewKVSubscriber(KVSubscriberOptions{Sink: sink, Engines: engines, MinBackoff: time.Millisecond,
 		MaxBackoff: 5 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
@@ -145,7 +164,7 @@ func TestKVSubscriberTranslates(t *testing.T) {
 	s.Watch(router.WorkerInfo{ID: "e1", GRPCAddress: addr, KVEvents: true}) // a heartbeat: no change
 	wait(t, f.subs, "the first subscription")
 	hs := sink.next(t)
-	if hs.Reply == nil || !hs.Clear {
+	if !sink.handshake(hs) {
 		t.Fatalf("first message %+v is not the handshake", *hs)
 	}
 	expect(t, sink.next(t), router.KVEvents{WorkerID: "e1", Stored: []uint64{1, 2, 3}})
@@ -158,7 +177,7 @@ func TestKVSubscriberTranslates(t *testing.T) {
 	// An event over the id bound: cleared and resubscribed.
 	tooMany := make([]uint64, router.MaxKVEventIDs+1)
 	f.scripts <- kvScript{events: []*kvv1.KvEvent{ev(1, kvv1.KvEvent_CLEARED), ev(2, kvv1.KvEvent_STORED, tooMany...)}}
-	if m := sink.next(t); m.Reply == nil {
+	if m := sink.next(t); !sink.handshake(m) {
 		t.Fatalf("%+v is not a handshake", *m)
 	}
 	expect(t, sink.next(t), router.KVEvents{WorkerID: "e1", Clear: true})
@@ -166,7 +185,9 @@ func TestKVSubscriberTranslates(t *testing.T) {
 
 	// The engine restarts: the stream ends, the index is cleared, the next stream resyncs.
 	f.scripts <- kvScript{events: []*kvv1.KvEvent{ev(1, kvv1.KvEvent_CLEARED), ev(2, kvv1.KvEvent_STORED, 9)}, end: true}
-	sink.next(t) // handshake
+	if m := sink.next(t); !sink.handshake(m) {
+		t.Fatalf("%+v is not a handshake", *m)
+	}
 	expect(t, sink.next(t), router.KVEvents{WorkerID: "e1", Stored: []uint64{9}})
 	expect(t, sink.next(t), router.KVEvents{WorkerID: "e1", Clear: true})
 	wait(t, f.subs, "the resubscription after the stream ended")
@@ -201,12 +222,12 @@ func TestKVSubscriberWaitsForTheRouter(t *testing.T) {
 	f.scripts <- kvScript{events: []*kvv1.KvEvent{ev(5, kvv1.KvEvent_STORED, 1)}} // no CLEARED first
 	f.scripts <- kvScript{events: []*kvv1.KvEvent{ev(3, kvv1.KvEvent_CLEARED), ev(4, kvv1.KvEvent_STORED, 2)}}
 	s.Watch(router.WorkerInfo{ID: "e2", GRPCAddress: addr, KVEvents: true})
-	if m := sink.next(t); m.Reply == nil {
+	if m := sink.next(t); !sink.handshake(m) {
 		t.Fatalf("%+v is not a handshake", *m)
 	}
 	// Refused: nothing of that stream is forwarded; the next (bad) stream forwards nothing
 	// either; the third is accepted.
-	if m := sink.next(t); m.Reply == nil {
+	if m := sink.next(t); !sink.handshake(m) {
 		t.Fatalf("%+v forwarded after a refused handshake", *m)
 	}
 	expect(t, sink.next(t), router.KVEvents{WorkerID: "e2", Stored: []uint64{2}})
@@ -221,4 +242,98 @@ func TestKVSubscriberWaitsForTheRouter(t *testing.T) {
 	if s.Len() != 0 {
 		t.Fatal("subscribed after Close")
 	}
+}
+
+// gateSink answers nothing by itself: the test answers each message that asks, and the sink
+// records the most messages that waited for an answer at once.
+type gateSink struct {
+	got     chan *router.KVEvents
+	mu      sync.Mutex
+	waiting int
+	most    int
+}
+
+func (g *gateSink) KVEvents(ev *router.KVEvents) {
+	if ev.Reply != nil {
+		g.mu.Lock()
+		g.waiting++
+		g.most = max(g.most, g.waiting)
+		g.mu.Unlock()
+	}
+	g.got <- ev
+}
+
+func (g *gateSink) answer(ev *router.KVEvents, ok bool) {
+	g.mu.Lock()
+	g.waiting--
+	g.mu.Unlock()
+	ev.Reply <- ok
+}
+
+// TestKVSubscriberWaitsForEachAnswer: a subscription has at most one message in the router's
+// mailbox: every message asks for the router's answer and the next is sent only after it, so
+// an engine that sends faster than the router applies is held back in its own stream. A
+// message the router refuses (the worker stopped being live) ends the stream: a Clear without
+// a question follows, then a new subscription.
+func TestKVSubscriberWaitsForEachAnswer(t *testing.T) {
+	before := goleak.IgnoreCurrent()
+	t.Cleanup(func() { goleak.VerifyNone(t, before) })
+	f, addr := startFakeKV(t)
+	sink := &gateSink{got: make(chan *router.KVEvents, 64)}
+	engines := NewEngines()
+	defer engines.Close()
+	s := NewKVSubscriber(KVSubscriberOptions{Sink: sink, Engines: engines, MinBackoff: time.Millisecond,
+		MaxBackoff: 5 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	defer s.Close()
+	next := func() *router.KVEvents {
+		t.Helper()
+		select {
+		case ev := <-sink.got:
+			return ev
+		case <-time.After(5 * time.Second):
+			t.Fatal("no event reached the sink")
+			return nil
+		}
+	}
+
+	const n = 50
+	burst := []*kvv1.KvEvent{ev(1, kvv1.KvEvent_CLEARED)}
+	for k := range uint64(n) {
+		burst = append(burst, ev(k+2, kvv1.KvEvent_STORED, k))
+	}
+	f.scripts <- kvScript{events: burst, end: true}
+	f.scripts <- kvScript{events: []*kvv1.KvEvent{ev(1, kvv1.KvEvent_CLEARED), ev(2, kvv1.KvEvent_STORED, 7)}}
+	s.Watch(router.WorkerInfo{ID: "e4", GRPCAddress: addr, KVEvents: true})
+	hs := next()
+	if !hs.Clear || hs.Reply == nil {
+		t.Fatalf("%+v is not a handshake", *hs)
+	}
+	sink.answer(hs, true)
+	for k := range uint64(n) {
+		m := next()
+		expect(t, m, router.KVEvents{WorkerID: "e4", Stored: []uint64{k}})
+		if m.Reply == nil {
+			t.Fatalf("event %d asks for no answer", k)
+		}
+		sink.answer(m, true)
+	}
+	if sink.most != 1 {
+		t.Fatalf("%d messages waited for the router at once, want 1", sink.most)
+	}
+	if c := next(); !c.Clear || c.Reply != nil { // the stream ended
+		t.Fatalf("after the stream ended %+v, want a Clear that asks nothing", *c)
+	}
+
+	// The next stream's events are refused: it ends, and the one after resyncs.
+	wait(t, f.subs, "the first subscription")
+	wait(t, f.subs, "the second subscription")
+	sink.answer(next(), true) // its handshake
+	m := next()
+	expect(t, m, router.KVEvents{WorkerID: "e4", Stored: []uint64{7}})
+	sink.answer(m, false)
+	if c := next(); !c.Clear || c.Reply != nil {
+		t.Fatalf("after a refusal %+v, want a Clear that asks nothing", *c)
+	}
+	wait(t, f.gone, "the refused stream to end")
+	wait(t, f.subs, "a new subscription")
 }
