@@ -37,9 +37,11 @@ type KVSubscriberOptions struct {
 	// (doubling from Min, with up to half again of jitter; defaults 100 ms and 10 s). A stream
 	// that got past its handshake resets it.
 	MinBackoff, MaxBackoff time.Duration
-	// HandshakeTimeout bounds the wait for the router to acknowledge a stream's first message
-	// (default 5 s).
-	HandshakeTimeout time.Duration
+	// AnswerTimeout bounds the wait for the router's answer to each message (default 5 s): the
+	// handshake's, refused until the router knows the worker, and each event's, which a router
+	// that lost the message (a crash in its handler) would never send. A wait that runs out
+	// ends the stream, and the next one resyncs.
+	AnswerTimeout time.Duration
 	// Jitter returns a float in [0, 1) (default math/rand/v2's).
 	Jitter func() float64
 }
@@ -100,8 +102,8 @@ func NewKVSubscriber(o KVSubscriberOptions) *KVSubscriber {
 	if o.MaxBackoff < o.MinBackoff {
 		o.MaxBackoff = max(10*time.Second, o.MinBackoff)
 	}
-	if o.HandshakeTimeout <= 0 {
-		o.HandshakeTimeout = 5 * time.Second
+	if o.AnswerTimeout <= 0 {
+		o.AnswerTimeout = 5 * time.Second
 	}
 	if o.Jitter == nil {
 		o.Jitter = rand.Float64
@@ -229,6 +231,7 @@ var (
 	errKVTooMany    = errors.New("too many block ids in one event")
 	errKVKind       = errors.New("unknown event kind")
 	errKVRefused    = errors.New("the router refused the worker's events (it is not registered or not live)")
+	errKVNoAnswer   = errors.New("no answer from the router in time")
 )
 
 // stream runs one subscription until it fails; synced reports whether it got past its
@@ -254,10 +257,10 @@ func (s *KVSubscriber) stream(ctx context.Context, sub *kvSub) (synced bool, err
 	}
 	seq := ev.GetSeq()
 	// One answer channel for the stream's messages: an answer that comes after its wait gave
-	// up (a handshake's timeout) can only land here, never in a later stream's.
+	// up (AnswerTimeout) can only land here, never in a later stream's.
 	reply := make(chan bool, 1)
-	if !s.handshake(ctx, sub, reply) {
-		return false, errKVRefused
+	if err := s.deliver(ctx, sub, &router.KVEvents{WorkerID: sub.id, Clear: true}, reply); err != nil {
+		return false, err
 	}
 	for {
 		ev, err := st.Recv()
@@ -289,48 +292,33 @@ func (s *KVSubscriber) stream(ctx context.Context, sub *kvSub) (synced bool, err
 		if len(ids) == 0 && !out.Clear {
 			continue
 		}
-		if !s.deliver(ctx, sub, out, reply) {
-			if ctx.Err() != nil {
-				return true, context.Canceled
-			}
-			return true, errKVRefused
+		if err := s.deliver(ctx, sub, out, reply); err != nil {
+			return true, err
 		}
 	}
 }
 
-// deliver hands ev to the sink and waits for the router's answer: whether it applied it. False
-// as well when the subscription stopped or ctx ended first. The router answers every message
-// with a Reply, and reply has room for it, so the wait ends: the router's answer, Forget,
-// Close or the stream's end.
-func (s *KVSubscriber) deliver(ctx context.Context, sub *kvSub, ev *router.KVEvents, reply chan bool) bool {
+// deliver hands ev to the sink and waits for the router's answer, at most AnswerTimeout: nil
+// when the router applied it; errKVRefused when it did not (the worker is not registered or
+// not live); errKVNoAnswer when no answer came in time; context.Canceled when the
+// subscription stopped (Forget, Close, a moved address) first.
+func (s *KVSubscriber) deliver(ctx context.Context, sub *kvSub, ev *router.KVEvents, reply chan bool) error {
 	ev.Reply = reply
 	if !s.send(sub, ev) {
-		return false
-	}
-	select {
-	case ok := <-reply:
-		return ok
-	case <-ctx.Done():
-		return false
-	}
-}
-
-// handshake sends the stream's Clear and waits for the router to acknowledge the worker, at
-// most HandshakeTimeout (the router may not know the worker yet: its registration comes on
-// another path).
-func (s *KVSubscriber) handshake(ctx context.Context, sub *kvSub, reply chan bool) bool {
-	if !s.send(sub, &router.KVEvents{WorkerID: sub.id, Clear: true, Reply: reply}) {
-		return false
+		return context.Canceled
 	}
 	timeout := make(chan struct{})
-	t := s.o.Clock.AfterFunc(s.o.HandshakeTimeout, func() { close(timeout) })
+	t := s.o.Clock.AfterFunc(s.o.AnswerTimeout, func() { close(timeout) })
 	defer t.Stop()
 	select {
 	case ok := <-reply:
-		return ok
+		if !ok {
+			return errKVRefused
+		}
+		return nil
 	case <-timeout:
-		return false
+		return errKVNoAnswer
 	case <-ctx.Done():
-		return false
+		return context.Canceled
 	}
 }

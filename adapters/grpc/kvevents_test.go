@@ -4,6 +4,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"runtime"
 	"slices"
 	"sync"
 	"testing"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/tlgw/tlgw/actors/router"
 	kvv1 "github.com/tlgw/tlgw/contracts/tl/kv/v1"
+	"github.com/tlgw/tlgw/internal/clock"
 )
 
 // fakeKV is an in-process KvEvents server: each Subscribe takes the next script, sends its
@@ -335,5 +337,65 @@ func TestKVSubscriberWaitsForEachAnswer(t *testing.T) {
 		t.Fatalf("after a refusal %+v, want a Clear that asks nothing", *c)
 	}
 	wait(t, f.gone, "the refused stream to end")
+	wait(t, f.subs, "a new subscription")
+}
+
+// TestKVSubscriberGivesUpOnASilentRouter: an event the router never answers (a router that
+// lost it) holds the stream at most AnswerTimeout: then the stream ends with a Clear that asks
+// nothing, and the subscriber subscribes again after its backoff. Nothing waits forever.
+func TestKVSubscriberGivesUpOnASilentRouter(t *testing.T) {
+	before := goleak.IgnoreCurrent()
+	t.Cleanup(func() { goleak.VerifyNone(t, before) })
+	f, addr := startFakeKV(t)
+	sink := &gateSink{got: make(chan *router.KVEvents, 64)}
+	engines := NewEngines()
+	defer engines.Close()
+	clk := clock.NewFake(time.Unix(0, 0))
+	s := NewKVSubscriber(KVSubscriberOptions{Sink: sink, Engines: engines, Clock: clk, AnswerTimeout: time.Second,
+		MinBackoff: time.Millisecond, MaxBackoff: time.Millisecond, Jitter: func() float64 { return 0 },
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	defer s.Close()
+	next := func() *router.KVEvents {
+		t.Helper()
+		select {
+		case ev := <-sink.got:
+			return ev
+		case <-time.After(5 * time.Second):
+			t.Fatal("no event reached the sink")
+			return nil
+		}
+	}
+	// armed waits until the subscriber has scheduled its one timer (an answer's or a backoff's).
+	armed := func(what string) {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for clk.Pending() != 1 {
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out waiting for %s", what)
+			}
+			runtime.Gosched()
+		}
+	}
+
+	f.scripts <- kvScript{events: []*kvv1.KvEvent{ev(1, kvv1.KvEvent_CLEARED), ev(2, kvv1.KvEvent_STORED, 3)}}
+	s.Watch(router.WorkerInfo{ID: "e5", GRPCAddress: addr, KVEvents: true})
+	sink.answer(next(), true) // the handshake
+	lost := next()
+	expect(t, lost, router.KVEvents{WorkerID: "e5", Stored: []uint64{3}})
+	armed("the wait for the router's answer")
+	clk.Advance(time.Second - time.Nanosecond)
+	select {
+	case m := <-sink.got:
+		t.Fatalf("%+v sent before the answer's timeout", *m)
+	default:
+	}
+	clk.Advance(time.Nanosecond)
+	if c := next(); !c.Clear || c.Reply != nil {
+		t.Fatalf("after no answer %+v, want a Clear that asks nothing", *c)
+	}
+	wait(t, f.gone, "the stream to end")
+	armed("the backoff")
+	clk.Advance(time.Millisecond)
+	wait(t, f.subs, "the first subscription")
 	wait(t, f.subs, "a new subscription")
 }
