@@ -13,6 +13,11 @@ import (
 var fuzzSeeds = []string{
 	chatBody,
 	completionsBody,
+	// Keys written entirely in escapes: "messages" takes 48 raw bytes, the most a looked-up
+	// name may; one more raw byte can only be another key. And the same key twice, escaped once.
+	`{"model":"m","\u006d\u0065\u0073\u0073\u0061\u0067\u0065\u0073":[{"role":"user","content":"hi"}]}`,
+	`{"model":"m","\u006d\u0065\u0073\u0073\u0061\u0067\u0065\u0073x":[{"role":"user","content":"hi"}],"messages":[{"role":"user","content":"yo"}]}`,
+	`{"model":"m","messages":[{"role":"user","content":"hi"}],"\u006d\u0065\u0073\u0073\u0061\u0067\u0065\u0073":[{"role":"user","content":"yo"}]}`,
 	`{"model":"m","prompt":[1,2,3]}`,
 	`{"model":"m","prompt":[[1,2],[3]]}`,
 	`{"model":"m","prompt":["a","b"]}`,
