@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -40,7 +42,8 @@ type KVSubscriberOptions struct {
 	// AnswerTimeout bounds the wait for the router's answer to each message (default 5 s): the
 	// handshake's, refused until the router knows the worker, and each event's, which a router
 	// that lost the message (a crash in its handler) would never send. A wait that runs out
-	// ends the stream, and the next one resyncs.
+	// ends the stream, and the next one resyncs. A stream's watchdog checks the wait every
+	// quarter of it, so a lost answer ends the stream within 1.25 AnswerTimeout.
 	AnswerTimeout time.Duration
 	// Jitter returns a float in [0, 1) (default math/rand/v2's).
 	Jitter func() float64
@@ -241,8 +244,10 @@ func (s *KVSubscriber) stream(ctx context.Context, sub *kvSub) (synced bool, err
 	if err != nil {
 		return false, err
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	a := s.answers(cancel)
+	defer a.stop()
 	st, err := kvv1.NewKvEventsClient(conn).Subscribe(ctx, &kvv1.SubscribeRequest{},
 		grpc.MaxCallRecvMsgSize(MaxKVEventBytes))
 	if err != nil {
@@ -256,10 +261,7 @@ func (s *KVSubscriber) stream(ctx context.Context, sub *kvSub) (synced bool, err
 		return false, errKVNotCleared
 	}
 	seq := ev.GetSeq()
-	// One answer channel for the stream's messages: an answer that comes after its wait gave
-	// up (AnswerTimeout) can only land here, never in a later stream's.
-	reply := make(chan bool, 1)
-	if err := s.deliver(ctx, sub, &router.KVEvents{WorkerID: sub.id, Clear: true}, reply); err != nil {
+	if err := a.deliver(ctx, s, sub, &router.KVEvents{WorkerID: sub.id, Clear: true}); err != nil {
 		return false, err
 	}
 	for {
@@ -292,33 +294,83 @@ func (s *KVSubscriber) stream(ctx context.Context, sub *kvSub) (synced bool, err
 		if len(ids) == 0 && !out.Clear {
 			continue
 		}
-		if err := s.deliver(ctx, sub, out, reply); err != nil {
+		if err := a.deliver(ctx, s, sub, out); err != nil {
 			return true, err
 		}
 	}
 }
 
-// deliver hands ev to the sink and waits for the router's answer, at most AnswerTimeout: nil
-// when the router applied it; errKVRefused when it did not (the worker is not registered or
-// not live); errKVNoAnswer when no answer came in time; context.Canceled when the
-// subscription stopped (Forget, Close, a moved address) first.
-func (s *KVSubscriber) deliver(ctx context.Context, sub *kvSub, ev *router.KVEvents, reply chan bool) error {
-	ev.Reply = reply
+// answers is one stream's wait for the router's answers: one answer channel for all its
+// messages (an answer that comes after its stream gave up can only land there, never in a
+// later stream's) and a watchdog that ends the stream when a wait has lasted AnswerTimeout.
+// One timer per stream rather than one per message: the wait costs two atomic stores and a
+// clock read.
+type answers struct {
+	reply   chan bool
+	since   atomic.Int64 // when the pending message was sent (UnixNano); idle when none
+	clock   clock.Clock
+	timeout time.Duration
+	cancel  context.CancelCauseFunc
+
+	mu      sync.Mutex
+	t       clock.Timer
+	stopped bool
+}
+
+// idle is answers.since while no message waits.
+const idle = math.MinInt64
+
+func (s *KVSubscriber) answers(cancel context.CancelCauseFunc) *answers {
+	a := &answers{reply: make(chan bool, 1), clock: s.o.Clock, timeout: s.o.AnswerTimeout, cancel: cancel}
+	a.since.Store(idle)
+	a.mu.Lock()
+	a.t = a.clock.AfterFunc(a.timeout/4, a.check)
+	a.mu.Unlock()
+	return a
+}
+
+// check is the watchdog: it ends the stream (cause errKVNoAnswer) once a message has waited
+// AnswerTimeout, else looks again a quarter of it later.
+func (a *answers) check() {
+	if w := a.since.Load(); w != idle && a.clock.Now().UnixNano()-w >= int64(a.timeout) {
+		a.cancel(errKVNoAnswer)
+		return
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if !a.stopped {
+		a.t = a.clock.AfterFunc(a.timeout/4, a.check)
+	}
+}
+
+func (a *answers) stop() {
+	a.mu.Lock()
+	a.stopped = true
+	a.t.Stop()
+	a.mu.Unlock()
+}
+
+// deliver hands ev to the sink and waits for the router's answer: nil when the router applied
+// it; errKVRefused when it did not (the worker is not registered or not live); errKVNoAnswer
+// when none came within AnswerTimeout (the watchdog); context.Canceled when the subscription
+// stopped (Forget, Close, a moved address) first.
+func (a *answers) deliver(ctx context.Context, s *KVSubscriber, sub *kvSub, ev *router.KVEvents) error {
+	ev.Reply = a.reply
+	a.since.Store(a.clock.Now().UnixNano())
+	defer a.since.Store(idle)
 	if !s.send(sub, ev) {
 		return context.Canceled
 	}
-	timeout := make(chan struct{})
-	t := s.o.Clock.AfterFunc(s.o.AnswerTimeout, func() { close(timeout) })
-	defer t.Stop()
 	select {
-	case ok := <-reply:
+	case ok := <-a.reply:
 		if !ok {
 			return errKVRefused
 		}
 		return nil
-	case <-timeout:
-		return errKVNoAnswer
 	case <-ctx.Done():
+		if cause := context.Cause(ctx); errors.Is(cause, errKVNoAnswer) {
+			return errKVNoAnswer
+		}
 		return context.Canceled
 	}
 }

@@ -365,7 +365,8 @@ func TestKVSubscriberGivesUpOnASilentRouter(t *testing.T) {
 			return nil
 		}
 	}
-	// armed waits until the subscriber has scheduled its one timer (an answer's or a backoff's).
+	// armed waits until the subscriber has scheduled exactly one timer: the stream's watchdog,
+	// or after the stream the backoff.
 	armed := func(what string) {
 		t.Helper()
 		deadline := time.Now().Add(5 * time.Second)
@@ -382,7 +383,8 @@ func TestKVSubscriberGivesUpOnASilentRouter(t *testing.T) {
 	sink.answer(next(), true) // the handshake
 	lost := next()
 	expect(t, lost, router.KVEvents{WorkerID: "e5", Stored: []uint64{3}})
-	armed("the wait for the router's answer")
+	// The watchdog looks every 250 ms: the wait has lasted less than AnswerTimeout until 1 s.
+	armed("the stream's watchdog")
 	clk.Advance(time.Second - time.Nanosecond)
 	select {
 	case m := <-sink.got:
