@@ -89,6 +89,7 @@ type kvSub struct {
 	cancel   context.CancelFunc
 	mu       sync.Mutex // held while sending, so stop() returns after the last send
 	stopped  bool
+	cur      atomic.Pointer[answers] // the current stream's (read by tests: does a message wait?)
 }
 
 // NewKVSubscriber returns a subscriber with no subscriptions.
@@ -248,6 +249,7 @@ func (s *KVSubscriber) stream(ctx context.Context, sub *kvSub) (synced bool, err
 	defer cancel(nil)
 	a := s.answers(cancel)
 	defer a.stop()
+	sub.cur.Store(a)
 	st, err := kvv1.NewKvEventsClient(conn).Subscribe(ctx, &kvv1.SubscribeRequest{},
 		grpc.MaxCallRecvMsgSize(MaxKVEventBytes))
 	if err != nil {
@@ -324,10 +326,13 @@ func (s *KVSubscriber) answers(cancel context.CancelCauseFunc) *answers {
 	a := &answers{reply: make(chan bool, 1), clock: s.o.Clock, timeout: s.o.AnswerTimeout, cancel: cancel}
 	a.since.Store(idle)
 	a.mu.Lock()
-	a.t = a.clock.AfterFunc(a.timeout/4, a.check)
+	a.arm()
 	a.mu.Unlock()
 	return a
 }
+
+// arm schedules the watchdog's next look, a quarter of AnswerTimeout from now (a.mu held).
+func (a *answers) arm() { a.t = a.clock.AfterFunc(a.timeout/4, a.check) }
 
 // check is the watchdog: it ends the stream (cause errKVNoAnswer) once a message has waited
 // AnswerTimeout, else looks again a quarter of it later.
@@ -339,7 +344,7 @@ func (a *answers) check() {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if !a.stopped {
-		a.t = a.clock.AfterFunc(a.timeout/4, a.check)
+		a.arm()
 	}
 }
 
@@ -368,9 +373,6 @@ func (a *answers) deliver(ctx context.Context, s *KVSubscriber, sub *kvSub, ev *
 		}
 		return nil
 	case <-ctx.Done():
-		if cause := context.Cause(ctx); errors.Is(cause, errKVNoAnswer) {
-			return errKVNoAnswer
-		}
-		return context.Canceled
+		return context.Cause(ctx) // errKVNoAnswer from the watchdog, else context.Canceled
 	}
 }

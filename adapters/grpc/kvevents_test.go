@@ -30,6 +30,7 @@ type fakeKV struct {
 type kvScript struct {
 	events []*kvv1.KvEvent
 	end    bool
+	more   chan *kvv1.KvEvent // sent after events, as they come, until the client leaves
 }
 
 func (f *fakeKV) Subscribe(_ *kvv1.SubscribeRequest, st grpc.ServerStreamingServer[kvv1.KvEvent]) error {
@@ -49,9 +50,17 @@ func (f *fakeKV) Subscribe(_ *kvv1.SubscribeRequest, st grpc.ServerStreamingServ
 	if sc.end {
 		return nil
 	}
-	<-st.Context().Done()
-	f.gone <- struct{}{}
-	return nil
+	for {
+		select {
+		case ev := <-sc.more:
+			if err := st.Send(ev); err != nil {
+				return err
+			}
+		case <-st.Context().Done():
+			f.gone <- struct{}{}
+			return nil
+		}
+	}
 }
 
 func startFakeKV(t testing.TB) (*fakeKV, string) {
@@ -378,9 +387,29 @@ func TestKVSubscriberGivesUpOnASilentRouter(t *testing.T) {
 		}
 	}
 
-	f.scripts <- kvScript{events: []*kvv1.KvEvent{ev(1, kvv1.KvEvent_CLEARED), ev(2, kvv1.KvEvent_STORED, 3)}}
+	more := make(chan *kvv1.KvEvent, 1)
+	f.scripts <- kvScript{events: []*kvv1.KvEvent{ev(1, kvv1.KvEvent_CLEARED), ev(2, kvv1.KvEvent_STORED, 2)}, more: more}
 	s.Watch(router.WorkerInfo{ID: "e5", GRPCAddress: addr, KVEvents: true})
 	sink.answer(next(), true) // the handshake
+	m := next()
+	expect(t, m, router.KVEvents{WorkerID: "e5", Stored: []uint64{2}})
+	sink.answer(m, true)
+	// Answered, the stream is idle: however long it stays so, it is not ended.
+	s.mu.Lock()
+	sub := s.subs["e5"]
+	s.mu.Unlock()
+	deadline := time.Now().Add(5 * time.Second)
+	for sub.cur.Load() == nil || sub.cur.Load().since.Load() != idle {
+		if time.Now().After(deadline) {
+			t.Fatal("the answered message is still waiting")
+		}
+		runtime.Gosched()
+	}
+	clk.Advance(10 * time.Second)
+	if clk.Pending() != 1 {
+		t.Fatalf("%d timers after 10 s idle, want the watchdog's (the stream ended?)", clk.Pending())
+	}
+	more <- ev(3, kvv1.KvEvent_STORED, 3)
 	lost := next()
 	expect(t, lost, router.KVEvents{WorkerID: "e5", Stored: []uint64{3}})
 	// The watchdog looks every 250 ms: the wait has lasted less than AnswerTimeout until 1 s.
