@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -28,6 +29,11 @@ type samplingWire struct {
 	Logprobs            json.RawMessage
 	Stop                json.RawMessage
 }
+
+// saturateU32 is a client's token count as the contract's uint32: a negative one is 0 and one
+// past 2³²−1 is 2³²−1 (the engine caps it at what it can do, as it would the JSON number),
+// never the count modulo 2³² that a plain conversion gives (2³² + 16 would become 16).
+func saturateU32(v int) uint32 { return uint32(min(max(int64(v), 0), math.MaxUint32)) }
 
 // ParseSampling reads every sampling field, with the contract's defaults for the omitted ones
 // (R8.3: max_tokens 16, temperature 1.0, top_p 1.0, top_k 0 = off, logprobs false, stop none),
@@ -53,9 +59,9 @@ func ParseSampling(body []byte) (Sampling, bool, error) {
 	s := Sampling{MaxTokens: 16, Temperature: 1, TopP: 1}
 	switch {
 	case w.MaxCompletionTokens != nil:
-		s.MaxTokens = uint32(max(*w.MaxCompletionTokens, 0))
+		s.MaxTokens = saturateU32(*w.MaxCompletionTokens)
 	case w.MaxTokens != nil:
-		s.MaxTokens = uint32(max(*w.MaxTokens, 0))
+		s.MaxTokens = saturateU32(*w.MaxTokens)
 	}
 	if w.Temperature != nil {
 		s.Temperature = *w.Temperature
@@ -64,7 +70,7 @@ func ParseSampling(body []byte) (Sampling, bool, error) {
 		s.TopP = *w.TopP
 	}
 	if w.TopK != nil && *w.TopK > 0 {
-		s.TopK = int32(*w.TopK)
+		s.TopK = int32(min(int64(*w.TopK), math.MaxInt32)) // a larger k keeps every token too
 	}
 	seeded := w.Seed != nil
 	if seeded {

@@ -1,6 +1,7 @@
 package request_test
 
 import (
+	"math"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -23,6 +24,13 @@ func TestParseSampling(t *testing.T) {
 		{`{"max_completion_tokens":9,"max_tokens":5,"stop":["a","b"],"logprobs":false}`,
 			request.Sampling{MaxTokens: 9, Temperature: 1, TopP: 1, Stop: []string{"a", "b"}}, false},
 		{`{"Max_Tokens":5,"Temperature":0,"LogProbs":true,"Seed":3}`, request.Sampling{MaxTokens: 16, Temperature: 1, TopP: 1}, false},
+		// Counts past the contract's integers saturate instead of wrapping: 2³² + 16 tokens is
+		// not 16, and a top_k of 2³² + 1 is not 1 (greedy).
+		{`{"max_tokens":4294967312,"top_k":4294967297}`,
+			request.Sampling{MaxTokens: math.MaxUint32, Temperature: 1, TopP: 1, TopK: math.MaxInt32}, false},
+		{`{"max_completion_tokens":4294967295,"top_k":2147483647}`,
+			request.Sampling{MaxTokens: math.MaxUint32, Temperature: 1, TopP: 1, TopK: math.MaxInt32}, false},
+		{`{"max_tokens":-3,"top_k":-1}`, request.Sampling{Temperature: 1, TopP: 1}, false},
 	} {
 		got, seeded, err := request.ParseSampling([]byte(c.body))
 		if err != nil || seeded != c.seeded {
