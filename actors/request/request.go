@@ -39,10 +39,12 @@ type Exchange struct {
 	// ParseTime is how long the adapter took from the whole body read to handing the request
 	// over (parsing and admission headers): tlgw_stage_seconds{stage="parse"} (R17.3).
 	ParseTime time.Duration
-	// Admission inputs (R10): the class from the key or X-TL-Class, the session id from
-	// X-Session-ID or the body's user, and whether this is the session's last turn
-	// (X-TL-Session-Final: true, R15.1). The prompt-size estimate is the actor's: it is taken
-	// over the same rendered prompt as the prefix hashes, so the two compare.
+	// Admission inputs (R10): the class from the key or X-TL-Class, the session from
+	// X-Session-ID or the body's user — scoped to the caller's API key when keys are configured,
+	// so another key's client cannot join or end this one's session (see the HTTP adapter's
+	// sessionKey) — and whether this is the session's last turn (X-TL-Session-Final: true,
+	// R15.1). The prompt-size estimate is the actor's: it is taken over the same rendered
+	// prompt as the prefix hashes, so the two compare.
 	Class        string
 	SessionID    string
 	SessionFinal bool

@@ -99,9 +99,10 @@ func TestSessionIDBounds(t *testing.T) {
 		code       int
 		session    string
 	}{
-		{"header", `{"model":"smol","prompt":"hi","user":"u"}`, []string{"X-Session-ID", "alice"}, 200, "alice"},
-		{"128 bytes", `{"model":"smol","prompt":"hi"}`, []string{"X-Session-ID", long[:128]}, 200, long[:128]},
-		{"user", `{"model":"smol","prompt":"hi","user":"bob"}`, nil, 200, "bob"},
+		// The session is keyed under the caller's key (sk-inference is key 0).
+		{"header", `{"model":"smol","prompt":"hi","user":"u"}`, []string{"X-Session-ID", "alice"}, 200, "0\x00alice"},
+		{"128 bytes", `{"model":"smol","prompt":"hi"}`, []string{"X-Session-ID", long[:128]}, 200, "0\x00" + long[:128]},
+		{"user", `{"model":"smol","prompt":"hi","user":"bob"}`, nil, 200, "0\x00bob"},
 		{"long user", `{"model":"smol","prompt":"hi","user":"` + long + `"}`, nil, 200, ""},
 		{"long header", `{"model":"smol","prompt":"hi"}`, []string{"X-Session-ID", long}, 400, ""},
 		{"control byte", `{"model":"smol","prompt":"hi"}`, []string{"X-Session-ID", "a\tb"}, 400, ""},
@@ -122,5 +123,52 @@ func TestSessionIDBounds(t *testing.T) {
 			t.Fatalf("%s: %d exchanges, session %q, want %q", c.name, len(seen), seen[0].SessionID, c.session)
 		}
 		mu.Unlock()
+	}
+}
+
+// TestSessionsBelongToTheirKey (R13): two API keys sending the same session id (header or
+// user) get two sessions, so neither can join the other's lane or end its program; one key's
+// requests share one. Without keys there is one caller, and the id is the session.
+func TestSessionsBelongToTheirKey(t *testing.T) {
+	var mu sync.Mutex
+	var seen []string
+	served := func(x *request.Exchange) {
+		mu.Lock()
+		defer mu.Unlock()
+		seen = append(seen, x.SessionID)
+	}
+	adm := httpapi.Admission{Enabled: true, DefaultClass: "default", AllowHeader: map[string]bool{"default": false}}
+	s := newStack(t, stackOpt{keys: testKeys, admission: adm, served: served})
+	e := jsonEngine(t, "w1")
+	s.beat("w1", "smol", e)
+	for _, key := range []string{"sk-inference", "sk-debug", "sk-inference"} {
+		if resp, b := s.do(t, "POST", "/v1/completions", key, `{"model":"smol","prompt":"hi"}`, "X-Session-ID", "shared"); resp.StatusCode != 200 {
+			t.Fatalf("%s: %d %s", key, resp.StatusCode, b)
+		}
+		if resp, b := s.do(t, "POST", "/v1/completions", key, `{"model":"smol","prompt":"hi","user":"shared"}`); resp.StatusCode != 200 {
+			t.Fatalf("%s: %d %s", key, resp.StatusCode, b)
+		}
+	}
+	mu.Lock()
+	got := seen
+	mu.Unlock()
+	// In order: key 0 by header and by user, key 1 likewise, key 0 again.
+	if len(got) != 6 || got[0] == got[2] || got[0] != got[1] || got[0] != got[4] || got[0] != got[5] || got[2] != got[3] {
+		t.Fatalf("sessions %q: want one per key, the same for header and user", got)
+	}
+
+	mu.Lock()
+	seen = nil
+	mu.Unlock()
+	open := newStack(t, stackOpt{admission: adm, served: served})
+	e2 := jsonEngine(t, "w2")
+	open.beat("w2", "smol", e2)
+	if resp, b := open.do(t, "POST", "/v1/completions", "", `{"model":"smol","prompt":"hi"}`, "X-Session-ID", "shared"); resp.StatusCode != 200 {
+		t.Fatalf("no keys: %d %s", resp.StatusCode, b)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(seen) != 1 || seen[0] != "shared" {
+		t.Fatalf("no keys: sessions %q, want [shared]", seen)
 	}
 }

@@ -83,7 +83,7 @@ func (s *Server) inference(w http.ResponseWriter, r *http.Request, kind oai.Kind
 			s.metrics.reject(writeError(w, err))
 			return
 		}
-		x.Class, x.SessionID, x.SessionFinal = class, sid, final
+		x.Class, x.SessionID, x.SessionFinal = class, sessionKey(km.index, sid), final
 	}
 	x.ParseTime = time.Since(parseStart) // R17.3's parse stage: a measurement
 	s.serve(x)
@@ -222,6 +222,18 @@ func (s *Server) admissionClass(keyClass, header string) (string, error) {
 // 128 printable ASCII bytes, as X-Request-ID) or is a 400 naming the header; else the body's
 // user when it is one (a longer or unprintable user is no session: the ledgers that follow
 // sessions are never keyed by an unbounded client string).
+// sessionKey scopes a client's session id to its API key (index; -1 when keys are off): the
+// admission queue's session lanes, session serialisation and agent programs are keyed by it, so
+// a client of another key that sends the same id gets a session of its own instead of a place
+// in this one's lane or the power to end its program. The key's index, a NUL (which no valid id
+// holds) and the id: distinct (key, id) pairs never meet.
+func sessionKey(index int, sid string) string {
+	if sid == "" || index < 0 {
+		return sid
+	}
+	return strconv.Itoa(index) + "\x00" + sid
+}
+
 func sessionID(header, user string) (string, error) {
 	if header != "" {
 		if !oai.ValidRequestID(header) {
