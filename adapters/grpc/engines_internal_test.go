@@ -2,6 +2,7 @@ package grpcapi
 
 import (
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/connectivity"
 )
@@ -28,5 +29,19 @@ func TestForgetClosesEvictedConnections(t *testing.T) {
 	}
 	if fresh, _ := e.conn(gone); fresh == c1 || e.Len() != 2 {
 		t.Fatal("a later call to the address did not dial afresh")
+	}
+}
+
+// TestConnectionBoundsDefaults: a zero Options bounds the handshake at 10 s and idleness at
+// 5 min; values given are kept, and a negative one is the default.
+func TestConnectionBoundsDefaults(t *testing.T) {
+	if hs, idle := (Options{}).bounds(); hs != 10*time.Second || idle != 5*time.Minute {
+		t.Fatalf("defaults: handshake %v, idle %v", hs, idle)
+	}
+	if hs, idle := (Options{HandshakeTimeout: time.Second, MaxConnectionIdle: time.Minute}).bounds(); hs != time.Second || idle != time.Minute {
+		t.Fatalf("set: handshake %v, idle %v", hs, idle)
+	}
+	if hs, idle := (Options{HandshakeTimeout: -1, MaxConnectionIdle: -1}).bounds(); hs != DefaultHandshakeTimeout || idle != DefaultMaxConnectionIdle {
+		t.Fatalf("negative: handshake %v, idle %v", hs, idle)
 	}
 }

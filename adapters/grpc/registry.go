@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
 
@@ -50,6 +51,39 @@ type Options struct {
 	// OnAccepted, when set, is told each heartbeat the registry accepted, after its ack (the
 	// KvEvents subscriber's Watch, R18.3). It must return at once.
 	OnAccepted func(router.WorkerInfo)
+	// HandshakeTimeout bounds a new connection's TLS and HTTP/2 handshake (default
+	// DefaultHandshakeTimeout): a client that connects and sends nothing is closed then.
+	HandshakeTimeout time.Duration
+	// MaxConnectionIdle closes (GOAWAY) a connection that has run no call for this long (default
+	// DefaultMaxConnectionIdle). An engine heartbeats every heartbeat_interval, so its
+	// connection is idle that long only if it stopped; one that did comes back with a new one.
+	MaxConnectionIdle time.Duration
+}
+
+// The listener's connection bounds (R13.3) when Options leaves them zero. gRPC's own defaults
+// are a 120 s handshake and no idle limit: a peer could hold connections that do nothing for
+// as long as it likes.
+const (
+	DefaultHandshakeTimeout  = 10 * time.Second
+	DefaultMaxConnectionIdle = 5 * time.Minute
+)
+
+// bounds is o's handshake and idle bounds, defaults filled in.
+func (o Options) bounds() (handshake, idle time.Duration) {
+	handshake, idle = o.HandshakeTimeout, o.MaxConnectionIdle
+	if handshake <= 0 {
+		handshake = DefaultHandshakeTimeout
+	}
+	if idle <= 0 {
+		idle = DefaultMaxConnectionIdle
+	}
+	return handshake, idle
+}
+
+// connectionBounds is the server options for o's connection bounds.
+func (o Options) connectionBounds() []grpc.ServerOption {
+	hs, idle := o.bounds()
+	return []grpc.ServerOption{grpc.ConnectionTimeout(hs), grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: idle})}
 }
 
 // Server implements controlv1.WorkerRegistryServer over the registry actor.
@@ -192,16 +226,17 @@ type Listener struct {
 }
 
 // NewListener builds the gRPC server with the three services registered and health SERVING,
-// capped at MaxRecvMsgSize per message and MaxConcurrentStreams per connection. TLS, when
+// capped at MaxRecvMsgSize per message and MaxConcurrentStreams per connection, with o's
+// handshake and idle bounds on each connection. TLS, when
 // configured, comes in opts (grpc.Creds). Calls run on a set of stream workers (grpc's
 // NumStreamWorkers: a call goes to a new goroutine only when all are busy), so a heartbeat does
 // not pay for a fresh goroutine growing its stack: at 5,000 heartbeats a second that growth was
 // 8% of the gateway's CPU.
 func NewListener(reg Registry, o Options, opts ...grpc.ServerOption) *Listener {
-	opts = append([]grpc.ServerOption{
+	opts = append(append([]grpc.ServerOption{
 		grpc.MaxRecvMsgSize(MaxRecvMsgSize), grpc.MaxConcurrentStreams(MaxConcurrentStreams),
 		grpc.NumStreamWorkers(uint32(max(8, 4*runtime.GOMAXPROCS(0)))),
-	}, opts...)
+	}, o.connectionBounds()...), opts...)
 	gs := grpc.NewServer(opts...)
 	controlv1.RegisterWorkerRegistryServer(gs, NewServer(reg, o))
 	hs := health.NewServer()

@@ -4,12 +4,14 @@ import (
 	"context"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"net"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
@@ -237,4 +239,39 @@ func TestIdentity(t *testing.T) {
 			t.Errorf("Identity(%v) = %q, want %q", tc.cert.Subject, got, tc.want)
 		}
 	}
+}
+
+// TestConnectionBounds (R13.3): a peer that connects and sends nothing is closed after the
+// handshake bound, and a connection that runs no call for the idle bound is sent away
+// (GOAWAY: the client's connection goes idle and dials again on its next call).
+func TestConnectionBounds(t *testing.T) {
+	r := newRigWith(t, grpcapi.Options{HandshakeTimeout: 100 * time.Millisecond, MaxConnectionIdle: 200 * time.Millisecond}, nil)
+	raw, err := net.Dial("tcp", r.conn.Target())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	if err := raw.SetReadDeadline(time.Now().Add(5 * time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 512)
+	for {
+		_, err := raw.Read(buf) // whatever the server writes first, then its close
+		if err == nil {
+			continue
+		}
+		if ne, ok := err.(net.Error); ok && ne.Timeout() {
+			t.Fatal("a connection that sent nothing is still open after 5 s")
+		}
+		break
+	}
+
+	r.beat(t, status1("w1"))
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	// Ready after the call, unless the idle bound has already sent it away.
+	if r.conn.GetState() == connectivity.Ready && !r.conn.WaitForStateChange(ctx, connectivity.Ready) {
+		t.Fatal("an idle connection is still ready after 5 s")
+	}
+	r.beat(t, status1("w1")) // the next call dials again
 }
