@@ -115,8 +115,14 @@ func (s *sinkRec) handshake(ev *router.KVEvents) bool {
 
 func (s *sinkRec) next(t *testing.T) *router.KVEvents {
 	t.Helper()
+	return recv(t, s.got)
+}
+
+// recv is the next message a sink got, within 5 s.
+func recv(t *testing.T, got chan *router.KVEvents) *router.KVEvents {
+	t.Helper()
 	select {
-	case ev := <-s.got:
+	case ev := <-got:
 		return ev
 	case <-time.After(5 * time.Second):
 		t.Fatal("no event reached the sink")
@@ -274,6 +280,27 @@ func (g *gateSink) KVEvents(ev *router.KVEvents) {
 	g.got <- ev
 }
 
+func (g *gateSink) next(t *testing.T) *router.KVEvents {
+	t.Helper()
+	return recv(t, g.got)
+}
+
+// gateSubscriber is a subscriber with o's timing over a gateSink and a fake engine; the test
+// ends with no goroutine left.
+func gateSubscriber(t *testing.T, o KVSubscriberOptions) (*fakeKV, string, *gateSink, *KVSubscriber) {
+	t.Helper()
+	before := goleak.IgnoreCurrent()
+	t.Cleanup(func() { goleak.VerifyNone(t, before) })
+	f, addr := startFakeKV(t)
+	sink := &gateSink{got: make(chan *router.KVEvents, 64)}
+	engines := NewEngines()
+	t.Cleanup(engines.Close)
+	o.Sink, o.Engines, o.Logger = sink, engines, slog.New(slog.NewTextHandler(io.Discard, nil))
+	s := NewKVSubscriber(o)
+	t.Cleanup(s.Close)
+	return f, addr, sink, s
+}
+
 func (g *gateSink) answer(ev *router.KVEvents, ok bool) {
 	g.mu.Lock()
 	g.waiting--
@@ -287,25 +314,8 @@ func (g *gateSink) answer(ev *router.KVEvents, ok bool) {
 // message the router refuses (the worker stopped being live) ends the stream: a Clear without
 // a question follows, then a new subscription.
 func TestKVSubscriberWaitsForEachAnswer(t *testing.T) {
-	before := goleak.IgnoreCurrent()
-	t.Cleanup(func() { goleak.VerifyNone(t, before) })
-	f, addr := startFakeKV(t)
-	sink := &gateSink{got: make(chan *router.KVEvents, 64)}
-	engines := NewEngines()
-	defer engines.Close()
-	s := NewKVSubscriber(KVSubscriberOptions{Sink: sink, Engines: engines, MinBackoff: time.Millisecond,
-		MaxBackoff: 5 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	defer s.Close()
-	next := func() *router.KVEvents {
-		t.Helper()
-		select {
-		case ev := <-sink.got:
-			return ev
-		case <-time.After(5 * time.Second):
-			t.Fatal("no event reached the sink")
-			return nil
-		}
-	}
+	f, addr, sink, s := gateSubscriber(t, KVSubscriberOptions{MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond})
+	next := func() *router.KVEvents { t.Helper(); return sink.next(t) }
 
 	const n = 50
 	burst := []*kvv1.KvEvent{ev(1, kvv1.KvEvent_CLEARED)}
@@ -353,27 +363,10 @@ func TestKVSubscriberWaitsForEachAnswer(t *testing.T) {
 // lost it) holds the stream at most AnswerTimeout: then the stream ends with a Clear that asks
 // nothing, and the subscriber subscribes again after its backoff. Nothing waits forever.
 func TestKVSubscriberGivesUpOnASilentRouter(t *testing.T) {
-	before := goleak.IgnoreCurrent()
-	t.Cleanup(func() { goleak.VerifyNone(t, before) })
-	f, addr := startFakeKV(t)
-	sink := &gateSink{got: make(chan *router.KVEvents, 64)}
-	engines := NewEngines()
-	defer engines.Close()
 	clk := clock.NewFake(time.Unix(0, 0))
-	s := NewKVSubscriber(KVSubscriberOptions{Sink: sink, Engines: engines, Clock: clk, AnswerTimeout: time.Second,
-		MinBackoff: time.Millisecond, MaxBackoff: time.Millisecond, Jitter: func() float64 { return 0 },
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	defer s.Close()
-	next := func() *router.KVEvents {
-		t.Helper()
-		select {
-		case ev := <-sink.got:
-			return ev
-		case <-time.After(5 * time.Second):
-			t.Fatal("no event reached the sink")
-			return nil
-		}
-	}
+	f, addr, sink, s := gateSubscriber(t, KVSubscriberOptions{Clock: clk, AnswerTimeout: time.Second,
+		MinBackoff: time.Millisecond, MaxBackoff: time.Millisecond, Jitter: func() float64 { return 0 }})
+	next := func() *router.KVEvents { t.Helper(); return sink.next(t) }
 	// armed waits until the subscriber has scheduled exactly one timer: the stream's watchdog,
 	// or after the stream the backoff.
 	armed := func(what string) {
