@@ -136,15 +136,7 @@ func testSubscribes(t *testing.T, policy string) {
 			// noise on a busy machine.
 			req.Header.Set("X-TL-SLO-TTFT-Ms", "60000")
 		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != 200 {
-			t.Fatalf("status %d", resp.StatusCode)
-		}
+		doOK(t, req)
 	}
 	// The snapshot travels a stream and an actor message after the subscription: once a repeat
 	// lands on w2 the router has it (bounded: at most a few requests).
@@ -217,16 +209,13 @@ func TestPrefixAwareGetsTheHashes(t *testing.T) {
 	prompt := strings.Repeat("a prompt long enough for several chunks of the prefix index. ", 8)
 	for range 2 {
 		gwtest.Idle(t, a.Gateway)
-		resp, err := http.Post("http://"+a.HTTPAddr+"/v1/completions", "application/json",
+		req, err := http.NewRequest("POST", "http://"+a.HTTPAddr+"/v1/completions",
 			strings.NewReader(`{"model":"smol","prompt":"`+prompt+`"}`))
 		if err != nil {
 			t.Fatal(err)
 		}
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != 200 {
-			t.Fatalf("status %d", resp.StatusCode)
-		}
+		req.Header.Set("Content-Type", "application/json")
+		doOK(t, req)
 	}
 	resp, err := http.Get("http://" + a.HTTPAddr + "/metrics")
 	if err != nil {
@@ -267,4 +256,18 @@ func startGateway(t *testing.T, policy string) *app.App {
 		_ = a.Shutdown(ctx)
 	})
 	return a
+}
+
+// doOK sends req and requires a 200, reading the answer to its end.
+func doOK(t *testing.T, req *http.Request) {
+	t.Helper()
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
 }
