@@ -2,7 +2,6 @@ package app_test
 
 import (
 	"context"
-	"encoding/json"
 	"io"
 	"log/slog"
 	"net"
@@ -165,11 +164,6 @@ func testSubscribes(t *testing.T, policy string) {
 		t.Fatalf("w2 served %d of 6 repeats", served[1].Load())
 	}
 	gwtest.Eventually(t, "w2's TTFT model listed with the repeats", func() bool {
-		resp, err := http.Get("http://" + a.HTTPAddr + "/admin/v1/workers")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
 		var out struct {
 			Workers []struct {
 				ID    string `json:"id"`
@@ -179,9 +173,7 @@ func testSubscribes(t *testing.T, policy string) {
 				} `json:"ttft_model"`
 			} `json:"workers"`
 		}
-		if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
-			t.Fatal(err)
-		}
+		gwtest.GetJSON(t, "http://"+a.HTTPAddr+"/admin/v1/workers", &out)
 		for _, w := range out.Workers {
 			if w.ID == "w2" && w.Model != nil && w.Model.Observations >= 3 && w.Model.BiasMs != nil {
 				return true

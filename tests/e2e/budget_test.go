@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/tlgw/tlgw/internal/gwtest"
 )
 
 // budgetAnswer is what a client of the retry-budget test got.
@@ -124,20 +126,13 @@ scopes = ["inference", "admin", "debug"]
 	inFlight := func() map[string]int64 {
 		req, _ := http.NewRequest("GET", f.base+"/admin/v1/workers", nil)
 		req.Header.Set("Authorization", "Bearer sk-ops")
-		resp, err := admin.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
 		var out struct {
 			Workers []struct {
 				ID       string `json:"id"`
 				InFlight int64  `json:"in_flight"`
 			} `json:"workers"`
 		}
-		if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
-			t.Fatal(err)
-		}
+		gwtest.DoJSON(t, admin, req, &out)
 		m := map[string]int64{}
 		for _, w := range out.Workers {
 			m[w.ID] = w.InFlight

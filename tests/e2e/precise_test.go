@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"bufio"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -12,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tlgw/tlgw/internal/gwtest"
 	"github.com/tlgw/tlgw/internal/proctest"
 )
 
@@ -91,11 +91,6 @@ func TestPrecisePrefixFollowsEngineCaches(t *testing.T) {
 	// CLEARED and empty snapshot leave nothing of the old one in the index.
 	newHTTP := f.engines["pb"].HTTPAddr
 	eventually(t, "pb back at its new address, its old chunks gone from the index", 5*time.Second, func() bool {
-		resp, err := http.Get(f.base + "/admin/v1/workers")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
 		var out struct {
 			Workers []struct {
 				ID        string `json:"id"`
@@ -105,9 +100,7 @@ func TestPrecisePrefixFollowsEngineCaches(t *testing.T) {
 				} `json:"addresses"`
 			} `json:"workers"`
 		}
-		if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
-			t.Fatal(err)
-		}
+		gwtest.GetJSON(t, f.base+"/admin/v1/workers", &out)
 		back := false
 		for _, w := range out.Workers {
 			back = back || (w.ID == "pb" && w.Routable && w.Addresses.HTTP == newHTTP)
