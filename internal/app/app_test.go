@@ -3,9 +3,11 @@ package app_test
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -32,7 +34,14 @@ func TestMain(m *testing.M) {
 func TestShutdownDrains(t *testing.T) {
 	release := make(chan struct{})
 	engine := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
+		body, _ := io.ReadAll(r.Body)
+		if !strings.Contains(string(body), `"stream":true`) {
+			// A probe that reached the gateway before its shutdown began is served at once,
+			// so the probing loop below polls again instead of waiting for the release.
+			w.Header().Set("Content-Type", "application/json")
+			fmt.Fprint(w, `{"choices":[{"text":"ok"}]}`)
+			return
+		}
 		w.Header().Set("Content-Type", "text/event-stream")
 		fmt.Fprint(w, "data: {\"text\":\"first\"}\n\n")
 		w.(http.Flusher).Flush()
@@ -70,6 +79,19 @@ func TestShutdownDrains(t *testing.T) {
 		t.Fatalf("first line %q", line)
 	}
 
+	probe := &http.Client{Transport: &http.Transport{}, Timeout: 2 * time.Second}
+	defer probe.CloseIdleConnections()
+	// Before shutdown a second request is served beside the open stream.
+	before, err := probe.Post(base+"/v1/completions", "application/json", strings.NewReader(`{"model":"smol","prompt":"x"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, before.Body)
+	before.Body.Close()
+	if before.StatusCode != http.StatusOK {
+		t.Fatalf("before shutdown: status %d", before.StatusCode)
+	}
+
 	done := make(chan error, 1)
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -79,8 +101,12 @@ func TestShutdownDrains(t *testing.T) {
 	// New requests are refused while the stream is still open: 503 shutting_down on a fresh
 	// request (the listener may also be closed already, which refuses the connection).
 	gwtest.Eventually(t, "new requests refused", func() bool {
-		r, err := http.Post(base+"/v1/completions", "application/json", strings.NewReader(`{"model":"smol","prompt":"x"}`))
+		r, err := probe.Post(base+"/v1/completions", "application/json", strings.NewReader(`{"model":"smol","prompt":"x"}`))
 		if err != nil {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				t.Fatalf("a new request hung during shutdown: %v", err)
+			}
 			return true
 		}
 		defer r.Body.Close()
