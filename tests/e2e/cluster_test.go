@@ -186,7 +186,7 @@ func TestClusterOfThreeReplicas(t *testing.T) {
 	t.Run("concurrent PUTs with one If-Match: exactly one 200, the others 412", func(t *testing.T) {
 		for round := range 5 {
 			etag := c.etag(t, 0)
-			codes := make([]int, 3)
+			codes, etags := make([]int, 3), make([]string, 3)
 			var wg sync.WaitGroup
 			for i := range 3 {
 				wg.Add(1)
@@ -194,18 +194,26 @@ func TestClusterOfThreeReplicas(t *testing.T) {
 					defer wg.Done()
 					table := fmt.Sprintf(`{"routes":[{"model":"chat","backends":[{"model":"smol","weight":1}]},{"model":"r%d-%d","backends":[{"model":"smol","weight":1}]}]}`, round, i)
 					resp, _ := c.do(t, i, "PUT", "/admin/v1/routes", etag, table)
-					codes[i] = resp.StatusCode
+					codes[i], etags[i] = resp.StatusCode, resp.Header.Get("ETag")
 				}()
 			}
 			wg.Wait()
+			want := ""
+			for i, code := range codes {
+				if code == 200 {
+					want = etags[i]
+				}
+			}
 			slices.Sort(codes)
 			if !slices.Equal(codes, []int{200, 412, 412}) {
 				t.Fatalf("round %d: statuses %v", round, codes)
 			}
-		}
-		want := c.etag(t, 0)
-		for i := range 3 {
-			eventually(t, "every replica on the winner's table", time.Second, func() bool { return c.etag(t, i) == want })
+			// The next round's If-Match is read from replica 1, so every replica first serves the
+			// winner's table (the replicas that lost learn it from the store's watch).
+			for i := range 3 {
+				eventually(t, fmt.Sprintf("round %d: replica %d on the winner's table %s", round, i+1, want), time.Second,
+					func() bool { return c.etag(t, i) == want })
+			}
 		}
 	})
 
