@@ -137,23 +137,32 @@ func parseRequest(body []byte, chat bool, served string) (*request, error) {
 	return r, nil
 }
 
+// parseLogprobs reads logprobs and, for chat, top_logprobs, which asks for alternatives of
+// tokens whose logprobs were asked for: a positive top_logprobs without "logprobs": true is
+// refused, as OpenAI-compatible servers refuse it.
 func (r *request) parseLogprobs(w wireRequest) error {
 	raw := bytes.TrimSpace(w.Logprobs)
-	if len(raw) == 0 || string(raw) == "null" {
-		return nil
-	}
+	absent := len(raw) == 0 || string(raw) == "null"
 	if r.chat {
-		var on bool
-		if err := json.Unmarshal(raw, &on); err != nil {
-			return badRequest(`"logprobs" must be a boolean for chat`)
+		if !absent {
+			var on bool
+			if err := json.Unmarshal(raw, &on); err != nil {
+				return badRequest(`"logprobs" must be a boolean for chat`)
+			}
+			r.logprobs = on
 		}
-		r.logprobs = on
 		if w.TopLogprobs != nil {
 			if *w.TopLogprobs < 0 || *w.TopLogprobs > 20 {
 				return badRequest(`"top_logprobs" must be between 0 and 20`)
 			}
+			if *w.TopLogprobs > 0 && !r.logprobs {
+				return badRequest(`"top_logprobs" needs "logprobs": true`)
+			}
 			r.topLogprobs = *w.TopLogprobs
 		}
+		return nil
+	}
+	if absent {
 		return nil
 	}
 	var n int
