@@ -31,6 +31,8 @@ func TestParseSampling(t *testing.T) {
 		{`{"max_completion_tokens":4294967295,"top_k":2147483647}`,
 			request.Sampling{MaxTokens: math.MaxUint32, Temperature: 1, TopP: 1, TopK: math.MaxInt32}, false},
 		{`{"max_tokens":-3,"top_k":-1}`, request.Sampling{Temperature: 1, TopP: 1}, false},
+		// An empty stop string stops nothing (an engine would stop at once on it); seed 0 is a seed.
+		{`{"stop":"","seed":0}`, request.Sampling{MaxTokens: 16, Temperature: 1, TopP: 1}, true},
 	} {
 		got, seeded, err := request.ParseSampling([]byte(c.body))
 		if err != nil || seeded != c.seeded {
