@@ -197,7 +197,7 @@ func parseETag(v string) (uint64, bool) {
 // drainModel serves POST /admin/v1/models/{model}:drain (and :undrain, which lifts it). The
 // model is a served model id, as workers report it.
 func (s *Server) drainModel(w http.ResponseWriter, r *http.Request) {
-	rest := strings.TrimPrefix(r.URL.Path, "/admin/v1/models/")
+	rest := r.PathValue("action")
 	var model string
 	var drained bool
 	switch {
@@ -245,7 +245,7 @@ func (s *Server) listModels(w http.ResponseWriter, _ *http.Request) {
 }
 
 func (s *Server) getModel(w http.ResponseWriter, r *http.Request) {
-	id := strings.TrimPrefix(r.URL.Path, "/v1/models/")
+	id := r.PathValue("model")
 	list, err := s.core.Models()
 	if err != nil {
 		writeError(w, err)

@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"path"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -101,6 +102,7 @@ type Options struct {
 // Server is the gateway's http.Handler.
 type Server struct {
 	core      Core
+	mux       *http.ServeMux
 	serve     func(*request.Exchange)
 	keys      *keyring
 	limiter   *ratelimit.Limiter // per-key rpm/tpm (R13.5)
@@ -140,6 +142,7 @@ func New(o Options) *Server {
 		renderPrompts: o.RenderPrompts, replicaFn: o.Replicas,
 	}
 	s.replicas.Store(1)
+	s.mux = s.routes()
 	if o.Gatherer != nil {
 		s.metricsH = promhttp.HandlerFor(o.Gatherer, promhttp.HandlerOpts{})
 	}
@@ -195,8 +198,9 @@ func newRequestID() string {
 	return string(b[:])
 }
 
-// ServeHTTP dispatches by path. The table is small and fixed, so a switch beats a pattern mux
-// and lets every miss answer in the OpenAI error shape.
+// ServeHTTP answers every request with its X-Request-ID (the client's when valid, else a new
+// one; an invalid one is a 400) and hands it to the routing table, under the client write
+// timeout when one is set.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if s.writeTimeout > 0 {
 		w = newDeadlineWriter(w, s.writeTimeout)
@@ -210,24 +214,118 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeError(w, idErr)
 		return
 	}
-	path := r.URL.Path
-	switch {
-	case path == "/healthz":
-		s.only(w, r, http.MethodGet, s.healthz)
-	case path == "/readyz":
-		s.only(w, r, http.MethodGet, s.readyz)
-	case path == "/metrics":
-		s.only(w, r, http.MethodGet, s.serveMetrics)
-	case path == "/ui" || strings.HasPrefix(path, "/ui/"):
-		s.serveUI(w, r) // no key: the page holds no data (R17.1)
-	case strings.HasPrefix(path, "/v1/"):
+	if !cleanPath(r.URL.Path) {
+		// The mux would redirect it to the clean path; an API answers 404 instead, as a
+		// client that sent it meant no path of the table.
+		notFound(w, r)
+		return
+	}
+	s.mux.ServeHTTP(w, r)
+}
+
+// cleanPath reports whether p is a path the mux serves as it is: rooted, without empty, "." or
+// ".." segments.
+func cleanPath(p string) bool {
+	if p == "" || p[0] != '/' {
+		return false
+	}
+	c := path.Clean(p)
+	if p[len(p)-1] == '/' && c != "/" {
+		c += "/"
+	}
+	return c == p
+}
+
+// requestIDOf is the id ServeHTTP answers r with.
+func requestIDOf(w http.ResponseWriter) string { return w.Header()["X-Request-Id"][0] }
+
+// routes is the gateway's HTTP table (SPEC B2) on one http.ServeMux with method patterns; the
+// key checks are middleware per API (inferenceAPI, adminAPI). Every path also has a pattern
+// without a method, so a wrong method is the OpenAI-shaped 405 with Allow, and every unknown
+// path is the OpenAI-shaped 404 — under /v1/ and /admin/ only after the key check, so a caller
+// without a key learns nothing of which paths exist.
+func (s *Server) routes() *http.ServeMux {
+	m := http.NewServeMux()
+	public := func(h http.HandlerFunc) http.HandlerFunc { return h }
+	route(m, public, "/healthz", on("GET", s.healthz))
+	route(m, public, "/readyz", on("GET", s.readyz))
+	route(m, public, "/metrics", on("GET", s.serveMetrics))
+	uiRoutes(m)
+
+	v1 := func(h http.HandlerFunc) http.HandlerFunc {
+		return s.inferenceAPI(func(w http.ResponseWriter, r *http.Request, _ keyMatch) { h(w, r) })
+	}
+	inference := func(kind oai.Kind) http.HandlerFunc {
+		return s.inferenceAPI(func(w http.ResponseWriter, r *http.Request, km keyMatch) {
+			s.inference(w, r, kind, requestIDOf(w), km)
+		})
+	}
+	route(m, v1, "/v1/completions", on("POST", inference(oai.Completions)))
+	route(m, v1, "/v1/chat/completions", on("POST", inference(oai.Chat)))
+	route(m, v1, "/v1/models", on("GET", v1(s.listModels)))
+	route(m, v1, "/v1/models/{model...}", on("GET", v1(s.getModel)))
+	m.HandleFunc("/v1/", v1(notFound))
+
+	admin := s.adminAPI
+	route(m, admin, "/admin/v1/workers", on("GET", admin(s.listWorkers)))
+	route(m, admin, "/admin/v1/queue", on("GET", admin(s.getQueue)))
+	route(m, admin, "/admin/v1/programs", on("GET", admin(s.getPrograms)))
+	route(m, admin, "/admin/v1/replicas", on("GET", admin(s.getReplicas)))
+	route(m, admin, "/admin/v1/routes", on("GET", admin(s.getRoutes)), on("PUT", admin(s.putRoutes)))
+	if s.static != nil {
+		route(m, admin, "/admin/v1/static-workers", on("GET", admin(s.getStatic)), on("PUT", admin(s.putStatic)))
+	}
+	route(m, admin, "/admin/v1/models/{action...}", on("POST", admin(s.drainModel)))
+	m.HandleFunc("/admin/", admin(notFound))
+
+	// Everything else is a 404 without a key check, "/v1" and "/admin" among it (the mux
+	// would redirect them to their subtrees).
+	m.HandleFunc("/", notFound)
+	m.HandleFunc("/v1", notFound)
+	m.HandleFunc("/admin", notFound)
+	return m
+}
+
+// methodHandler is one method of a path and its handler, middleware applied.
+type methodHandler struct {
+	method string
+	h      http.HandlerFunc
+}
+
+func on(method string, h http.HandlerFunc) methodHandler { return methodHandler{method, h} }
+
+// route registers path for each method of hs (GET serves HEAD too) and path without a method,
+// behind guard (the API's middleware), for the 405 that names the methods in Allow.
+func route(m *http.ServeMux, guard func(http.HandlerFunc) http.HandlerFunc, path string, hs ...methodHandler) {
+	allow := make([]string, 0, len(hs))
+	for _, mh := range hs {
+		m.Handle(mh.method+" "+path, mh.h)
+		allow = append(allow, mh.method)
+	}
+	allowed := strings.Join(allow, ", ")
+	m.HandleFunc(path, guard(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Allow", allowed)
+		writeError(w, fmt.Errorf("%s %s: %w", r.Method, r.URL.Path, errs.ErrMethodNotAllowed))
+	}))
+}
+
+// inferenceAPI checks the request's key for the inference scope and hands h what it grants;
+// a refusal counts in the HTTP metrics.
+func (s *Server) inferenceAPI(h func(http.ResponseWriter, *http.Request, keyMatch)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
 		km, err := s.keys.authorize(r, scopeInference)
 		if err != nil {
 			s.metrics.reject(writeError(w, err))
 			return
 		}
-		s.serveV1(w, r, id, km)
-	case strings.HasPrefix(path, "/admin/"):
+		h(w, r, km)
+	}
+}
+
+// adminAPI checks the request's key for the admin scope; without keys it answers only
+// loopback, same-origin requests (checkLocalAdmin).
+func (s *Server) adminAPI(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
 		if _, err := s.keys.authorize(r, scopeAdmin); err != nil {
 			writeError(w, err)
 			return
@@ -238,75 +336,12 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				return
 			}
 		}
-		s.serveAdmin(w, r)
-	default:
-		writeError(w, fmt.Errorf("no route for %s: %w", path, errs.ErrNotFound))
+		h(w, r)
 	}
 }
 
-func (s *Server) only(w http.ResponseWriter, r *http.Request, method string, h func(http.ResponseWriter, *http.Request)) {
-	if r.Method != method && !(method == http.MethodGet && r.Method == http.MethodHead) {
-		w.Header().Set("Allow", method)
-		writeError(w, fmt.Errorf("%s %s: %w", r.Method, r.URL.Path, errs.ErrMethodNotAllowed))
-		return
-	}
-	h(w, r)
-}
-
-func (s *Server) serveV1(w http.ResponseWriter, r *http.Request, id string, km keyMatch) {
-	switch path := r.URL.Path; {
-	case path == "/v1/completions":
-		s.only(w, r, http.MethodPost, func(w http.ResponseWriter, r *http.Request) {
-			s.inference(w, r, oai.Completions, id, km)
-		})
-	case path == "/v1/chat/completions":
-		s.only(w, r, http.MethodPost, func(w http.ResponseWriter, r *http.Request) {
-			s.inference(w, r, oai.Chat, id, km)
-		})
-	case path == "/v1/models":
-		s.only(w, r, http.MethodGet, s.listModels)
-	case strings.HasPrefix(path, "/v1/models/"):
-		s.only(w, r, http.MethodGet, s.getModel)
-	default:
-		writeError(w, fmt.Errorf("no route for %s: %w", path, errs.ErrNotFound))
-	}
-}
-
-func (s *Server) serveAdmin(w http.ResponseWriter, r *http.Request) {
-	switch path := r.URL.Path; {
-	case path == "/admin/v1/workers":
-		s.only(w, r, http.MethodGet, s.listWorkers)
-	case path == "/admin/v1/queue":
-		s.only(w, r, http.MethodGet, s.getQueue)
-	case path == "/admin/v1/programs":
-		s.only(w, r, http.MethodGet, s.getPrograms)
-	case path == "/admin/v1/replicas":
-		s.only(w, r, http.MethodGet, s.getReplicas)
-	case path == "/admin/v1/static-workers" && s.static != nil:
-		switch r.Method {
-		case http.MethodGet, http.MethodHead:
-			s.getStatic(w, r)
-		case http.MethodPut:
-			s.putStatic(w, r)
-		default:
-			w.Header().Set("Allow", "GET, PUT")
-			writeError(w, fmt.Errorf("%s %s: %w", r.Method, path, errs.ErrMethodNotAllowed))
-		}
-	case path == "/admin/v1/routes":
-		switch r.Method {
-		case http.MethodGet, http.MethodHead:
-			s.getRoutes(w, r)
-		case http.MethodPut:
-			s.putRoutes(w, r)
-		default:
-			w.Header().Set("Allow", "GET, PUT")
-			writeError(w, fmt.Errorf("%s %s: %w", r.Method, path, errs.ErrMethodNotAllowed))
-		}
-	case strings.HasPrefix(path, "/admin/v1/models/"):
-		s.only(w, r, http.MethodPost, s.drainModel)
-	default:
-		writeError(w, fmt.Errorf("no route for %s: %w", path, errs.ErrNotFound))
-	}
+func notFound(w http.ResponseWriter, r *http.Request) {
+	writeError(w, fmt.Errorf("no route for %s: %w", r.URL.Path, errs.ErrNotFound))
 }
 
 func (s *Server) healthz(w http.ResponseWriter, _ *http.Request) {

@@ -2,11 +2,8 @@ package httpapi
 
 import (
 	"embed"
-	"fmt"
 	"net/http"
 	"strconv"
-
-	"github.com/tlgw/tlgw/internal/errs"
 )
 
 // The operator page of R17.1: static files embedded in the binary, no build step. The page
@@ -22,10 +19,11 @@ type uiAsset struct {
 	contentType string
 }
 
-// uiAssets is the whole page, by URL path; every other path under /ui/ is a 404.
+// uiAssets is the whole page, by mux pattern path ("/ui/{$}" is /ui/ alone); every other path
+// under /ui/ is a 404.
 var uiAssets = map[string]uiAsset{
 	"/ui":             {"ui/index.html", "text/html; charset=utf-8"},
-	"/ui/":            {"ui/index.html", "text/html; charset=utf-8"},
+	"/ui/{$}":         {"ui/index.html", "text/html; charset=utf-8"},
 	"/ui/app.js":      {"ui/app.js", "text/javascript; charset=utf-8"},
 	"/ui/app.css":     {"ui/app.css", "text/css; charset=utf-8"},
 	"/ui/favicon.svg": {"ui/favicon.svg", "image/svg+xml"},
@@ -36,28 +34,35 @@ var uiAssets = map[string]uiAsset{
 const uiCSP = "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; " +
 	"object-src 'none'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 
-// serveUI serves GET and HEAD of /ui and its assets, with the security headers on every answer.
-func (s *Server) serveUI(w http.ResponseWriter, r *http.Request) {
-	h := w.Header()
-	h.Set("Content-Security-Policy", uiCSP)
-	h.Set("X-Content-Type-Options", "nosniff")
-	h.Set("X-Frame-Options", "DENY")
-	h.Set("Referrer-Policy", "no-referrer")
-	h.Set("Cache-Control", "no-store")
-	a, ok := uiAssets[r.URL.Path]
-	if !ok {
-		writeError(w, fmt.Errorf("no route for %s: %w", r.URL.Path, errs.ErrNotFound))
-		return
+// uiRoutes serves GET and HEAD of /ui and its assets, without a key (the page holds no data,
+// R17.1), and the security headers on every answer under /ui, 404 and 405 included.
+func uiRoutes(m *http.ServeMux) {
+	for path, a := range uiAssets {
+		route(m, uiHeaders, path, on("GET", uiHeaders(func(w http.ResponseWriter, _ *http.Request) {
+			body, err := uiFiles.ReadFile(a.file)
+			if err != nil { // the table names only embedded files
+				writeError(w, err)
+				return
+			}
+			h := w.Header()
+			h.Set("Content-Type", a.contentType)
+			h.Set("Content-Length", strconv.Itoa(len(body)))
+			w.WriteHeader(http.StatusOK)
+			_, _ = w.Write(body) // a HEAD answer drops the body
+		})))
 	}
-	s.only(w, r, http.MethodGet, func(w http.ResponseWriter, _ *http.Request) {
-		body, err := uiFiles.ReadFile(a.file)
-		if err != nil { // the table names only embedded files
-			writeError(w, err)
-			return
-		}
-		h.Set("Content-Type", a.contentType)
-		h.Set("Content-Length", strconv.Itoa(len(body)))
-		w.WriteHeader(http.StatusOK)
-		_, _ = w.Write(body) // a HEAD answer drops the body
-	})
+	m.HandleFunc("/ui/", uiHeaders(notFound))
+}
+
+// uiHeaders sets the page's security headers before h answers.
+func uiHeaders(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		hd := w.Header()
+		hd.Set("Content-Security-Policy", uiCSP)
+		hd.Set("X-Content-Type-Options", "nosniff")
+		hd.Set("X-Frame-Options", "DENY")
+		hd.Set("Referrer-Policy", "no-referrer")
+		hd.Set("Cache-Control", "no-store")
+		h(w, r)
+	}
 }
