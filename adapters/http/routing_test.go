@@ -4,6 +4,9 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+
+	httpapi "github.com/tlgw/tlgw/adapters/http"
+	"github.com/tlgw/tlgw/internal/config"
 )
 
 // TestRoutingTable: the whole HTTP table by method and path. Known paths answer their methods
@@ -90,6 +93,42 @@ func TestRoutingTable(t *testing.T) {
 		}
 		if w.Header().Get("X-Request-Id") == "" {
 			t.Errorf("%s: no X-Request-ID", name)
+		}
+	}
+}
+
+// staticTable is a static-workers table that never changes.
+type staticTable struct{}
+
+func (staticTable) StaticWorkers() (uint64, []config.StaticWorker) { return 3, nil }
+func (staticTable) PutStaticWorkers(uint64, []config.StaticWorker) (uint64, error) {
+	return 4, nil
+}
+
+// TestRoutingStaticWorkers: with a static table the path answers GET and PUT behind the admin
+// key (a PUT without If-Match is 428), and other methods get 405 naming both.
+func TestRoutingStaticWorkers(t *testing.T) {
+	api := httpapi.New(httpapi.Options{Core: benchCore{}, Static: staticTable{}, Keys: testKeys, Logger: quietLogger()})
+	for _, c := range []struct {
+		method, key string
+		status      int
+		allow       string
+	}{
+		{"GET", "sk-admin", 200, ""},
+		{"HEAD", "sk-admin", 200, ""},
+		{"PUT", "sk-admin", 428, ""},
+		{"DELETE", "sk-admin", 405, "GET, PUT"},
+		{"DELETE", "", 401, ""},
+		{"GET", "sk-inference", 403, ""},
+	} {
+		r := httptest.NewRequest(c.method, "/admin/v1/static-workers", strings.NewReader("{}"))
+		if c.key != "" {
+			r.Header.Set("Authorization", "Bearer "+c.key)
+		}
+		w := httptest.NewRecorder()
+		api.ServeHTTP(w, r)
+		if w.Code != c.status || w.Header().Get("Allow") != c.allow {
+			t.Errorf("%s with %q: %d (Allow %q) %s, want %d (Allow %q)", c.method, c.key, w.Code, w.Header().Get("Allow"), w.Body.Bytes(), c.status, c.allow)
 		}
 	}
 }
