@@ -2,17 +2,6 @@ package router
 
 import "github.com/tlgw/tlgw/actors/router/policy"
 
-// PolicyPrecisePrefix is the route policy that reads the exact prefix index (R18.2).
-const PolicyPrecisePrefix = "precise_prefix"
-
-// UsesKVEvents reports whether route policy name reads the exact prefix index that the engines'
-// KvEvents feed (R18.3): precise_prefix always; predicted_latency for a pool whose every member
-// reports kv_events (its uncached-token estimate is then what the engines hold, not what the
-// gateway sent them). The router keeps the index, and the gateway subscribes, only for them.
-func UsesKVEvents(name string) bool {
-	return name == PolicyPrecisePrefix || name == PolicyPredictedLatency
-}
-
 // kvEvents applies one worker's prefix-cache events to the exact index (R18.3) and reports
 // whether it did: only for a registered, live worker that reports kv_events, keyed by the
 // slot's own member, so an engine's events can only ever touch its own registration's entries.

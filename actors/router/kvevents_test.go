@@ -15,7 +15,7 @@ import (
 // preciseSim is a precise_prefix router with workers w0…w(n-1), all reporting kv_events.
 func preciseSim(t *testing.T, n int) *Sim {
 	t.Helper()
-	s, err := NewSim(Config{Policy: PolicyPrecisePrefix, LoadFactor: 1.25})
+	s, err := NewSim(Config{Policy: config.PolicyPrecisePrefix, LoadFactor: 1.25})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -158,19 +158,12 @@ func TestPreciseIndexOffForOtherPolicies(t *testing.T) {
 	}
 }
 
-// TestPrecisePolicyName: the configuration's name for the policy is the router's.
-func TestPrecisePolicyName(t *testing.T) {
-	if config.PolicyPrecisePrefix != PolicyPrecisePrefix {
-		t.Fatalf("config %q, router %q", config.PolicyPrecisePrefix, PolicyPrecisePrefix)
-	}
-}
-
 // TestPreciseIndexCountsDropped: ids past a worker's bound are not recorded, and
 // tlgw_kv_index_dropped_total counts them (once each, after the message that dropped them);
 // tlgw_kv_index_entries shows what is held.
 func TestPreciseIndexCountsDropped(t *testing.T) {
 	m := NewMetrics(prometheus.NewRegistry())
-	s, err := NewSim(Config{Policy: PolicyPrecisePrefix, KVIndexBlocks: 4, Metrics: m})
+	s, err := NewSim(Config{Policy: config.PolicyPrecisePrefix, KVIndexBlocks: 4, Metrics: m})
 	if err != nil {
 		t.Fatal(err)
 	}

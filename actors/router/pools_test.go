@@ -7,6 +7,7 @@ import (
 	"pgregory.net/rapid"
 
 	"github.com/tlgw/tlgw/actors/router/admission"
+	"github.com/tlgw/tlgw/internal/config"
 	"github.com/tlgw/tlgw/internal/prefixindex"
 )
 
@@ -16,7 +17,7 @@ import (
 // its members that do, and a worker outside every pool is counted nowhere.
 func TestPoolCountsItsKVReporters(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
-		r := newRig(t, Config{Policy: PolicyPredictedLatency, KVIndexBlocks: 64})
+		r := newRig(t, Config{Policy: config.PolicyPredictedLatency, KVIndexBlocks: 64})
 		ids := []string{"w0", "w1", "w2", "w3", "w4"}
 		models := []string{"smol", "big"}
 		for step := rapid.IntRange(1, 60).Draw(t, "steps"); step > 0; step-- {

@@ -5,11 +5,6 @@ import (
 	"github.com/tlgw/tlgw/internal/ttftmodel"
 )
 
-// PolicyPredictedLatency is the route policy that picks by each worker's predicted TTFT
-// (R18.2): the router keeps the approximate prefix index for it (the uncached prompt tokens of
-// each candidate), and its request actors report what they measured (ObservedTTFT).
-const PolicyPredictedLatency = "predicted_latency"
-
 // setLatency hands a predicted_latency pool the request's part for the Pick that follows (the
 // policy clears it) and returns the pool's policy; nil for other policies.
 func (v *workerView) setLatency(ch choice) policy.LatencyScorer {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/tlgw/tlgw/actors/router/admission"
 	"github.com/tlgw/tlgw/actors/router/policy"
+	"github.com/tlgw/tlgw/internal/config"
 	"github.com/tlgw/tlgw/internal/errs"
 	"github.com/tlgw/tlgw/internal/prefixindex"
 	"github.com/tlgw/tlgw/internal/ttftmodel"
@@ -23,7 +24,7 @@ import (
 // w1; an objective only w0's model misses keeps them there; an observation for an unknown
 // worker, or without features, is ignored.
 func TestPredictedLatencyLearnsFromObservations(t *testing.T) {
-	s, err := NewSim(Config{Policy: PolicyPredictedLatency, LoadFactor: 4, PrefixIndexBlocks: 64})
+	s, err := NewSim(Config{Policy: config.PolicyPredictedLatency, LoadFactor: 4, PrefixIndexBlocks: 64})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,7 +103,7 @@ func TestPredictedLatencyLearnsFromObservations(t *testing.T) {
 func TestObjectiveWaitsForAWorkerInTime(t *testing.T) {
 	cfg := admissionCfg(nil, 0)
 	cfg.Queue.Classes = append(cfg.Queue.Classes, admission.ClassConfig{Name: "noqueue", Quantum: 1, MaxWait: time.Second})
-	s, err := NewSim(Config{Policy: PolicyPredictedLatency, LoadFactor: 100, Admission: cfg})
+	s, err := NewSim(Config{Policy: config.PolicyPredictedLatency, LoadFactor: 100, Admission: cfg})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -220,7 +221,7 @@ func TestObjectiveWaitsForAWorkerInTime(t *testing.T) {
 // member stops reporting (a heartbeat, in place), the pool falls back to the approximate index
 // of what the gateway sent; when it reports again, the exact index is back.
 func TestPredictedLatencyReadsEngineCaches(t *testing.T) {
-	s, err := NewSim(Config{Policy: PolicyPredictedLatency, LoadFactor: 4, PrefixIndexBlocks: 64})
+	s, err := NewSim(Config{Policy: config.PolicyPredictedLatency, LoadFactor: 4, PrefixIndexBlocks: 64})
 	if err != nil {
 		t.Fatal(err)
 	}

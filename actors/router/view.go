@@ -140,8 +140,9 @@ func newWorkerView(cfg Config, clk clock.Clock) *workerView {
 	if cfg.PrefixIndexBlocks > 0 {
 		v.pidx = prefixindex.New(cfg.PrefixIndexBlocks)
 	}
-	v.predicted = cfg.Policy == config.PolicyPredictedLatency
-	if UsesKVEvents(cfg.Policy) {
+	reads := policy.ReadsOf(cfg.Policy)
+	v.predicted = reads.TTFT
+	if reads.KVEvents {
 		v.kidx = kvindex.New[*policy.Member](cfg.KVIndexBlocks)
 	}
 	return v

@@ -20,6 +20,7 @@ import (
 	"github.com/tlgw/tlgw/actors/router"
 	"github.com/tlgw/tlgw/actors/router/admission"
 	_ "github.com/tlgw/tlgw/actors/router/admission/classifiers" // the classifier names config may use
+	"github.com/tlgw/tlgw/actors/router/policy"
 	"github.com/tlgw/tlgw/adapters/cluster"
 	grpcapi "github.com/tlgw/tlgw/adapters/grpc"
 	httpapi "github.com/tlgw/tlgw/adapters/http"
@@ -121,7 +122,7 @@ func Start(cfg *config.Config, o Options) (*App, error) {
 		pool.Close()
 		return nil, err
 	}
-	if router.UsesKVEvents(g.RoutePolicy) {
+	if policy.ReadsOf(g.RoutePolicy).KVEvents {
 		kvs = grpcapi.NewKVSubscriber(grpcapi.KVSubscriberOptions{Sink: gw, Engines: engines, Clock: o.Clock,
 			Logger: o.Logger.With("component", "kv_events")})
 		regOpts.OnAccepted = kvs.Watch
@@ -157,10 +158,10 @@ func Start(cfg *config.Config, o Options) (*App, error) {
 	deps := &request.Deps{
 		Router: gw.Router, Transport: o.Transport, Engines: a.engines, MaxAttempts: g.MaxAttempts,
 		Metrics: request.NewMetrics(reg), Logger: o.Logger, Errors: httpapi.ErrorWriter{},
-		Admission: admCfg != nil, Clock: o.Clock, PrefixHashes: prefixBlocks > 0 || router.UsesKVEvents(g.RoutePolicy),
+		Admission: admCfg != nil, Clock: o.Clock, PrefixHashes: prefixBlocks > 0 || policy.ReadsOf(g.RoutePolicy).KVEvents,
 		StreamFirstByteTimeout: g.StreamFirstByteTimeout, RequestTimeout: g.RequestTimeout,
 		StreamIdleTimeout: g.StreamIdleTimeout, ControlTimeout: g.ControlTimeout,
-		RetryBudget: request.NewRetryBudget(g.RetryBudgetPercent), ObserveTTFT: g.RoutePolicy == config.PolicyPredictedLatency,
+		RetryBudget: request.NewRetryBudget(g.RetryBudgetPercent), ObserveTTFT: policy.ReadsOf(g.RoutePolicy).TTFT,
 		Go: pool.Go,
 	}
 	reqOpts := append(am.Options("request"), actor.WithDispatcher(pool))
@@ -260,13 +261,12 @@ func admissionConfig(cfg *config.Config, clk clock.Clock) (*router.AdmissionConf
 	return &router.AdmissionConfig{Queue: q, BusyThreshold: a.BusyThreshold, PolicyName: c.Type}, nil
 }
 
-// prefixIndexBlocks sizes the router's prefix index: on (BlocksPerWorker) for route_policy =
-// "prefix_aware", an admission policy that reads cached tokens or a class that orders or
+// prefixIndexBlocks sizes the router's prefix index: on (BlocksPerWorker) for a route policy
+// that reads it (prefix_aware; predicted_latency, for each worker's uncached prompt tokens),
+// an admission policy that reads cached tokens or a class that orders or
 // charges by them (wspt, uncached_tokens); off (0) otherwise.
 func prefixIndexBlocks(cfg *config.Config, adm *router.AdmissionConfig) int {
-	// predicted_latency reads the approximate index for each worker's uncached prompt tokens.
-	if p := cfg.Gateway.RoutePolicy; p == config.PolicyPrefixAware || p == config.PolicyPredictedLatency ||
-		(adm != nil && adm.Queue.NeedsPrefixIndex()) {
+	if policy.ReadsOf(cfg.Gateway.RoutePolicy).PrefixIndex || (adm != nil && adm.Queue.NeedsPrefixIndex()) {
 		return cfg.Admission.PrefixIndex.BlocksPerWorker
 	}
 	return 0

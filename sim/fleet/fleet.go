@@ -368,8 +368,8 @@ func runPolicy(o *Options, ms []EngineModel, tr *trace, arrivals []int64, pol st
 	// As the gateway's app: the approximate index is on for prefix_aware and predicted_latency;
 	// precise_prefix and predicted_latency have the exact one, fed by the engines' events (every
 	// simulated engine reports them).
-	index := pol == "prefix_aware" || pol == router.PolicyPredictedLatency
-	precise := router.UsesKVEvents(pol)
+	reads := policy.ReadsOf(pol)
+	index, precise := reads.PrefixIndex, reads.KVEvents
 	if index {
 		cfg.PrefixIndexBlocks = o.PrefixIndexBlocks
 	}
@@ -387,7 +387,7 @@ func runPolicy(o *Options, ms []EngineModel, tr *trace, arrivals []int64, pol st
 		return Result{}, err
 	}
 	r := &runner{o: o, tr: tr, arrivals: arrivals, sim: s, index: index, precise: precise,
-		observe: pol == router.PolicyPredictedLatency, byID: make(map[string]int32, len(ms)),
+		observe: reads.TTFT, byID: make(map[string]int32, len(ms)),
 		jobs: make([]job, len(tr.reqs)), ttft: make([]float64, 0, len(tr.reqs))}
 	width := len(strconv.Itoa(len(ms) - 1))
 	for i, m := range ms {

@@ -123,6 +123,34 @@ func New(name string, o Options) (Policy, error) {
 	return mk(o), nil
 }
 
+// Reads is what a policy reads besides its members' loads and weights; the gateway builds and
+// feeds only what its route policy reads.
+type Reads struct {
+	// PrefixIndex: the approximate index of the prompts the gateway sent each worker
+	// (PrefixScorer, LatencyScorer), and with it each request's chunk hashes.
+	PrefixIndex bool
+	// KVEvents: the exact index that the engines' KV events feed (HeldScorer, R18.3): the
+	// gateway subscribes to the engines' events only for such a policy.
+	KVEvents bool
+	// TTFT: the time to first token the gateway measures per worker (LatencyScorer).
+	TTFT bool
+}
+
+// ReadsOf is what the policy registered under name reads (nothing for an unknown name). The
+// policy's type says it, by the interfaces it implements, so a new policy is its code and one
+// line in the registry, with no list of names elsewhere to keep in step.
+func ReadsOf(name string) Reads {
+	mk, ok := registry[name]
+	if !ok {
+		return Reads{}
+	}
+	p := mk(Options{})
+	_, prefix := p.(PrefixScorer)
+	_, held := p.(HeldScorer)
+	_, latency := p.(LatencyScorer)
+	return Reads{PrefixIndex: prefix || latency, KVEvents: held, TTFT: latency}
+}
+
 // Names returns the registered policy names, sorted.
 func Names() []string {
 	names := make([]string, 0, len(registry))

@@ -378,3 +378,32 @@ func TestNewByName(t *testing.T) {
 		t.Fatal(got)
 	}
 }
+
+// TestReadsOf: what each registered policy reads, as its type says; an unknown name reads
+// nothing.
+func TestReadsOf(t *testing.T) {
+	want := map[string]Reads{
+		"least_outstanding": {},
+		"weighted":          {},
+		"affinity":          {},
+		"round_robin":       {},
+		"prefix_aware":      {PrefixIndex: true},
+		"precise_prefix":    {KVEvents: true},
+		"predicted_latency": {PrefixIndex: true, KVEvents: true, TTFT: true},
+	}
+	for _, name := range Names() {
+		w, ok := want[name]
+		if !ok {
+			t.Errorf("%s: registered but not in this table", name)
+		}
+		if got := ReadsOf(name); got != w {
+			t.Errorf("ReadsOf(%q) = %+v, want %+v", name, got, w)
+		}
+	}
+	if len(Names()) != len(want) {
+		t.Errorf("registered %v, want the %d policies of this table", Names(), len(want))
+	}
+	if got := ReadsOf("random"); got != (Reads{}) {
+		t.Errorf("ReadsOf(unknown) = %+v", got)
+	}
+}
