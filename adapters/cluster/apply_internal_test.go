@@ -13,6 +13,7 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/tlgw/tlgw/internal/clock"
 	"github.com/tlgw/tlgw/internal/config"
 	"github.com/tlgw/tlgw/internal/errs"
 )
@@ -226,5 +227,42 @@ func TestSnapshotDrainBound(t *testing.T) {
 	s.applySnapshot(100, kvs)
 	if s.live != s.maxDrained {
 		t.Fatalf("%d drained kept from %d listed, bound %d", s.live, len(kvs), s.maxDrained)
+	}
+}
+
+// TestBackoff: the wait between sessions starts at 100 ms and doubles to 2 s while sessions
+// end before they held; one that held (up for 2 s or more) starts it afresh.
+func TestBackoff(t *testing.T) {
+	var b backoff
+	ms := time.Millisecond
+	for i, step := range []struct {
+		held bool
+		want time.Duration
+	}{
+		{false, 100 * ms}, {false, 200 * ms}, {false, 400 * ms}, {false, 800 * ms}, {false, 1600 * ms},
+		{false, 2000 * ms}, {false, 2000 * ms},
+		{true, 100 * ms}, {false, 200 * ms}, {true, 100 * ms}, {true, 100 * ms},
+	} {
+		if got := b.next(step.held); got != step.want {
+			t.Fatalf("wait %d (held %v): %v, want %v", i, step.held, got, step.want)
+		}
+	}
+	if got := (&backoff{}).next(true); got != 100*ms {
+		t.Fatalf("first wait after a session that held: %v", got)
+	}
+
+	clk := clock.NewFake(time.Unix(1000, 0))
+	s := &Store{cfg: Config{Clock: clk}}
+	up := clk.Now()
+	if s.held(time.Time{}) {
+		t.Fatal("a session that never got up held")
+	}
+	clk.Advance(2*time.Second - time.Nanosecond)
+	if s.held(up) {
+		t.Fatal("held after 2 s − 1 ns")
+	}
+	clk.Advance(time.Nanosecond)
+	if !s.held(up) {
+		t.Fatal("not held after 2 s")
 	}
 }

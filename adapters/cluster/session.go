@@ -20,25 +20,50 @@ import (
 // read (no update is lost however long etcd was away).
 func (s *Store) run(ctx context.Context) {
 	defer close(s.done)
-	backoff := 100 * time.Millisecond
+	var b backoff
 	for {
+		var upAt time.Time
 		err := s.connect()
 		if err == nil {
-			err = s.session(ctx)
+			upAt, err = s.session(ctx)
 		}
 		s.setUp(false)
 		if ctx.Err() != nil {
 			return
 		}
 		s.log.Warn("etcd session ended; serving the last known state until it is back", "err", err)
-		if !s.wait(ctx, backoff) {
+		if !s.wait(ctx, b.next(s.held(upAt))) {
 			return
 		}
-		backoff = min(2*backoff, 2*time.Second)
-		if err == nil {
-			backoff = 100 * time.Millisecond
-		}
 	}
+}
+
+// backoff is the wait before the next session: 100 ms at first and after a session that held
+// (followed the watch for at least backoffMax), doubling up to backoffMax while sessions end
+// sooner. An etcd that is away is tried every 2 s; one that blips after hours up is back within
+// 100 ms; one whose sessions keep ending right after they get up is not hammered (each session
+// grants a lease).
+type backoff struct{ last time.Duration }
+
+const (
+	backoffFirst = 100 * time.Millisecond
+	backoffMax   = 2 * time.Second
+)
+
+// held reports whether a session that got up at upAt (zero: never) held: it has been up for
+// backoffMax.
+func (s *Store) held(upAt time.Time) bool {
+	return !upAt.IsZero() && s.cfg.Clock.Now().Sub(upAt) >= backoffMax
+}
+
+// next is the wait after a session that ended; held says it had been up for backoffMax.
+func (b *backoff) next(held bool) time.Duration {
+	if held || b.last == 0 {
+		b.last = backoffFirst
+	} else {
+		b.last = min(2*b.last, backoffMax)
+	}
+	return b.last
 }
 
 // c is the connected client (set before any session starts).
@@ -74,26 +99,28 @@ func (s *Store) op(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(ctx, s.cfg.OpTimeout)
 }
 
-// session is one connected stretch; it returns why it ended.
-func (s *Store) session(parent context.Context) error {
+// session is one connected stretch; it returns when it got up (began following the watch;
+// zero if it never did) and why it ended.
+func (s *Store) session(parent context.Context) (time.Time, error) {
 	ctx, cancel := context.WithCancel(parent)
 	defer cancel()
 	if err := s.seed(ctx); err != nil {
-		return fmt.Errorf("seed: %w", err)
+		return time.Time{}, fmt.Errorf("seed: %w", err)
 	}
 	octx, ocancel := s.op(ctx)
 	resp, err := s.c().Get(octx, s.prefix, clientv3.WithPrefix())
 	ocancel()
 	if err != nil {
-		return fmt.Errorf("read %s: %w", s.prefix, err)
+		return time.Time{}, fmt.Errorf("read %s: %w", s.prefix, err)
 	}
 	ka, err := s.register(ctx)
 	if err != nil {
-		return fmt.Errorf("register replica: %w", err)
+		return time.Time{}, fmt.Errorf("register replica: %w", err)
 	}
 	s.applySnapshot(resp.Header.Revision, resp.Kvs)
 	wch := s.c().Watch(clientv3.WithRequireLeader(ctx), s.prefix, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
 	s.setUp(true)
+	upAt := s.cfg.Clock.Now()
 	s.log.Info("following the control plane in etcd", "revision", resp.Header.Revision, "replicas", s.replicaCount())
 	probe := make(chan struct{}, 1)
 	t := s.cfg.Clock.AfterFunc(s.cfg.ProbeInterval, func() { probe <- struct{}{} })
@@ -101,24 +128,24 @@ func (s *Store) session(parent context.Context) error {
 	for {
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
+			return upAt, ctx.Err()
 		case wr, ok := <-wch:
 			if !ok {
-				return errors.New("watch closed")
+				return upAt, errors.New("watch closed")
 			}
 			if err := wr.Err(); err != nil {
-				return fmt.Errorf("watch: %w", err)
+				return upAt, fmt.Errorf("watch: %w", err)
 			}
 			for _, ev := range wr.Events {
 				s.applyEvent(ev)
 			}
 		case _, ok := <-ka:
 			if !ok {
-				return errors.New("lease keep-alive ended (the lease expired or etcd is away)")
+				return upAt, errors.New("lease keep-alive ended (the lease expired or etcd is away)")
 			}
 		case <-probe:
 			if err := s.probe(ctx); err != nil {
-				return err
+				return upAt, err
 			}
 			t = s.cfg.Clock.AfterFunc(s.cfg.ProbeInterval, func() { probe <- struct{}{} })
 		}
