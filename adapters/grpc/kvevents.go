@@ -37,7 +37,7 @@ type KVSubscriberOptions struct {
 	Logger  *slog.Logger
 	// MinBackoff and MaxBackoff bound the wait before resubscribing after a stream ends
 	// (doubling from Min, with up to half again of jitter; defaults 100 ms and 10 s). A stream
-	// that got past its handshake resets it.
+	// that got past its handshake and then held for MaxBackoff resets it.
 	MinBackoff, MaxBackoff time.Duration
 	// AnswerTimeout bounds the wait for the router's answer to each message (default 5 s): the
 	// handshake's, refused until the router knows the worker, and each event's, which a router
@@ -197,6 +197,7 @@ func (s *KVSubscriber) run(ctx context.Context, sub *kvSub) {
 	defer s.wg.Done()
 	backoff := s.o.MinBackoff
 	for {
+		began := s.o.Clock.Now()
 		synced, err := s.stream(ctx, sub)
 		if ctx.Err() != nil {
 			return
@@ -204,7 +205,12 @@ func (s *KVSubscriber) run(ctx context.Context, sub *kvSub) {
 		if synced {
 			// What the engine holds is unknown until the next snapshot (a restart empties it).
 			s.send(sub, &router.KVEvents{WorkerID: sub.id, Clear: true})
-			backoff = s.o.MinBackoff
+			// A stream that held for MaxBackoff starts the wait afresh. One that ends sooner
+			// after its snapshot keeps doubling it, so an engine that keeps dropping its streams
+			// cannot have the router apply a snapshot every MinBackoff.
+			if s.o.Clock.Now().Sub(began) >= s.o.MaxBackoff {
+				backoff = s.o.MinBackoff
+			}
 		}
 		s.o.Logger.Debug("kv events stream ended; subscribing again", "worker", sub.id, "address", sub.addr,
 			"err", err, "backoff", backoff)

@@ -423,3 +423,53 @@ func TestKVSubscriberGivesUpOnASilentRouter(t *testing.T) {
 	wait(t, f.subs, "the first subscription")
 	wait(t, f.subs, "a new subscription")
 }
+
+// TestKVSubscriberBacksOffAFlappingEngine: an engine whose streams end right after their
+// handshake is subscribed to again after a doubling wait (1, 2, 4, 4 s here), not every
+// MinBackoff; a stream that held for MaxBackoff starts the wait afresh.
+func TestKVSubscriberBacksOffAFlappingEngine(t *testing.T) {
+	clk := clock.NewFake(time.Unix(0, 0))
+	f, addr, sink, s := gateSubscriber(t, KVSubscriberOptions{Clock: clk, AnswerTimeout: time.Hour,
+		MinBackoff: time.Second, MaxBackoff: 4 * time.Second, Jitter: func() float64 { return 0 }})
+	next := func() *router.KVEvents { t.Helper(); return sink.next(t) }
+	// backoff waits for the stream's end (a Clear that asks nothing) and then for the backoff
+	// timer, the one timer left, and checks its length.
+	backoff := func(want time.Duration) {
+		t.Helper()
+		if c := next(); !c.Clear || c.Reply != nil {
+			t.Fatalf("after the stream ended %+v, want a Clear that asks nothing", *c)
+		}
+		deadline := time.Now().Add(5 * time.Second)
+		for clk.Pending() != 1 {
+			if time.Now().After(deadline) {
+				t.Fatal("timed out waiting for the backoff")
+			}
+			runtime.Gosched()
+		}
+		if d, _ := clk.Next(); d != want {
+			t.Fatalf("backoff %v, want %v", d, want)
+		}
+		clk.Advance(want)
+	}
+
+	flap := kvScript{events: []*kvv1.KvEvent{ev(1, kvv1.KvEvent_CLEARED)}, end: true}
+	for range 4 {
+		f.scripts <- flap
+	}
+	held := make(chan *kvv1.KvEvent, 1)
+	f.scripts <- kvScript{events: []*kvv1.KvEvent{ev(1, kvv1.KvEvent_CLEARED)}, more: held}
+	f.scripts <- flap
+	s.Watch(router.WorkerInfo{ID: "e6", GRPCAddress: addr, KVEvents: true})
+	for _, want := range []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 4 * time.Second} {
+		sink.answer(next(), true) // the handshake; then the engine ends the stream
+		backoff(want)
+	}
+	// This stream stays up for 4 s, then breaks (a sequence gap): the wait is back to 1 s,
+	// and the next stream that flaps doubles it again.
+	sink.answer(next(), true)
+	clk.Advance(4 * time.Second)
+	held <- ev(5, kvv1.KvEvent_STORED, 1)
+	backoff(time.Second)
+	sink.answer(next(), true)
+	backoff(2 * time.Second)
+}

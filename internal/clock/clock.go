@@ -97,6 +97,23 @@ func (c *Fake) Pending() int {
 	return len(c.timers)
 }
 
+// Next is how long from now the earliest scheduled, unfired timer is due (≤ 0: already due),
+// and false when none is scheduled: what a test reads to check a wait's length.
+func (c *Fake) Next() (time.Duration, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var first *fakeTimer
+	for t := range c.timers {
+		if first == nil || t.at.Before(first.at) {
+			first = t
+		}
+	}
+	if first == nil {
+		return 0, false
+	}
+	return first.at.Sub(c.now), true
+}
+
 // Advance moves the clock forward by d (d >= 0), firing every timer that falls due.
 func (c *Fake) Advance(d time.Duration) {
 	if d < 0 {

@@ -116,3 +116,26 @@ func TestFakeDueNowFiresOnAdvanceZero(t *testing.T) {
 	}()
 	c.Advance(-time.Nanosecond)
 }
+
+// TestFakeNext: the time until the earliest unfired timer, stopped ones left out; none, false.
+func TestFakeNext(t *testing.T) {
+	c := NewFake(time.Unix(0, 0))
+	if d, ok := c.Next(); ok || d != 0 {
+		t.Fatalf("no timers: %v, %v", d, ok)
+	}
+	c.AfterFunc(3*time.Second, func() {})
+	early := c.AfterFunc(time.Second, func() {})
+	c.AfterFunc(2*time.Second, func() {})
+	if d, ok := c.Next(); !ok || d != time.Second {
+		t.Fatalf("next %v, %v; want 1s", d, ok)
+	}
+	early.Stop()
+	c.Advance(500 * time.Millisecond)
+	if d, ok := c.Next(); !ok || d != 1500*time.Millisecond {
+		t.Fatalf("next %v, %v; want 1.5s", d, ok)
+	}
+	c.Advance(3 * time.Second)
+	if d, ok := c.Next(); ok {
+		t.Fatalf("all fired, next %v", d)
+	}
+}
