@@ -96,8 +96,8 @@ type Policy interface {
 	Len() int
 }
 
-// Names lists the policies by their configuration names, in the one table that maps names
-// to constructors.
+// registry is the one table of route policies: configuration name to constructor. What each
+// reads follows from its type (ReadsOf).
 var registry = map[string]func(Options) Policy{
 	"least_outstanding": func(Options) Policy { return NewLeastOutstanding() },
 	"weighted":          func(Options) Policy { return NewWeighted() },
