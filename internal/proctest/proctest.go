@@ -187,3 +187,65 @@ func (p *Proc) CPUTime() (time.Duration, error) {
 	const ticksPerSecond = 100 // USER_HZ on Linux
 	return time.Duration(utime+stime) * time.Second / ticksPerSecond, nil
 }
+
+// Stop SIGSTOPs the process and waits until every one of its threads is stopped. kill returns
+// before that: the kernel starts the group stop in one thread, and the others keep running
+// until it has, which under load is long enough for an engine to answer a few requests.
+func (p *Proc) Stop(t testing.TB) {
+	t.Helper()
+	p.signalAndWait(t, syscall.SIGSTOP, true)
+}
+
+// Cont SIGCONTs the process and waits until none of its threads is stopped any more.
+func (p *Proc) Cont(t testing.TB) {
+	t.Helper()
+	p.signalAndWait(t, syscall.SIGCONT, false)
+}
+
+func (p *Proc) signalAndWait(t testing.TB, sig syscall.Signal, stopped bool) {
+	t.Helper()
+	if err := p.Cmd.Process.Signal(sig); err != nil {
+		t.Fatalf("%v to pid %d: %v", sig, p.Cmd.Process.Pid, err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	for {
+		all, err := p.threadsStopped(stopped)
+		if err != nil {
+			t.Fatalf("after %v: %v", sig, err)
+		}
+		if all {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pid %d: threads not all %s 10 s after %v", p.Cmd.Process.Pid, map[bool]string{true: "stopped", false: "running"}[stopped], sig)
+		}
+		<-tick.C
+	}
+}
+
+// threadsStopped reports whether every thread of the process is (stopped) or is not (!stopped)
+// in the stopped state T, from /proc/PID/task/*/stat (Linux).
+func (p *Proc) threadsStopped(stopped bool) (bool, error) {
+	dir := fmt.Sprintf("/proc/%d/task", p.Cmd.Process.Pid)
+	tasks, err := os.ReadDir(dir)
+	if err != nil {
+		return false, err
+	}
+	for _, task := range tasks {
+		b, err := os.ReadFile(filepath.Join(dir, task.Name(), "stat"))
+		if err != nil {
+			continue // the thread ended
+		}
+		// The state follows the parenthesised command name, which may itself hold spaces.
+		i := strings.LastIndexByte(string(b), ')')
+		if i < 0 || i+2 >= len(b) {
+			return false, fmt.Errorf("%s/%s/stat: %q", dir, task.Name(), b)
+		}
+		if (b[i+2] == 'T') != stopped {
+			return false, nil
+		}
+	}
+	return true, nil
+}

@@ -224,9 +224,7 @@ func (f *fleetProcs) strike(rng *rand.Rand, view map[string]workerView, stop boo
 	e := f.procs[id]
 	now := time.Now()
 	if stop {
-		if err := e.p.Cmd.Process.Signal(syscall.SIGSTOP); err != nil {
-			f.t.Fatalf("SIGSTOP %s: %v", id, err)
-		}
+		e.p.Stop(f.t) // returns once every thread is stopped
 		// Longer than the stream timeouts and the heartbeat eviction (k·T).
 		f.victims[id] = victim{stopped: true, until: now.Add(2200*time.Millisecond + time.Duration(rng.Int64N(int64(time.Second))))}
 		f.stops++
@@ -253,9 +251,7 @@ func (f *fleetProcs) heal(now time.Time) {
 		}
 		e := f.procs[id]
 		if v.stopped {
-			if err := e.p.Cmd.Process.Signal(syscall.SIGCONT); err != nil {
-				f.t.Fatalf("SIGCONT %s: %v", id, err)
-			}
+			e.p.Cont(f.t)
 		} else {
 			f.start(e)
 		}

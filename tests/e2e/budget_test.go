@@ -67,12 +67,10 @@ scopes = ["inference", "admin", "debug"]
 		// Cleanups run last-registered first: a stopped engine is continued before it is stopped.
 		t.Cleanup(func() { _ = p.Cmd.Process.Signal(syscall.SIGCONT) })
 	}
-	signal := func(id string, sig syscall.Signal) {
-		t.Helper()
-		if err := f.engines[id].Cmd.Process.Signal(sig); err != nil {
-			t.Fatalf("%v to %s: %v", sig, id, err)
-		}
-	}
+	// stop and cont return once every thread of the engine is stopped, or running again: a
+	// SIGSTOP takes effect a little after kill returns, time enough for a few answers.
+	stop := func(id string) { t.Helper(); f.engines[id].Stop(t) }
+	cont := func(id string) { t.Helper(); f.engines[id].Cont(t) }
 
 	// The clients' timeout is far above everything the test waits for.
 	tr := &http.Transport{MaxIdleConnsPerHost: 256}
@@ -201,7 +199,7 @@ scopes = ["inference", "admin", "debug"]
 	pressure := func(what string, from, n, budget int) {
 		t.Helper()
 		before := read()
-		signal("b-ok", syscall.SIGSTOP)
+		stop("b-ok")
 		answers := burst("smol", from, n)
 		// Wait until every request is answered (and counted: the gateway counts an answer in
 		// tlgw_requests_total just after writing it) or parked on b-ok: then no failover is
@@ -252,7 +250,7 @@ scopes = ["inference", "admin", "debug"]
 		if 2*d.failovers < float64(n) {
 			t.Fatalf("%s: %v failures of %d requests, want at least half", what, d.failovers, n)
 		}
-		signal("b-ok", syscall.SIGCONT)
+		cont("b-ok")
 		served(what+", parked requests", receive(answers, n-len(early), 20*time.Second))
 	}
 
@@ -263,7 +261,7 @@ scopes = ["inference", "admin", "debug"]
 	// 100 big requests parked on a stopped c-big raise the in-flight count: 4% of 101..120
 	// is 4 failovers at once.
 	const bigParked = 100
-	signal("c-big", syscall.SIGSTOP)
+	stop("c-big")
 	big := burst("big", 0, bigParked)
 	parkedBig := func() bool { return inFlight()["c-big"] == bigParked }
 	for deadline := time.Now().Add(20 * time.Second); !parkedBig(); {
@@ -279,7 +277,7 @@ scopes = ["inference", "admin", "debug"]
 		<-time.After(10 * time.Millisecond)
 	}
 	pressure("a burst of 20 over 100 parked", 300, 20, 4)
-	signal("c-big", syscall.SIGCONT)
+	cont("c-big")
 	bigAnswers := receive(big, bigParked, 30*time.Second)
 	for i, a := range bigAnswers {
 		if a.err != nil || a.status != 200 || a.route != "c-big" {
