@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -15,6 +17,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
+	"github.com/tlgw/tlgw/internal/clock"
 	"github.com/tlgw/tlgw/internal/config"
 	"github.com/tlgw/tlgw/internal/errs"
 	"github.com/tlgw/tlgw/internal/etcdtest"
@@ -500,5 +503,86 @@ func TestDrainRevisionsStayBounded(t *testing.T) {
 	a.mu.Unlock()
 	if n > 1+64+1 { // the drained model, the tombstones left before a sweep, the last one
 		t.Fatalf("%d drain revisions kept for one drained model after 200 drains and undrains", n)
+	}
+}
+
+// TestReconnectWaits: the waits between sessions as a replica lives them, on a fake clock
+// against a real etcd behind a proxy. Sessions that cannot get up wait 100 ms, then twice as
+// long each time up to 2 s; a session that held for 2 s and then lost etcd is followed by
+// 100 ms again; one that got up but did not hold keeps doubling. A cut session ends by itself
+// (its watch or lease keep-alive fails, in real time; the probe is an hour away on the fake
+// clock), so the clock moves only where the test says and never into a wait it has not read.
+func TestReconnectWaits(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	p := etcdtest.NewProxy(t, etcd.Endpoint())
+	p.Cut()
+	clk := clock.NewFake(time.Unix(1000, 0))
+	s, err := Start(Config{
+		Cluster: config.Cluster{Enabled: true, EtcdEndpoints: []string{p.Addr()}, Prefix: "/test/", LeaseTTL: 2 * time.Second},
+		Self:    Replica{ID: "r", HTTPAddress: "127.0.0.1:1", GRPCAddress: "127.0.0.1:2"},
+		Apply:   newApplied().applier(), Clock: clk, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		OpTimeout: 500 * time.Millisecond, ProbeInterval: time.Hour,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	// waiting is the backoff the store waits on once a session has ended: then the probe's
+	// timer is stopped and the backoff's is the only one.
+	waiting := func(what string) time.Duration {
+		t.Helper()
+		var d time.Duration
+		awaitCond(t, 10*time.Second, what, func() bool {
+			if s.Up() || clk.Pending() != 1 {
+				return false
+			}
+			d, _ = clk.Next()
+			return true
+		})
+		return d
+	}
+	// reconnect lets etcd back in and takes the waits of the sessions that still fail (the
+	// client may need a few to reconnect), each twice the one before, until one gets up. It
+	// returns the last wait.
+	reconnect := func(last time.Duration) time.Duration {
+		t.Helper()
+		p.Restore()
+		for !s.Up() {
+			clk.Advance(last)
+			awaitCond(t, 10*time.Second, "up, or waiting again", func() bool {
+				if s.Up() {
+					return true
+				}
+				if clk.Pending() != 1 {
+					return false
+				}
+				d, _ := clk.Next()
+				if d != min(2*last, 2*time.Second) {
+					t.Fatalf("after a failed session that waited %v: %v", last, d)
+				}
+				last = d
+				return true
+			})
+		}
+		return last
+	}
+
+	if d := waiting("the first wait"); d != 100*time.Millisecond {
+		t.Fatalf("first wait %v, want 100ms", d)
+	}
+	clk.Advance(100 * time.Millisecond)
+	if d := waiting("the second wait"); d != 200*time.Millisecond {
+		t.Fatalf("second wait %v, want 200ms", d)
+	}
+	reconnect(200 * time.Millisecond)
+	clk.Advance(2 * time.Second) // up for 2 s: this session held
+	p.Cut()
+	if d := waiting("the wait after a session that held"); d != 100*time.Millisecond {
+		t.Fatalf("after a session that held: %v, want 100ms", d)
+	}
+	last := reconnect(100 * time.Millisecond)
+	p.Cut() // up for no time at all on the clock
+	if d, want := waiting("the wait after a session that did not hold"), min(2*last, 2*time.Second); d != want {
+		t.Fatalf("after a session that did not hold, the last wait %v: %v, want %v", last, d, want)
 	}
 }
