@@ -12,6 +12,7 @@ import (
 	"runtime"
 	"time"
 
+	"golang.org/x/net/netutil"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/health"
@@ -42,6 +43,18 @@ const (
 	MaxConcurrentStreams = 100
 )
 
+// MaxOpenStreams bounds the streaming calls open at once on the listener, across all its
+// connections; one more is refused with ResourceExhausted. Health's Watch and reflection are
+// the only streaming calls here (Heartbeat is unary), neither asks for a credential, and each
+// holds a goroutine and its buffers for as long as the peer keeps it open: without a bound, a
+// peer could open 100 per connection on as many connections as it liked. An engine opens none,
+// a health probe calls Check, and grpcurl needs one at a time.
+const MaxOpenStreams = 64
+
+// ConnectionHeadroom is how many connections the listener holds beyond max_workers (one per
+// engine): room for probes, grpcurl and engines reconnecting (see Options.MaxConnections).
+const ConnectionHeadroom = 1024
+
 // Options configure the WorkerRegistry service.
 type Options struct {
 	// Auth is the registry's authentication; nil = open.
@@ -58,6 +71,13 @@ type Options struct {
 	// DefaultMaxConnectionIdle). An engine heartbeats every heartbeat_interval, so its
 	// connection is idle that long only if it stopped; one that did comes back with a new one.
 	MaxConnectionIdle time.Duration
+	// MaxConnections bounds the connections the listener holds at once (0: no bound; the
+	// gateway uses max_workers + ConnectionHeadroom). One more waits in the kernel's accept
+	// queue until a held connection closes (netutil.LimitListener): a flood of connections
+	// can keep new ones waiting, but cannot make the gateway hold goroutines and buffers for
+	// more than the bound. The handshake and idle bounds free a slot that a peer holds without
+	// calling anything.
+	MaxConnections int
 }
 
 // The listener's connection bounds (R13.3) when Options leaves them zero. gRPC's own defaults
@@ -223,11 +243,13 @@ func ValidateWorkerStatus(st *controlv1.WorkerStatus, rules engineaddr.Rules) (r
 type Listener struct {
 	Server *grpc.Server
 	Health *health.Server
+	conns  int // Options.MaxConnections
 }
 
 // NewListener builds the gRPC server with the three services registered and health SERVING,
-// capped at MaxRecvMsgSize per message and MaxConcurrentStreams per connection, with o's
-// handshake and idle bounds on each connection. TLS, when
+// capped at MaxRecvMsgSize per message, MaxConcurrentStreams per connection and MaxOpenStreams
+// streaming calls in all, with o's handshake and idle bounds on each connection and its
+// MaxConnections on the listener. TLS, when
 // configured, comes in opts (grpc.Creds). Calls run on a set of stream workers (grpc's
 // NumStreamWorkers: a call goes to a new goroutine only when all are busy), so a heartbeat does
 // not pay for a fresh goroutine growing its stack: at 5,000 heartbeats a second that growth was
@@ -236,6 +258,7 @@ func NewListener(reg Registry, o Options, opts ...grpc.ServerOption) *Listener {
 	opts = append(append([]grpc.ServerOption{
 		grpc.MaxRecvMsgSize(MaxRecvMsgSize), grpc.MaxConcurrentStreams(MaxConcurrentStreams),
 		grpc.NumStreamWorkers(uint32(max(8, 4*runtime.GOMAXPROCS(0)))),
+		grpc.ChainStreamInterceptor(boundStreams(MaxOpenStreams)),
 	}, o.connectionBounds()...), opts...)
 	gs := grpc.NewServer(opts...)
 	controlv1.RegisterWorkerRegistryServer(gs, NewServer(reg, o))
@@ -244,11 +267,30 @@ func NewListener(reg Registry, o Options, opts ...grpc.ServerOption) *Listener {
 	hs.SetServingStatus(controlv1.WorkerRegistry_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
 	healthpb.RegisterHealthServer(gs, hs)
 	reflection.Register(gs)
-	return &Listener{Server: gs, Health: hs}
+	return &Listener{Server: gs, Health: hs, conns: o.MaxConnections}
 }
 
-// Serve serves on lis until Stop.
-func (l *Listener) Serve(lis net.Listener) error { return l.Server.Serve(lis) }
+// boundStreams refuses a streaming call while n are open.
+func boundStreams(n int) grpc.StreamServerInterceptor {
+	open := make(chan struct{}, n)
+	return func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+		select {
+		case open <- struct{}{}:
+		default:
+			return status.Errorf(codes.ResourceExhausted, "too many open streams: at most %d at once", n)
+		}
+		defer func() { <-open }()
+		return h(srv, ss)
+	}
+}
+
+// Serve serves on lis until Stop, holding at most Options.MaxConnections connections at once.
+func (l *Listener) Serve(lis net.Listener) error {
+	if l.conns > 0 {
+		lis = netutil.LimitListener(lis, l.conns)
+	}
+	return l.Server.Serve(lis)
+}
 
 // Stop marks health NOT_SERVING and stops gracefully: in-flight heartbeats finish.
 func (l *Listener) Stop() {

@@ -10,8 +10,11 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
@@ -274,4 +277,101 @@ func TestConnectionBounds(t *testing.T) {
 		t.Fatal("an idle connection is still ready after 5 s")
 	}
 	r.beat(t, status1("w1")) // the next call dials again
+}
+
+// dialInsecure opens another client connection to target, closed when the test ends.
+func dialInsecure(t *testing.T, target string) *grpc.ClientConn {
+	t.Helper()
+	cc, err := grpc.NewClient(target, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	return cc
+}
+
+// healthCheck calls health's Check (unary) on cc within d.
+func healthCheck(cc *grpc.ClientConn, d time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	_, err := healthpb.NewHealthClient(cc).Check(ctx, &healthpb.HealthCheckRequest{})
+	return err
+}
+
+// TestOpenStreamsBounded (R13.2): streaming calls, which ask for no credential, are bounded
+// across the listener's connections. One more than MaxOpenStreams is ResourceExhausted while
+// heartbeats and health checks go on, and a stream that closes frees its place.
+func TestOpenStreamsBounded(t *testing.T) {
+	r := newRig(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conns := []*grpc.ClientConn{r.conn, dialInsecure(t, r.conn.Target())}
+	// watch opens a Watch stream on cc and reads its first answer.
+	watch := func(cc *grpc.ClientConn) (context.CancelFunc, error) {
+		sctx, scancel := context.WithCancel(ctx)
+		st, err := healthpb.NewHealthClient(cc).Watch(sctx, &healthpb.HealthCheckRequest{})
+		if err == nil {
+			_, err = st.Recv()
+		}
+		return scancel, err
+	}
+	var open []context.CancelFunc
+	defer func() {
+		for _, c := range open {
+			c()
+		}
+	}()
+	for i := range grpcapi.MaxOpenStreams {
+		c, err := watch(conns[i%2])
+		if err != nil {
+			t.Fatalf("stream %d of %d: %v", i+1, grpcapi.MaxOpenStreams, err)
+		}
+		open = append(open, c)
+	}
+	for _, cc := range conns {
+		c, err := watch(cc)
+		c()
+		wantCode(t, "a stream beyond the bound", err, codes.ResourceExhausted)
+	}
+	r.beat(t, status1("w1"))
+	if err := healthCheck(conns[1], 5*time.Second); err != nil {
+		t.Fatalf("a health check while the streams are open: %v", err)
+	}
+
+	// The server learns of the client's cancel after the client does: poll.
+	open[0]()
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	for {
+		c, err := watch(conns[1])
+		c()
+		if err == nil {
+			break
+		}
+		wantCode(t, "a stream while the bound is reached", err, codes.ResourceExhausted)
+		select {
+		case <-ctx.Done():
+			t.Fatal("a closed stream did not free its place within 10 s")
+		case <-tick.C:
+		}
+	}
+}
+
+// TestConnectionLimit (R13.2): the listener holds at most Options.MaxConnections connections;
+// one more is not served until a held one closes.
+func TestConnectionLimit(t *testing.T) {
+	r := newRigWith(t, grpcapi.Options{MaxConnections: 2}, nil)
+	b := dialInsecure(t, r.conn.Target())
+	for i, cc := range []*grpc.ClientConn{r.conn, b} {
+		if err := healthCheck(cc, 5*time.Second); err != nil {
+			t.Fatalf("connection %d of 2: %v", i+1, err)
+		}
+	}
+	c := dialInsecure(t, r.conn.Target())
+	wantCode(t, "a call on a third connection", healthCheck(c, 300*time.Millisecond), codes.DeadlineExceeded)
+	b.Close()
+	if err := healthCheck(c, 5*time.Second); err != nil {
+		t.Fatalf("the third connection once the second closed: %v", err)
+	}
+	r.beat(t, status1("w1"))
 }

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	grpcapi "github.com/tlgw/tlgw/adapters/grpc"
 	"github.com/tlgw/tlgw/internal/config"
 )
 
@@ -56,5 +57,21 @@ func TestReplicaID(t *testing.T) {
 	}
 	if id, err := replicaID(cfg, "127.0.0.1:8080"); err != nil || id != want {
 		t.Fatalf("unset: %q, %v; want %q", id, err, want)
+	}
+}
+
+// TestRegistryConnectionLimit: the registry's listener holds one connection per engine that
+// max_workers allows, plus grpcapi.ConnectionHeadroom.
+func TestRegistryConnectionLimit(t *testing.T) {
+	for _, n := range []int{1, 10000} {
+		cfg := config.Default()
+		cfg.Registry.MaxWorkers = n
+		o, _, err := registryOptions(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := n + grpcapi.ConnectionHeadroom; o.MaxConnections != want {
+			t.Fatalf("max_workers %d: MaxConnections %d, want %d", n, o.MaxConnections, want)
+		}
 	}
 }

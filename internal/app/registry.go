@@ -29,6 +29,8 @@ func registryOptions(cfg *config.Config) (grpcapi.Options, []grpc.ServerOption, 
 	o := grpcapi.Options{
 		Auth:      grpcapi.NewAuth(tokens, r.ClientCA != ""),
 		Addresses: engineaddr.Rules{CIDRs: r.EngineCIDRs},
+		// One connection per engine, and room for probes and engines reconnecting.
+		MaxConnections: r.MaxWorkers + grpcapi.ConnectionHeadroom,
 	}
 	if r.TLSCert == "" && r.TLSKey == "" {
 		if r.ClientCA != "" {
