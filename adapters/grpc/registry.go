@@ -241,9 +241,10 @@ func ValidateWorkerStatus(st *controlv1.WorkerStatus, rules engineaddr.Rules) (r
 
 // Listener is the registry's gRPC server: WorkerRegistry, reflection and health.
 type Listener struct {
-	Server *grpc.Server
-	Health *health.Server
-	conns  int // Options.MaxConnections
+	Server  *grpc.Server
+	Health  *health.Server
+	conns   int // Options.MaxConnections
+	streams *streams
 }
 
 // NewListener builds the gRPC server with the three services registered and health SERVING,
@@ -255,10 +256,11 @@ type Listener struct {
 // not pay for a fresh goroutine growing its stack: at 5,000 heartbeats a second that growth was
 // 8% of the gateway's CPU.
 func NewListener(reg Registry, o Options, opts ...grpc.ServerOption) *Listener {
+	st := newStreams(MaxOpenStreams)
 	opts = append(append([]grpc.ServerOption{
 		grpc.MaxRecvMsgSize(MaxRecvMsgSize), grpc.MaxConcurrentStreams(MaxConcurrentStreams),
 		grpc.NumStreamWorkers(uint32(max(8, 4*runtime.GOMAXPROCS(0)))),
-		grpc.ChainStreamInterceptor(boundStreams(MaxOpenStreams)),
+		grpc.ChainStreamInterceptor(st.intercept),
 	}, o.connectionBounds()...), opts...)
 	gs := grpc.NewServer(opts...)
 	controlv1.RegisterWorkerRegistryServer(gs, NewServer(reg, o))
@@ -267,22 +269,44 @@ func NewListener(reg Registry, o Options, opts ...grpc.ServerOption) *Listener {
 	hs.SetServingStatus(controlv1.WorkerRegistry_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
 	healthpb.RegisterHealthServer(gs, hs)
 	reflection.Register(gs)
-	return &Listener{Server: gs, Health: hs, conns: o.MaxConnections}
+	return &Listener{Server: gs, Health: hs, conns: o.MaxConnections, streams: st}
 }
 
-// boundStreams refuses a streaming call while n are open.
-func boundStreams(n int) grpc.StreamServerInterceptor {
-	open := make(chan struct{}, n)
-	return func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
-		select {
-		case open <- struct{}{}:
-		default:
-			return status.Errorf(codes.ResourceExhausted, "too many open streams: at most %d at once", n)
-		}
-		defer func() { <-open }()
-		return h(srv, ss)
-	}
+// streams are the listener's streaming calls: at most n open at once, and ended when it stops.
+type streams struct {
+	open    chan struct{}
+	stopped context.Context
+	stop    context.CancelFunc
 }
+
+func newStreams(n int) *streams {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &streams{open: make(chan struct{}, n), stopped: ctx, stop: cancel}
+}
+
+// intercept refuses a streaming call while the bound is reached, and runs it with a context
+// that also ends when the listener stops (health's Watch returns then; it would otherwise run
+// for as long as its peer likes).
+func (s *streams) intercept(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+	select {
+	case s.open <- struct{}{}:
+	default:
+		return status.Errorf(codes.ResourceExhausted, "too many open streams: at most %d at once", cap(s.open))
+	}
+	defer func() { <-s.open }()
+	ctx, cancel := context.WithCancel(ss.Context())
+	defer cancel()
+	defer context.AfterFunc(s.stopped, cancel)()
+	return h(srv, ctxStream{ServerStream: ss, ctx: ctx})
+}
+
+// ctxStream is a server stream with its own context.
+type ctxStream struct {
+	grpc.ServerStream
+	ctx context.Context
+}
+
+func (s ctxStream) Context() context.Context { return s.ctx }
 
 // Serve serves on lis until Stop, holding at most Options.MaxConnections connections at once.
 func (l *Listener) Serve(lis net.Listener) error {
@@ -292,8 +316,23 @@ func (l *Listener) Serve(lis net.Listener) error {
 	return l.Server.Serve(lis)
 }
 
-// Stop marks health NOT_SERVING and stops gracefully: in-flight heartbeats finish.
-func (l *Listener) Stop() {
+// Stop stops serving: health turns NOT_SERVING, open streaming calls are ended, calls in
+// flight (heartbeats) may finish until ctx ends, and then every connection is closed. It
+// returns when the server has stopped. GracefulStop alone waits for every open stream, and a
+// peer that keeps one open (a reflection stream whose peer sends nothing more) would hold the
+// gateway's shutdown for good.
+func (l *Listener) Stop(ctx context.Context) {
 	l.Health.Shutdown()
-	l.Server.GracefulStop()
+	l.streams.stop()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		l.Server.GracefulStop()
+	}()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		l.Server.Stop()
+		<-done
+	}
 }

@@ -46,7 +46,7 @@ func newRigGW(t *testing.T, h *gwtest.Harness, o grpcapi.Options, srv []grpc.Ser
 	l := grpcapi.NewListener(h.GW, o, srv...)
 	done := make(chan struct{})
 	go func() { defer close(done); _ = l.Serve(lis) }()
-	t.Cleanup(func() { l.Stop(); <-done })
+	t.Cleanup(func() { l.Stop(context.Background()); <-done })
 	if len(dial) == 0 {
 		dial = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
 	}

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
@@ -374,4 +375,69 @@ func TestConnectionLimit(t *testing.T) {
 		t.Fatalf("the third connection once the second closed: %v", err)
 	}
 	r.beat(t, status1("w1"))
+}
+
+// TestStopEndsStreams: a peer that keeps a stream open does not hold the listener's Stop. A
+// health Watch is ended at once, however long Stop would wait; a reflection stream, which
+// waits in its peer's next message, is cut when Stop's context ends.
+func TestStopEndsStreams(t *testing.T) {
+	start := func(t *testing.T) (*grpcapi.Listener, *grpc.ClientConn, <-chan struct{}) {
+		lis, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		l := grpcapi.NewListener(gwtest.New(t).GW, grpcapi.Options{})
+		served := make(chan struct{})
+		go func() { defer close(served); _ = l.Serve(lis) }()
+		return l, dialInsecure(t, lis.Addr().String()), served
+	}
+	// stop runs l.Stop(ctx) and fails the test if it has not returned within 10 s.
+	stop := func(t *testing.T, l *grpcapi.Listener, ctx context.Context, served <-chan struct{}) {
+		stopped := make(chan struct{})
+		go func() { defer close(stopped); l.Stop(ctx) }()
+		select {
+		case <-stopped:
+		case <-time.After(10 * time.Second):
+			t.Fatal("Stop has not returned after 10 s")
+		}
+		<-served
+	}
+	t.Run("watch", func(t *testing.T) {
+		l, cc, served := start(t)
+		w, err := healthpb.NewHealthClient(cc).Watch(context.Background(), &healthpb.HealthCheckRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := w.Recv(); err != nil {
+			t.Fatal(err)
+		}
+		stop(t, l, context.Background(), served)
+		for i := 0; ; i++ { // NOT_SERVING may come first; then the end
+			if _, err := w.Recv(); err != nil {
+				break
+			}
+			if i == 10 {
+				t.Fatal("the Watch stream goes on after Stop")
+			}
+		}
+	})
+	t.Run("reflection", func(t *testing.T) {
+		l, cc, served := start(t)
+		rs, err := reflectionpb.NewServerReflectionClient(cc).ServerReflectionInfo(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := rs.Send(&reflectionpb.ServerReflectionRequest{MessageRequest: &reflectionpb.ServerReflectionRequest_ListServices{}}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := rs.Recv(); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		defer cancel()
+		stop(t, l, ctx, served)
+		if _, err := rs.Recv(); err == nil {
+			t.Fatal("the reflection stream goes on after Stop")
+		}
+	})
 }

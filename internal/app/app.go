@@ -219,7 +219,7 @@ func (a *App) Shutdown(ctx context.Context) error {
 	if err != nil {
 		_ = a.httpSrv.Close() // grace period over: cut what is left
 	}
-	a.grpcLis.Stop()
+	a.grpcLis.Stop(ctx)
 	if a.store != nil {
 		a.store.Close() // revokes this replica's lease: the others count one replica less at once
 	}

@@ -23,7 +23,9 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
+	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/grpc/status"
 
 	controlv1 "github.com/tlgw/tlgw/contracts/tl/control/v1"
@@ -277,5 +279,50 @@ func TestRegistryTokenAndMTLS(t *testing.T) {
 	}
 	if err := call(bCert, bKey, "shared"); status.Code(err) != codes.PermissionDenied {
 		t.Fatalf("same token, other certificate: %v, want PermissionDenied", err)
+	}
+}
+
+// TestShutdownWithRegistryStreams: peers holding streams open on the registry (a health Watch,
+// a reflection stream) do not hold the gateway's shutdown past its grace period.
+func TestShutdownWithRegistryStreams(t *testing.T) {
+	cfg := config.Default()
+	cfg.Gateway.HTTPListen, cfg.Gateway.RegistryListen = "127.0.0.1:0", "127.0.0.1:0"
+	a, err := app.Start(cfg, app.Options{Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := grpc.NewClient(a.GRPCAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	w, err := healthpb.NewHealthClient(conn).Watch(context.Background(), &healthpb.HealthCheckRequest{})
+	if err == nil {
+		_, err = w.Recv()
+	}
+	if err != nil {
+		t.Fatalf("watch: %v", err)
+	}
+	rs, err := reflectionpb.NewServerReflectionClient(conn).ServerReflectionInfo(context.Background())
+	if err == nil {
+		err = rs.Send(&reflectionpb.ServerReflectionRequest{MessageRequest: &reflectionpb.ServerReflectionRequest_ListServices{}})
+	}
+	if err == nil {
+		_, err = rs.Recv()
+	}
+	if err != nil {
+		t.Fatalf("reflection: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- a.Shutdown(ctx) }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("shutdown: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("shutdown has not returned 10 s after a 200 ms grace period")
 	}
 }
