@@ -2,6 +2,7 @@ package grpcapi
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 
@@ -69,6 +70,30 @@ func (e *Engines) Close() {
 	}
 }
 
+// MaxControlAnswer bounds an engine's answer to Prefill or Release on the wire. Both are a few
+// numbers and a handle id; gRPC's default would take 4 MiB.
+const MaxControlAnswer = 64 << 10
+
+// errInvalidHandle: a Prefill answer whose KV handle id the gateway will not carry.
+var errInvalidHandle = errors.New("prefill answer: invalid KV handle id")
+
+// validHandleID checks a KV handle id from a prefill worker before the gateway holds it: the
+// id goes to the decode worker in the X-TL-KV-Handle header and back to it in Release, so it
+// must be 1 to MaxField bytes of visible ASCII (no space, no control byte). A bad id is the
+// prefill worker's failure (a failover that counts against it), not the decode worker's, whose
+// request would otherwise be refused for it.
+func validHandleID(id string) error {
+	if id == "" || len(id) > MaxField {
+		return fmt.Errorf("%w: %d bytes (1 to %d allowed)", errInvalidHandle, len(id), MaxField)
+	}
+	for i := 0; i < len(id); i++ {
+		if c := id[i]; c < 0x21 || c > 0x7e {
+			return fmt.Errorf("%w: byte %d is %#x (visible ASCII allowed)", errInvalidHandle, i, c)
+		}
+	}
+	return nil
+}
+
 // Prefill implements request.Engines: EngineControl/Prefill on the prefill worker.
 func (e *Engines) Prefill(ctx context.Context, grpcAddr string, call request.PrefillCall) (request.PrefillResult, error) {
 	c, err := e.conn(grpcAddr)
@@ -82,11 +107,14 @@ func (e *Engines) Prefill(ctx context.Context, grpcAddr string, call request.Pre
 			MaxTokens: s.MaxTokens, Temperature: s.Temperature, TopP: s.TopP, TopK: s.TopK,
 			Seed: s.Seed, Logprobs: s.Logprobs, Stop: s.Stop,
 		},
-	})
+	}, grpc.MaxCallRecvMsgSize(MaxControlAnswer))
 	if err != nil {
 		return request.PrefillResult{}, err
 	}
 	h := resp.GetHandle()
+	if err := validHandleID(h.GetHandleId()); err != nil {
+		return request.PrefillResult{}, err
+	}
 	return request.PrefillResult{
 		HandleID: h.GetHandleId(), NumBlocks: h.GetNumBlocks(), NumTokens: h.GetNumTokens(),
 		FirstToken: resp.GetFirstToken(), FirstLogprob: resp.GetFirstLogprob(), DrawsConsumed: resp.GetRngDrawsConsumed(),
@@ -99,6 +127,6 @@ func (e *Engines) Release(ctx context.Context, kvAddr, handleID string) error {
 	if err != nil {
 		return err
 	}
-	_, err = kvv1.NewKvTransferServiceClient(c).Release(ctx, &kvv1.KvHandle{HandleId: handleID})
+	_, err = kvv1.NewKvTransferServiceClient(c).Release(ctx, &kvv1.KvHandle{HandleId: handleID}, grpc.MaxCallRecvMsgSize(MaxControlAnswer))
 	return err
 }
