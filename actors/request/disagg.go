@@ -6,8 +6,8 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
-	"io"
 	"math"
 	"net/http"
 
@@ -141,9 +141,14 @@ func tokenizeCall(ctx context.Context, tr Upstream, url string, body []byte) tok
 		return tokenized{err: err}
 	}
 	defer resp.Body.Close()
-	raw, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	most := maxTokenIDs(len(body))
+	limit := maxTokenizeAnswer(most)
+	raw, err := readBounded(resp.Body, resp.ContentLength, limit)
+	if errors.Is(err, errAnswerTooLarge) {
+		return tokenized{err: fmt.Errorf("tokenize answer: over %d bytes for a %d-byte request", limit, len(body))}
+	}
 	if err != nil {
-		return tokenized{err: err}
+		return tokenized{err: fmt.Errorf("tokenize answer: %w", err)}
 	}
 	if resp.StatusCode != http.StatusOK {
 		return tokenized{err: fmt.Errorf("%w: %s", statusError{what: "tokenize", status: resp.StatusCode}, bytes.TrimSpace(raw))}
@@ -154,8 +159,26 @@ func tokenizeCall(ctx context.Context, tr Upstream, url string, body []byte) tok
 	if err := json.Unmarshal(raw, &out); err != nil {
 		return tokenized{err: fmt.Errorf("tokenize answer: %v", err)}
 	}
+	if len(out.Tokens) > most {
+		return tokenized{err: fmt.Errorf("tokenize answer: %d token ids for a %d-byte request (at most %d)", len(out.Tokens), len(body), most)}
+	}
 	return tokenized{ids: out.Tokens}
 }
+
+// maxTokenIDs is the most token ids a prefill worker's tokenize answer may hold for a request
+// body of n bytes: a tokenizer makes at most one token of each byte of the text (byte-level
+// BPE, or byte fallback), the body's JSON holds more bytes than its text, and templateTokens
+// leaves room for what a chat template adds (role markers, a default system prompt). So an
+// engine's answer is bounded by the request it answers, and a small request cannot make the
+// gateway read and hold megabytes of ids.
+func maxTokenIDs(n int) int { return n + templateTokens }
+
+const templateTokens = 4096
+
+// maxTokenizeAnswer bounds the bytes of a tokenize answer of at most ids token ids: each id at
+// most 10 digits and a separator, and room for the JSON around them and the answer's other
+// fields.
+func maxTokenizeAnswer(ids int) int { return 11*ids + 4096 }
 
 func (r *requestActor) stepTokenizing(c actor.Context, msg any) {
 	m, ok := msg.(tokenized)
