@@ -1,9 +1,11 @@
 package app
 
 import (
+	"context"
 	"net"
 	"net/http"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -21,8 +23,8 @@ func TestHTTPServerTimeouts(t *testing.T) {
 	if s.IdleTimeout != 7*time.Second || s.ReadHeaderTimeout != 3*time.Second || s.ReadTimeout != 0 || s.WriteTimeout != 0 {
 		t.Fatalf("idle %v, read header %v, read %v, write %v", s.IdleTimeout, s.ReadHeaderTimeout, s.ReadTimeout, s.WriteTimeout)
 	}
-	if s := newHTTPServer(http.NotFoundHandler(), config.Default().Gateway); s.ReadHeaderTimeout != maxHeaderWait || s.IdleTimeout != 120*time.Second {
-		t.Fatalf("defaults: read header %v, idle %v", s.ReadHeaderTimeout, s.IdleTimeout)
+	if s := newHTTPServer(http.NotFoundHandler(), config.Default().Gateway); s.ReadHeaderTimeout != maxHeaderWait || s.IdleTimeout != 120*time.Second || s.MaxHeaderBytes != 64<<10 {
+		t.Fatalf("defaults: read header %v, idle %v, header bytes %d", s.ReadHeaderTimeout, s.IdleTimeout, s.MaxHeaderBytes)
 	}
 	// A Gateway built in code without body_read_timeout (the config file refuses 0) still bounds
 	// the headers: a zero ReadHeaderTimeout would mean no bound at all.
@@ -73,5 +75,48 @@ func TestRegistryConnectionLimit(t *testing.T) {
 		if want := n + grpcapi.ConnectionHeadroom; o.MaxConnections != want {
 			t.Fatalf("max_workers %d: MaxConnections %d, want %d", n, o.MaxConnections, want)
 		}
+	}
+}
+
+// TestHTTPServerHeaderBound: request headers larger than maxHeaderBytes are refused with 431
+// before any handler runs; headers of a usual size are served.
+func TestHTTPServerHeaderBound(t *testing.T) {
+	served := 0
+	s := newHTTPServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { served++ }), config.Default().Gateway)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { defer close(done); _ = s.Serve(lis) }()
+	defer func() {
+		// Shutdown, not Close: it also waits for the connection the 431 closes, which net/http
+		// lingers on for half a second.
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := s.Shutdown(ctx); err != nil {
+			t.Error(err)
+		}
+		<-done
+	}()
+	for _, c := range []struct {
+		size, want int
+	}{{8 << 10, http.StatusOK}, {maxHeaderBytes - 1024, http.StatusOK}, {maxHeaderBytes + 8<<10, http.StatusRequestHeaderFieldsTooLarge}} {
+		req, err := http.NewRequest("GET", "http://"+lis.Addr().String()+"/healthz", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("X-Padding", strings.Repeat("p", c.size))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatalf("%d bytes of header: %v", c.size, err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != c.want {
+			t.Fatalf("%d bytes of header: %d, want %d", c.size, resp.StatusCode, c.want)
+		}
+	}
+	if served != 2 {
+		t.Fatalf("the handler ran %d times, want 2", served)
 	}
 }
