@@ -51,9 +51,12 @@ const (
 // a health probe calls Check, and grpcurl needs one at a time.
 const MaxOpenStreams = 64
 
-// ConnectionHeadroom is how many connections the listener holds beyond max_workers (one per
-// engine): room for probes, grpcurl and engines reconnecting (see Options.MaxConnections).
-const ConnectionHeadroom = 1024
+// ConnectionLimit is the connections the gateway's registry listener holds at once for
+// max_workers engines (Options.MaxConnections): two per engine, since an engine that reconnects
+// after its network dropped opens a new connection while the gateway may still hold the old one
+// (a peer that vanished is noticed by the idle bound, up to 5 minutes later), and 1,024 for
+// probes and grpcurl.
+func ConnectionLimit(maxWorkers int) int { return 2*maxWorkers + 1024 }
 
 // Options configure the WorkerRegistry service.
 type Options struct {
@@ -72,7 +75,7 @@ type Options struct {
 	// connection is idle that long only if it stopped; one that did comes back with a new one.
 	MaxConnectionIdle time.Duration
 	// MaxConnections bounds the connections the listener holds at once (0: no bound; the
-	// gateway uses max_workers + ConnectionHeadroom). One more waits in the kernel's accept
+	// gateway uses ConnectionLimit(max_workers)). One more waits in the kernel's accept
 	// queue until a held connection closes (netutil.LimitListener): a flood of connections
 	// can keep new ones waiting, but cannot make the gateway hold goroutines and buffers for
 	// more than the bound. The handshake and idle bounds free a slot that a peer holds without

@@ -62,17 +62,17 @@ func TestReplicaID(t *testing.T) {
 	}
 }
 
-// TestRegistryConnectionLimit: the registry's listener holds one connection per engine that
-// max_workers allows, plus grpcapi.ConnectionHeadroom.
+// TestRegistryConnectionLimit: the registry's listener holds two connections per engine that
+// max_workers allows (an old one and its replacement), plus 1,024.
 func TestRegistryConnectionLimit(t *testing.T) {
-	for _, n := range []int{1, 10000} {
+	for n, want := range map[int]int{1: 1026, 10000: 21024} {
 		cfg := config.Default()
 		cfg.Registry.MaxWorkers = n
 		o, _, err := registryOptions(cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if want := n + grpcapi.ConnectionHeadroom; o.MaxConnections != want {
+		if o.MaxConnections != want || grpcapi.ConnectionLimit(n) != want {
 			t.Fatalf("max_workers %d: MaxConnections %d, want %d", n, o.MaxConnections, want)
 		}
 	}

@@ -27,10 +27,9 @@ func registryOptions(cfg *config.Config) (grpcapi.Options, []grpc.ServerOption, 
 		tokens = append(tokens, grpcapi.Token{Secret: t.Token, Models: t.Models, IDPrefix: t.IDPrefix})
 	}
 	o := grpcapi.Options{
-		Auth:      grpcapi.NewAuth(tokens, r.ClientCA != ""),
-		Addresses: engineaddr.Rules{CIDRs: r.EngineCIDRs},
-		// One connection per engine, and room for probes and engines reconnecting.
-		MaxConnections: r.MaxWorkers + grpcapi.ConnectionHeadroom,
+		Auth:           grpcapi.NewAuth(tokens, r.ClientCA != ""),
+		Addresses:      engineaddr.Rules{CIDRs: r.EngineCIDRs},
+		MaxConnections: grpcapi.ConnectionLimit(r.MaxWorkers),
 	}
 	if r.TLSCert == "" && r.TLSKey == "" {
 		if r.ClientCA != "" {
