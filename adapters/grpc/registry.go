@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/tap"
 
 	"github.com/tlgw/tlgw/actors/registry"
 	"github.com/tlgw/tlgw/actors/router"
@@ -51,6 +52,11 @@ const (
 // a health probe calls Check, and grpcurl needs one at a time.
 const MaxOpenStreams = 64
 
+// CallLimit is the calls the gateway's registry listener runs at once for max_workers engines
+// (Options.MaxCalls): an engine sends one heartbeat at a time, and 1,024 more leave room for
+// probes and bursts.
+func CallLimit(maxWorkers int) int { return maxWorkers + 1024 }
+
 // ConnectionLimit is the connections the gateway's registry listener holds at once for
 // max_workers engines (Options.MaxConnections): two per engine, since an engine that reconnects
 // after its network dropped opens a new connection while the gateway may still hold the old one
@@ -81,6 +87,14 @@ type Options struct {
 	// more than the bound. The handshake and idle bounds free a slot that a peer holds without
 	// calling anything.
 	MaxConnections int
+	// MaxCalls bounds the calls the listener runs at once, across its connections (0: no
+	// bound; the gateway uses CallLimit(max_workers)); one more is ResourceExhausted before a
+	// byte of its message is read. A call holds its place from its headers to its end, also
+	// while its message has not arrived: gRPC reads a request before any interceptor runs and
+	// sets it no deadline of its own, so without the bound a peer could stall 100 calls on each
+	// connection, each a goroutine and its buffers, and grow the gateway until it ran out of
+	// memory. With it a peer can keep engines' heartbeats waiting, but not take the process down.
+	MaxCalls int
 }
 
 // The listener's connection bounds (R13.3) when Options leaves them zero. gRPC's own defaults
@@ -260,11 +274,15 @@ type Listener struct {
 // 8% of the gateway's CPU.
 func NewListener(reg Registry, o Options, opts ...grpc.ServerOption) *Listener {
 	st := newStreams(MaxOpenStreams)
+	bounds := append(o.connectionBounds(), grpc.ChainStreamInterceptor(st.intercept))
+	if o.MaxCalls > 0 {
+		c := &calls{open: make(chan struct{}, o.MaxCalls)}
+		bounds = append(bounds, grpc.InTapHandle(c.tap), grpc.ChainUnaryInterceptor(c.unary), grpc.ChainStreamInterceptor(c.stream))
+	}
 	opts = append(append([]grpc.ServerOption{
 		grpc.MaxRecvMsgSize(MaxRecvMsgSize), grpc.MaxConcurrentStreams(MaxConcurrentStreams),
 		grpc.NumStreamWorkers(uint32(max(8, 4*runtime.GOMAXPROCS(0)))),
-		grpc.ChainStreamInterceptor(st.intercept),
-	}, o.connectionBounds()...), opts...)
+	}, bounds...), opts...)
 	gs := grpc.NewServer(opts...)
 	controlv1.RegisterWorkerRegistryServer(gs, NewServer(reg, o))
 	hs := health.NewServer()
@@ -273,6 +291,48 @@ func NewListener(reg Registry, o Options, opts ...grpc.ServerOption) *Listener {
 	healthpb.RegisterHealthServer(gs, hs)
 	reflection.Register(gs)
 	return &Listener{Server: gs, Health: hs, conns: o.MaxConnections, streams: st}
+}
+
+// calls bounds the calls the listener runs at once (Options.MaxCalls).
+type calls struct {
+	open chan struct{}
+}
+
+// callStop is the context key of a call's AfterFunc stop function (see calls.tap).
+type callStop struct{}
+
+func (c *calls) release() { <-c.open }
+
+// tap admits a new call while fewer than cap(c.open) run, before a byte of its message is read.
+// The call gives its place back in done when it returns through the interceptors (the common
+// case, at no cost beyond the count), else when its context ends: gRPC ends it on every way a
+// stream ends (finished, reset, its connection closed, or aborted right after this tap), which
+// covers a call whose message never came, an unknown method and a malformed message. The tap
+// runs under the transport's lock, so it only counts.
+func (c *calls) tap(ctx context.Context, _ *tap.Info) (context.Context, error) {
+	select {
+	case c.open <- struct{}{}:
+	default:
+		return nil, status.Errorf(codes.ResourceExhausted, "too many calls: at most %d at once", cap(c.open))
+	}
+	return context.WithValue(ctx, callStop{}, context.AfterFunc(ctx, c.release)), nil
+}
+
+// done gives back the place of the call with context ctx, unless its context's end did.
+func (c *calls) done(ctx context.Context) {
+	if stop, ok := ctx.Value(callStop{}).(func() bool); ok && stop() {
+		c.release()
+	}
+}
+
+func (c *calls) unary(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	defer c.done(ctx)
+	return h(ctx, req)
+}
+
+func (c *calls) stream(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+	defer c.done(ss.Context())
+	return h(srv, ss)
 }
 
 // streams are the listener's streaming calls: at most n open at once, and ended when it stops.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"fmt"
 	"net"
 	"strconv"
 	"strings"
@@ -440,4 +441,83 @@ func TestStopEndsStreams(t *testing.T) {
 			t.Fatal("the reflection stream goes on after Stop")
 		}
 	})
+}
+
+// TestCallsBounded: the listener runs at most Options.MaxCalls calls at once, counting a call
+// that waits for its peer's next message (a reflection stream stands for a stalled request).
+// One more is ResourceExhausted. A call gives its place back however it ends: returning
+// through the interceptors, or (an unknown method) only when its stream ends, so many short
+// calls never use the places up.
+func TestCallsBounded(t *testing.T) {
+	const limit = 3
+	r := newRigWith(t, grpcapi.Options{MaxCalls: limit}, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	wait := func(what string) {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("%s within 10 s", what)
+		case <-tick.C:
+		}
+	}
+	for i := range 50 {
+		r.beat(t, status1("w1"))
+		if _, err := r.call(t, "", &controlv1.WorkerStatus{}); status.Code(err) != codes.InvalidArgument {
+			t.Fatalf("call %d: %v, want InvalidArgument", i, err)
+		}
+		// An unknown method never reaches the interceptors: its place comes back when its
+		// stream ends, a moment after the client has its answer.
+		err := r.conn.Invoke(ctx, "/tl.control.v1.WorkerRegistry/Nope", &controlv1.WorkerStatus{}, &controlv1.HeartbeatAck{})
+		if c := status.Code(err); c != codes.Unimplemented && c != codes.ResourceExhausted {
+			t.Fatalf("unknown method %d: %v", i, err)
+		}
+	}
+
+	conns := []*grpc.ClientConn{r.conn, dialInsecure(t, r.conn.Target())}
+	var held []context.CancelFunc
+	defer func() {
+		for _, c := range held {
+			c()
+		}
+	}()
+	for len(held) < limit { // every place is free again: each stream is let in
+		sctx, scancel := context.WithCancel(ctx)
+		rs, err := reflectionpb.NewServerReflectionClient(conns[len(held)%2]).ServerReflectionInfo(sctx)
+		if err == nil {
+			err = rs.Send(&reflectionpb.ServerReflectionRequest{MessageRequest: &reflectionpb.ServerReflectionRequest_ListServices{}})
+		}
+		if err == nil {
+			_, err = rs.Recv()
+		}
+		if err == nil {
+			held = append(held, scancel)
+			continue
+		}
+		scancel()
+		wantCode(t, fmt.Sprintf("stream %d of %d", len(held)+1, limit), err, codes.ResourceExhausted)
+		wait("the places of ended calls did not all come back")
+	}
+	wantCode(t, "a health check with every place held", healthCheck(conns[0], 5*time.Second), codes.ResourceExhausted)
+	_, err := r.client.Heartbeat(ctx, status1("w1"))
+	wantCode(t, "a heartbeat with every place held", err, codes.ResourceExhausted)
+
+	held[0]()
+	for {
+		err := healthCheck(conns[1], 5*time.Second)
+		if err == nil {
+			break
+		}
+		wantCode(t, "a health check while the places are held", err, codes.ResourceExhausted)
+		wait("a held call that ended did not give its place back")
+	}
+	r.beat(t, status1("w1"))
+
+	// A call that returns through the interceptors gives its place back before its answer is
+	// sent: one place is enough for calls one after another.
+	one := newRigWith(t, grpcapi.Options{MaxCalls: 1}, nil)
+	for range 100 {
+		one.beat(t, status1("w1"))
+	}
 }

@@ -63,7 +63,8 @@ func TestReplicaID(t *testing.T) {
 }
 
 // TestRegistryConnectionLimit: the registry's listener holds two connections per engine that
-// max_workers allows (an old one and its replacement), plus 1,024.
+// max_workers allows (an old one and its replacement), plus 1,024, and runs one call per
+// engine, plus 1,024.
 func TestRegistryConnectionLimit(t *testing.T) {
 	for n, want := range map[int]int{1: 1026, 10000: 21024} {
 		cfg := config.Default()
@@ -74,6 +75,9 @@ func TestRegistryConnectionLimit(t *testing.T) {
 		}
 		if o.MaxConnections != want || grpcapi.ConnectionLimit(n) != want {
 			t.Fatalf("max_workers %d: MaxConnections %d, want %d", n, o.MaxConnections, want)
+		}
+		if calls := n + 1024; o.MaxCalls != calls || grpcapi.CallLimit(n) != calls {
+			t.Fatalf("max_workers %d: MaxCalls %d, want %d", n, o.MaxCalls, calls)
 		}
 	}
 }

@@ -30,6 +30,7 @@ func registryOptions(cfg *config.Config) (grpcapi.Options, []grpc.ServerOption, 
 		Auth:           grpcapi.NewAuth(tokens, r.ClientCA != ""),
 		Addresses:      engineaddr.Rules{CIDRs: r.EngineCIDRs},
 		MaxConnections: grpcapi.ConnectionLimit(r.MaxWorkers),
+		MaxCalls:       grpcapi.CallLimit(r.MaxWorkers),
 	}
 	if r.TLSCert == "" && r.TLSKey == "" {
 		if r.ClientCA != "" {
