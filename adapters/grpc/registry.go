@@ -305,10 +305,10 @@ func (c *calls) release() { <-c.open }
 
 // tap admits a new call while fewer than cap(c.open) run, before a byte of its message is read.
 // The call gives its place back in done when it returns through the interceptors (the common
-// case, at no cost beyond the count), else when its context ends: gRPC ends it on every way a
-// stream ends (finished, reset, its connection closed, or aborted right after this tap), which
-// covers a call whose message never came, an unknown method and a malformed message. The tap
-// runs under the transport's lock, so it only counts.
+// case: the AfterFunc is stopped, and no goroutine runs), else when its context ends: gRPC ends
+// it on every way a stream ends (finished, reset, its connection closed, or aborted right after
+// this tap), which covers a call whose message never came, an unknown method and a malformed
+// message. The tap runs under the transport's lock, so it does nothing that can wait.
 func (c *calls) tap(ctx context.Context, _ *tap.Info) (context.Context, error) {
 	select {
 	case c.open <- struct{}{}:
