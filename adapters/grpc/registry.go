@@ -52,17 +52,21 @@ const (
 // a health probe calls Check, and grpcurl needs one at a time.
 const MaxOpenStreams = 64
 
+// probeRoom is the calls and connections the registry listener keeps beyond what its engines
+// need: health probes, grpcurl, bursts.
+const probeRoom = 1024
+
 // CallLimit is the calls the gateway's registry listener runs at once for max_workers engines
-// (Options.MaxCalls): an engine sends one heartbeat at a time, and 1,024 more leave room for
-// probes and bursts.
-func CallLimit(maxWorkers int) int { return maxWorkers + 1024 }
+// (Options.MaxCalls): an engine sends one heartbeat at a time, and probeRoom more leave room
+// for probes and bursts.
+func CallLimit(maxWorkers int) int { return maxWorkers + probeRoom }
 
 // ConnectionLimit is the connections the gateway's registry listener holds at once for
 // max_workers engines (Options.MaxConnections): two per engine, since an engine that reconnects
 // after its network dropped opens a new connection while the gateway may still hold the old one
-// (a peer that vanished is noticed by the idle bound, up to 5 minutes later), and 1,024 for
+// (a peer that vanished is noticed by the idle bound, up to 5 minutes later), and probeRoom for
 // probes and grpcurl.
-func ConnectionLimit(maxWorkers int) int { return 2*maxWorkers + 1024 }
+func ConnectionLimit(maxWorkers int) int { return 2*maxWorkers + probeRoom }
 
 // Options configure the WorkerRegistry service.
 type Options struct {
