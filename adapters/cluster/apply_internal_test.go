@@ -12,6 +12,7 @@ import (
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"pgregory.net/rapid"
 
 	"github.com/tlgw/tlgw/internal/clock"
 	"github.com/tlgw/tlgw/internal/config"
@@ -265,4 +266,102 @@ func TestBackoff(t *testing.T) {
 	if !s.held(up) {
 		t.Fatal("not held after 2 s")
 	}
+}
+
+// applyEvent is one event in a watch answer of its own.
+func (s *Store) applyEvent(ev *clientv3.Event) { s.applyEvents([]*clientv3.Event{ev}) }
+
+// TestEventsPushOncePerAnswer: a watch answer of many events tells the gateway each kind of
+// change once, with the state after the last event, and decodes every table put in it (a
+// valid table followed by an invalid one leaves the valid one's rows, under the invalid
+// one's revision, as one event at a time does).
+func TestEventsPushOncePerAnswer(t *testing.T) {
+	got := newApplied()
+	s := offline(t, got)
+	var evs []*clientv3.Event
+	for i := range 40 {
+		evs = append(evs, put(fmt.Sprintf("drained/m%02d", i), "1", 10))
+	}
+	evs = append(evs,
+		put("routes", `{"routes":[{"model":"a"}]}`, 11), put("routes", `{"routes":[{"model":"b"}]}`, 12), put("routes", `garbage`, 13),
+		put("static_workers", `{"static_workers":[]}`, 14),
+		put("replicas/r1", replicaJSON("r1"), 15), put("replicas/r2", replicaJSON("r2"), 15), del("replicas/r1", 16),
+		del("drained/m00", 17))
+	s.applyEvents(evs)
+	got.mu.Lock()
+	defer got.mu.Unlock()
+	if got.pushes != 4 {
+		t.Fatalf("%d pushes for one answer, want 4 (routes, static workers, drains, replicas)", got.pushes)
+	}
+	if got.routeRev != 13 || !slices.Equal(routeModels(got.routes), []string{"b"}) || got.static != 14 || got.replicas != 2 {
+		t.Fatalf("routes %d %v, static %d, replicas %d", got.routeRev, routeModels(got.routes), got.static, got.replicas)
+	}
+	if len(got.drains) != 39 || got.drains[0] != "m01" {
+		t.Fatalf("drains %v", got.drains)
+	}
+	got.pushes = 0
+	got.mu.Unlock()
+	s.applyEvents([]*clientv3.Event{put("drained/m01", "1", 18), put("routes", `{"routes":[{"model":"c"}]}`, 12), put("nothing/here", "1", 19)})
+	got.mu.Lock()
+	if got.pushes != 0 {
+		t.Fatalf("an answer that changes nothing pushed %d times", got.pushes)
+	}
+}
+
+// TestEventsBatchedAsOneByOne: however a watch's events are cut into answers, the state the
+// gateway ends with is the state one event at a time gives, and no answer pushes a kind of
+// change twice.
+func TestEventsBatchedAsOneByOne(t *testing.T) {
+	rapid.Check(t, func(rt *rapid.T) {
+		n := rapid.IntRange(1, 60).Draw(rt, "events")
+		var evs []*clientv3.Event
+		rev := int64(1)
+		for i := range n {
+			if rapid.IntRange(0, 3).Draw(rt, fmt.Sprintf("same revision %d", i)) > 0 {
+				rev++ // else: another event of the same transaction
+			}
+			key := rapid.SampledFrom([]string{"routes", "static_workers", "drained/a", "drained/b", "drained/c%2Fd", "drained/%zz",
+				"replicas/r1", "replicas/r2", "replicas/me", "other"}).Draw(rt, fmt.Sprintf("key %d", i))
+			isPut := key == "routes" || key == "static_workers" || rapid.Bool().Draw(rt, fmt.Sprintf("put %d", i))
+			switch {
+			case !isPut:
+				evs = append(evs, del(key, rev))
+			case key == "routes":
+				evs = append(evs, put(key, rapid.SampledFrom([]string{`{"routes":[{"model":"x"}]}`, `{"routes":[{"model":"y"}]}`, `{"routes":7}`}).Draw(rt, fmt.Sprintf("table %d", i)), rev))
+			case key == "static_workers":
+				evs = append(evs, put(key, rapid.SampledFrom([]string{`{"static_workers":[]}`, `[`}).Draw(rt, fmt.Sprintf("table %d", i)), rev))
+			case strings.HasPrefix(key, "replicas/"):
+				evs = append(evs, put(key, replicaJSON(strings.TrimPrefix(key, "replicas/")), rev))
+			default:
+				evs = append(evs, put(key, "1", rev))
+			}
+		}
+		oneGot := newApplied()
+		one := offline(t, oneGot)
+		for _, ev := range evs {
+			one.applyEvent(ev)
+		}
+		batched := newApplied()
+		b := offline(t, batched)
+		for rest := evs; len(rest) > 0; {
+			k := rapid.IntRange(1, len(rest)).Draw(rt, "answer")
+			batched.mu.Lock()
+			before := batched.pushes
+			batched.mu.Unlock()
+			b.applyEvents(rest[:k])
+			batched.mu.Lock()
+			if batched.pushes-before > 4 {
+				rt.Fatalf("one answer of %d events pushed %d times", k, batched.pushes-before)
+			}
+			batched.mu.Unlock()
+			rest = rest[k:]
+		}
+		if oneGot.routeRev != batched.routeRev || !slices.Equal(routeModels(oneGot.routes), routeModels(batched.routes)) ||
+			oneGot.static != batched.static || len(oneGot.ws) != len(batched.ws) ||
+			!slices.Equal(oneGot.drains, batched.drains) || oneGot.replicas != batched.replicas {
+			rt.Fatalf("one by one: routes %d %v static %d drains %v replicas %d; batched: routes %d %v static %d drains %v replicas %d",
+				oneGot.routeRev, routeModels(oneGot.routes), oneGot.static, oneGot.drains, oneGot.replicas,
+				batched.routeRev, routeModels(batched.routes), batched.static, batched.drains, batched.replicas)
+		}
+	})
 }

@@ -10,6 +10,8 @@ import (
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/tlgw/tlgw/internal/config"
 )
@@ -107,9 +109,7 @@ func (s *Store) session(parent context.Context) (time.Time, error) {
 	if err := s.seed(ctx); err != nil {
 		return time.Time{}, fmt.Errorf("seed: %w", err)
 	}
-	octx, ocancel := s.op(ctx)
-	resp, err := s.c().Get(octx, s.prefix, clientv3.WithPrefix())
-	ocancel()
+	rev, kvs, err := s.read(ctx)
 	if err != nil {
 		return time.Time{}, fmt.Errorf("read %s: %w", s.prefix, err)
 	}
@@ -117,11 +117,11 @@ func (s *Store) session(parent context.Context) (time.Time, error) {
 	if err != nil {
 		return time.Time{}, fmt.Errorf("register replica: %w", err)
 	}
-	s.applySnapshot(resp.Header.Revision, resp.Kvs)
-	wch := s.c().Watch(clientv3.WithRequireLeader(ctx), s.prefix, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
+	s.applySnapshot(rev, kvs)
+	wch := s.c().Watch(clientv3.WithRequireLeader(ctx), s.prefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1))
 	s.setUp(true)
 	upAt := s.cfg.Clock.Now()
-	s.log.Info("following the control plane in etcd", "revision", resp.Header.Revision, "replicas", s.replicaCount())
+	s.log.Info("following the control plane in etcd", "revision", rev, "replicas", s.replicaCount())
 	probe := make(chan struct{}, 1)
 	t := s.cfg.Clock.AfterFunc(s.cfg.ProbeInterval, func() { probe <- struct{}{} })
 	defer func() { t.Stop() }()
@@ -134,11 +134,9 @@ func (s *Store) session(parent context.Context) (time.Time, error) {
 				return upAt, errors.New("watch closed")
 			}
 			if err := wr.Err(); err != nil {
-				return upAt, fmt.Errorf("watch: %w", err)
+				return upAt, fmt.Errorf("watch: %w", s.overBound(err))
 			}
-			for _, ev := range wr.Events {
-				s.applyEvent(ev)
-			}
+			s.applyEvents(wr.Events)
 		case _, ok := <-ka:
 			if !ok {
 				return upAt, errors.New("lease keep-alive ended (the lease expired or etcd is away)")
@@ -150,6 +148,50 @@ func (s *Store) session(parent context.Context) (time.Time, error) {
 			t = s.cfg.Clock.AfterFunc(s.cfg.ProbeInterval, func() { probe <- struct{}{} })
 		}
 	}
+}
+
+// readDirs names read's ranges, in order.
+var readDirs = [...]string{KeyRoutes, KeyStaticWorkers, DirReplicas, DirDrained}
+
+// read takes what the store follows under the prefix, at one revision: the two tables,
+// replicas/ and the keys of drained/ (a drain's value says nothing). Each directory is read
+// up to one entry past its bound, and nothing else under the prefix is read, so what a
+// session holds at once does not grow with what anyone else put there.
+func (s *Store) read(ctx context.Context) (int64, []*mvccpb.KeyValue, error) {
+	octx, cancel := s.op(ctx)
+	defer cancel()
+	resp, err := s.c().Txn(octx).Then(
+		clientv3.OpGet(s.key(KeyRoutes)),
+		clientv3.OpGet(s.key(KeyStaticWorkers)),
+		clientv3.OpGet(s.key(DirReplicas), clientv3.WithPrefix(), clientv3.WithLimit(int64(s.maxReplicas)+1)),
+		clientv3.OpGet(s.key(DirDrained), clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithLimit(int64(s.maxDrained)+1)),
+	).Commit()
+	if err != nil {
+		return 0, nil, s.overBound(err)
+	}
+	if len(resp.Responses) != len(readDirs) {
+		return 0, nil, fmt.Errorf("etcd answered %d ranges for %d", len(resp.Responses), len(readDirs))
+	}
+	var kvs []*mvccpb.KeyValue
+	for i, r := range resp.Responses {
+		rr := r.GetResponseRange()
+		if rr == nil {
+			return 0, nil, fmt.Errorf("etcd's answer %d is not a range", i)
+		}
+		if bound := [...]int{1, 1, s.maxReplicas, s.maxDrained}[i]; len(rr.Kvs) > bound {
+			s.log.Error("more entries under a directory than the store's bound: the first are kept", "directory", readDirs[i], "bound", bound, "listed", rr.Count)
+		}
+		kvs = append(kvs, rr.Kvs...)
+	}
+	return resp.Header.Revision, kvs, nil
+}
+
+// overBound says so when err is an answer the store refused as larger than its bound.
+func (s *Store) overBound(err error) error {
+	if status.Code(err) == codes.ResourceExhausted {
+		return fmt.Errorf("etcd's answer is over the store's bound of %d bytes (too much is stored under the prefix): %w", s.cfg.maxAnswer, err)
+	}
+	return err
 }
 
 // probe checks that etcd answers a linearizable read and still holds this replica's key.
@@ -277,52 +319,71 @@ func (s *Store) applySnapshot(rev int64, kvs []*mvccpb.KeyValue) {
 	s.pushReplicasLocked()
 }
 
-// applyEvent takes one watched change.
-func (s *Store) applyEvent(ev *clientv3.Event) {
+// applyEvents takes one watch answer's changes, in revision order. What it tells the
+// gateway is pushed once for the whole answer, not once per event: an answer can carry
+// thousands of events (one transaction, or a watch catching up), and each push sends the
+// whole drained set. Of several puts to a table only the last is decoded and applied.
+func (s *Store) applyEvents(evs []*clientv3.Event) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	name := strings.TrimPrefix(string(ev.Kv.Key), s.prefix)
-	put := ev.Type == clientv3.EventTypePut
-	switch {
-	case name == KeyRoutes || name == KeyStaticWorkers:
-		if put {
-			if name == KeyRoutes {
-				s.putRoutesKV(ev.Kv)
+	var drains, replicas, reseed bool
+	routes, static := s.routes, s.static
+	for _, ev := range evs {
+		name := strings.TrimPrefix(string(ev.Kv.Key), s.prefix)
+		put := ev.Type == clientv3.EventTypePut
+		switch {
+		case name == KeyRoutes || name == KeyStaticWorkers:
+			if !put {
+				// A deleted table is put back as this replica last applied it (a table always
+				// exists, so its ETag is always a revision).
+				reseed = true
+			} else if name == KeyRoutes {
+				routes = s.nextRoutes(routes, ev.Kv)
 			} else {
-				s.putStaticKV(ev.Kv)
+				static = s.nextStatic(static, ev.Kv)
 			}
-			return
+		case strings.HasPrefix(name, DirDrained):
+			drains = s.applyDrainLocked(name, put, ev.Kv.ModRevision) || drains
+		case strings.HasPrefix(name, DirReplicas):
+			if put {
+				s.putReplicaLocked(name, ev.Kv.Value)
+			} else {
+				delete(s.replicas, strings.TrimPrefix(name, DirReplicas))
+			}
+			replicas = true
 		}
-		// A deleted table is put back as this replica last applied it (a table always exists,
-		// so its ETag is always a revision).
+	}
+	s.applyRoutesLocked(routes.rev, routes.rows)
+	s.applyStaticLocked(static.rev, static.rows)
+	if drains {
+		s.pushDrainsLocked()
+	}
+	if replicas {
+		s.pushReplicasLocked()
+	}
+	if reseed {
 		s.bg.Add(1)
 		go func() {
 			defer s.bg.Done()
 			s.reseed()
 		}()
-	case strings.HasPrefix(name, DirDrained):
-		m, ok := s.modelOf(name)
-		if !ok {
-			return
-		}
-		if len(s.drained)-s.live > 64 {
-			s.compactDrainsLocked(ev.Kv.ModRevision)
-		}
-		if put && s.drained[m] <= 0 && s.live >= s.maxDrained {
-			s.log.Error("drained models over the store's bound: ignored", "bound", s.maxDrained)
-			return
-		}
-		if s.setDrainLocked(m, put, ev.Kv.ModRevision) {
-			s.pushDrainsLocked()
-		}
-	case strings.HasPrefix(name, DirReplicas):
-		if put {
-			s.putReplicaLocked(name, ev.Kv.Value)
-		} else {
-			delete(s.replicas, strings.TrimPrefix(name, DirReplicas))
-		}
-		s.pushReplicasLocked()
 	}
+}
+
+// applyDrainLocked takes one watched drained/ change; it reports whether the set changed.
+func (s *Store) applyDrainLocked(name string, put bool, rev int64) bool {
+	m, ok := s.modelOf(name)
+	if !ok {
+		return false
+	}
+	if len(s.drained)-s.live > 64 {
+		s.compactDrainsLocked(rev)
+	}
+	if put && s.drained[m] <= 0 && s.live >= s.maxDrained {
+		s.log.Error("drained models over the store's bound: ignored", "bound", s.maxDrained)
+		return false
+	}
+	return s.setDrainLocked(m, put, rev)
 }
 
 // reseed puts a deleted table back (the configured table if none was ever applied).
@@ -347,29 +408,40 @@ func (s *Store) modelOf(name string) (string, bool) {
 }
 
 func (s *Store) putRoutesKV(kv *mvccpb.KeyValue) {
-	if kv.ModRevision <= s.routes.rev {
-		return
-	}
-	routes, err := decodeRoutes(kv.Value)
-	if err != nil {
-		// Keep serving the last good table, under the stored revision, so an operator's PUT
-		// (If-Match: that revision) can replace what is there.
-		s.log.Error("the stored route table is invalid; keeping the last good one", "revision", kv.ModRevision, "err", err)
-		routes = s.routes.rows
-	}
-	s.applyRoutesLocked(kv.ModRevision, routes)
+	t := s.nextRoutes(s.routes, kv)
+	s.applyRoutesLocked(t.rev, t.rows)
 }
 
 func (s *Store) putStaticKV(kv *mvccpb.KeyValue) {
-	if kv.ModRevision <= s.static.rev {
-		return
-	}
-	ws, err := decodeStatic(kv.Value)
-	if err != nil {
+	t := s.nextStatic(s.static, kv)
+	s.applyStaticLocked(t.rev, t.rows)
+}
+
+// nextRoutes is the route table after a put of kv on top of cur: the put's rows, or cur's
+// when the stored table is invalid (the last good table keeps serving, under the stored
+// revision, so an operator's PUT with If-Match: that revision can replace what is there).
+func (s *Store) nextRoutes(cur table[config.Route], kv *mvccpb.KeyValue) table[config.Route] {
+	return next(cur, kv, decodeRoutes, func(err error) {
+		s.log.Error("the stored route table is invalid; keeping the last good one", "revision", kv.ModRevision, "err", err)
+	})
+}
+
+func (s *Store) nextStatic(cur table[config.StaticWorker], kv *mvccpb.KeyValue) table[config.StaticWorker] {
+	return next(cur, kv, decodeStatic, func(err error) {
 		s.log.Error("the stored static worker table is invalid; keeping the last good one", "revision", kv.ModRevision, "err", err)
-		ws = s.static.rows
+	})
+}
+
+func next[T any](cur table[T], kv *mvccpb.KeyValue, decode func([]byte) ([]T, error), invalid func(error)) table[T] {
+	if kv.ModRevision <= cur.rev {
+		return cur
 	}
-	s.applyStaticLocked(kv.ModRevision, ws)
+	rows, err := decode(kv.Value)
+	if err != nil {
+		invalid(err)
+		rows = cur.rows
+	}
+	return table[T]{rev: kv.ModRevision, rows: rows}
 }
 
 func (s *Store) applyRoutesLocked(rev int64, routes []config.Route) {

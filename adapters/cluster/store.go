@@ -19,6 +19,7 @@
 package cluster
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -31,8 +32,11 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/tlgw/tlgw/internal/clock"
 	"github.com/tlgw/tlgw/internal/config"
@@ -55,6 +59,17 @@ const (
 	MaxReplicas     = 1024    // replicas listed; more keys are ignored (and logged)
 	MaxDrained      = 10000   // drained models; more keys are ignored (and logged)
 	MaxModelIDLen   = 256     // a drained model id
+	// MaxAnswer bounds any one answer from etcd: a session's read, a watch answer. The read
+	// at its largest, with every key as long as the bounds let it be, is 22.2 MiB: both
+	// tables (2 × MaxTableBytes), MaxReplicas+1 entries of MaxReplicaBytes, and the keys of
+	// MaxDrained+1 drained models (each up to 1,032 bytes: a 256-byte prefix, "drained/" and
+	// a model id path-escaped). An answer over it ends the session (logged, and retried with
+	// backoff) instead of growing the process without end; the replica keeps serving what it
+	// last applied.
+	MaxAnswer = 32 << 20
+	// maxWrite bounds what the store sends etcd in one call: a table and the transaction
+	// around it.
+	maxWrite = MaxTableBytes + 64<<10
 )
 
 // Applier receives the state the store reads from etcd; each function is called from one
@@ -94,6 +109,9 @@ type Config struct {
 	// OpTimeout bounds every etcd call (default 2 s); ProbeInterval is how often the store
 	// checks etcd is there (default 1 s).
 	OpTimeout, ProbeInterval time.Duration
+	// maxAnswer, maxDrained and maxReplicas replace MaxAnswer, MaxDrained and MaxReplicas
+	// (tests lower them).
+	maxAnswer, maxDrained, maxReplicas int
 }
 
 // Store is a replica's connection to the shared control plane.
@@ -148,6 +166,9 @@ func Start(cfg Config) (*Store, error) {
 	if cfg.ProbeInterval <= 0 {
 		cfg.ProbeInterval = time.Second
 	}
+	cfg.maxAnswer = cmp.Or(cfg.maxAnswer, MaxAnswer)
+	cfg.maxDrained = cmp.Or(cfg.maxDrained, MaxDrained)
+	cfg.maxReplicas = cmp.Or(cfg.maxReplicas, MaxReplicas)
 	if !config.ValidReplicaID(cfg.Self.ID) {
 		return nil, fmt.Errorf("cluster: replica id %q: want 1 to %d printable ASCII characters without spaces or \"/\"", cfg.Self.ID, config.MaxReplicaIDLen)
 	}
@@ -166,11 +187,12 @@ func Start(cfg Config) (*Store, error) {
 			Endpoints: c.EtcdEndpoints, DialTimeout: cfg.OpTimeout, TLS: tc,
 			Username: c.Username, Password: c.Password,
 			DialKeepAliveTime: 5 * time.Second, DialKeepAliveTimeout: cfg.OpTimeout,
+			MaxCallRecvMsgSize: cfg.maxAnswer, MaxCallSendMsgSize: min(maxWrite, cfg.maxAnswer),
 			Logger: zap.NewNop(), // failures are reported by the store, once, through slog
 		},
 		m:       newMetrics(cfg.Registerer),
 		drained: make(map[string]int64), replicas: make(map[string]Replica),
-		maxDrained: MaxDrained, maxReplicas: MaxReplicas,
+		maxDrained: cfg.maxDrained, maxReplicas: cfg.maxReplicas,
 		routes: table[config.Route]{rows: cfg.SeedRoutes}, static: table[config.StaticWorker]{rows: cfg.SeedStatic},
 		cancel: cancel, done: make(chan struct{}),
 	}
@@ -313,6 +335,11 @@ func (s *Store) putTable(name, what string, ifMatch uint64, doc any) (int64, err
 	if err != nil {
 		return 0, err
 	}
+	if len(val) > MaxTableBytes {
+		// Every replica would refuse to read it back (decodeStrict), while this one had
+		// applied it: the fleet would disagree on its tables.
+		return 0, fmt.Errorf("the %s is %d bytes as stored, over the cluster's bound of %d: %w", what, len(val), MaxTableBytes, errs.ErrBodyTooLarge)
+	}
 	k := s.key(name)
 	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.OpTimeout)
 	defer cancel()
@@ -321,6 +348,12 @@ func (s *Store) putTable(name, what string, ifMatch uint64, doc any) (int64, err
 		Then(clientv3.OpPut(k, val)).
 		Else(clientv3.OpGet(k, clientv3.WithKeysOnly())).
 		Commit()
+	// etcd refuses a request over --max-request-bytes with its own error, and one over that
+	// plus its gRPC allowance (512 KiB) in gRPC, as ResourceExhausted (which etcd's own
+	// errors, such as a full database, never are: the client turns them into its own type).
+	if errors.Is(err, rpctypes.ErrRequestTooLarge) || status.Code(err) == codes.ResourceExhausted {
+		return 0, fmt.Errorf("etcd refused the %s (%d bytes) as larger than its request limit (etcd's --max-request-bytes): %w", what, len(val), errs.ErrBodyTooLarge)
+	}
 	if err != nil {
 		return 0, s.unavailable("put "+name, err)
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/url"
 	"slices"
 	"strings"
 	"sync"
@@ -25,14 +26,16 @@ import (
 
 // applied records what a store applied, for the test to wait on.
 type applied struct {
-	mu       sync.Mutex
-	routeRev uint64
-	routes   []config.Route
-	static   uint64
-	ws       []config.StaticWorker
-	drains   []string
-	replicas int
-	changed  chan struct{}
+	mu           sync.Mutex
+	routeRev     uint64
+	routes       []config.Route
+	static       uint64
+	ws           []config.StaticWorker
+	drains       []string
+	replicas     int
+	pushes       int // calls into the applier, of every kind
+	drainsPushed int
+	changed      chan struct{}
 }
 
 func newApplied() *applied { return &applied{changed: make(chan struct{}, 1)} }
@@ -49,24 +52,29 @@ func (a *applied) applier() Applier {
 		Routes: func(rev uint64, r []config.Route) {
 			a.mu.Lock()
 			a.routeRev, a.routes = rev, r
+			a.pushes++
 			a.mu.Unlock()
 			a.poke()
 		},
 		Static: func(rev uint64, ws []config.StaticWorker) {
 			a.mu.Lock()
 			a.static, a.ws = rev, ws
+			a.pushes++
 			a.mu.Unlock()
 			a.poke()
 		},
 		Drains: func(m []string) {
 			a.mu.Lock()
 			a.drains = m
+			a.pushes++
+			a.drainsPushed++
 			a.mu.Unlock()
 			a.poke()
 		},
 		Replicas: func(n int) {
 			a.mu.Lock()
 			a.replicas = n
+			a.pushes++
 			a.mu.Unlock()
 			a.poke()
 		},
@@ -585,4 +593,251 @@ func TestReconnectWaits(t *testing.T) {
 	if d, want := waiting("the wait after a session that did not hold"), min(2*last, 2*time.Second); d != want {
 		t.Fatalf("after a session that did not hold, the last wait %v: %v, want %v", last, d, want)
 	}
+}
+
+// logBuf is a log a test can search while the store writes it.
+type logBuf struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *logBuf) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuf) has(s string) bool { return l.count(s) > 0 }
+
+func (l *logBuf) count(s string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return strings.Count(l.b.String(), s)
+}
+
+// TestReadBounded: a session reads only what the store follows (the tables, replicas/ and
+// the keys of drained/), so what else is under the prefix, or in a drain's value, costs it
+// nothing; an answer over the store's bound ends the session with a log that says so, the
+// replica keeps its last state, and it is back once the prefix is within the bound again.
+func TestReadBounded(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	cli := rawClient(t, etcd.Endpoint())
+	ctx := context.Background()
+	fat := strings.Repeat("x", 200<<10)
+	for i := range 4 { // 800 KiB where the store looks at nothing
+		if _, err := cli.Put(ctx, fmt.Sprintf("/test/junk/%d", i), fat); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, m := range []string{"a", "b", "c", "d"} { // 800 KiB of drain values; the keys are what count
+		if _, err := cli.Put(ctx, "/test/drained/"+m, fat); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, id := range []string{"x1", "x2", "x3"} {
+		if _, err := cli.Put(ctx, "/test/replicas/"+id, replicaJSON(id)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Past each directory's bound, keys of 65 KiB: 325 KiB in each directory, which a read of
+	// more than one entry past the bound would take.
+	for i := range 5 {
+		long := "y" + strings.Repeat("z", 65<<10) + fmt.Sprint(i)
+		for _, dir := range []string{"/test/drained/", "/test/replicas/"} {
+			if _, err := cli.Put(ctx, dir+long, "1"); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	got, logs := newApplied(), &logBuf{}
+	s, err := Start(Config{
+		Cluster: config.Cluster{Enabled: true, EtcdEndpoints: []string{etcd.Endpoint()}, Prefix: "/test/", LeaseTTL: 2 * time.Second},
+		Self:    Replica{ID: "r", HTTPAddress: "127.0.0.1:1", GRPCAddress: "127.0.0.1:2"},
+		Apply:   got.applier(), Logger: slog.New(slog.NewTextHandler(logs, nil)),
+		OpTimeout: 500 * time.Millisecond, ProbeInterval: 100 * time.Millisecond,
+		maxAnswer: 256 << 10, maxDrained: 3, maxReplicas: 2,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	awaitUp(t, s)
+	// Each directory is read to one past its bound: the first entries are kept.
+	got.await(t, 2*time.Second, "drains read", func(x *applied) bool { return slices.Equal(x.drains, []string{"a", "b", "c"}) })
+	if n := logs.count("more entries under a directory than the store's bound"); n != 2 {
+		t.Fatalf("%d directories over their bound logged, want 2 (drained/, replicas/)", n)
+	}
+	if ids := replicaIDs(s.Replicas()); !slices.Equal(ids, []string{"r", "x1", "x2"}) {
+		t.Fatalf("replicas %v", ids)
+	}
+
+	// Two replicas/ entries of 200 KiB: each is one watch answer within the bound (and an
+	// invalid entry), but the next session's read of replicas/ is 400 KiB.
+	for i, id := range []string{"f1", "f2"} {
+		if _, err := cli.Put(ctx, "/test/replicas/"+id, fat); err != nil {
+			t.Fatal(err)
+		}
+		awaitCond(t, 2*time.Second, "invalid entry seen", func() bool { return logs.count("ignored an invalid replicas/ entry") == i+1 })
+	}
+	if !s.Up() {
+		t.Fatal("a watch answer within the bound ended the session")
+	}
+	etcd.Stop()
+	etcd.Restart()
+	awaitCond(t, 10*time.Second, "the read over the bound logged", func() bool {
+		return logs.has("over the store's bound of 262144 bytes")
+	})
+	if s.Up() {
+		t.Fatal("up on a read over the bound")
+	}
+	got.mu.Lock()
+	drains := got.drains
+	got.mu.Unlock()
+	if !slices.Equal(drains, []string{"a", "b", "c"}) {
+		t.Fatalf("the last state was dropped: drains %v", drains)
+	}
+	if _, err := cli.Delete(ctx, "/test/replicas/f", clientv3.WithPrefix()); err != nil {
+		t.Fatal(err)
+	}
+	awaitCond(t, 10*time.Second, "up again within the bound", s.Up)
+}
+
+// TestEventsOfOneTransactionPushOnce: 100 drains put in one transaction reach the gateway as
+// one drained set, not 100.
+func TestEventsOfOneTransactionPushOnce(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	a := startReplica(t, etcd.Endpoint(), "a", nil)
+	awaitUp(t, a.Store)
+	a.got.mu.Lock()
+	before := a.got.drainsPushed
+	a.got.mu.Unlock()
+	var ops []clientv3.Op
+	var want []string
+	for i := range 100 {
+		m := fmt.Sprintf("m%03d", i)
+		ops, want = append(ops, clientv3.OpPut("/test/drained/"+m, "1")), append(want, m)
+	}
+	if _, err := rawClient(t, etcd.Endpoint()).Txn(context.Background()).Then(ops...).Commit(); err != nil {
+		t.Fatal(err)
+	}
+	a.got.await(t, 2*time.Second, "the drains applied", func(x *applied) bool { return slices.Equal(x.drains, want) })
+	a.got.mu.Lock()
+	defer a.got.mu.Unlock()
+	if n := a.got.drainsPushed - before; n != 1 {
+		t.Fatalf("%d pushes for one transaction of 100 drains", n)
+	}
+}
+
+// TestTableWriteBounds: a table over the bound every replica reads with is refused before it
+// is written (this replica would apply what the others refuse), and one etcd refuses as over
+// its request limit (1.5 MiB unless etcd is told otherwise) is a 413, not an unavailable store.
+func TestTableWriteBounds(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	a := startReplica(t, etcd.Endpoint(), "a", []config.Route{route("alpha")})
+	awaitUp(t, a.Store)
+	a.got.mu.Lock()
+	etag := a.got.routeRev
+	a.got.mu.Unlock()
+	for _, c := range []struct {
+		size int
+		why  string
+	}{{MaxTableBytes, "over the cluster's bound"}, {2 << 20, "etcd refused"}, {1700 << 10, "etcd refused"}} {
+		_, err := a.PutRoutes(etag, []config.Route{route(strings.Repeat("m", c.size))})
+		if !errors.Is(err, errs.ErrBodyTooLarge) || errors.Is(err, errs.ErrConfigStoreUnavailable) || !strings.Contains(err.Error(), c.why) {
+			t.Fatalf("a %d-byte table: %v", c.size, err)
+		}
+	}
+	if _, err := a.PutStatic(etag, []config.StaticWorker{{ID: strings.Repeat("w", MaxTableBytes)}}); !errors.Is(err, errs.ErrBodyTooLarge) {
+		t.Fatalf("a static table over the bound: %v", err)
+	}
+	if !a.Up() {
+		t.Fatal("a refused write took the store down")
+	}
+	if _, err := a.PutRoutes(etag, []config.Route{route(strings.Repeat("m", 1<<20))}); err != nil {
+		t.Fatalf("a 1 MiB table: %v", err)
+	}
+	a.got.await(t, time.Second, "the 1 MiB table applied", func(x *applied) bool {
+		return x.routeRev > etag && len(x.routes[0].Model) == 1<<20
+	})
+
+	// An etcd told to take larger requests takes a table up to the store's bound.
+	big := etcdtest.StartMaxRequest(t, MaxTableBytes+64<<10)
+	b := startReplica(t, big.Endpoint(), "b", nil)
+	awaitUp(t, b.Store)
+	b.got.mu.Lock()
+	etag = b.got.routeRev
+	b.got.mu.Unlock()
+	if _, err := b.PutRoutes(etag, []config.Route{route(strings.Repeat("m", 3<<20))}); err != nil {
+		t.Fatalf("a 3 MiB table on an etcd that takes 4 MiB: %v", err)
+	}
+}
+
+// TestReadAtTheBoundsFits: the largest state the store accepts, with every key as long as its
+// bounds allow, is read within MaxAnswer: both tables of MaxTableBytes, MaxReplicas entries
+// of MaxReplicaBytes and MaxDrained drained models of MaxModelIDLen bytes that escape to
+// three times that, under a prefix of 256 bytes.
+func TestReadAtTheBoundsFits(t *testing.T) {
+	if testing.Short() {
+		t.Skip("writes 27 MB to etcd")
+	}
+	etcd := etcdtest.StartMaxRequest(t, 2*MaxTableBytes)
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{etcd.Endpoint()}, DialTimeout: 2 * time.Second, Logger: zap.NewNop(),
+		MaxCallSendMsgSize: 2 * MaxTableBytes})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cli.Close() })
+	prefix := "/" + strings.Repeat("p", 254) + "/"
+	ctx := context.Background()
+	commit := func(ops []clientv3.Op) {
+		t.Helper()
+		if _, err := cli.Txn(ctx).Then(ops...).Commit(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	model := func(i int) string { // 256 bytes, each escaped as %XX
+		return strings.Repeat("\u00e9", MaxModelIDLen/2-3) + fmt.Sprintf("%06d", i)
+	}
+	var ops []clientv3.Op
+	var want []string
+	for i := range MaxDrained {
+		m := model(i)
+		if len(m) != MaxModelIDLen || len(url.PathEscape(m)) != 3*MaxModelIDLen-12 {
+			t.Fatalf("model %d: %d bytes, %d escaped", i, len(m), len(url.PathEscape(m)))
+		}
+		want = append(want, m)
+		if ops = append(ops, clientv3.OpPut(prefix+DirDrained+url.PathEscape(m), "1")); len(ops) == 128 {
+			commit(ops)
+			ops = nil
+		}
+	}
+	for i := range MaxReplicas {
+		id := fmt.Sprintf("%0*d", config.MaxReplicaIDLen, i)
+		val := fmt.Sprintf(`{"id":%q,"http_address":%q,"grpc_address":%q}`, id, strings.Repeat("h", 256), strings.Repeat("g", 256))
+		val += strings.Repeat(" ", MaxReplicaBytes-len(val))
+		if ops = append(ops, clientv3.OpPut(prefix+DirReplicas+id, val)); len(ops) == 128 {
+			commit(ops)
+			ops = nil
+		}
+	}
+	commit(ops)
+	table := func(doc string) string { return doc + strings.Repeat(" ", MaxTableBytes-len(doc)) }
+	commit([]clientv3.Op{clientv3.OpPut(prefix+KeyRoutes, table(`{"routes":[{"model":"big"}]}`))})
+	commit([]clientv3.Op{clientv3.OpPut(prefix+KeyStaticWorkers, table(`{"static_workers":[]}`))})
+	got := newApplied()
+	s, err := Start(Config{
+		Cluster: config.Cluster{Enabled: true, EtcdEndpoints: []string{etcd.Endpoint()}, Prefix: prefix, LeaseTTL: 2 * time.Second},
+		Self:    Replica{ID: "r", HTTPAddress: "127.0.0.1:1", GRPCAddress: "127.0.0.1:2"},
+		Apply:   got.applier(), Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		OpTimeout: 5 * time.Second, ProbeInterval: time.Second,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	awaitCond(t, 20*time.Second, "store up", s.Up)
+	slices.Sort(want)
+	got.await(t, 5*time.Second, "everything read", func(x *applied) bool {
+		return slices.Equal(x.drains, want) && x.replicas == MaxReplicas+1 && slices.Equal(routeModels(x.routes), []string{"big"})
+	})
 }

@@ -25,12 +25,20 @@ type Server struct {
 	peerAddr   string
 	front      *Proxy
 	etcd       *embed.Etcd
+	maxRequest uint // etcd's --max-request-bytes; 0: etcd's default (1.5 MiB)
 }
 
 // Start runs a fresh etcd on two free loopback ports; it is stopped when the test ends.
 func Start(t testing.TB) *Server {
 	t.Helper()
-	s := &Server{t: t, dir: t.TempDir(), clientAddr: freeAddr(t), peerAddr: freeAddr(t)}
+	return StartMaxRequest(t, 0)
+}
+
+// StartMaxRequest is Start with etcd's --max-request-bytes set to n (0: etcd's default,
+// 1.5 MiB).
+func StartMaxRequest(t testing.TB, n uint) *Server {
+	t.Helper()
+	s := &Server{t: t, dir: t.TempDir(), clientAddr: freeAddr(t), peerAddr: freeAddr(t), maxRequest: n}
 	s.front = NewProxy(t, s.clientAddr)
 	s.Restart()
 	t.Cleanup(s.Stop)
@@ -73,6 +81,9 @@ func (s *Server) Restart() {
 	cfg.SocketOpts.ReuseAddress = true
 	// A restarted single member elects itself at once, and small timeouts keep tests short.
 	cfg.TickMs, cfg.ElectionMs = 10, 100
+	if s.maxRequest > 0 {
+		cfg.MaxRequestBytes = s.maxRequest
+	}
 	// The previous run's listeners are closed (Stop waits for the server to stop) and the
 	// sockets reuse their addresses, so a restart binds at once.
 	e, err := embed.StartEtcd(cfg)
