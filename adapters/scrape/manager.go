@@ -1,7 +1,6 @@
 package scrape
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -328,7 +327,7 @@ func (s *scraper) fetch() (Status, error) {
 	if len(body) > MaxBodyBytes {
 		return Status{}, failf(ReasonTooLarge, "GET %s: the page is over the %d-byte limit", t.MetricsURL, MaxBodyBytes)
 	}
-	st, err := Parse(t.Kind, t.Model, bytes.NewReader(body), t.KVTotalBlocks)
+	st, err := Parse(t.Kind, t.Model, body, t.KVTotalBlocks)
 	if err != nil {
 		return Status{}, &scrapeError{reason: reasonOf(err), err: fmt.Errorf("GET %s: %w", t.MetricsURL, err)}
 	}

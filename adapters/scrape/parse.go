@@ -8,9 +8,9 @@
 package scrape
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
-	"io"
 	"math"
 	"slices"
 	"strconv"
@@ -97,6 +97,19 @@ type dialect struct {
 	blockInfo string
 	// modelLabels are the labels that name the model a series belongs to.
 	modelLabels []string
+	// names are the families above: the only ones read from a page (keepFamilies).
+	names []string
+}
+
+func init() {
+	for k, d := range dialects {
+		for _, n := range append([]string{d.queue, d.running, d.free, d.total, d.info, d.blockInfo}, d.usage...) {
+			if n != "" && !slices.Contains(d.names, n) {
+				d.names = append(d.names, n)
+			}
+		}
+		dialects[k] = d
+	}
 }
 
 var dialects = map[Kind]dialect{
@@ -142,15 +155,29 @@ const engineLabel = "engine"
 // non-finite count, a usage fraction outside 0–1, more free blocks than the total: reason
 // parse), a required series absent for the model (missing_series), an unknown kind
 // (invalid_target).
-func Parse(kind Kind, model string, page io.Reader, kvTotal int64) (Status, error) {
+func Parse(kind Kind, model string, page []byte, kvTotal int64) (Status, error) {
 	d, ok := dialects[kind]
 	if !ok {
 		return Status{}, failf(ReasonInvalidTarget, "unknown metrics kind %q: want vllm, sglang or tlengine", kind)
 	}
-	p := newTextParser()
-	fams, err := p.TextToMetricFamilies(page)
+	read, err := keepFamilies(page, d.names)
 	if err != nil {
-		return Status{}, failf(ReasonParse, "malformed metrics page: %v", err)
+		return Status{}, err
+	}
+	st, err := parsePage(d, model, read, kvTotal)
+	if pe := (expfmt.ParseError{}); errors.As(err, &pe) {
+		pe.Line = pageLine(page, d.names, pe.Line)
+		return Status{}, failf(ReasonParse, "malformed metrics page: %v", pe)
+	}
+	return st, err
+}
+
+// parsePage is Parse on the lines expfmt is to read.
+func parsePage(d dialect, model string, page []byte, kvTotal int64) (Status, error) {
+	p := newTextParser()
+	fams, err := p.TextToMetricFamilies(bytes.NewReader(page))
+	if err != nil {
+		return Status{}, failf(ReasonParse, "malformed metrics page: %w", err)
 	}
 	pg := parsed{fams: fams, model: model, labels: d.modelLabels}
 

@@ -63,7 +63,7 @@ func TestParseRecordedPages(t *testing.T) {
 		{"empty model reads every series", "vllm_v1.txt", "", VLLM, 0, Status{QueueDepth: 3, Running: 7, KVFreeBlocks: 6000, KVTotalBlocks: 8000, BlockSize: 16}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			got, err := Parse(c.kind, c.model, strings.NewReader(page(t, c.file)), c.kvTotal)
+			got, err := Parse(c.kind, c.model, []byte(page(t, c.file)), c.kvTotal)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -85,7 +85,7 @@ func TestParseFallsBackToConfiguredTotal(t *testing.T) {
 		{"num_gpu_blocks None", strings.Replace(v0, `num_gpu_blocks="2810"`, `num_gpu_blocks="None"`, 1), 16},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			got, err := Parse(VLLM, mistral, strings.NewReader(c.page), 1000)
+			got, err := Parse(VLLM, mistral, []byte(c.page), 1000)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -95,7 +95,7 @@ func TestParseFallsBackToConfiguredTotal(t *testing.T) {
 		})
 	}
 	// tlengine without its total gauge: the configured one.
-	got, err := Parse(TLEngine, "smol", strings.NewReader(without(page(t, "tlengine.txt"), "tlengine_kv_blocks_total")), 300)
+	got, err := Parse(TLEngine, "smol", []byte(without(page(t, "tlengine.txt"), "tlengine_kv_blocks_total")), 300)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -125,7 +125,7 @@ vllm:kv_cache_usage_perc{model_name="b"} 0.9
 		{"b", Status{QueueDepth: 110, Running: 20, KVFreeBlocks: 10, KVTotalBlocks: 100}},
 		{"", Status{QueueDepth: 111, Running: 22, KVFreeBlocks: 50, KVTotalBlocks: 100}},
 	} {
-		got, err := Parse(VLLM, c.model, strings.NewReader(vllm), 100)
+		got, err := Parse(VLLM, c.model, []byte(vllm), 100)
 		if err != nil {
 			t.Fatalf("model %q: %v", c.model, err)
 		}
@@ -142,7 +142,7 @@ sglang:num_running_reqs{model_name="b"} 7
 sglang:token_usage{model_name="a",tp_rank="0"} 0.5
 sglang:token_usage{model_name="b",tp_rank="0"} 0.0
 `
-	got, err := Parse(SGLang, "a", strings.NewReader(sglang), 64)
+	got, err := Parse(SGLang, "a", []byte(sglang), 64)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -166,7 +166,7 @@ vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.25
 vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="1000"} 1
 vllm:cache_config_info{block_size="16",engine="1",num_gpu_blocks="2000"} 1
 `
-	got, err := Parse(VLLM, "m", strings.NewReader(dp), 0)
+	got, err := Parse(VLLM, "m", []byte(dp), 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -176,7 +176,7 @@ vllm:cache_config_info{block_size="16",engine="1",num_gpu_blocks="2000"} 1
 	}
 
 	// Without reported totals the configured one covers the endpoint at the mean usage.
-	got, err = Parse(VLLM, "m", strings.NewReader(without(dp, "vllm:cache_config_info")), 800)
+	got, err = Parse(VLLM, "m", []byte(without(dp, "vllm:cache_config_info")), 800)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -188,7 +188,7 @@ vllm:cache_config_info{block_size="16",engine="1",num_gpu_blocks="2000"} 1
 	tl := "tlengine_queue_depth 1\ntlengine_queue_depth{rank=\"1\"} 2\ntlengine_running 0\n" +
 		"tlengine_kv_blocks_free 10\ntlengine_kv_blocks_free{rank=\"1\"} 20\n" +
 		"tlengine_kv_blocks_total 64\ntlengine_kv_blocks_total{rank=\"1\"} 64\n"
-	got, err = Parse(TLEngine, "smol", strings.NewReader(tl), 0)
+	got, err = Parse(TLEngine, "smol", []byte(tl), 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -222,7 +222,7 @@ func TestParseMissingSeries(t *testing.T) {
 		{"only comments", "# nothing to see\n", "smol", SGLang, "missing series sglang:num_queue_reqs"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			_, err := Parse(c.kind, c.model, strings.NewReader(c.page), 100)
+			_, err := Parse(c.kind, c.model, []byte(c.page), 100)
 			if err == nil {
 				t.Fatal("no error")
 			}
@@ -261,7 +261,7 @@ func TestParseMalformed(t *testing.T) {
 			"vllm:num_requests_running 1\nvllm:kv_cache_usage_perc 0\n", "vllm:num_requests_waiting is a histogram, want a gauge"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			_, err := Parse(VLLM, "m", strings.NewReader(c.page), 100)
+			_, err := Parse(VLLM, "m", []byte(c.page), 100)
 			if err == nil {
 				t.Fatal("no error")
 			}
@@ -276,7 +276,7 @@ func TestParseMalformed(t *testing.T) {
 }
 
 func TestParseUnknownKind(t *testing.T) {
-	_, err := Parse("triton", "m", strings.NewReader(""), 0)
+	_, err := Parse("triton", "m", []byte(""), 0)
 	if err == nil || reasonOf(err) != ReasonInvalidTarget || !strings.Contains(err.Error(), `unknown metrics kind "triton"`) {
 		t.Fatalf("got %v", err)
 	}
@@ -308,7 +308,7 @@ func TestParseBlockSize(t *testing.T) {
 		{"one engine unknown", dp("None", "32"), VLLM, 32},
 		{"sglang", page(t, "sglang.txt"), SGLang, 0},
 	} {
-		got, err := Parse(c.kind, "", strings.NewReader(c.page), 100)
+		got, err := Parse(c.kind, "", []byte(c.page), 100)
 		if err != nil {
 			t.Fatalf("%s: %v", c.name, err)
 		}
@@ -347,7 +347,7 @@ func TestParseBounds(t *testing.T) {
 			Status{KVFreeBlocks: 1, KVTotalBlocks: 1}, ""},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			got, err := Parse(VLLM, "m", strings.NewReader(c.page), 100)
+			got, err := Parse(VLLM, "m", []byte(c.page), 100)
 			check(t, got, err, c.want, c.err)
 		})
 	}
@@ -369,7 +369,7 @@ func TestParseBounds(t *testing.T) {
 		{"free with a total of 0", tl("5", "0"), Status{KVFreeBlocks: 5}, ""},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			got, err := Parse(TLEngine, "smol", strings.NewReader(c.page), 100)
+			got, err := Parse(TLEngine, "smol", []byte(c.page), 100)
 			check(t, got, err, c.want, c.err)
 		})
 	}
@@ -410,7 +410,7 @@ func FuzzParse(f *testing.F) {
 	f.Add([]byte("vllm:num_requests_waiting 1e300\nvllm:num_requests_running -0\nvllm:kv_cache_usage_perc 1\n"), int64(-5))
 	f.Fuzz(func(t *testing.T, page []byte, kvTotal int64) {
 		for _, kind := range []Kind{VLLM, SGLang, TLEngine} {
-			st, err := Parse(kind, "", strings.NewReader(string(page)), kvTotal)
+			st, err := Parse(kind, "", page, kvTotal)
 			if err != nil {
 				if reasonOf(err) == "" {
 					t.Fatalf("%s: an error without a reason: %v", kind, err)
@@ -426,7 +426,7 @@ func FuzzParse(f *testing.F) {
 			if st.BlockSize < 0 || st.BlockSize > MaxBlockSize {
 				t.Fatalf("%s: block size %d", kind, st.BlockSize)
 			}
-			one, err := Parse(kind, llama, strings.NewReader(string(page)), kvTotal)
+			one, err := Parse(kind, llama, page, kvTotal)
 			if err == nil && (one.QueueDepth > st.QueueDepth || one.Running > st.Running) {
 				t.Fatalf("%s: one model's status %+v over every model's %+v", kind, one, st)
 			}
