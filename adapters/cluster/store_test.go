@@ -664,7 +664,8 @@ func TestReadBounded(t *testing.T) {
 	awaitUp(t, s)
 	// Each directory is read to one past its bound: the first entries are kept.
 	got.await(t, 2*time.Second, "drains read", func(x *applied) bool { return slices.Equal(x.drains, []string{"a", "b", "c"}) })
-	if n := logs.count("more entries under a directory than the store's bound"); n != 2 {
+	if n := logs.count("more entries under a directory than the store's bound"); n != 2 ||
+		!logs.has("directory=replicas/ bound=2") || !logs.has("directory=drained/ bound=3") {
 		t.Fatalf("%d directories over their bound logged, want 2 (drained/, replicas/)", n)
 	}
 	if ids := replicaIDs(s.Replicas()); !slices.Equal(ids, []string{"r", "x1", "x2"}) {
@@ -767,8 +768,12 @@ func TestTableWriteBounds(t *testing.T) {
 	b.got.mu.Lock()
 	etag = b.got.routeRev
 	b.got.mu.Unlock()
-	if _, err := b.PutRoutes(etag, []config.Route{route(strings.Repeat("m", 3<<20))}); err != nil {
-		t.Fatalf("a 3 MiB table on an etcd that takes 4 MiB: %v", err)
+	overhead, err := marshal(routesDoc{Routes: []config.Route{route("")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.PutRoutes(etag, []config.Route{route(strings.Repeat("m", MaxTableBytes-len(overhead)))}); err != nil {
+		t.Fatalf("a table of exactly MaxTableBytes on an etcd that takes more: %v", err)
 	}
 }
 
