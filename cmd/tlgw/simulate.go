@@ -27,9 +27,9 @@ func runSimulate(args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	fs.Usage = func() { fmt.Fprint(stderr, simulateUsage); fs.PrintDefaults() }
 	trace := fs.String("trace", "shared-prefix", "the workload: "+strings.Join(fleet.Traces, ", "))
-	workers := fs.Int("workers", 20, "simulated engines")
-	requests := fs.Int("requests", 2000, "requests in the trace")
-	load := fs.String("load", "0.8", "offered load as a fraction of the fleet's estimated capacity (> 0); a comma-separated list is a rate sweep")
+	workers := fs.Int("workers", 20, fmt.Sprintf("simulated engines (at most %d)", fleet.MaxWorkers))
+	requests := fs.Int("requests", 2000, fmt.Sprintf("requests in the trace (at most %d)", fleet.MaxRequests))
+	load := fs.String("load", "0.8", fmt.Sprintf("offered load as a fraction of the fleet's estimated capacity (%v to %v); a comma-separated list is a rate sweep", fleet.MinLoad, fleet.MaxLoad))
 	policies := fs.String("policies", "round_robin,least_outstanding,affinity,prefix_aware", "route policies to compare, comma-separated")
 	seed := fs.Uint64("seed", 1, "seed of the trace and the arrivals")
 	hetero := fs.Bool("heterogeneous", false, "a fleet of mixed KV sizes and speeds")
@@ -39,7 +39,7 @@ func runSimulate(args []string, stdout, stderr io.Writer) int {
 	kvBlocks := fs.Int("kv-blocks", fleet.DefaultEngine.KVBlocks, "KV blocks per engine (16 tokens each): fewer means more evictions")
 	loadFactor := fs.Float64("load-factor", 1.25, "affinity_load_factor, the bounded-load c of affinity, prefix_aware, precise_prefix and predicted_latency (≥ 1)")
 	adm := fs.Bool("admission", false, "the router's admission queue on (one class, no busy threshold): under predicted_latency a request no engine is predicted to serve within --slo-ttft-ms waits in the gateway and is shed when that has passed")
-	restartEvery := fs.Duration("restart-every", 0, "restart one engine in turn every this much simulated time, emptying its cache (0: never)")
+	restartEvery := fs.Duration("restart-every", 0, "restart one engine in turn every this much simulated time (at least 1ms), emptying its cache (0: never)")
 	if err := fs.Parse(args); err != nil {
 		if err == flag.ErrHelp {
 			return 0
@@ -89,8 +89,11 @@ func runSimulate(args []string, stdout, stderr io.Writer) int {
 		RestartEvery: *restartEvery, LoadFactor: *loadFactor, Admission: *adm}
 	o.Engine = fleet.DefaultEngine
 	o.Engine.KVBlocks = *kvBlocks
-	if err := o.Validate(); err != nil {
-		return bad("%v", err)
+	for _, l := range loads { // every load of a sweep is checked before the first runs
+		o.Load = l
+		if err := o.Validate(); err != nil {
+			return bad("%v", err)
+		}
 	}
 	rep, err := fleet.Sweep(o, loads)
 	if err != nil {

@@ -85,6 +85,13 @@ func TestSimulateBadFlags(t *testing.T) {
 		{[]string{"--restart-every", "-1s"}, "--restart-every must not be negative"},
 		{[]string{"--load-factor", "0.9"}, "--load-factor must be at least 1"},
 		{[]string{"--load-factor", "NaN"}, "--load-factor must be at least 1"},
+		// Bounds that keep a run within the machine's memory and its time finite.
+		{[]string{"--workers", "10001"}, "workers must be 1 to 10000"},
+		{[]string{"--requests", "1000001"}, "requests must be 1 to 1000000"},
+		{[]string{"--load", "0.5,0.001"}, "load must be a fraction of capacity from 0.01 to 100, got 0.001"},
+		{[]string{"--load", "101"}, "load must be a fraction of capacity from 0.01 to 100"},
+		{[]string{"--restart-every", "999us"}, "engines restart every 1ms or more"},
+		{[]string{"--kv-blocks", "2000000"}, "20 engines of 2000000 KV blocks are over the bound"},
 	} {
 		var stdout, stderr bytes.Buffer
 		if code := run(append([]string{"simulate"}, tc.args...), &stdout, &stderr); code != 2 {

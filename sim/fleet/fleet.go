@@ -34,12 +34,27 @@ import (
 	"github.com/tlgw/tlgw/sim/kv"
 )
 
+// Bounds on a simulation, so that a mistyped flag is an error and not a run that exhausts the
+// machine's memory or never ends (measured on this project's 2-core machine: an engine holds
+// about 150 KB, a KV block about 65 B, a request of the trace about 7 KB; events come every
+// heartbeat per engine and every 100 ms over the simulated time, which a tiny load stretches).
+const (
+	MaxWorkers  = 10000     // the registry's default max_workers; about 1.5 GB
+	MaxRequests = 1_000_000 // about 7 GB
+	// MaxFleetKVBlocks bounds Workers × the engine's KVBlocks (about 2.2 GB); the default
+	// engine allows MaxWorkers.
+	MaxFleetKVBlocks = 1 << 25
+	MinLoad, MaxLoad = 0.01, 100.0
+	// MinHeartbeat and MinRestartEvery bound how often those events come.
+	MinHeartbeat, MinRestartEvery = 10 * time.Millisecond, time.Millisecond
+)
+
 // Options are a simulation's inputs.
 type Options struct {
 	Trace    string   // one of Traces
-	Workers  int      // engines in the fleet (≥ 1)
-	Requests int      // requests in the trace (≥ 1)
-	Load     float64  // offered load as a fraction of the fleet's estimated capacity (> 0)
+	Workers  int      // engines in the fleet (1 to MaxWorkers)
+	Requests int      // requests in the trace (1 to MaxRequests)
+	Load     float64  // offered load as a fraction of the fleet's estimated capacity (MinLoad to MaxLoad)
 	Policies []string // route policies to compare, each a run over the same trace and arrivals
 	Seed     uint64
 	// Heterogeneous: engines cycle through three kinds — half the KV and half the speed, the
@@ -122,12 +137,16 @@ func (o *Options) defaults() error {
 	switch {
 	case !slices.Contains(Traces, o.Trace):
 		return fmt.Errorf("unknown trace %q (known: %v)", o.Trace, Traces)
-	case o.Workers < 1:
-		return fmt.Errorf("workers must be at least 1, got %d", o.Workers)
-	case o.Requests < 1:
-		return fmt.Errorf("requests must be at least 1, got %d", o.Requests)
-	case !(o.Load > 0) || math.IsInf(o.Load, 0):
-		return fmt.Errorf("load must be a positive fraction of capacity, got %v", o.Load)
+	case o.Workers < 1 || o.Workers > MaxWorkers:
+		return fmt.Errorf("workers must be 1 to %d, got %d", MaxWorkers, o.Workers)
+	case o.Requests < 1 || o.Requests > MaxRequests:
+		return fmt.Errorf("requests must be 1 to %d, got %d", MaxRequests, o.Requests)
+	case !(o.Load >= MinLoad && o.Load <= MaxLoad):
+		return fmt.Errorf("load must be a fraction of capacity from %v to %v, got %v", MinLoad, MaxLoad, o.Load)
+	case o.Heartbeat < MinHeartbeat:
+		return fmt.Errorf("the heartbeat interval must be at least %v, got %v", MinHeartbeat, o.Heartbeat)
+	case o.RestartEvery < 0 || (o.RestartEvery > 0 && o.RestartEvery < MinRestartEvery):
+		return fmt.Errorf("engines restart every %v or more (or never: 0), got %v", MinRestartEvery, o.RestartEvery)
 	case len(o.Policies) == 0:
 		return errors.New("no policies")
 	case o.SLOTTFT < 0:
@@ -139,6 +158,8 @@ func (o *Options) defaults() error {
 	case o.Engine.KVBlocks < 1 || o.Engine.BlockSize < 1 || o.Engine.MaxRunning < 1 ||
 		o.Engine.PrefillPerToken < 0 || o.Engine.DecodePerToken < 0:
 		return fmt.Errorf("bad engine model %+v", o.Engine)
+	case o.Engine.KVBlocks > MaxFleetKVBlocks/o.Workers:
+		return fmt.Errorf("%d engines of %d KV blocks are over the bound of %d blocks in all", o.Workers, o.Engine.KVBlocks, MaxFleetKVBlocks)
 	}
 	for _, p := range o.Policies {
 		if _, err := policy.New(p, policy.Options{}); err != nil {

@@ -184,24 +184,32 @@ func TestValidate(t *testing.T) {
 		t.Fatal(err)
 	}
 	for name, set := range map[string]func(*Options){
-		"trace":    func(o *Options) { o.Trace = "bursty" },
-		"workers":  func(o *Options) { o.Workers = 0 },
-		"requests": func(o *Options) { o.Requests = -1 },
-		"load":     func(o *Options) { o.Load = 0 },
-		"policy":   func(o *Options) { o.Policies = []string{"random"} },
-		"policies": func(o *Options) { o.Policies = nil },
-		"load inf": func(o *Options) { o.Load = math.Inf(1) },
-		"load nan": func(o *Options) { o.Load = math.NaN() },
-		"slo":      func(o *Options) { o.SLOTTFT = -time.Millisecond },
-		"c < 1":    func(o *Options) { o.LoadFactor = 0.99 },
-		"c nan":    func(o *Options) { o.LoadFactor = math.NaN() },
-		"c inf":    func(o *Options) { o.LoadFactor = math.Inf(1) },
-		"index":    func(o *Options) { o.PrefixIndexBlocks = -1 },
-		"kv":       func(o *Options) { o.Engine = DefaultEngine; o.Engine.KVBlocks = 0 },
-		"block":    func(o *Options) { o.Engine = DefaultEngine; o.Engine.BlockSize = 0 },
-		"running":  func(o *Options) { o.Engine = DefaultEngine; o.Engine.MaxRunning = 0 },
-		"prefill":  func(o *Options) { o.Engine = DefaultEngine; o.Engine.PrefillPerToken = -1 },
-		"decode":   func(o *Options) { o.Engine = DefaultEngine; o.Engine.DecodePerToken = -1 },
+		"trace":         func(o *Options) { o.Trace = "bursty" },
+		"workers":       func(o *Options) { o.Workers = 0 },
+		"requests":      func(o *Options) { o.Requests = -1 },
+		"load":          func(o *Options) { o.Load = 0 },
+		"policy":        func(o *Options) { o.Policies = []string{"random"} },
+		"policies":      func(o *Options) { o.Policies = nil },
+		"load inf":      func(o *Options) { o.Load = math.Inf(1) },
+		"load nan":      func(o *Options) { o.Load = math.NaN() },
+		"slo":           func(o *Options) { o.SLOTTFT = -time.Millisecond },
+		"c < 1":         func(o *Options) { o.LoadFactor = 0.99 },
+		"c nan":         func(o *Options) { o.LoadFactor = math.NaN() },
+		"c inf":         func(o *Options) { o.LoadFactor = math.Inf(1) },
+		"index":         func(o *Options) { o.PrefixIndexBlocks = -1 },
+		"kv":            func(o *Options) { o.Engine = DefaultEngine; o.Engine.KVBlocks = 0 },
+		"block":         func(o *Options) { o.Engine = DefaultEngine; o.Engine.BlockSize = 0 },
+		"running":       func(o *Options) { o.Engine = DefaultEngine; o.Engine.MaxRunning = 0 },
+		"prefill":       func(o *Options) { o.Engine = DefaultEngine; o.Engine.PrefillPerToken = -1 },
+		"decode":        func(o *Options) { o.Engine = DefaultEngine; o.Engine.DecodePerToken = -1 },
+		"workers over":  func(o *Options) { o.Workers = MaxWorkers + 1 },
+		"requests over": func(o *Options) { o.Requests = MaxRequests + 1 },
+		"load under":    func(o *Options) { o.Load = math.Nextafter(MinLoad, 0) },
+		"load over":     func(o *Options) { o.Load = math.Nextafter(MaxLoad, math.Inf(1)) },
+		"heartbeat":     func(o *Options) { o.Heartbeat = MinHeartbeat - 1 },
+		"restart":       func(o *Options) { o.RestartEvery = MinRestartEvery - 1 },
+		"restart < 0":   func(o *Options) { o.RestartEvery = -time.Second },
+		"fleet kv":      func(o *Options) { o.Workers = 2; o.Engine = DefaultEngine; o.Engine.KVBlocks = MaxFleetKVBlocks/2 + 1 },
 	} {
 		o := ok
 		set(&o)
@@ -224,15 +232,21 @@ func TestDefaults(t *testing.T) {
 	if diff := cmp.Diff(want, o); diff != "" {
 		t.Fatalf("defaults (-want +got):\n%s", diff)
 	}
-	edge := Options{Trace: TraceAgentic, Workers: 1, Requests: 1, Load: 1e-9, Policies: []string{"round_robin"},
-		SLOTTFT: time.Nanosecond, Heartbeat: time.Nanosecond, LoadFactor: 1, PrefixIndexBlocks: 1, Parallel: 1,
-		Engine: EngineModel{KVBlocks: 1, BlockSize: 1, MaxRunning: 1}}
+	edge := Options{Trace: TraceAgentic, Workers: 1, Requests: 1, Load: MinLoad, Policies: []string{"round_robin"},
+		SLOTTFT: time.Nanosecond, Heartbeat: MinHeartbeat, LoadFactor: 1, PrefixIndexBlocks: 1, Parallel: 1,
+		RestartEvery: MinRestartEvery, Engine: EngineModel{KVBlocks: 1, BlockSize: 1, MaxRunning: 1}}
 	kept := edge
 	if err := edge.defaults(); err != nil {
 		t.Fatalf("edges refused: %v", err)
 	}
 	if diff := cmp.Diff(kept, edge); diff != "" {
 		t.Fatalf("edge settings changed (-want +got):\n%s", diff)
+	}
+	top := Options{Trace: TraceAgentic, Workers: MaxWorkers, Requests: MaxRequests, Load: MaxLoad, Policies: []string{"round_robin"},
+		Engine: DefaultEngine}
+	top.Engine.KVBlocks = MaxFleetKVBlocks / MaxWorkers
+	if err := top.Validate(); err != nil {
+		t.Fatalf("upper edges refused: %v", err)
 	}
 }
 
