@@ -93,6 +93,9 @@ func TestKeepFamilies(t *testing.T) {
 	if _, err := keepFamilies([]byte(at+"a"), names); err == nil || reasonOf(err) != ReasonTooLarge {
 		t.Fatalf("one byte over the bound: %v", err)
 	}
+	if _, err := Parse(VLLM, "m", []byte(at+"a"), 100); err == nil || reasonOf(err) != ReasonTooLarge {
+		t.Fatalf("Parse of a page one byte over the bound: %v", err)
+	}
 	// A parse error names the page's line, past the lines that were not parsed.
 	bad := strings.Repeat(o, 10) + "vllm:num_requests_waiting 1\n" + strings.Repeat(o, 5) + "vllm:num_requests_running{x=\"1\" 2\n"
 	if _, err := Parse(VLLM, "m", []byte(bad), 100); err == nil || reasonOf(err) != ReasonParse ||
