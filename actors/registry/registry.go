@@ -245,7 +245,7 @@ func (st *state) drain(c actor.Context, m *DrainModel) any {
 		}
 	}
 	if n == 0 {
-		return fmt.Errorf("no registered worker serves the model %q: %w", m.Model, errs.ErrModelNotFound)
+		return fmt.Errorf("no registered worker serves the model %s: %w", errs.Echo(m.Model), errs.ErrModelNotFound)
 	}
 	if m.Drained {
 		st.drained[m.Model] = true

@@ -70,7 +70,7 @@ func (t *routeTable) resolve(m *Pick, served func(model string) bool) target {
 	} else if served(m.Model) {
 		model, routeID = m.Model, m.Model
 	} else {
-		return target{out: &Picked{Tag: m.Tag, Err: fmt.Errorf("the model %q does not exist: %w", m.Model, errs.ErrModelNotFound)}}
+		return target{out: &Picked{Tag: m.Tag, Err: fmt.Errorf("the model %s does not exist: %w", errs.Echo(m.Model), errs.ErrModelNotFound)}}
 	}
 	role := RoleUnified
 	if disagg {

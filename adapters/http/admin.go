@@ -257,7 +257,7 @@ func (s *Server) getModel(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	writeError(w, fmt.Errorf("the model %q does not exist: %w", id, errs.ErrModelNotFound))
+	writeError(w, fmt.Errorf("the model %s does not exist: %w", errs.Echo(id), errs.ErrModelNotFound))
 }
 
 // getQueue serves GET /admin/v1/queue: classes, lanes, heads, held heads with reason and until.

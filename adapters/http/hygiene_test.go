@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	httpapi "github.com/tlgw/tlgw/adapters/http"
 	tlengine "github.com/tlgw/tlgw/sim/engine"
 	"github.com/tlgw/tlgw/sim/faults"
 )
@@ -209,6 +210,33 @@ func TestBadHeadersFaultThroughGateway(t *testing.T) {
 			if want := map[string]string{"sk-inference": "", "sk-debug": "w1"}[key]; h.Get("X-TL-Route") != want {
 				t.Fatalf("%s: X-TL-Route = %q, want %q", key, h.Get("X-TL-Route"), want)
 			}
+		}
+	}
+}
+
+// TestErrorsEchoLittle (R13.4): an error repeats at most errs.EchoMax bytes of what the client
+// sent and says how long it was, so an answer does not grow with the request: a 1 MiB model
+// id, of bytes that quoting widens, was answered with all of it.
+func TestErrorsEchoLittle(t *testing.T) {
+	s := newStack(t, stackOpt{admission: httpapi.Admission{Enabled: true, DefaultClass: "default",
+		AllowHeader: map[string]bool{"default": true, "other": false}}})
+	s.beat("w1", "smol", jsonEngine(t, "w1"))
+	huge := strings.Repeat(`\u0001`, 1<<18) // 1.5 MiB of JSON, 256 KiB of control bytes
+	for _, c := range []struct {
+		name, method, path, body string
+		hdr                      []string
+		status                   int
+		says                     string
+	}{
+		{"unknown model", "POST", "/v1/completions", `{"model":"` + huge + `","prompt":"x"}`, nil, 404, "(262144 bytes)"},
+		{"unknown model, chat", "POST", "/v1/chat/completions", `{"model":"` + huge + `","messages":[{"role":"user","content":"x"}]}`, nil, 404, "(262144 bytes)"},
+		{"model lookup", "GET", "/v1/models/" + strings.Repeat("m", 30000), "", nil, 404, "(30000 bytes)"},
+		{"session final", "POST", "/v1/completions", `{"model":"smol","prompt":"x"}`, []string{"X-TL-Session-Final", strings.Repeat("y", 60000)}, 400, "(60000 bytes)"},
+		{"class", "POST", "/v1/completions", `{"model":"smol","prompt":"x"}`, []string{"X-TL-Class", strings.Repeat("c", 60000)}, 400, "(60000 bytes)"},
+	} {
+		resp, body := s.do(t, c.method, c.path, "", c.body, c.hdr...)
+		if resp.StatusCode != c.status || len(body) > 1024 || !strings.Contains(string(body), c.says) {
+			t.Errorf("%s: %d, %d bytes: %.300s", c.name, resp.StatusCode, len(body), body)
 		}
 	}
 }

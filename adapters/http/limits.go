@@ -82,7 +82,7 @@ func (s *Server) enter() (release func(), err error) {
 // (Host: evil.example resolving to 127.0.0.1) gets 403 forbidden_origin.
 func checkLocalAdmin(r *http.Request) error {
 	if !loopbackHost(r.Host) {
-		return fmt.Errorf("without API keys the admin API answers only requests to a loopback host, not %q: %w", r.Host, errs.ErrForbiddenOrigin)
+		return fmt.Errorf("without API keys the admin API answers only requests to a loopback host, not %s: %w", errs.Echo(r.Host), errs.ErrForbiddenOrigin)
 	}
 	origin := r.Header.Get("Origin")
 	if origin == "" {
@@ -90,7 +90,7 @@ func checkLocalAdmin(r *http.Request) error {
 	}
 	u, err := url.Parse(origin)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || !strings.EqualFold(u.Host, r.Host) || !loopbackHost(u.Host) {
-		return fmt.Errorf("without API keys the admin API answers no cross-origin request (Origin %q): %w", origin, errs.ErrForbiddenOrigin)
+		return fmt.Errorf("without API keys the admin API answers no cross-origin request (Origin %s): %w", errs.Echo(origin), errs.ErrForbiddenOrigin)
 	}
 	return nil
 }

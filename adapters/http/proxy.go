@@ -198,7 +198,7 @@ func sessionFinal(header string) (bool, error) {
 	case "", "false":
 		return false, nil
 	}
-	return false, fmt.Errorf("X-TL-Session-Final must be \"true\" or \"false\", not %q: %w", header, errs.ErrInvalidRequest)
+	return false, fmt.Errorf("X-TL-Session-Final must be \"true\" or \"false\", not %s: %w", errs.Echo(header), errs.ErrInvalidRequest)
 }
 
 // admissionClass resolves a request's class: its key's class (or the default), or the class
@@ -213,7 +213,7 @@ func (s *Server) admissionClass(keyClass, header string) (string, error) {
 		return class, nil
 	}
 	if _, ok := s.admission.AllowHeader[header]; !ok {
-		return "", fmt.Errorf("X-TL-Class names no configured class %q: %w", header, errs.ErrInvalidRequest)
+		return "", fmt.Errorf("X-TL-Class names no configured class %s: %w", errs.Echo(header), errs.ErrInvalidRequest)
 	}
 	return header, nil
 }

@@ -98,7 +98,7 @@ func (c clusterCore) Drain(model string, drained bool) (*registry.DrainResult, e
 		}
 	}
 	if n == 0 {
-		return nil, fmt.Errorf("no registered worker serves the model %q: %w", model, errs.ErrModelNotFound)
+		return nil, fmt.Errorf("no registered worker serves the model %s: %w", errs.Echo(model), errs.ErrModelNotFound)
 	}
 	if err := c.app.store.SetDrained(model, drained); err != nil {
 		return nil, err
