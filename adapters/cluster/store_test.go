@@ -121,13 +121,19 @@ func startReplica(t *testing.T, endpoint, id string, seed []config.Route) replic
 
 func startReplicaWith(t *testing.T, cc config.Cluster, id string, seed []config.Route) replica {
 	t.Helper()
+	return startReplicaOp(t, cc, id, seed, 500*time.Millisecond)
+}
+
+// startReplicaOp is startReplicaWith with the bound on each etcd call.
+func startReplicaOp(t *testing.T, cc config.Cluster, id string, seed []config.Route, op time.Duration) replica {
+	t.Helper()
 	got := newApplied()
 	reg := prometheus.NewRegistry()
 	s, err := Start(Config{
 		Cluster:    cc,
 		Self:       Replica{ID: id, HTTPAddress: "127.0.0.1:1", GRPCAddress: "127.0.0.1:2", StartedAt: time.Unix(1700000000, 0).UTC()},
 		SeedRoutes: config.NormalizeRoutes(seed), Apply: got.applier(), Registerer: reg,
-		OpTimeout: 500 * time.Millisecond, ProbeInterval: 100 * time.Millisecond,
+		OpTimeout: op, ProbeInterval: 100 * time.Millisecond,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -763,7 +769,9 @@ func TestTableWriteBounds(t *testing.T) {
 
 	// An etcd told to take larger requests takes a table up to the store's bound.
 	big := etcdtest.StartMaxRequest(t, MaxTableBytes+64<<10)
-	b := startReplica(t, big.Endpoint(), "b", nil)
+	// A 4 MiB write takes longer than the other tests' 500 ms bound on a loaded machine.
+	b := startReplicaOp(t, config.Cluster{Enabled: true, EtcdEndpoints: []string{big.Endpoint()}, Prefix: "/test/", LeaseTTL: 2 * time.Second},
+		"b", nil, 10*time.Second)
 	awaitUp(t, b.Store)
 	b.got.mu.Lock()
 	etag = b.got.routeRev
@@ -834,7 +842,7 @@ func TestReadAtTheBoundsFits(t *testing.T) {
 		Cluster: config.Cluster{Enabled: true, EtcdEndpoints: []string{etcd.Endpoint()}, Prefix: prefix, LeaseTTL: 2 * time.Second},
 		Self:    Replica{ID: "r", HTTPAddress: "127.0.0.1:1", GRPCAddress: "127.0.0.1:2"},
 		Apply:   got.applier(), Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		OpTimeout: 5 * time.Second, ProbeInterval: time.Second,
+		OpTimeout: 10 * time.Second, ProbeInterval: time.Second,
 	})
 	if err != nil {
 		t.Fatal(err)
