@@ -421,18 +421,18 @@ func (s *Store) putStaticKV(kv *mvccpb.KeyValue) {
 // when the stored table is invalid (the last good table keeps serving, under the stored
 // revision, so an operator's PUT with If-Match: that revision can replace what is there).
 func (s *Store) nextRoutes(cur table[config.Route], kv *mvccpb.KeyValue) table[config.Route] {
-	return next(cur, kv, decodeRoutes, func(err error) {
+	return nextTable(cur, kv, decodeRoutes, func(err error) {
 		s.log.Error("the stored route table is invalid; keeping the last good one", "revision", kv.ModRevision, "err", err)
 	})
 }
 
 func (s *Store) nextStatic(cur table[config.StaticWorker], kv *mvccpb.KeyValue) table[config.StaticWorker] {
-	return next(cur, kv, decodeStatic, func(err error) {
+	return nextTable(cur, kv, decodeStatic, func(err error) {
 		s.log.Error("the stored static worker table is invalid; keeping the last good one", "revision", kv.ModRevision, "err", err)
 	})
 }
 
-func next[T any](cur table[T], kv *mvccpb.KeyValue, decode func([]byte) ([]T, error), invalid func(error)) table[T] {
+func nextTable[T any](cur table[T], kv *mvccpb.KeyValue, decode func([]byte) ([]T, error), invalid func(error)) table[T] {
 	if kv.ModRevision <= cur.rev {
 		return cur
 	}
