@@ -432,6 +432,8 @@ func (s *Store) nextStatic(cur table[config.StaticWorker], kv *mvccpb.KeyValue) 
 	})
 }
 
+// nextTable is cur after a put of kv: the put's rows when they decode, else cur's rows under
+// the put's revision; cur itself when the put is not newer.
 func nextTable[T any](cur table[T], kv *mvccpb.KeyValue, decode func([]byte) ([]T, error), invalid func(error)) table[T] {
 	if kv.ModRevision <= cur.rev {
 		return cur
