@@ -322,7 +322,8 @@ func (s *Store) applySnapshot(rev int64, kvs []*mvccpb.KeyValue) {
 // applyEvents takes one watch answer's changes, in revision order. What it tells the
 // gateway is pushed once for the whole answer, not once per event: an answer can carry
 // thousands of events (one transaction, or a watch catching up), and each push sends the
-// whole drained set. Of several puts to a table only the last is decoded and applied.
+// whole drained set. Every put to a table is decoded in order (an invalid one keeps the rows
+// before it, as one event at a time would), and only the table they leave is applied.
 func (s *Store) applyEvents(evs []*clientv3.Event) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
