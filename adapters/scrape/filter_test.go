@@ -64,7 +64,7 @@ func TestLineFamily(t *testing.T) {
 // TestKeepFamilies: what expfmt is given of a page, the bound on it, and a parse error naming
 // the page's own line.
 func TestKeepFamilies(t *testing.T) {
-	names := dialects[VLLM].names
+	names := dialects[VLLM].names()
 	pg := "# HELP other x\n# TYPE other gauge\nother 1\n# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting 3\n" +
 		"other_bucket{le=\"1\"} 1\nvllm:num_requests_running_total 2\n# comment\n\n<junk>\nvllm:kv_cache_usage_perc 0.5"
 	got, err := keepFamilies([]byte(pg), names)
@@ -137,7 +137,7 @@ func FuzzKeepFamilies(f *testing.F) {
 	f.Fuzz(func(t *testing.T, page []byte) {
 		for _, kind := range []Kind{VLLM, SGLang, TLEngine} {
 			d := dialects[kind]
-			kept, err := keepFamilies(page, d.names)
+			kept, err := keepFamilies(page, d.names())
 			if err != nil {
 				if reasonOf(err) != ReasonTooLarge {
 					t.Fatalf("%s: %v", kind, err)

@@ -97,19 +97,17 @@ type dialect struct {
 	blockInfo string
 	// modelLabels are the labels that name the model a series belongs to.
 	modelLabels []string
-	// names are the families above: the only ones read from a page (keepFamilies).
-	names []string
 }
 
-func init() {
-	for k, d := range dialects {
-		for _, n := range append([]string{d.queue, d.running, d.free, d.total, d.info, d.blockInfo}, d.usage...) {
-			if n != "" && !slices.Contains(d.names, n) {
-				d.names = append(d.names, n)
-			}
+// names are the families above: the only ones read from a page (keepFamilies).
+func (d dialect) names() []string {
+	var out []string
+	for _, n := range append([]string{d.queue, d.running, d.free, d.total, d.info, d.blockInfo}, d.usage...) {
+		if n != "" && !slices.Contains(out, n) {
+			out = append(out, n)
 		}
-		dialects[k] = d
 	}
+	return out
 }
 
 var dialects = map[Kind]dialect{
@@ -160,13 +158,14 @@ func Parse(kind Kind, model string, page []byte, kvTotal int64) (Status, error) 
 	if !ok {
 		return Status{}, failf(ReasonInvalidTarget, "unknown metrics kind %q: want vllm, sglang or tlengine", kind)
 	}
-	read, err := keepFamilies(page, d.names)
+	names := d.names()
+	read, err := keepFamilies(page, names)
 	if err != nil {
 		return Status{}, err
 	}
 	st, err := parsePage(d, model, read, kvTotal)
 	if pe := (expfmt.ParseError{}); errors.As(err, &pe) {
-		pe.Line = pageLine(page, d.names, pe.Line)
+		pe.Line = pageLine(page, names, pe.Line)
 		return Status{}, failf(ReasonParse, "malformed metrics page: %v", pe)
 	}
 	return st, err
