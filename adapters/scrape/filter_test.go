@@ -27,6 +27,7 @@ func TestLineFamily(t *testing.T) {
 		{"# TYPE a\n", "a", true},
 		{"# HELP a\tdoc\n", "a", true},
 		{"# HELP \"a.b\"\n", "a.b", true},
+		{"# TYPE \"a\"", "a", true},
 		{"# TYPE a", "a", true},
 		{"# a plain comment\n", "", true},
 		{"#\n", "", true},
@@ -35,6 +36,7 @@ func TestLineFamily(t *testing.T) {
 		{"   \n", "", true},
 		// Kept: not a line of the text format this reader can place.
 		{"# HELP\n", "", false},
+		{"# HELP", "", false},
 		{"# TYPE  \n", "", false},
 		{"# TYPE a-b gauge\n", "", false},
 		{"# TYPE \"a\\\"b\" gauge\n", "", false},
