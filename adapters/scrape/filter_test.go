@@ -19,6 +19,8 @@ func TestLineFamily(t *testing.T) {
 		{"  \tvllm:x_bucket{le=\"1\"} 2\n", "vllm:x_bucket", true},
 		{"a\t1", "a", true},
 		{"_a:b9 1\n", "_a:b9", true},
+		{"zaZA:_09 1\n", "zaZA:_09", true},
+		{"Za 1\n", "Za", true},
 		{"{\"a.b\",c=\"d\"} 1\n", "a.b", true},
 		{"{ \"a\" } 1\n", "a", true},
 		{"# HELP a some text\n", "a", true},
