@@ -790,9 +790,6 @@ func TestTableWriteBounds(t *testing.T) {
 // of MaxReplicaBytes and MaxDrained drained models of MaxModelIDLen bytes that escape to
 // three times that, under a prefix of 256 bytes.
 func TestReadAtTheBoundsFits(t *testing.T) {
-	if testing.Short() {
-		t.Skip("writes 27 MB to etcd")
-	}
 	etcd := etcdtest.StartMaxRequest(t, 2*MaxTableBytes)
 	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{etcd.Endpoint()}, DialTimeout: 2 * time.Second, Logger: zap.NewNop(),
 		MaxCallSendMsgSize: 2 * MaxTableBytes})
