@@ -83,11 +83,59 @@ func TestPredictionsStayFinite(t *testing.T) {
 			if p := m.Predict(q); math.IsNaN(p) || p < 0 || p > MaxMs {
 				t.Fatalf("Predict(%v) = %v after observing %v", q, p, x)
 			}
-			if m.n > 0 && !m.finite() {
-				t.Fatalf("state not finite: %+v", m)
-			}
+			checkState(t, &m)
 		}
 	})
+}
+
+// checkState fails t unless m's state is what Observe promises to leave, checked on its own
+// terms rather than through finite: every weight finite and within 10·MaxMs, the covariance
+// finite, symmetric and with a positive diagonal. The zero value (nothing observed yet) is
+// the one state without a covariance.
+func checkState(t interface{ Fatalf(string, ...any) }, m *Model) {
+	if *m == (Model{}) {
+		return
+	}
+	for i := range N {
+		if w := m.theta[i]; math.IsNaN(w) || math.Abs(w) > MaxMs*10 {
+			t.Fatalf("weight %d = %v after %d observations", i, w, m.n)
+		}
+		if !(m.p[i][i] > 0) {
+			t.Fatalf("covariance diagonal %d = %v after %d observations", i, m.p[i][i], m.n)
+		}
+		for j := range N {
+			if math.IsNaN(m.p[i][j]) || math.IsInf(m.p[i][j], 0) || m.p[i][j] != m.p[j][i] {
+				t.Fatalf("covariance %d,%d = %v (%d,%d = %v)", i, j, m.p[i][j], j, i, m.p[j][i])
+			}
+		}
+	}
+}
+
+// TestRunawayWeightsReset: measurements that differ by the whole range over a few uncached
+// tokens ask for a weight of about 10^8 ms per thousand tokens, past the bound of 10·MaxMs: the
+// model resets to its prior rather than keep such a weight, observation after observation, and
+// its predictions stay within [0, MaxMs].
+func TestRunawayWeightsReset(t *testing.T) {
+	var m Model
+	resets := 0
+	for i := range 400 {
+		x, y := Features(0, 0), 0.0
+		if i%2 == 1 {
+			x, y = Features(0, 36), MaxMs // 36 tokens: a slope of 10^8 ms per thousand
+		}
+		before := m.n
+		m.Observe(x, y)
+		if m.n <= before {
+			resets++
+		}
+		checkState(t, &m)
+		if p := m.Predict(Features(0, 18)); p < 0 || p > MaxMs {
+			t.Fatalf("Predict = %v", p)
+		}
+	}
+	if resets == 0 {
+		t.Fatal("the weights never ran past the bound: the test does not reach the guard")
+	}
 }
 
 // TestObservationsCount: each usable observation counts; a NaN one is ignored.
@@ -114,6 +162,8 @@ func TestPredictWithIsTheDotProduct(t *testing.T) {
 		{X{0.5, 0, 0}, X{4, 1e9, 1e9}, 2},
 		{X{-1, 0, 0}, X{1, 0, 0}, 0},
 		{X{MaxMs, 1, 0}, X{1, 1, 0}, MaxMs},
+		{X{1, 1, 1}, X{1, math.NaN(), 0}, 0}, // a NaN feature predicts 0, never NaN
+		{X{math.Inf(1), 0, 0}, X{1, 0, 0}, MaxMs},
 	} {
 		if got := PredictWith(c.w, c.x); got != c.want {
 			t.Errorf("PredictWith(%v, %v) = %v, want %v", c.w, c.x, got, c.want)
