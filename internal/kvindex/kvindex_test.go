@@ -1,6 +1,7 @@
 package kvindex
 
 import (
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -23,6 +24,20 @@ func (m model) check(t *testing.T, x *Index[int], ids []uint64) {
 	if x.Entries() != entries {
 		t.Fatalf("Entries = %d, want %d", x.Entries(), entries)
 	}
+	workers := 0
+	for _, set := range m {
+		if len(set) > 0 {
+			workers++
+		}
+	}
+	if x.Workers() != workers {
+		t.Fatalf("Workers = %d, want %d", x.Workers(), workers)
+	}
+	// Freed slots and lists are used again: neither grows past what is held at once.
+	if len(x.slots) > modelWorkers || len(x.lists) > len(ids) {
+		t.Fatalf("%d slots for %d workers, %d lists for %d ids", len(x.slots), modelWorkers, len(x.lists), len(ids))
+	}
+	x.checkLayout(t)
 	for _, id := range ids {
 		var want []int
 		for w, set := range m {
@@ -44,6 +59,61 @@ func (m model) check(t *testing.T, x *Index[int], ids []uint64) {
 	}
 }
 
+// checkLayout fails t unless the index's own tables agree: each worker's set gives every id's
+// position on that id's holders, the holder table points at live slots and lists of two or
+// more, and every list is either in use or free (empty) for reuse.
+func (x *Index[W]) checkLayout(t *testing.T) {
+	t.Helper()
+	entries, inUse := 0, 0
+	for w, wk := range x.workers {
+		if x.slots[wk.slot] != wk || wk.self[0] != w || len(wk.at) == 0 {
+			t.Fatalf("worker %v: slot %d holds %v, %d ids", w, wk.slot, x.slots[wk.slot], len(wk.at))
+		}
+		for id, pos := range wk.at {
+			if hs := x.Holders(id); int(pos) >= len(hs) || hs[pos] != w {
+				t.Fatalf("worker %v holds %x at %d, holders %v", w, id, pos, hs)
+			}
+		}
+		entries += len(wk.at)
+	}
+	for id, v := range x.holders {
+		if v&shared == 0 {
+			if int(v) >= len(x.slots) || x.slots[v] == nil {
+				t.Fatalf("id %x held by free slot %d", id, v)
+			}
+			continue
+		}
+		inUse++
+		if hs := x.lists[uint32(v)]; len(hs) < 2 {
+			t.Fatalf("id %x on list %d of %d holders", id, uint32(v), len(hs))
+		}
+	}
+	var zero W
+	for n, hs := range x.lists {
+		if slices.ContainsFunc(hs[len(hs):cap(hs)], func(w W) bool { return w != zero }) {
+			t.Fatalf("list %d keeps a worker past its end: %v", n, hs[:cap(hs)])
+		}
+	}
+	for _, n := range x.unused {
+		if len(x.lists[n]) != 0 {
+			t.Fatalf("free list %d holds %v", n, x.lists[n])
+		}
+	}
+	free := 0
+	for _, wk := range x.slots {
+		if wk == nil {
+			free++
+		}
+	}
+	if entries != x.entries || inUse+len(x.unused) != len(x.lists) || free != len(x.free) || len(x.workers)+free != len(x.slots) {
+		t.Fatalf("entries %d (counted %d), lists %d in use + %d free of %d, slots %d free (%d listed) + %d workers of %d",
+			entries, x.entries, inUse, len(x.unused), len(x.lists), free, len(x.free), len(x.workers), len(x.slots))
+	}
+}
+
+// modelWorkers is how many workers TestAgainstModel's events go to.
+const modelWorkers = 6
+
 // TestAgainstModel: random STORED, REMOVED and CLEARED events over a few workers and ids leave
 // the index equal to the sets they describe (within the bound).
 func TestAgainstModel(t *testing.T) {
@@ -55,8 +125,8 @@ func TestAgainstModel(t *testing.T) {
 	for i := range ids {
 		ids[i] = r.Uint64()
 	}
-	for step := range 5000 {
-		w := r.IntN(6)
+	for range 5000 {
+		w := r.IntN(modelWorkers)
 		batch := make([]uint64, r.IntN(10))
 		for i := range batch {
 			batch[i] = ids[r.IntN(len(ids))]
@@ -73,6 +143,9 @@ func TestAgainstModel(t *testing.T) {
 				}
 			}
 		case op < 9:
+			if r.IntN(4) == 0 { // at times, everything the worker holds
+				batch = slices.Collect(maps.Keys(m[w]))
+			}
 			x.Remove(w, batch)
 			for _, id := range batch {
 				delete(m[w], id)
@@ -81,11 +154,8 @@ func TestAgainstModel(t *testing.T) {
 			x.Forget(w)
 			delete(m, w)
 		}
-		if step%50 == 0 {
-			m.check(t, x, ids)
-		}
+		m.check(t, x, ids)
 	}
-	m.check(t, x, ids)
 }
 
 // TestBound: a worker keeps its first BlocksPerWorker ids; the rest are dropped and counted,
@@ -153,6 +223,52 @@ func TestShrink(t *testing.T) {
 	}
 	if x.Match(2, ids) != 10 {
 		t.Fatal("lost entries on rebuild")
+	}
+}
+
+// TestShrinkKeepsSharedLists: ids held by several workers survive the rebuild on lists numbered
+// afresh, and the lists that had been freed are let go.
+func TestShrinkKeepsSharedLists(t *testing.T) {
+	x := New[int](1 << 16)
+	ids := make([]uint64, 5000)
+	for i := range ids {
+		ids[i] = uint64(i)*0x9e3779b97f4a7c15 + 1
+	}
+	x.Store(1, ids)
+	x.Store(2, ids[:300])
+	x.Store(3, ids[:10])
+	x.Remove(2, ids[200:300]) // 100 lists go back to one holder: free for reuse
+	if len(x.unused) != 100 {
+		t.Fatalf("%d free lists, want 100", len(x.unused))
+	}
+	x.Forget(1) // 300 ids left of a peak of 5,000: rebuilt
+	if x.Distinct() != 200 || x.peak != 200 || x.Entries() != 210 || len(x.lists) != 10 || len(x.unused) != 0 {
+		t.Fatalf("distinct %d peak %d entries %d lists %d free %d", x.Distinct(), x.peak, x.Entries(), len(x.lists), len(x.unused))
+	}
+	x.checkLayout(t)
+	for _, id := range ids[:10] {
+		got := slices.Sorted(slices.Values(x.Holders(id)))
+		if !slices.Equal(got, []int{2, 3}) {
+			t.Fatalf("Holders(%x) = %v, want [2 3]", id, got)
+		}
+	}
+	if x.Match(2, ids) != 200 || x.Match(3, ids) != 10 {
+		t.Fatalf("Match = %d, %d after the rebuild", x.Match(2, ids), x.Match(3, ids))
+	}
+}
+
+// TestSharedListStorageReused: a worker joining and leaving an id another worker holds reuses
+// the list's storage: no allocation in the steady state.
+func TestSharedListStorageReused(t *testing.T) {
+	x := New[int](16)
+	x.Store(1, []uint64{7})
+	x.Store(2, []uint64{8}) // keeps worker 2 in the index while it joins and leaves id 7
+	allocs := testing.AllocsPerRun(100, func() {
+		x.Store(2, []uint64{7})
+		x.Remove(2, []uint64{7})
+	})
+	if allocs != 0 || !slices.Equal(x.Holders(7), []int{1}) {
+		t.Fatalf("%v allocations a round; holders of 7: %v", allocs, x.Holders(7))
 	}
 }
 

@@ -99,3 +99,58 @@ func BenchmarkPrecisePrefixPick(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkExactIndexChurn is the router's work for an engine's KV events at fleet scale: 1,000
+// workers hold 3,968 chunk ids each (near the default bound of 4,096), and each op is one
+// worker's REMOVED of its 64 oldest ids and STORED of 64 new ones, as a busy engine evicts and
+// caches. "distinct": no two workers hold an id; "shared": every id is held by 4 workers (a
+// system prompt on several engines). Reports ns per id applied and the heap the index holds.
+func BenchmarkExactIndexChurn(b *testing.B) {
+	const n, held, batch = 1000, 3968, 64
+	for _, c := range []struct {
+		name  string
+		share int
+	}{{"distinct", 1}, {"shared", 4}} {
+		b.Run(c.name, func(b *testing.B) {
+			// id k of group g: the share workers g·share … g·share+share-1 hold group g's ids.
+			id := func(w int, k uint64) uint64 { return uint64(w/c.share)<<32 | (k + 1) }
+			before := heapInUse()
+			x := kvindex.New[*policy.Member](0)
+			members := make([]policy.Member, n)
+			ids := make([]uint64, held)
+			for w := range members {
+				for k := range ids {
+					ids[k] = id(w, uint64(k))
+				}
+				x.Store(&members[w], ids)
+			}
+			heap := heapInUse() - before
+			oldest, next := make([]uint64, n), make([]uint64, n)
+			for w := range next {
+				next[w] = held
+			}
+			ev := make([]uint64, batch)
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				w := i % n
+				for k := range ev {
+					ev[k] = id(w, oldest[w]+uint64(k))
+				}
+				x.Remove(&members[w], ev)
+				oldest[w] += batch
+				for k := range ev {
+					ev[k] = id(w, next[w]+uint64(k))
+				}
+				x.Store(&members[w], ev)
+				next[w] += batch
+			}
+			b.StopTimer()
+			if x.Entries() != n*held {
+				b.Fatalf("%d entries, want %d", x.Entries(), n*held)
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(max(b.N, 1))/(2*batch), "ns/id")
+			b.ReportMetric(float64(heap)/float64(n*held), "heap-B/entry")
+		})
+	}
+}

@@ -14,8 +14,11 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/tlgw/tlgw/actors/router"
+	"github.com/tlgw/tlgw/actors/router/policy"
 	controlv1 "github.com/tlgw/tlgw/contracts/tl/control/v1"
 	"github.com/tlgw/tlgw/internal/gwtest"
+	"github.com/tlgw/tlgw/internal/kvindex"
+	"github.com/tlgw/tlgw/internal/prefixindex"
 	"github.com/tlgw/tlgw/internal/proctest"
 )
 
@@ -166,4 +169,61 @@ func BenchmarkHeartbeatPath(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// BenchmarkMemoryPrefixIndexes fills the two prefix indexes to their default bound (4,096 chunk
+// ids for each of 1,000 workers, every id distinct: the most memory they can hold per entry)
+// and reports what an entry and a worker at the bound cost: the approximate index of
+// prefix_aware (what the gateway sent) and the exact one of precise_prefix (what the engines
+// report). Each is on top of BenchmarkMemoryPerWorker's figure, for a worker whose cache is full.
+// gc-ms is a full collection's wall time with the index live (the process's whole heap is this
+// index and the test's own): what each of the gateway's collections pays to mark it.
+func BenchmarkMemoryPrefixIndexes(b *testing.B) {
+	const n, prompts, chunks = 1000, 64, 64 // 64 prompts of 64 chunks: 4,096 ids a worker
+	id := func(w, p, c int) uint64 { return uint64(w*prompts*chunks + p*chunks + c + 1) }
+	report := func(b *testing.B, used uint64, entries int) {
+		if entries != n*prompts*chunks {
+			b.Fatalf("%d entries, want %d", entries, n*prompts*chunks)
+		}
+		t0 := time.Now()
+		runtime.GC()
+		b.ReportMetric(float64(time.Since(t0).Microseconds())/1000, "gc-ms")
+		b.ReportMetric(float64(used)/float64(entries), "B/entry")
+		b.ReportMetric(float64(used)/n, "B/worker")
+	}
+	hashes := make([]uint64, chunks)
+	b.Run("approximate", func(b *testing.B) {
+		for range b.N {
+			before := heapInUse()
+			x := prefixindex.New(0)
+			for w := range n {
+				worker := fmt.Sprintf("worker-%04d", w)
+				for p := range prompts {
+					for c := range hashes {
+						hashes[c] = id(w, p, c)
+					}
+					x.Record(worker, hashes)
+				}
+			}
+			report(b, heapInUse()-before, x.Entries())
+			runtime.KeepAlive(x)
+		}
+	})
+	b.Run("exact", func(b *testing.B) {
+		for range b.N {
+			before := heapInUse()
+			x := kvindex.New[*policy.Member](0)
+			members := make([]policy.Member, n)
+			for w := range members {
+				for p := range prompts {
+					for c := range hashes {
+						hashes[c] = id(w, p, c)
+					}
+					x.Store(&members[w], hashes)
+				}
+			}
+			report(b, heapInUse()-before, x.Entries())
+			runtime.KeepAlive(x)
+		}
+	})
 }
