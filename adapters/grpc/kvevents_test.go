@@ -359,6 +359,51 @@ func TestKVSubscriberWaitsForEachAnswer(t *testing.T) {
 	wait(t, f.subs, "a new subscription")
 }
 
+// TestKVSubscriberDeliversInPieces: an event of more than KVPieceIDs ids reaches the router
+// in pieces of at most that many, in order, each sent only after the router answered the one
+// before; an empty event sends nothing.
+func TestKVSubscriberDeliversInPieces(t *testing.T) {
+	f, addr, sink, s := gateSubscriber(t, KVSubscriberOptions{MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond})
+	ids := make([]uint64, 3*KVPieceIDs+5)
+	for i := range ids {
+		ids[i] = uint64(i) + 1
+	}
+	f.scripts <- kvScript{events: []*kvv1.KvEvent{
+		ev(1, kvv1.KvEvent_CLEARED),
+		ev(2, kvv1.KvEvent_STORED, ids...),
+		ev(3, kvv1.KvEvent_STORED),                                     // empty: nothing sent
+		ev(4, kvv1.KvEvent_REMOVED, ids[:KVPieceIDs]...),               // exactly one piece
+		ev(5, kvv1.KvEvent_REMOVED, ids[KVPieceIDs:2*KVPieceIDs+1]...), // one piece and one id
+		ev(6, kvv1.KvEvent_CLEARED),
+	}}
+	s.Watch(router.WorkerInfo{ID: "e9", GRPCAddress: addr, KVEvents: true})
+	sink.answer(sink.next(t), true) // the handshake
+	want := []router.KVEvents{
+		{Stored: ids[:KVPieceIDs]}, {Stored: ids[KVPieceIDs : 2*KVPieceIDs]}, {Stored: ids[2*KVPieceIDs : 3*KVPieceIDs]},
+		{Stored: ids[3*KVPieceIDs:]},
+		{Removed: ids[:KVPieceIDs]},
+		{Removed: ids[KVPieceIDs : 2*KVPieceIDs]}, {Removed: ids[2*KVPieceIDs : 2*KVPieceIDs+1]},
+		{Clear: true},
+	}
+	for i, w := range want {
+		m := sink.next(t)
+		w.WorkerID = "e9"
+		expect(t, m, w)
+		if m.Reply == nil {
+			t.Fatalf("message %d asks for no answer", i)
+		}
+		select {
+		case extra := <-sink.got:
+			t.Fatalf("message %d sent before message %d was answered: %+v", i+1, i, *extra)
+		default:
+		}
+		sink.answer(m, true)
+	}
+	if sink.most != 1 {
+		t.Fatalf("%d messages waited for the router at once, want 1", sink.most)
+	}
+}
+
 // TestKVSubscriberGivesUpOnASilentRouter: an event the router never answers (a router that
 // lost it) holds the stream at most AnswerTimeout: then the stream ends with a Clear that asks
 // nothing, and the subscriber subscribes again after its backoff. Nothing waits forever.

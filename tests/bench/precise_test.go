@@ -2,10 +2,14 @@ package bench
 
 import (
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
+	"github.com/tlgw/tlgw/actors/router"
 	"github.com/tlgw/tlgw/actors/router/policy"
+	grpcapi "github.com/tlgw/tlgw/adapters/grpc"
+	"github.com/tlgw/tlgw/internal/gwtest"
 	"github.com/tlgw/tlgw/internal/kvindex"
 	"github.com/tlgw/tlgw/internal/prefixindex"
 )
@@ -151,6 +155,77 @@ func BenchmarkExactIndexChurn(b *testing.B) {
 			}
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(max(b.N, 1))/(2*batch), "ns/id")
 			b.ReportMetric(float64(heap)/float64(n*held), "heap-B/entry")
+		})
+	}
+}
+
+// BenchmarkPickBehindKVEvents is how long a pick waits in the router's mailbox behind the KV
+// events of a whole fleet: 1,000 precise_prefix workers each hold 3,968 chunk ids, every one
+// of them has one message in the mailbox (a subscription has at most one waiting), and a pick
+// arrives after them. "whole" messages carry an event of 4,096 ids (2,048 removed, 2,048
+// stored), as a snapshot or a burst can; "pieces" carry grpcapi.KVPieceIDs, as the subscriber
+// now sends them. Reports the pick's round trip in ms.
+func BenchmarkPickBehindKVEvents(b *testing.B) {
+	const n, held = 1000, 3968
+	for _, c := range []struct {
+		name string
+		ids  int
+	}{{"whole", router.MaxKVEventIDs}, {"pieces", grpcapi.KVPieceIDs}} {
+		b.Run(c.name, func(b *testing.B) {
+			h := gwtest.New(b, gwtest.WithPolicy("precise_prefix"))
+			ids := func(w, from, k int) []uint64 {
+				out := make([]uint64, k)
+				for i := range out {
+					out[i] = uint64(w)<<32 | uint64(from+i+1)
+				}
+				return out
+			}
+			for w := range n {
+				info := gwtest.Worker(fmt.Sprintf("worker-%04d", w), "smol", 0)
+				info.KVEvents = true
+				if _, err := h.GW.Heartbeat(info); err != nil {
+					b.Fatal(err)
+				}
+			}
+			h.Eventually("all registered", func() bool { r, _ := h.GW.Routable(); return r == n })
+			apply := func(ev *router.KVEvents) {
+				reply := make(chan bool, 1)
+				ev.Reply = reply
+				h.GW.KVEvents(ev)
+				if !<-reply {
+					b.Fatalf("router refused %s's events", ev.WorkerID)
+				}
+			}
+			for w := range n {
+				apply(&router.KVEvents{WorkerID: fmt.Sprintf("worker-%04d", w), Stored: ids(w, 0, held)})
+			}
+			oldest, next := 0, held
+			var waits []time.Duration
+			b.ResetTimer()
+			for range b.N {
+				replies := make(chan bool, n)
+				for w := range n {
+					h.GW.KVEvents(&router.KVEvents{WorkerID: fmt.Sprintf("worker-%04d", w), Reply: replies,
+						Removed: ids(w, oldest, c.ids/2), Stored: ids(w, next, c.ids/2)})
+				}
+				t0 := time.Now()
+				res, err := h.GW.Pick(&router.Pick{Model: "smol", RequestID: "r"})
+				waits = append(waits, time.Since(t0))
+				if err != nil {
+					b.Fatal(err)
+				}
+				h.GW.Release(res)
+				for range n {
+					if !<-replies {
+						b.Fatal("router refused an event")
+					}
+				}
+				oldest, next = oldest+c.ids/2, next+c.ids/2
+			}
+			b.StopTimer()
+			slices.Sort(waits)
+			b.ReportMetric(float64(waits[len(waits)/2].Microseconds())/1000, "p50-pick-ms")
+			b.ReportMetric(float64(waits[len(waits)-1].Microseconds())/1000, "max-pick-ms")
 		})
 	}
 }
