@@ -260,6 +260,54 @@ func BenchmarkPrefixAwarePick(b *testing.B) {
 	}
 }
 
+// BenchmarkPrefixRecord is the other half of a prefix_aware (or predicted_latency) pick in the
+// router: recording the dispatched prompt's chunks on the picked worker (prefixindex.Record),
+// over a full index (newPrefixState: every worker at its 4,096-chunk bound, so each new chunk
+// evicts one). The prompts are one of the 64 system prompts (2 KiB, 32 chunks the index has
+// seen) and a turn never seen, 3 KiB and 16 KiB in all. Reports ns per Record and per new chunk.
+func BenchmarkPrefixRecord(b *testing.B) {
+	b.Cleanup(func() { // the states recorded into are not the ones the pick benchmarks expect
+		for _, n := range sizes {
+			delete(prefixStates, [2]int{n, 64})
+		}
+	})
+	for _, n := range sizes[1:] {
+		for _, kib := range []int{3, 16} {
+			b.Run(fmt.Sprintf("workers=%d/prompt=%dKiB", n, kib), func(b *testing.B) {
+				st := newPrefixState(n, 64)
+				ids := make([]string, n)
+				for i := range ids {
+					ids[i] = fmt.Sprintf("worker-%04d", i)
+				}
+				qs := make([][]uint64, 1024)
+				for q := range qs {
+					p := append(benchPrompt(1, uint64(q%64), 2048), benchPrompt(5, uint64(q), kib<<10-2048)...)
+					qs[q] = prefixindex.Hashes(nil, p)
+				}
+				next := 0
+				b.ReportAllocs()
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					if i%len(qs) == 0 && i > 0 { // the turns were recorded: new ones
+						b.StopTimer()
+						next++
+						for q := range qs {
+							p := append(benchPrompt(1, uint64(q%64), 2048), benchPrompt(uint64(6+next), uint64(q), kib<<10-2048)...)
+							qs[q] = prefixindex.Hashes(qs[q], p)
+						}
+						b.StartTimer()
+					}
+					st.idx.Record(ids[i%n], qs[i%len(qs)])
+				}
+				b.StopTimer()
+				per := float64(b.Elapsed().Nanoseconds()) / float64(max(b.N, 1))
+				b.ReportMetric(per, "ns/record")
+				b.ReportMetric(per/float64(kib*16-32), "ns/new-chunk")
+			})
+		}
+	}
+}
+
 // hold counts pick j on m in a ring of in-flight picks: each pick adds load to its member, and
 // the pick len(inflight) earlier completes.
 func hold(p policy.Policy, inflight []*policy.Member, j int, m *policy.Member) {
