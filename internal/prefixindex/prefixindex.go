@@ -257,10 +257,13 @@ func (x *Index) Workers() int { return len(x.workers) }
 // so it holds no tombstones and grows only with the number of live entries: a worker's memory
 // is at most limit nodes (with their holder links) plus a table of the next power of two
 // ≥ 2·limit slots, however much churn it sees. (Go maps are avoided here because deleting
-// under churn may grow them.)
+// under churn may grow them.) A slot holds its node's index and 32 bits of the node's mixed
+// hash (see entry), from which a probe tells most other hashes apart and the table finds every
+// entry's home without reading the node: a node is read only to confirm a match, since the
+// nodes of 1,000 workers at their bound are far outside the processor's caches.
 type lru struct {
-	seed  uint64  // the index's; spreads hashes over the table unpredictably to clients
-	table []int32 // node index per slot, or nilNode; len is a power of two
+	seed  uint64   // the index's; spreads hashes over the table unpredictably to clients
+	table []uint64 // entry per slot, 0 when empty; len is a power of two
 	nodes []node
 	links []link // per node, its place on its hash's holders (apart, so lookups read less)
 	head  int32
@@ -283,35 +286,43 @@ type ref struct{ w, n int32 }
 const nilNode = -1
 
 func newLRU(seed uint64) *lru {
-	w := &lru{seed: seed, table: make([]int32, 16), head: nilNode, tail: nilNode}
-	for i := range w.table {
-		w.table[i] = nilNode
-	}
-	return w
+	return &lru{seed: seed, table: make([]uint64, 16), head: nilNode, tail: nilNode}
 }
 
-// home is h's first slot. The seed keeps a client that can compute chunk hashes from chosen
-// prompts from aiming them all at one slot; the finalizer (SplitMix64's) spreads every bit.
-func (w *lru) home(h uint64) int { return slotOf(h, w.seed, len(w.table)) }
+// entry is the slot value of node n whose hash mixes (mix) to z: z's low 32 bits, whose low
+// bits are its home in any table of up to 2³² slots, above n+1 (so 0 is no entry).
+func entry(z uint64, n int32) uint64 { return uint64(uint32(z))<<32 | uint64(uint32(n)+1) }
 
-// slotOf is h's first slot in a table of size slots (a power of two) seeded with seed.
-func slotOf(h, seed uint64, size int) int {
+// nodeOf is the node a slot's entry names.
+func nodeOf(e uint64) int32 { return int32(uint32(e)) - 1 }
+
+// at is the node in slot i (which holds one).
+func (w *lru) at(i int) int32 { return nodeOf(w.table[i]) }
+
+// mix spreads h over 64 bits, seeded. The seed keeps a client that can compute chunk hashes
+// from chosen prompts from aiming them all at one slot; the finalizer (SplitMix64's) spreads
+// every bit.
+func mix(h, seed uint64) uint64 {
 	z := h ^ seed
 	z = (z ^ z>>30) * 0xbf58476d1ce4e5b9
 	z = (z ^ z>>27) * 0x94d049bb133111eb
-	z ^= z >> 31
-	return int(z & uint64(size-1))
+	return z ^ z>>31
 }
+
+// slotOf is h's first slot in a table of size slots (a power of two) seeded with seed.
+func slotOf(h, seed uint64, size int) int { return int(mix(h, seed) & uint64(size-1)) }
 
 // find returns h's slot, or -1.
 func (w *lru) find(h uint64) int {
 	mask := len(w.table) - 1
-	for i := w.home(h); ; i = (i + 1) & mask {
-		n := w.table[i]
-		if n == nilNode {
+	z := mix(h, w.seed)
+	tag := uint32(z)
+	for i := int(z) & mask; ; i = (i + 1) & mask {
+		e := w.table[i]
+		if e == 0 {
 			return -1
 		}
-		if w.nodes[n].hash == h {
+		if uint32(e>>32) == tag && w.nodes[nodeOf(e)].hash == h {
 			return i
 		}
 	}
@@ -320,27 +331,30 @@ func (w *lru) find(h uint64) int {
 func (w *lru) has(h uint64) bool { return w.find(h) >= 0 }
 
 // insert puts node n (whose hash is not in the table) into the table.
-func (w *lru) insert(n int32) {
+func (w *lru) insert(n int32) { w.put(entry(mix(w.nodes[n].hash, w.seed), n)) }
+
+// put stores entry e in the first free slot from its home.
+func (w *lru) put(e uint64) {
 	mask := len(w.table) - 1
-	i := w.home(w.nodes[n].hash)
-	for w.table[i] != nilNode {
+	i := int(uint32(e>>32)) & mask
+	for w.table[i] != 0 {
 		i = (i + 1) & mask
 	}
-	w.table[i] = n
+	w.table[i] = e
 }
 
 // remove empties slot i and shifts back the entries after it that probed past it.
 func (w *lru) remove(i int) {
 	mask := len(w.table) - 1
-	for j := (i + 1) & mask; w.table[j] != nilNode; j = (j + 1) & mask {
+	for j := (i + 1) & mask; w.table[j] != 0; j = (j + 1) & mask {
 		// The entry at j may move to i unless its home lies cyclically in (i, j].
-		k := w.home(w.nodes[w.table[j]].hash)
+		k := int(uint32(w.table[j]>>32)) & mask
 		if (j-k)&mask >= (j-i)&mask {
 			w.table[i] = w.table[j]
 			i = j
 		}
 	}
-	w.table[i] = nilNode
+	w.table[i] = 0
 }
 
 // match returns the number of leading hashes w holds, given that it holds at least the first
@@ -363,7 +377,7 @@ func (w *lru) match(hashes []uint64, from int) int {
 // when a new entry would exceed the bound; holder lists follow.
 func (x *Index) touch(w *lru, h uint64) {
 	if i := w.find(h); i >= 0 {
-		if n := w.table[i]; n != w.head {
+		if n := w.at(i); n != w.head {
 			w.unlink(n)
 			w.pushFront(n)
 		}
@@ -535,12 +549,12 @@ func (t *holderTable) resize(size int) {
 // grow doubles the table, keeping its load at most one half. The node being added (the last)
 // has no hash yet and is inserted by the caller.
 func (w *lru) grow() {
-	w.table = make([]int32, 2*len(w.table))
-	for i := range w.table {
-		w.table[i] = nilNode
-	}
-	for n := range len(w.nodes) - 1 {
-		w.insert(int32(n))
+	old := w.table
+	w.table = make([]uint64, 2*len(old))
+	for _, e := range old {
+		if e != 0 {
+			w.put(e)
+		}
 	}
 }
 

@@ -233,7 +233,7 @@ func checkLRU(t interface{ Fatalf(string, ...any) }, w *lru) {
 		if w.nodes[n].prev != prev {
 			t.Fatalf("node %d: prev %d, want %d", n, w.nodes[n].prev, prev)
 		}
-		if i := w.find(w.nodes[n].hash); i < 0 || w.table[i] != n {
+		if i := w.find(w.nodes[n].hash); i < 0 || w.at(i) != n {
 			t.Fatalf("node %d (hash %x) not found in the table", n, w.nodes[n].hash)
 		}
 		prev = n
@@ -243,9 +243,13 @@ func checkLRU(t interface{ Fatalf(string, ...any) }, w *lru) {
 		t.Fatalf("list: %d nodes ending at %d; want %d ending at tail %d", seen, prev, len(w.nodes), w.tail)
 	}
 	used := 0
-	for _, n := range w.table {
-		if n != nilNode {
-			used++
+	for i, e := range w.table {
+		if e == 0 {
+			continue
+		}
+		used++
+		if n := nodeOf(e); n < 0 || int(n) >= len(w.nodes) || e != entry(mix(w.nodes[n].hash, w.seed), n) {
+			t.Fatalf("slot %d: entry %x, not its node's", i, e)
 		}
 	}
 	if used != len(w.nodes) || 2*used > len(w.table) {
@@ -406,4 +410,59 @@ func treePromptHashes(t *rapid.T, maxChunks int) []uint64 {
 		p[i] ^= byte(branch) * 0x55
 	}
 	return Hashes(nil, p)
+}
+
+// unmix inverts mix: the hash whose mixed value under seed is z.
+func unmix(z, seed uint64) uint64 {
+	inv := func(a uint64) uint64 { // a's inverse mod 2^64 (a odd), by Newton's iteration
+		x := a
+		for range 6 {
+			x *= 2 - a*x
+		}
+		return x
+	}
+	unshift := func(y uint64, k uint) uint64 { // inverts y = x ^ x>>k
+		x := y
+		for s := k; s < 64; s += k {
+			x ^= y >> s
+		}
+		return x
+	}
+	z = unshift(z, 31)
+	z *= inv(0x94d049bb133111eb)
+	z = unshift(z, 27)
+	z *= inv(0xbf58476d1ce4e5b9)
+	z = unshift(z, 30)
+	return z ^ seed
+}
+
+// TestTableTagsCollide: a worker's table tells hashes apart by their node, not by the 32 bits of
+// their mixed value a slot keeps: two hashes that agree on those bits are both held, each found
+// as itself, and an entry whose bits are all 0 (node 0, tag 0: the slot value 1) survives the
+// table's growth.
+func TestTableTagsCollide(t *testing.T) {
+	x := New(64)
+	for _, z := range []uint64{7, 7 + 1<<32} {
+		if got := mix(unmix(z, x.seed), x.seed); got != z {
+			t.Fatalf("unmix(%x) mixes back to %x", z, got)
+		}
+	}
+	zero, h1, h2 := unmix(0, x.seed), unmix(7, x.seed), unmix(7+1<<32, x.seed)
+	x.Record("w", []uint64{zero}) // node 0, entry 1
+	x.Record("w", []uint64{h1})
+	if x.Match("w", []uint64{h2}) != 0 || x.Holds("w", h2) {
+		t.Fatal("a hash whose mixed value shares its low 32 bits with a held one counts as held")
+	}
+	x.Record("w", []uint64{h2})
+	more := make([]uint64, 40) // grows the table from 16 slots, twice
+	for i := range more {
+		more[i] = uint64(i)*0x9e3779b97f4a7c15 + 3
+	}
+	x.Record("w", more)
+	for _, h := range []uint64{zero, h1, h2} {
+		if !x.Holds("w", h) {
+			t.Fatalf("%x lost", h)
+		}
+	}
+	checkLRU(t, x.workers["w"])
 }
