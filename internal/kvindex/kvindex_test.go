@@ -208,13 +208,19 @@ func TestMatch(t *testing.T) {
 	}
 }
 
-// TestShrink: the holder table is rebuilt once most of its peak is gone, and stays correct.
-func TestShrink(t *testing.T) {
-	x := New[int](1 << 16)
-	ids := make([]uint64, 5000)
+// spreadIDs is n distinct ids spread over the 64 bits.
+func spreadIDs(n int) []uint64 {
+	ids := make([]uint64, n)
 	for i := range ids {
 		ids[i] = uint64(i)*0x9e3779b97f4a7c15 + 1
 	}
+	return ids
+}
+
+// TestShrink: the holder table is rebuilt once most of its peak is gone, and stays correct.
+func TestShrink(t *testing.T) {
+	x := New[int](1 << 16)
+	ids := spreadIDs(5000)
 	x.Store(1, ids)
 	x.Store(2, ids[:10])
 	x.Forget(1)
@@ -230,10 +236,7 @@ func TestShrink(t *testing.T) {
 // afresh, and the lists that had been freed are let go.
 func TestShrinkKeepsSharedLists(t *testing.T) {
 	x := New[int](1 << 16)
-	ids := make([]uint64, 5000)
-	for i := range ids {
-		ids[i] = uint64(i)*0x9e3779b97f4a7c15 + 1
-	}
+	ids := spreadIDs(5000)
 	x.Store(1, ids)
 	x.Store(2, ids[:300])
 	x.Store(3, ids[:10])
