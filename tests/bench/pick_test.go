@@ -83,6 +83,16 @@ func BenchmarkPolicyPick(b *testing.B) {
 	}
 }
 
+// asInProduction runs the harness's actors as internal/app runs them: each kind's own mailbox
+// metrics, on pooled goroutines (the pool closes when b ends).
+func asInProduction(b *testing.B) gwtest.Option {
+	am, pool := actormetrics.New(prometheus.NewRegistry()), gopool.New(0)
+	b.Cleanup(pool.Close)
+	return gwtest.WithActorOptions(func(kind string) []actor.PropsOption {
+		return append(am.Options(kind), actor.WithDispatcher(pool))
+	})
+}
+
 // BenchmarkRouterPickRoundTrip is a pick through the router actor: the request, the router's
 // work, the reply (then the Release a requester sends). The actors run as the gateway runs
 // them (internal/app): each kind's own mailbox, on pooled goroutines.
@@ -90,11 +100,7 @@ func BenchmarkRouterPickRoundTrip(b *testing.B) {
 	for _, name := range policy.Names() {
 		for _, n := range sizes {
 			b.Run(fmt.Sprintf("%s/workers=%d", name, n), func(b *testing.B) {
-				am, pool := actormetrics.New(prometheus.NewRegistry()), gopool.New(0)
-				b.Cleanup(pool.Close)
-				h := gwtest.New(b, gwtest.WithPolicy(name), gwtest.WithActorOptions(func(kind string) []actor.PropsOption {
-					return append(am.Options(kind), actor.WithDispatcher(pool))
-				}))
+				h := gwtest.New(b, gwtest.WithPolicy(name), asInProduction(b))
 				for i := 0; i < n; i++ {
 					_, err := h.GW.Heartbeat(gwtest.Worker(fmt.Sprintf("worker-%04d", i), "smol", int64(i%5)))
 					if err != nil {
@@ -331,12 +337,7 @@ func hold(p policy.Policy, inflight []*policy.Member, j int, m *policy.Member) {
 // request at low load meets). Reports the round trip's p50 and p99.
 func BenchmarkPrefixPickRoundTrip(b *testing.B) {
 	const n, perWorker, gap = 1000, 320, 200 * time.Microsecond
-	am, pool := actormetrics.New(prometheus.NewRegistry()), gopool.New(0) // as internal/app runs the actors
-	b.Cleanup(pool.Close)
-	h := gwtest.New(b, gwtest.WithPolicy("prefix_aware"), gwtest.WithPrefixIndex(0),
-		gwtest.WithActorOptions(func(kind string) []actor.PropsOption {
-			return append(am.Options(kind), actor.WithDispatcher(pool))
-		}))
+	h := gwtest.New(b, gwtest.WithPolicy("prefix_aware"), gwtest.WithPrefixIndex(0), asInProduction(b))
 	for i := range n {
 		if _, err := h.GW.Heartbeat(gwtest.Worker(fmt.Sprintf("worker-%04d", i), "smol", 0)); err != nil {
 			b.Fatal(err)
