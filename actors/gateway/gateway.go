@@ -43,6 +43,8 @@ type Config struct {
 	PrefixIndexBlocks int
 	// KVIndexBlocks bounds precise_prefix's exact index per worker (0 = its default).
 	KVIndexBlocks int
+	// WarmupMinBytes turns the router's prefix warm-ups on (router.Config; 0 = off).
+	WarmupMinBytes int
 	// MaxWorkers caps the registered workers (R13.2; 0 = no cap).
 	MaxWorkers int
 	// OnEvict, when set, is told each worker the registry evicts (on the registry's goroutine;
@@ -96,8 +98,8 @@ func Start(cfg Config) (*Gateway, error) {
 		Policy: cfg.Policy, LoadFactor: cfg.LoadFactor, Routes: cfg.Routes,
 		Metrics: cfg.RouterMetrics, Logger: cfg.Logger.With("actor", "router"),
 		Admission: cfg.Admission, Clock: cfg.Clock, PrefixIndexBlocks: cfg.PrefixIndexBlocks,
-		KVIndexBlocks: cfg.KVIndexBlocks,
-		Outlier:       cfg.Outlier,
+		KVIndexBlocks: cfg.KVIndexBlocks, WarmupMinBytes: cfg.WarmupMinBytes,
+		Outlier: cfg.Outlier,
 	}, opts("router")...)
 	if err != nil {
 		return nil, err

@@ -245,6 +245,9 @@ type Picked struct {
 	// Features is what predicted_latency's model was asked about Worker for this pick (zero
 	// under other policies); the requester echoes it in ObservedTTFT.
 	Features ttftmodel.X
+	// Warm, when set, asks the requester to copy the prompt's prefix to another worker ahead
+	// of demand (a prefix warm-up, warm.go); nil on almost every pick.
+	Warm *Warmup
 }
 
 // ObservedTTFT is the gateway's own measurement of one attempt's time to first token (from
@@ -259,6 +262,15 @@ type ObservedTTFT struct {
 
 // IgnoreDeadLetterLogging: the router may be stopping.
 func (*ObservedTTFT) IgnoreDeadLetterLogging() {}
+
+// Warmup is a prefix warm-up reserved by a pick (Picked.Warm): a one-token completion whose
+// prompt is the first Bytes bytes of the request's rendered prompt, sent to Worker. The
+// requester holds Ticket like any other and releases it when the warm-up has ended (or the
+// request has, whichever comes first).
+type Warmup struct {
+	PickedWorker
+	Bytes int
+}
 
 // PickedWorker is a second worker reserved by a pick.
 type PickedWorker struct {

@@ -14,6 +14,7 @@ type Metrics struct {
 	routes    *prometheus.GaugeVec // tlgw_route_routable_workers{route}
 	kvIndex   prometheus.Gauge     // tlgw_kv_index_entries
 	kvDropped prometheus.Counter   // tlgw_kv_index_dropped_total
+	warmups   prometheus.Counter   // tlgw_prefix_warmups_total
 	admission admissionMetrics
 }
 
@@ -42,10 +43,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Name: "tlgw_kv_index_dropped_total",
 		Help: "Chunk ids engines reported STORED that precise_prefix's exact index did not record: the worker already held blocks_per_worker ids (R18.3). Growing means the bound is below what the engines cache.",
 	})
+	m.warmups = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "tlgw_prefix_warmups_total",
+		Help: "Prefix warm-ups reserved: a prefix pick left every holder of the matched prefix at the bounded-load cap, so its prefix was copied to the least loaded worker ahead of demand (gateway.prefix_warmup_min_bytes).",
+	})
 	m.admission = newAdmissionMetrics()
 	if reg != nil {
 		a := m.admission
-		reg.MustRegister(m.decisions, m.workers, m.ejections, m.routes, m.kvIndex, m.kvDropped, a.queueLength, a.queueWait, a.gateDecisions, a.queueRejections,
+		reg.MustRegister(m.decisions, m.workers, m.ejections, m.routes, m.kvIndex, m.kvDropped, m.warmups, a.queueLength, a.queueWait, a.gateDecisions, a.queueRejections,
 			a.programs, a.programPauses, a.programForcedResumes)
 	}
 	return m

@@ -40,6 +40,11 @@ type Config struct {
 	// ejection is kept out of its pool, and how many of a model's workers may be out at once.
 	// The workers count the streaks (ConsecutiveFailures is theirs); 0 there turns it off.
 	Outlier config.Outlier
+	// WarmupMinBytes turns prefix warm-ups on (warm.go): a prefix_aware or precise_prefix pick
+	// that matched at least this many bytes of the rendered prompt, on a worker the pick left
+	// at the bounded-load cap with no other holder under it, also reserves the least loaded
+	// worker for a copy of that prefix. 0 = off.
+	WarmupMinBytes int
 }
 
 // state survives restarts of the router actor: a panic while handling one message must not

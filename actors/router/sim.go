@@ -148,6 +148,15 @@ func (s *Sim) Release(p *Picked, o Outcome) {
 	s.flushDue()
 }
 
+// ReleaseWarm ends a pick's prefix warm-up (Picked.Warm) as its requester does.
+func (s *Sim) ReleaseWarm(w *Warmup, o Outcome) {
+	if w == nil {
+		return
+	}
+	s.send(w.Worker, &Release{Ticket: w.Ticket, Outcome: o})
+	s.flushDue()
+}
+
 // KVEvents hands the router a worker's prefix-cache events, as the gateway's KvEvents
 // subscriber does (R18.3), and reports whether they were applied (see KVEvents: a known, live
 // worker that reports kv_events, with the exact index on). Reply is the Sim's own.

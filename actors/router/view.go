@@ -124,6 +124,10 @@ type workerView struct {
 	outlier   config.Outlier
 	ejections *prometheus.CounterVec
 	ejectSeq  uint64 // numbers ejections, so a stale end is ignored
+	// Prefix warm-ups (warm.go): the least matched chunks (0 = off) and the pending claims.
+	warmMin int
+	warming [maxWarmPending]warmClaim
+	warmups prometheus.Counter // tlgw_prefix_warmups_total
 }
 
 func newWorkerView(cfg Config, clk clock.Clock) *workerView {
@@ -136,6 +140,8 @@ func newWorkerView(cfg Config, clk clock.Clock) *workerView {
 		models:    make(map[string]int),
 		decisions: cfg.Metrics.decisionCounters(cfg.Policy),
 		gauges:    cfg.Metrics.workerGauges(),
+		warmMin:   warmMinChunks(cfg.WarmupMinBytes),
+		warmups:   cfg.Metrics.warmups,
 	}
 	if cfg.PrefixIndexBlocks > 0 {
 		v.pidx = prefixindex.New(cfg.PrefixIndexBlocks)
@@ -214,6 +220,9 @@ func (v *workerView) choose(ch choice, out *Picked, fx effects) bool {
 	v.decisions[reason].Inc()
 	if v.pidx != nil && len(ch.hashes) > 0 {
 		v.pidx.Record(s.info.ID, ch.hashes) // its engine will hold this prompt's KV now
+	}
+	if v.warmMin > 0 && reason == policy.ReasonPrefix && !ch.disagg {
+		v.warm(ch, s, out, fx)
 	}
 	out.Worker, out.WorkerID, out.HTTPAddress = s.pid, s.info.ID, s.info.HTTPAddress
 	out.GRPCAddress, out.KVAddress, out.Reason = s.info.GRPCAddress, s.info.KVAddress, reason

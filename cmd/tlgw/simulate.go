@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tlgw/tlgw/internal/config"
 	"github.com/tlgw/tlgw/sim/fleet"
 )
 
@@ -39,6 +40,7 @@ func runSimulate(args []string, stdout, stderr io.Writer) int {
 	kvBlocks := fs.Int("kv-blocks", fleet.DefaultEngine.KVBlocks, "KV blocks per engine (16 tokens each): fewer means more evictions")
 	loadFactor := fs.Float64("load-factor", 1.25, "affinity_load_factor, the bounded-load c of affinity, prefix_aware, precise_prefix and predicted_latency (≥ 1)")
 	adm := fs.Bool("admission", false, "the router's admission queue on (one class, no busy threshold): under predicted_latency a request no engine is predicted to serve within --slo-ttft-ms waits in the gateway and is shed when that has passed")
+	warmMin := fs.Int("warmup-min-bytes", config.DefaultPrefixWarmupMinBytes, "gateway.prefix_warmup_min_bytes: prefix warm-ups of prompts matched over at least this many rendered bytes (0: off)")
 	restartEvery := fs.Duration("restart-every", 0, "restart one engine in turn every this much simulated time (at least 1ms), emptying its cache (0: never)")
 	if err := fs.Parse(args); err != nil {
 		if err == flag.ErrHelp {
@@ -72,6 +74,8 @@ func runSimulate(args []string, stdout, stderr io.Writer) int {
 		return bad("--kv-blocks must be at least 1, got %d", *kvBlocks)
 	case !(*loadFactor >= 1) || math.IsInf(*loadFactor, 0):
 		return bad("--load-factor must be at least 1, got %v", *loadFactor)
+	case *warmMin < 0:
+		return bad("--warmup-min-bytes must not be negative, got %d", *warmMin)
 	case *restartEvery < 0:
 		return bad("--restart-every must not be negative, got %v", *restartEvery)
 	}
@@ -86,7 +90,10 @@ func runSimulate(args []string, stdout, stderr io.Writer) int {
 	}
 	o := fleet.Options{Trace: *trace, Workers: *workers, Requests: *requests, Load: loads[0], Policies: pols,
 		Seed: *seed, Heterogeneous: *hetero, SLOTTFT: time.Duration(*slo * float64(time.Millisecond)),
-		RestartEvery: *restartEvery, LoadFactor: *loadFactor, Admission: *adm}
+		RestartEvery: *restartEvery, LoadFactor: *loadFactor, Admission: *adm, WarmupMinBytes: *warmMin}
+	if *warmMin == 0 {
+		o.WarmupMinBytes = -1
+	}
 	o.Engine = fleet.DefaultEngine
 	o.Engine.KVBlocks = *kvBlocks
 	for _, l := range loads { // every load of a sweep is checked before the first runs

@@ -108,6 +108,7 @@ func Start(cfg *config.Config, o Options) (*App, error) {
 			engines.Forget(info.GRPCAddress, info.KVAddress)
 		},
 		Clock: o.Clock, Policy: g.RoutePolicy, LoadFactor: g.AffinityLoadFactor, Routes: g.Routes,
+		WarmupMinBytes:    g.PrefixWarmupMinBytes,
 		HeartbeatInterval: g.HeartbeatInterval, MissLimit: g.HeartbeatMissLimit,
 		Logger: o.Logger, RouterMetrics: router.NewMetrics(reg),
 		Options: func(kind string) []actor.PropsOption {

@@ -81,6 +81,9 @@ type Gateway struct {
 	MaxAttempts        int           // max_attempts: workers tried per request, >= 1
 	MaxBodyBytes       int64         // max_body_bytes: larger request bodies get 413
 	ShutdownGrace      time.Duration // shutdown_grace: how long in-flight work may finish, > 0
+	// PrefixWarmupMinBytes is prefix_warmup_min_bytes: the least matched prompt prefix, in
+	// rendered bytes, that a prefix warm-up copies (actors/router/warm.go); 0 = off.
+	PrefixWarmupMinBytes int
 	// HTTP trust boundary (R13.3): see gateway_http.go.
 	AllowUnauthenticated bool          // allow_unauthenticated: serve without keys off loopback
 	MaxInFlight          int           // max_in_flight: inference requests at once, >= 1 (503 overloaded above)
@@ -220,6 +223,9 @@ type Classifier struct {
 	Options map[string]any
 }
 
+// DefaultPrefixWarmupMinBytes is gateway.prefix_warmup_min_bytes's default.
+const DefaultPrefixWarmupMinBytes = 12288
+
 // PrefixIndexConfig is admission.prefix_index.
 type PrefixIndexConfig struct {
 	// BlocksPerWorker bounds the chunk hashes remembered per worker (each
@@ -248,19 +254,20 @@ func defaultAdmission() Admission {
 func Default() *Config {
 	return &Config{
 		Gateway: Gateway{
-			HTTPListen:         "127.0.0.1:8080",
-			RegistryListen:     "127.0.0.1:9090",
-			RoutePolicy:        PolicyLeastOutstanding,
-			AffinityLoadFactor: 1.25,
-			HeartbeatInterval:  2 * time.Second,
-			HeartbeatMissLimit: 3,
-			MaxAttempts:        3,
-			MaxBodyBytes:       4 << 20,
-			ShutdownGrace:      30 * time.Second,
-			MaxInFlight:        10000,
-			IdleTimeout:        120 * time.Second,
-			BodyReadTimeout:    30 * time.Second,
-			ClientWriteTimeout: 30 * time.Second,
+			HTTPListen:           "127.0.0.1:8080",
+			RegistryListen:       "127.0.0.1:9090",
+			RoutePolicy:          PolicyLeastOutstanding,
+			AffinityLoadFactor:   1.25,
+			HeartbeatInterval:    2 * time.Second,
+			HeartbeatMissLimit:   3,
+			MaxAttempts:          3,
+			MaxBodyBytes:         4 << 20,
+			ShutdownGrace:        30 * time.Second,
+			PrefixWarmupMinBytes: DefaultPrefixWarmupMinBytes,
+			MaxInFlight:          10000,
+			IdleTimeout:          120 * time.Second,
+			BodyReadTimeout:      30 * time.Second,
+			ClientWriteTimeout:   30 * time.Second,
 
 			StreamFirstByteTimeout: 60 * time.Second,
 			RequestTimeout:         10 * time.Minute,
@@ -396,6 +403,7 @@ type fileGateway struct {
 	HeartbeatMissLimit *int           `json:"heartbeat_miss_limit"`
 	MaxAttempts        *int           `json:"max_attempts"`
 	MaxBodyBytes       *int64         `json:"max_body_bytes"`
+	PrefixWarmupMin    *int           `json:"prefix_warmup_min_bytes"`
 	ShutdownGrace      *string        `json:"shutdown_grace"`
 	Routes             []Route        `json:"routes"`
 	StaticWorkers      []StaticWorker `json:"static_workers"`
@@ -495,6 +503,7 @@ func (fg *fileGateway) apply(g *Gateway, ps *problems) {
 	setIf(&g.HeartbeatMissLimit, fg.HeartbeatMissLimit)
 	setIf(&g.MaxAttempts, fg.MaxAttempts)
 	setIf(&g.MaxBodyBytes, fg.MaxBodyBytes)
+	setIf(&g.PrefixWarmupMinBytes, fg.PrefixWarmupMin)
 	duration(&g.HeartbeatInterval, fg.HeartbeatInterval, base.with(key("heartbeat_interval")), ps)
 	duration(&g.ShutdownGrace, fg.ShutdownGrace, base.with(key("shutdown_grace")), ps)
 	fg.fileGatewayHTTP.apply(g, base, ps)

@@ -132,6 +132,7 @@ heartbeat_miss_limit = 5
 max_attempts = 1
 max_body_bytes = 1024
 shutdown_grace = "1m30s"
+prefix_warmup_min_bytes = 4096
 allow_unauthenticated = true
 max_in_flight = 7
 idle_timeout = "5s"
@@ -154,15 +155,16 @@ max_ejected_percent = 34
 		t.Fatal(err)
 	}
 	want := Gateway{
-		HTTPListen:         "0.0.0.0:80",
-		RegistryListen:     "[::1]:7000",
-		RoutePolicy:        PolicyAffinity,
-		AffinityLoadFactor: 2,
-		HeartbeatInterval:  500 * time.Millisecond,
-		HeartbeatMissLimit: 5,
-		MaxAttempts:        1,
-		MaxBodyBytes:       1024,
-		ShutdownGrace:      90 * time.Second,
+		HTTPListen:           "0.0.0.0:80",
+		RegistryListen:       "[::1]:7000",
+		RoutePolicy:          PolicyAffinity,
+		AffinityLoadFactor:   2,
+		HeartbeatInterval:    500 * time.Millisecond,
+		HeartbeatMissLimit:   5,
+		MaxAttempts:          1,
+		MaxBodyBytes:         1024,
+		ShutdownGrace:        90 * time.Second,
+		PrefixWarmupMinBytes: 4096,
 		// R13.3
 		AllowUnauthenticated: true,
 		MaxInFlight:          7,
@@ -233,6 +235,7 @@ func TestParseErrors(t *testing.T) {
 		{"date for duration", "[gateway]\nheartbeat_interval = 1979-05-27\n", nil, "gateway.heartbeat_interval", "date or time"},
 		{"zero miss limit", "[gateway]\nheartbeat_miss_limit = 0\n", nil, "gateway.heartbeat_miss_limit", "must be >= 1"},
 		{"zero attempts", "[gateway]\nmax_attempts = 0\n", nil, "gateway.max_attempts", "must be >= 1"},
+		{"negative warm-up bytes", "[gateway]\nprefix_warmup_min_bytes = -1\n", nil, "gateway.prefix_warmup_min_bytes", "must be >= 0"},
 		{"zero body limit", "[gateway]\nmax_body_bytes = 0\n", nil, "gateway.max_body_bytes", "must be >= 1"},
 		{"load factor below one", "[gateway]\naffinity_load_factor = 0.5\n", nil, "gateway.affinity_load_factor", "must be >= 1"},
 		{"load factor nan", "[gateway]\naffinity_load_factor = nan\n", nil, "gateway.affinity_load_factor", "finite"},
@@ -507,6 +510,7 @@ func TestSchemaDefaults(t *testing.T) {
 		"max_attempts":                 float64(g.MaxAttempts),
 		"max_body_bytes":               float64(g.MaxBodyBytes),
 		"shutdown_grace":               g.ShutdownGrace.String(),
+		"prefix_warmup_min_bytes":      float64(g.PrefixWarmupMinBytes),
 		"allow_unauthenticated":        g.AllowUnauthenticated,
 		"max_in_flight":                float64(g.MaxInFlight),
 		"idle_timeout":                 g.IdleTimeout.String(),

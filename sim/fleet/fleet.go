@@ -29,6 +29,7 @@ import (
 	"github.com/tlgw/tlgw/actors/router"
 	"github.com/tlgw/tlgw/actors/router/admission"
 	"github.com/tlgw/tlgw/actors/router/policy"
+	"github.com/tlgw/tlgw/internal/config"
 	"github.com/tlgw/tlgw/internal/oai"
 	"github.com/tlgw/tlgw/internal/prefixindex"
 	"github.com/tlgw/tlgw/sim/kv"
@@ -69,6 +70,9 @@ type Options struct {
 	// 4096, the config's default).
 	LoadFactor        float64
 	PrefixIndexBlocks int
+	// WarmupMinBytes is gateway.prefix_warmup_min_bytes (0: the config's default, negative:
+	// off): prefix warm-ups of the router (actors/router/warm.go), run as warm.go here says.
+	WarmupMinBytes int
 	// RestartEvery, when positive, restarts one engine (in turn) every RestartEvery of
 	// simulated time: its prefix cache starts empty (precise.go).
 	RestartEvery time.Duration
@@ -124,6 +128,9 @@ func (o *Options) defaults() error {
 	}
 	if o.LoadFactor == 0 {
 		o.LoadFactor = 1.25
+	}
+	if o.WarmupMinBytes == 0 {
+		o.WarmupMinBytes = config.DefaultPrefixWarmupMinBytes
 	}
 	if o.PrefixIndexBlocks == 0 {
 		o.PrefixIndexBlocks = prefixindex.DefaultBlocksPerWorker
@@ -277,8 +284,9 @@ const (
 	evDone          // idx: the request
 	evBeat          // idx: the engine
 	evSample
-	evRestart // idx: the engine
-	evFirst   // idx: the request; its first token, which predicted_latency's router hears of
+	evRestart  // idx: the engine
+	evFirst    // idx: the request; its first token, which predicted_latency's router hears of
+	evWarmDone // idx: the warm-up (warm.go)
 )
 
 type event struct {
@@ -378,14 +386,16 @@ type runner struct {
 	rejected  int
 	held      int
 	lastDone  int64
-	maxSum    float64 // Σ over samples of the largest in-flight count
-	meanSum   float64 // Σ over samples of the mean in-flight count
+	warms     []warmJob // prefix warm-ups (warm.go)
+	warmLive  int       // warm-ups not yet ended
+	maxSum    float64   // Σ over samples of the largest in-flight count
+	meanSum   float64   // Σ over samples of the mean in-flight count
 }
 
 const sampleEvery = 100 * time.Millisecond
 
 func runPolicy(o *Options, ms []EngineModel, tr *trace, arrivals []int64, pol string) (Result, error) {
-	cfg := router.Config{Policy: pol, LoadFactor: o.LoadFactor}
+	cfg := router.Config{Policy: pol, LoadFactor: o.LoadFactor, WarmupMinBytes: max(o.WarmupMinBytes, 0)}
 	// As the gateway's app: the approximate index is on for prefix_aware and predicted_latency;
 	// precise_prefix and predicted_latency have the exact one, fed by the engines' events (every
 	// simulated engine reports them).
@@ -438,6 +448,8 @@ func runPolicy(o *Options, ms []EngineModel, tr *trace, arrivals []int64, pol st
 			}
 		case evDone:
 			r.done(ev.idx)
+		case evWarmDone:
+			r.warmDone(ev.idx)
 		case evFirst:
 			j := &r.jobs[ev.idx]
 			r.sim.ObserveTTFT(j.picked, time.Duration(r.now-j.arrival))
@@ -469,6 +481,9 @@ func runPolicy(o *Options, ms []EngineModel, tr *trace, arrivals []int64, pol st
 		if e.run != 0 || e.waiting() != 0 {
 			return Result{}, fmt.Errorf("%s: %s still runs %d and queues %d requests after the run", pol, e.id, e.run, e.waiting())
 		}
+	}
+	if r.warmLive != 0 {
+		return Result{}, fmt.Errorf("%s: %d warm-ups still run after the run", pol, r.warmLive)
 	}
 	if ended := len(r.ttft) + r.rejected; r.inFlight != 0 || ended != len(tr.reqs) {
 		return Result{}, fmt.Errorf("%s: %d of %d requests ended (%d counted in flight) after the run", pol, ended, len(tr.reqs), r.inFlight)
@@ -589,6 +604,9 @@ func (r *runner) place(i int32, pk *router.Picked) {
 		r.rejected++
 		return
 	}
+	if pk.Warm != nil {
+		defer r.warmup(i, pk.Warm)
+	}
 	j := &r.jobs[i]
 	j.picked, j.eng = pk, r.byID[pk.WorkerID]
 	e := r.engines[j.eng]
@@ -645,15 +663,31 @@ func (r *runner) done(i int32) {
 	r.sim.Release(j.picked, router.OutcomeSuccess)
 	r.finished(i, false)
 	j.picked = nil
+	r.drain(j.eng)
+}
+
+// drain starts engine eng's queued requests and warm-ups, in order, while it has room.
+func (r *runner) drain(eng int32) {
+	e := r.engines[eng]
 	for e.waiting() > 0 {
 		h := e.queue[e.head]
-		seq, cached, ok := e.tryStart(r.prompt(h))
-		r.flushKV(j.eng)
+		var prompt []uint32
+		if h >= 0 {
+			prompt = r.prompt(h)
+		} else {
+			prompt = r.warms[^h].toks
+		}
+		seq, cached, ok := e.tryStart(prompt)
+		r.flushKV(eng)
 		if !ok {
 			break
 		}
 		e.head++
-		r.start(h, seq, cached)
+		if h >= 0 {
+			r.start(h, seq, cached)
+		} else {
+			r.startWarm(^h, seq, cached)
+		}
 	}
 	if e.head > 64 && 2*e.head > len(e.queue) {
 		e.queue = append(e.queue[:0], e.queue[e.head:]...)

@@ -15,6 +15,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/tlgw/tlgw/internal/oai"
+	"github.com/tlgw/tlgw/internal/config"
 	"github.com/tlgw/tlgw/internal/prefixindex"
 )
 
@@ -228,13 +229,14 @@ func TestDefaults(t *testing.T) {
 	}
 	want := Options{Trace: TraceAgentic, Workers: 1, Requests: 1, Load: 1, Policies: []string{"round_robin"},
 		SLOTTFT: time.Second, Engine: DefaultEngine, Heartbeat: 2 * time.Second, LoadFactor: 1.25,
-		PrefixIndexBlocks: prefixindex.DefaultBlocksPerWorker, Parallel: runtime.GOMAXPROCS(0)}
+		PrefixIndexBlocks: prefixindex.DefaultBlocksPerWorker, Parallel: runtime.GOMAXPROCS(0),
+		WarmupMinBytes: config.DefaultPrefixWarmupMinBytes}
 	if diff := cmp.Diff(want, o); diff != "" {
 		t.Fatalf("defaults (-want +got):\n%s", diff)
 	}
 	edge := Options{Trace: TraceAgentic, Workers: 1, Requests: 1, Load: MinLoad, Policies: []string{"round_robin"},
 		SLOTTFT: time.Nanosecond, Heartbeat: MinHeartbeat, LoadFactor: 1, PrefixIndexBlocks: 1, Parallel: 1,
-		RestartEvery: MinRestartEvery, Engine: EngineModel{KVBlocks: 1, BlockSize: 1, MaxRunning: 1}}
+		RestartEvery: MinRestartEvery, WarmupMinBytes: -1, Engine: EngineModel{KVBlocks: 1, BlockSize: 1, MaxRunning: 1}}
 	kept := edge
 	if err := edge.defaults(); err != nil {
 		t.Fatalf("edges refused: %v", err)

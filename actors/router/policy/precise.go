@@ -38,6 +38,9 @@ type PrecisePrefix struct {
 	loadHeap
 	idx    *HeldIndex
 	hashes []uint64
+	// The last pick's prefix, for Warm.
+	last    lastPrefix
+	lastIdx *HeldIndex
 }
 
 var (
@@ -64,6 +67,7 @@ func (p *PrecisePrefix) Remove(m *Member) { p.remove(m) }
 func (p *PrecisePrefix) Pick(_ uint64, exclude []string) (*Member, Reason) {
 	idx, hashes := p.idx, p.hashes
 	p.idx, p.hashes = nil, nil
+	p.last, p.lastIdx = lastPrefix{}, nil
 	if idx != nil && p.h.len() > 0 {
 		if best := p.pickHeld(idx, hashes, exclude); best != nil {
 			return best, ReasonPrefix
@@ -86,11 +90,20 @@ func (p *PrecisePrefix) pickHeld(x *HeldIndex, hashes []uint64, exclude []string
 	if lo == 0 {
 		return nil
 	}
-	hs := x.Holders(hashes[lo-1])
+	best := p.bestHolding(x, hashes[lo-1], limit, exclude)
+	if best != nil {
+		p.last, p.lastIdx = lastPrefix{m: best, depth: lo, hashes: hashes}, x
+	}
+	return best
+}
+
+// bestHolding is the least (load, id) candidate among id's holders.
+func (p *PrecisePrefix) bestHolding(x *HeldIndex, id uint64, limit int64, exclude []string) *Member {
+	hs := x.Holders(id)
 	if len(hs) > wideHolders {
 		// Most workers hold it (a system prompt every worker has served): one of the least
 		// loaded does too, found in (load, id) order from the heap's root.
-		if m, ok := p.firstHeld(x, hashes[lo-1], limit, exclude); ok {
+		if m, ok := p.firstHeld(x, id, limit, exclude); ok {
 			return m
 		}
 	}

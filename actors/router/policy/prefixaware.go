@@ -63,6 +63,9 @@ type PrefixAware struct {
 	score  func(memberID string) int
 	idx    *prefixindex.Index
 	hashes []uint64
+	// The last pick's prefix, for Warm.
+	last    lastPrefix
+	lastIdx *prefixindex.Index
 }
 
 var (
@@ -102,6 +105,7 @@ func (p *PrefixAware) Remove(m *Member) {
 func (p *PrefixAware) Pick(_ uint64, exclude []string) (*Member, Reason) {
 	score, idx, hashes := p.score, p.idx, p.hashes
 	p.score, p.idx, p.hashes = nil, nil, nil
+	p.last, p.lastIdx = lastPrefix{}, nil
 	if p.h.len() > 0 {
 		var best *Member
 		switch {
@@ -155,9 +159,18 @@ func (p *PrefixAware) pickHeld(x *prefixindex.Index, hashes []uint64, exclude []
 	if lo == 0 {
 		return nil
 	}
-	hs := x.Holders(hashes[lo-1])
+	best := p.bestHolding(x, hashes[lo-1], limit, exclude)
+	if best != nil {
+		p.last, p.lastIdx = lastPrefix{m: best, depth: lo, hashes: hashes}, x
+	}
+	return best
+}
+
+// bestHolding is the least (load, id) candidate among h's holders.
+func (p *PrefixAware) bestHolding(x *prefixindex.Index, h uint64, limit int64, exclude []string) *Member {
+	hs := x.Holders(h)
 	if p.wider(hs) {
-		if m, ok := p.firstHolding(x, hashes[lo-1], limit, exclude); ok {
+		if m, ok := p.firstHolding(x, h, limit, exclude); ok {
 			return m
 		}
 	}

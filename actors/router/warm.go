@@ -1,0 +1,122 @@
+package router
+
+import (
+	"time"
+
+	"github.com/tlgw/tlgw/actors/router/policy"
+	"github.com/tlgw/tlgw/internal/prefixindex"
+)
+
+// Prefix warm-ups (Config.WarmupMinBytes; the rule is policy.Warmer's). A prompt prefix held
+// by one worker is routed there until that worker reaches the bounded-load cap; the request
+// after that spills to a worker that holds nothing and pays the whole prefill, and for a long
+// shared prompt those spills are the tail of the time to first token. When a prefix pick
+// leaves every holder of the matched prefix at the cap, the router also reserves the least
+// loaded worker of the pool for a warm-up: the requester sends it a one-token completion of
+// the matched prefix, off the client's path, so that the next spill finds the prefix cached.
+//
+// Warm-ups go only to pools whose every member reports kv_events: those engines key their
+// cache on the rendered prompt (R18.3), so a completion whose prompt is the rendered prefix
+// fills the same blocks a chat request's prompt would. A warm-up costs the target what the
+// spill would have (the prefix's prefill) and counts in its load like a request.
+//
+// Bounds: one warm-up per prefix (named by the chunk hash at the matched depth) until its
+// target holds the prefix or warmPending has passed, and at most maxWarmPending of them
+// pending; a pick that would go beyond either warms nothing. The table is a fixed array, so a
+// client who crafts colliding chunk hashes can at most delay another prefix's warm-up.
+
+const (
+	// maxWarmPending bounds the warm-ups the router waits to see held.
+	maxWarmPending = 64
+	// warmPending is how long a warm-up's prefix stays claimed if its target never comes to
+	// hold it (the warm-up failed, or the engine evicted it at once).
+	warmPending = 10 * time.Second
+)
+
+// warmClaim is one pending warm-up: the prefix's chunk hash, the worker it went to, and when
+// the claim lapses.
+type warmClaim struct {
+	id     uint64
+	target *slot
+	until  time.Time
+}
+
+// warmMinChunks is Config.WarmupMinBytes in whole chunks (0: off).
+func warmMinChunks(minBytes int) int {
+	if minBytes <= 0 {
+		return 0
+	}
+	return (minBytes + prefixindex.ChunkBytes - 1) / prefixindex.ChunkBytes
+}
+
+// warmSlack is how many of a copied prefix's last chunks its target may not hold (see
+// policy.Warmer): the chunk the copy ends in and those of the engine's last, partial block,
+// at about 4 bytes a token (blockSize tokens; 16 when the engine does not say).
+func warmSlack(blockSize int64) int {
+	if blockSize <= 0 {
+		blockSize = 16
+	}
+	return 1 + int((min(blockSize, 1<<16)*4+prefixindex.ChunkBytes-1)/prefixindex.ChunkBytes)
+}
+
+// warm reserves a prefix warm-up for the pick just made into out, when the pool's policy asks
+// for one (policy.Warmer) and a claim is free.
+func (v *workerView) warm(ch choice, s *slot, out *Picked, fx effects) {
+	pl := v.pools[ch.key]
+	if pl == nil || pl.kvMembers != len(pl.members) {
+		return
+	}
+	w, ok := pl.p.(policy.Warmer)
+	if !ok {
+		return
+	}
+	m, chunks, id := w.Warm(v.warmMin, warmSlack(s.info.BlockSize), ch.exclude)
+	if m == nil || chunks > len(ch.hashes) {
+		return
+	}
+	t := m.Ref.(*slot)
+	if !v.claimWarm(id, t) {
+		return
+	}
+	out.Warm = &Warmup{PickedWorker: PickedWorker{Ticket: v.reserve(t, ch.requester, fx), Worker: t.pid,
+		WorkerID: t.info.ID, HTTPAddress: t.info.HTTPAddress, GRPCAddress: t.info.GRPCAddress},
+		Bytes: chunks * prefixindex.ChunkBytes}
+	if v.pidx != nil {
+		v.pidx.Record(t.info.ID, ch.hashes[:chunks]) // its engine will hold this prefix now
+	}
+	v.warmups.Inc()
+}
+
+// claimWarm claims prefix id for a warm-up to t: false when the prefix is claimed already
+// (its target does not hold it yet and the claim has not lapsed) or every claim is taken.
+func (v *workerView) claimWarm(id uint64, t *slot) bool {
+	now := v.clk.Now()
+	free := -1
+	for i := range v.warming {
+		c := &v.warming[i]
+		if c.target != nil && (!now.Before(c.until) || v.holds(c.target, c.id)) {
+			*c = warmClaim{} // lapsed, or done: the index shows the prefix held
+		}
+		switch {
+		case c.target == nil:
+			if free < 0 {
+				free = i
+			}
+		case c.id == id:
+			return false
+		}
+	}
+	if free < 0 {
+		return false
+	}
+	v.warming[free] = warmClaim{id: id, target: t, until: now.Add(warmPending)}
+	return true
+}
+
+// holds reports whether the index the pools read says s holds chunk id.
+func (v *workerView) holds(s *slot, id uint64) bool {
+	if v.kidx != nil {
+		return v.kidx.Holds(&s.member, id)
+	}
+	return v.pidx != nil && v.pidx.Holds(s.info.ID, id)
+}

@@ -1,0 +1,110 @@
+package oai
+
+import (
+	"encoding/json"
+	"unicode/utf8"
+)
+
+// WarmupBody builds a prefix warm-up (actors/router/warm.go) from body, a request of kind that
+// Parse accepted: a one-token, non-streamed request of the same kind for model whose rendered
+// prompt (RenderPrompt) is the first n bytes or fewer of body's. A completions prompt is cut at
+// n bytes; a chat keeps its leading messages whole while they fit and cuts the content of the
+// first that does not (its render then ends in that message's newline, one byte the original
+// does not have there). Cuts fall on whole UTF-8 characters, so the render may end up to 3 bytes
+// short. ok is false when there is nothing worth sending: a prompt that is not text (token ids,
+// an array of prompts; a chat message whose content is not a string ends the copy before it), or
+// nothing that fits in n.
+//
+// The warm-up is sent with the engine's own kind, so an engine that renders a chat through its
+// template puts the copied messages through the same template and caches the same tokens as the
+// original's.
+func WarmupBody(kind Kind, body []byte, n int, model string) (out []byte, ok bool) {
+	switch kind {
+	case Completions:
+		raw, found := Field(body, "prompt")
+		var prompt string
+		if !found || len(raw) == 0 || raw[0] != '"' || json.Unmarshal(raw, &prompt) != nil {
+			return nil, false
+		}
+		prompt = cutText(prompt, n)
+		if prompt == "" {
+			return nil, false
+		}
+		out, err := json.Marshal(warmCompletion{Model: model, Prompt: prompt, MaxTokens: 1})
+		return out, err == nil
+	case Chat:
+		raw, found := Field(body, "messages")
+		var msgs []json.RawMessage
+		if !found || json.Unmarshal(raw, &msgs) != nil {
+			return nil, false
+		}
+		var keep []warmMessage
+		at := 0
+		for _, m := range msgs {
+			role, content, ok := textMessage(m)
+			if !ok {
+				break
+			}
+			head := len(role) + 1
+			if at+head+len(content)+1 <= n {
+				keep = append(keep, warmMessage{Role: role, Content: content})
+				at += head + len(content) + 1
+				continue
+			}
+			if content = cutText(content, n-at-head-1); content != "" {
+				keep = append(keep, warmMessage{Role: role, Content: content})
+			}
+			break
+		}
+		if len(keep) == 0 {
+			return nil, false
+		}
+		out, err := json.Marshal(warmChat{Model: model, Messages: keep, MaxTokens: 1})
+		return out, err == nil
+	}
+	return nil, false
+}
+
+type warmCompletion struct {
+	Model     string `json:"model"`
+	Prompt    string `json:"prompt"`
+	MaxTokens int    `json:"max_tokens"`
+}
+
+type warmChat struct {
+	Model     string        `json:"model"`
+	Messages  []warmMessage `json:"messages"`
+	MaxTokens int           `json:"max_tokens"`
+}
+
+type warmMessage struct {
+	Role    string `json:"role"`
+	Content string `json:"content"`
+}
+
+// textMessage reads a chat message's role and string content, as the render reads them.
+func textMessage(m []byte) (role, content string, ok bool) {
+	r, found := Field(m, "role")
+	if !found || json.Unmarshal(r, &role) != nil {
+		return "", "", false
+	}
+	c, found := Field(m, "content")
+	if !found || len(c) == 0 || c[0] != '"' || json.Unmarshal(c, &content) != nil {
+		return "", "", false
+	}
+	return role, content, true
+}
+
+// cutText is s cut to at most n bytes on a character boundary ("" for n ≤ 0).
+func cutText(s string, n int) string {
+	if n <= 0 {
+		return ""
+	}
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
+}

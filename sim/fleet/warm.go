@@ -1,0 +1,100 @@
+package fleet
+
+import (
+	"github.com/tlgw/tlgw/actors/router"
+	"github.com/tlgw/tlgw/internal/oai"
+	"github.com/tlgw/tlgw/internal/prefixindex"
+	"github.com/tlgw/tlgw/sim/kv"
+)
+
+// Prefix warm-ups (router.Warmup): when a pick asks for one, the engine it names gets a
+// one-token request whose prompt is the picked request's rendered prompt cut to the warm-up's
+// bytes — the tokens that lie wholly within them. It queues and runs as any request (a
+// running slot, its prompt's KV, the prefill of what it does not hold, one decode step), its
+// chunks are reported as a request's are, and the router's ticket is released when it ends.
+// It is not a client request: it adds nothing to the TTFT, tokens or SLO figures, but its
+// prompt tokens count in the engines' hit rate, as an engine counts them.
+
+// warmJob is one warm-up's life in a run.
+type warmJob struct {
+	w    *router.Warmup
+	req  int32 // the request whose prompt it copies
+	eng  int32
+	toks []uint32
+	seq  *kv.Seq
+	pool *kv.Pool
+}
+
+// queued entries: a request's index, or ^k for warm-up k.
+func warmEntry(k int32) int32 { return ^k }
+
+// warmup starts request i's warm-up w.
+func (r *runner) warmup(i int32, w *router.Warmup) {
+	k := int32(len(r.warms))
+	eng := r.byID[w.WorkerID]
+	r.warms = append(r.warms, warmJob{w: w, req: i, eng: eng, toks: warmTokens(nil, r.o.Seed, r.tr.reqs[i].msgs, w.Bytes)})
+	r.warmLive++
+	e := r.engines[eng]
+	if e.waiting() == 0 {
+		seq, cached, ok := e.tryStart(r.warms[k].toks)
+		r.flushKV(eng)
+		if ok {
+			r.startWarm(k, seq, cached)
+			return
+		}
+	}
+	e.queue = append(e.queue, warmEntry(k))
+}
+
+// warmTokens appends the tokens of msgs' rendered prompt that lie wholly within its first n
+// bytes ("role\n", 4 bytes a token, "\n" per message: see chatBody).
+func warmTokens(dst []uint32, seed uint64, msgs []message, n int) []uint32 {
+	at := 0
+	for _, m := range msgs {
+		at += len(roleNames[m.role]) + 1
+		fit := min(int(m.n), max((n-at)/4, 0))
+		if fit < int(m.n) {
+			m.n = int32(fit)
+			return appendTokens(dst, seed, m)
+		}
+		dst = appendTokens(dst, seed, m)
+		at += 4*int(m.n) + 1
+	}
+	return dst
+}
+
+// startWarm runs warm-up k: it ends after the prefill of what the engine did not hold and one
+// decode step.
+func (r *runner) startWarm(k int32, seq *kv.Seq, cached int) {
+	wj := &r.warms[k]
+	e := r.engines[wj.eng]
+	wj.seq, wj.pool = seq, e.pool
+	if r.precise {
+		req := &r.tr.reqs[wj.req]
+		r.body = chatBody(r.body, r.o.Seed, req.msgs, true)
+		r.hashes = prefixindex.Hashes(r.hashes, oai.RenderPrompt(oai.Chat, r.body, len(r.body)))
+		chunks := min(wj.w.Bytes/prefixindex.ChunkBytes, len(r.hashes))
+		r.blocks = chunkBlocks(r.blocks[:0], req.msgs, chunks, e.model.BlockSize)
+		var stored []uint64
+		for c, b := range r.blocks {
+			if b >= 0 {
+				stored = e.pool.Tag(seq, b, r.hashes[c:c+1], stored)
+			}
+		}
+		r.sendKV(e, nil, stored)
+	}
+	end := r.now + int64(len(wj.toks)-cached)*int64(e.model.PrefillPerToken) + int64(e.model.DecodePerToken)
+	r.q.push(end, evWarmDone, k)
+}
+
+// warmDone ends warm-up k: its KV is freed (its blocks stay cached) and its ticket released.
+func (r *runner) warmDone(k int32) {
+	wj := &r.warms[k]
+	eng := wj.eng
+	r.engines[eng].finish(wj.pool, wj.seq, nil)
+	r.flushKV(eng)
+	r.sim.ReleaseWarm(wj.w, router.OutcomeSuccess)
+	*wj = warmJob{}
+	r.warmLive--
+	r.drain(eng)
+}
