@@ -26,6 +26,7 @@ type Metrics struct {
 	stages      [numStages]prometheus.Observer // tlgw_stage_seconds{stage} (R17.3), resolved once
 	timeouts    *prometheus.CounterVec
 	budget      *prometheus.CounterVec
+	warmups     [numWarmResults]prometheus.Counter // tlgw_prefix_warmups_sent_total{result}
 
 	// The series every request touches, resolved once: WithLabelValues hashes its labels and
 	// takes the vector's lock on each call, and a request made about six such calls. The label
@@ -91,9 +92,17 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	for i, name := range stageNames {
 		m.stages[i] = stages.WithLabelValues(name)
 	}
+	warmups := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tlgw_prefix_warmups_sent_total",
+		Help: "Prefix warm-ups the router asked for (tlgw_prefix_warmups_total), by what became of them: ok (the engine answered 2xx), " +
+			"failed (an error, a timeout or another status) or skipped (the prompt is not text, or 64 were running).",
+	}, []string{"result"})
+	for i, name := range warmResultNames {
+		m.warmups[i] = warmups.WithLabelValues(name)
+	}
 	if reg != nil {
 		reg.MustRegister(m.requests, m.transitions, m.failovers, m.interrupts, m.firstByte, m.cascade, m.crashes,
-			m.timeouts, m.budget, stages)
+			m.timeouts, m.budget, stages, warmups)
 	}
 	return m
 }

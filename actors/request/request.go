@@ -157,6 +157,9 @@ type Deps struct {
 	ControlTimeout         time.Duration
 	// RetryBudget caps the failovers running at once (R14.3); nil: no cap.
 	RetryBudget *RetryBudget
+	// Warmups counts the prefix warm-ups running (warmup.go); nil: none are sent (their
+	// tickets are released at once).
+	Warmups *Warmups
 	// Go runs an I/O step on a goroutine (internal/gopool's Pool.Go in production, so the step
 	// reuses a goroutine whose stack has grown); nil: a go statement.
 	Go func(func())
@@ -464,6 +467,9 @@ func (r *requestActor) giveBack(c actor.Context, p *router.Picked) {
 	c.Send(p.Worker, &router.Release{Ticket: p.Ticket, Outcome: router.OutcomeNone})
 	if p.Prefill != nil {
 		c.Send(p.Prefill.Worker, &router.Release{Ticket: p.Prefill.Ticket, Outcome: router.OutcomeNone})
+	}
+	if p.Warm != nil {
+		c.Send(p.Warm.Worker, &router.Release{Ticket: p.Warm.Ticket, Outcome: router.OutcomeNone})
 	}
 }
 

@@ -192,6 +192,7 @@ func (r *requestActor) onPicked(c actor.Context, p *router.Picked) {
 	}
 	r.picked = p
 	r.acquire(p)
+	r.warmup(c, p)
 	r.armRequestTimeout(c)
 	if p.Prefill != nil {
 		r.become(Tokenizing)

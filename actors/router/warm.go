@@ -99,9 +99,7 @@ func (v *workerView) claimWarm(id uint64, t *slot) bool {
 		}
 		switch {
 		case c.target == nil:
-			if free < 0 {
-				free = i
-			}
+			free = i
 		case c.id == id:
 			return false
 		}

@@ -163,7 +163,8 @@ func Start(cfg *config.Config, o Options) (*App, error) {
 		StreamFirstByteTimeout: g.StreamFirstByteTimeout, RequestTimeout: g.RequestTimeout,
 		StreamIdleTimeout: g.StreamIdleTimeout, ControlTimeout: g.ControlTimeout,
 		RetryBudget: request.NewRetryBudget(g.RetryBudgetPercent), ObserveTTFT: policy.ReadsOf(g.RoutePolicy).TTFT,
-		Go: pool.Go,
+		Warmups: request.NewWarmups(request.DefaultMaxWarmups),
+		Go:      pool.Go,
 	}
 	reqOpts := append(am.Options("request"), actor.WithDispatcher(pool))
 	if o.ActorOptions != nil {

@@ -1,0 +1,120 @@
+package request
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net/http"
+	"sync/atomic"
+
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/tlgw/tlgw/actors/router"
+	"github.com/tlgw/tlgw/internal/oai"
+)
+
+// Prefix warm-ups (router.Warmup, actors/router/warm.go). A pick may carry one: a ticket on
+// another worker and a length. The request actor builds the warm-up from its own body at once
+// (oai.WarmupBody: the leading part of the prompt, one token, not streamed) and sends it on a
+// goroutine of its own, off the client's path: the client's answer never waits for it, and it
+// does not end with the request. The goroutine releases the ticket when the warm-up has ended,
+// with no verdict (a warm-up's failure is not held against the engine: client traffic judges
+// engines, R14.2). The worker watches the request actor, as for every ticket the router
+// reserves for it, so if the request ends first the count ends with it: the warm-up's load is
+// counted at most as long as its request's.
+//
+// Bounds: at most Warmups.Max run at once (more are skipped: the ticket is released at once),
+// each within the request timeout, reading at most maxWarmAnswer bytes of the answer.
+
+// DefaultMaxWarmups is how many warm-ups the gateway runs at once: as many as the router keeps
+// pending.
+const DefaultMaxWarmups = 64
+
+// maxWarmAnswer bounds what a warm-up reads of its answer (one token's worth is a few hundred
+// bytes); the rest is not read, and the connection is closed.
+const maxWarmAnswer = 64 << 10
+
+// Warmups is the gateway's count of warm-ups running, shared by every request actor.
+type Warmups struct {
+	Max     int64 // at most this many at once (≤ 0: none run)
+	running atomic.Int64
+}
+
+// NewWarmups returns a count that lets max warm-ups run at once.
+func NewWarmups(max int64) *Warmups { return &Warmups{Max: max} }
+
+func (w *Warmups) take() bool {
+	if w == nil {
+		return false
+	}
+	if w.running.Add(1) > w.Max {
+		w.running.Add(-1)
+		return false
+	}
+	return true
+}
+
+func (w *Warmups) done() { w.running.Add(-1) }
+
+// Running is how many warm-ups are running.
+func (w *Warmups) Running() int64 { return w.running.Load() }
+
+// Warm-up results (tlgw_prefix_warmups_sent_total{result}).
+const (
+	warmOK = iota
+	warmFailed
+	warmSkipped
+	numWarmResults
+)
+
+var warmResultNames = [numWarmResults]string{"ok", "failed", "skipped"}
+
+// warmup sends pick p's warm-up, if it has one.
+func (r *requestActor) warmup(c actor.Context, p *router.Picked) {
+	w := p.Warm
+	if w == nil {
+		return
+	}
+	release := &router.Release{Ticket: w.Ticket, Outcome: router.OutcomeNone}
+	body, ok := oai.WarmupBody(r.x.Kind, r.x.Body, w.Bytes, p.ServedModel)
+	if !ok || !r.d.Warmups.take() {
+		c.Send(w.Worker, release)
+		r.d.Metrics.warmups[warmSkipped].Inc()
+		return
+	}
+	url := "http://" + w.HTTPAddress + r.x.Path
+	tr, timeout, root, m, count := r.d.Transport, r.requestTimeout(), c.ActorSystem().Root, r.d.Metrics, r.d.Warmups
+	run := func() {
+		defer count.done()
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		defer cancel()
+		result := sendWarmup(ctx, tr, url, body)
+		root.Send(w.Worker, release)
+		m.warmups[result].Inc()
+	}
+	if r.d.Go != nil {
+		r.d.Go(run)
+		return
+	}
+	go run()
+}
+
+// sendWarmup posts body to url and reads (a bounded part of) the answer.
+func sendWarmup(ctx context.Context, tr Upstream, url string, body []byte) int {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		return warmFailed
+	}
+	req.ContentLength = int64(len(body))
+	req.Header = http.Header{"Content-Type": jsonContentType}
+	resp, err := tr.RoundTrip(req)
+	if err != nil {
+		return warmFailed
+	}
+	defer resp.Body.Close()
+	_, err = io.Copy(io.Discard, io.LimitReader(resp.Body, maxWarmAnswer))
+	if err != nil || resp.StatusCode/100 != 2 {
+		return warmFailed
+	}
+	return warmOK
+}

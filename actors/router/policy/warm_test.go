@@ -1,0 +1,247 @@
+package policy
+
+import (
+	"fmt"
+	"testing"
+
+	"pgregory.net/rapid"
+
+	"github.com/tlgw/tlgw/internal/kvindex"
+	"github.com/tlgw/tlgw/internal/prefixindex"
+)
+
+// warmPolicy is one prefix policy with its index, as a warm-up test drives it: holdings are
+// leading runs of one prompt's chunk hashes.
+type warmPolicy interface {
+	Policy
+	Warmer
+	Cap() int64
+	hold(m *Member, hashes []uint64) // m holds hashes (a leading run)
+	install(hashes []uint64)         // the next pick's prefix
+}
+
+type warmPrecise struct {
+	*PrecisePrefix
+	x *HeldIndex
+}
+
+func (w warmPrecise) hold(m *Member, hashes []uint64) { w.x.Store(m, hashes) }
+func (w warmPrecise) install(hashes []uint64)         { w.SetHeld(w.x, hashes) }
+
+type warmApprox struct {
+	*PrefixAware
+	x *prefixindex.Index
+}
+
+func (w warmApprox) hold(m *Member, hashes []uint64) { w.x.Record(m.ID, hashes) }
+func (w warmApprox) install(hashes []uint64)         { w.SetPrefix(w.x, hashes) }
+
+func warmPolicies() map[string]func() warmPolicy {
+	return map[string]func() warmPolicy{
+		"precise_prefix": func() warmPolicy { return warmPrecise{NewPrecisePrefix(1.25), kvindex.New[*Member](0)} },
+		"prefix_aware":   func() warmPolicy { return warmApprox{NewPrefixAware(1.25), prefixindex.New(1 << 10)} },
+	}
+}
+
+// pickCounted picks for hashes and counts the pick in the member's load, as the router does
+// before it asks for a warm-up.
+func pickCounted(p warmPolicy, hashes []uint64, exclude []string) (*Member, Reason) {
+	p.install(hashes)
+	m, r := p.Pick(0, exclude)
+	if m != nil {
+		p.SetLoad(m, m.load+1)
+	}
+	return m, r
+}
+
+// TestWarmWorkedExample: four members, c = 1.25, loads a 3, b 2, c 4, d 4; a holds the
+// prompt's 10 chunks. The first pick leaves a at 4 under the cap of 5; the second leaves it at
+// the cap, so b (the least loaded, 2 + 1 < 5) gets a copy of the 10 chunks, named by chunk 8
+// (slack 2). Each line after it changes one thing that stops the warm-up.
+func TestWarmWorkedExample(t *testing.T) {
+	hashes := promptHashes(1, 2, 10, 10)
+	type setup struct {
+		minChunks, slack int
+		exclude          []string
+		also             func(p warmPolicy, ms []*Member) // more holdings
+		want             string                           // "" = no warm-up
+	}
+	for _, tc := range []struct {
+		name string
+		setup
+	}{
+		{"warm", setup{minChunks: 10, slack: 2, want: "b"}},
+		{"no slack", setup{minChunks: 1, slack: 0, want: "b"}},
+		{"short prefix", setup{minChunks: 11, slack: 2}},
+		{"another holder of depth 8 under the cap", setup{minChunks: 1, slack: 2,
+			also: func(p warmPolicy, ms []*Member) { p.hold(ms[2], hashes[:8]) }}},
+		{"a holder short of depth 8 does not count", setup{minChunks: 1, slack: 2, want: "b",
+			also: func(p warmPolicy, ms []*Member) { p.hold(ms[2], hashes[:7]) }}},
+		{"the target holds it already", setup{minChunks: 1, slack: 2,
+			also: func(p warmPolicy, ms []*Member) { p.hold(ms[1], hashes[:8]) }}},
+		{"the next least loaded has no room", setup{minChunks: 1, slack: 2, exclude: []string{"b"}}},
+	} {
+		for name, mk := range warmPolicies() {
+			t.Run(name+"/"+tc.name, func(t *testing.T) {
+				p := mk()
+				var ms []*Member
+				for i, load := range []int64{3, 2, 4, 4} {
+					m := &Member{ID: string(rune('a' + i))}
+					p.Add(m, load, 1)
+					ms = append(ms, m)
+				}
+				p.hold(ms[0], hashes)
+				if tc.also != nil {
+					tc.also(p, ms)
+				}
+				if m, r := pickCounted(p, hashes, nil); m != ms[0] || r != ReasonPrefix {
+					t.Fatalf("first pick %v (%v)", m.ID, r)
+				}
+				if got, _, _ := p.Warm(tc.minChunks, tc.slack, tc.exclude); got != nil {
+					t.Fatalf("warm-up to %s with a under the cap", got.ID)
+				}
+				if m, _ := pickCounted(p, hashes, nil); m != ms[0] {
+					t.Fatalf("second pick %v", m.ID)
+				}
+				got, chunks, id := p.Warm(tc.minChunks, tc.slack, tc.exclude)
+				if tc.want == "" {
+					if got != nil {
+						t.Fatalf("warm-up to %s", got.ID)
+					}
+					return
+				}
+				d := max(10-tc.slack, 1)
+				if got == nil || got.ID != tc.want || chunks != 10 || id != hashes[d-1] {
+					t.Fatalf("warm-up %v, %d chunks, id %x; want %s, 10, %x", got, chunks, id, tc.want, hashes[d-1])
+				}
+				if again, _, _ := p.Warm(tc.minChunks, tc.slack, tc.exclude); again != nil {
+					t.Fatal("Warm answered twice for one pick")
+				}
+			})
+		}
+	}
+}
+
+// TestWarmForgetsEarlierPicks: a pick made without a prefix, or one answered least_load,
+// leaves nothing for Warm, whatever the pick before it left; a member that left the pool
+// gets no warm-up for it.
+func TestWarmForgetsEarlierPicks(t *testing.T) {
+	hashes := promptHashes(3, 4, 6, 6)
+	for name, mk := range warmPolicies() {
+		t.Run(name, func(t *testing.T) {
+			p := mk()
+			a, b, c := &Member{ID: "a"}, &Member{ID: "b"}, &Member{ID: "c"}
+			p.Add(a, 0, 1)
+			p.Add(b, 0, 1)
+			p.Add(c, 4, 1) // c's load makes room under the cap for b
+			p.hold(a, hashes)
+			// prime leaves a prefix pick that warms b: a's last pick left it at the cap.
+			prime := func() {
+				p.SetLoad(a, 0)
+				p.SetLoad(b, 0)
+				for a.load < p.Cap() {
+					pickCounted(p, hashes, nil)
+				}
+			}
+			prime()
+			if got, _, _ := p.Warm(1, 0, nil); got != b {
+				t.Fatalf("warm-up to %v, want b", got)
+			}
+			prime()
+			p.Pick(0, nil) // no prefix installed
+			if got, _, _ := p.Warm(1, 0, nil); got != nil {
+				t.Fatalf("warm-up to %s after a pick without a prefix", got.ID)
+			}
+			prime()
+			p.install(promptHashes(9, 9, 6, 6)) // held by nobody: least_load
+			if _, r := p.Pick(0, nil); r != ReasonLeastLoad {
+				t.Fatalf("reason %v", r)
+			}
+			if got, _, _ := p.Warm(1, 0, nil); got != nil {
+				t.Fatalf("warm-up to %s after a least_load pick", got.ID)
+			}
+			prime()
+			p.Remove(a)
+			if got, _, _ := p.Warm(1, 0, nil); got != nil {
+				t.Fatalf("warm-up to %s for a member that left", got.ID)
+			}
+		})
+	}
+}
+
+// TestWarmMatchesDefinition: over random pools, loads and holdings (some holders outside the
+// pool, some prefixes held by more than wideHolders workers), Warm after a counted pick
+// answers what policy.Warmer's comment defines.
+func TestWarmMatchesDefinition(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		name := rapid.SampledFrom([]string{"precise_prefix", "prefix_aware"}).Draw(t, "policy")
+		p := warmPolicies()[name]()
+		chunks := rapid.IntRange(1, 12).Draw(t, "chunks")
+		hashes := promptHashes(5, 6, chunks, chunks)
+		n := rapid.IntRange(1, 45).Draw(t, "members")
+		maxLoad := rapid.IntRange(0, 8).Draw(t, "maxLoad")
+		var ms, pool []*Member
+		depth := map[*Member]int{}
+		for i := range n + 2 { // the last two are not in the pool
+			m := &Member{ID: fmt.Sprintf("m%02d", i)}
+			if i < n {
+				p.Add(m, int64(rapid.IntRange(0, maxLoad).Draw(t, "load")), 1)
+				pool = append(pool, m)
+			}
+			if d := rapid.IntRange(0, chunks).Draw(t, "held"); d > 0 {
+				p.hold(m, hashes[:d])
+				depth[m] = d
+			}
+			ms = append(ms, m)
+		}
+		var exclude []string
+		if rapid.Bool().Draw(t, "exclude") {
+			exclude = []string{ms[rapid.IntRange(0, n-1).Draw(t, "excluded")].ID}
+		}
+		minChunks := rapid.IntRange(0, chunks+1).Draw(t, "minChunks")
+		slack := rapid.IntRange(0, 3).Draw(t, "slack")
+		picked, reason := pickCounted(p, hashes, exclude)
+		got, gotChunks, gotID := p.Warm(minChunks, slack, exclude)
+
+		// The definition.
+		var want *Member
+		wantChunks, wantID := 0, uint64(0)
+		func() {
+			if reason != ReasonPrefix || depth[picked] < max(minChunks, 1) {
+				return
+			}
+			limit := p.Cap()
+			if picked.load < limit {
+				return
+			}
+			d := max(depth[picked]-slack, 1)
+			holders := 0
+			for _, m := range ms {
+				if depth[m] >= d {
+					holders++
+				}
+			}
+			if holders > wideHolders {
+				return
+			}
+			for _, m := range pool {
+				if depth[m] >= d && m.load < limit {
+					return
+				}
+			}
+			var t *Member
+			for _, m := range pool {
+				if !excluded(m.ID, exclude) && (t == nil || less(m, t)) {
+					t = m
+				}
+			}
+			if t == nil || t == picked || t.load+1 >= limit || depth[t] >= d {
+				return
+			}
+			want, wantChunks, wantID = t, depth[picked], hashes[d-1]
+		}()
+		if got != want || gotChunks != wantChunks || gotID != wantID {
+			t.Fatalf("Warm = %v, %d, %x; want %v, %d, %x", got, gotChunks, gotID, want, wantChunks, wantID)
+		}
+	})
+}

@@ -1,0 +1,263 @@
+package router
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/tlgw/tlgw/actors/router/policy"
+	"github.com/tlgw/tlgw/internal/config"
+	"github.com/tlgw/tlgw/internal/prefixindex"
+)
+
+// warmSim is a router of policy with warm-ups of prefixes of 4 chunks or more, over w0…w3
+// (all reporting kv_events; w3 with a queue of 8, so the others have room under the cap), and
+// its tlgw_prefix_warmups_total.
+func warmSim(t *testing.T, pol string) (*Sim, prometheus.Counter) {
+	t.Helper()
+	m := NewMetrics(prometheus.NewRegistry())
+	cfg := Config{Policy: pol, LoadFactor: 1.25, WarmupMinBytes: 4 * prefixindex.ChunkBytes, Metrics: m}
+	if pol == config.PolicyPrefixAware {
+		cfg.PrefixIndexBlocks = 1024
+	}
+	s, err := NewSim(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 4 {
+		s.SetWorker(WorkerInfo{ID: fmt.Sprintf("w%d", i), Model: "m", HTTPAddress: "127.0.0.1:9", KVEvents: true,
+			QueueDepth: int64(8 * (i / 3))})
+	}
+	return s, m.warmups
+}
+
+// heldOn is the picks of held on worker id.
+func (s *Sim) heldOn(held []*Picked, id string) (on []*Picked) {
+	for _, p := range held {
+		if p.WorkerID == id {
+			on = append(on, p)
+		}
+	}
+	return on
+}
+
+// holdPick picks for hashes and keeps the pick (no release).
+func (s *Sim) holdPick(t *testing.T, hashes []uint64) *Picked {
+	t.Helper()
+	p, ok := s.Pick(&Pick{Model: "m", RequestID: "r", Key: 1, PrefixHashes: hashes})
+	if !ok || p.Err != nil {
+		t.Fatalf("pick: ok %v %+v", ok, p)
+	}
+	return p
+}
+
+// fillHolder picks for hashes, holding each pick, until one carries a warm-up (at most 20).
+func (s *Sim) fillHolder(t *testing.T, hashes []uint64) (held []*Picked) {
+	t.Helper()
+	for range 20 {
+		p := s.holdPick(t, hashes)
+		held = append(held, p)
+		if p.Warm != nil {
+			return held
+		}
+	}
+	t.Fatalf("no warm-up in 20 picks to %s", held[0].WorkerID)
+	return nil
+}
+
+// TestWarmupReserved: once w0, the one holder of a 10-chunk prompt, is at the cap, the pick
+// that put it there also reserves w1 (the least loaded) for a copy of the 10 chunks; w1's
+// count includes it until its requester releases it. Under both prefix policies.
+func TestWarmupReserved(t *testing.T) {
+	for _, pol := range []string{config.PolicyPrecisePrefix, config.PolicyPrefixAware} {
+		t.Run(pol, func(t *testing.T) {
+			s, warmups := warmSim(t, pol)
+			h := longPrompt("the long system prompt ", 10)
+			if pol == config.PolicyPrecisePrefix {
+				s.KVEvents(&KVEvents{WorkerID: "w0", Stored: h})
+			} else {
+				s.Release(s.holdPick(t, h), OutcomeSuccess) // the gateway sent it to w0 (least loaded)
+			}
+			held := s.fillHolder(t, h)
+			last := held[len(held)-1]
+			if last.WorkerID != "w0" || last.Reason != policy.ReasonPrefix {
+				t.Fatalf("the warming pick went to %s (%v)", last.WorkerID, last.Reason)
+			}
+			w := last.Warm
+			if w.WorkerID != "w1" || w.Bytes != 10*prefixindex.ChunkBytes || w.HTTPAddress != "127.0.0.1:9" || w.Worker == nil {
+				t.Fatalf("warm-up %+v", w)
+			}
+			if got := s.InFlight("w1"); got != 1 {
+				t.Fatalf("w1 counts %d in flight, want the warm-up's 1", got)
+			}
+			if got := testutil.ToFloat64(warmups); got != 1 {
+				t.Fatalf("tlgw_prefix_warmups_total = %v", got)
+			}
+			if pol == config.PolicyPrefixAware {
+				// The gateway sent w1 the prefix: the approximate index says so at once, and
+				// the next pick, w0 being at the cap, goes there for it.
+				p := s.holdPick(t, h)
+				held = append(held, p)
+				if p.WorkerID != "w1" || p.Reason != policy.ReasonPrefix {
+					t.Fatalf("the pick after the warm-up went to %s (%v), want w1 for its prefix", p.WorkerID, p.Reason)
+				}
+			}
+			s.ReleaseWarm(w, OutcomeNone)
+			if got := s.InFlight("w1"); got != int64(len(held)-len(s.heldOn(held, "w0"))) {
+				t.Fatalf("w1 counts %d in flight after the warm-up's release", got)
+			}
+			for _, p := range held {
+				s.Release(p, OutcomeSuccess)
+			}
+		})
+	}
+}
+
+// TestWarmupClaims: a prefix gets one warm-up at a time. Until its target holds the prefix's
+// depth (its engine reports it) or the claim lapses after warmPending, a pick that would warm
+// it again does not; once the target holds it under the cap, no warm-up is needed.
+func TestWarmupClaims(t *testing.T) {
+	s, warmups := warmSim(t, config.PolicyPrecisePrefix)
+	h := longPrompt("another long prompt ", 10)
+	s.KVEvents(&KVEvents{WorkerID: "w0", Stored: h})
+	held := s.fillHolder(t, h)
+	w := held[len(held)-1].Warm
+	// Make room on w0 and fill it again: the same prefix, claimed.
+	again := func() *Picked {
+		t.Helper()
+		s.Release(held[0], OutcomeSuccess)
+		held = held[1:]
+		p := s.holdPick(t, h)
+		held = append(held, p)
+		if p.WorkerID != "w0" {
+			t.Fatalf("picked %s, want w0 back under the cap", p.WorkerID)
+		}
+		return p
+	}
+	if p := again(); p.Warm != nil {
+		t.Fatalf("a second warm-up of a claimed prefix, to %s", p.Warm.WorkerID)
+	}
+	// The claim lapses: the next time w0 fills, the prefix is warmed again (w1 still holds
+	// its warm-up's ticket and does not hold the prefix, so the target is w2).
+	s.Advance(warmPending)
+	p := again()
+	if p.Warm == nil || p.Warm.WorkerID != "w2" {
+		t.Fatalf("after the claim lapsed: warm-up %+v, want one to w2", p.Warm)
+	}
+	s.ReleaseWarm(w, OutcomeNone)
+	// w2's engine reports the copy (to depth 8: its last block was partial): the claim ends,
+	// and w2, under the cap, is a holder, so filling w0 warms nothing.
+	s.KVEvents(&KVEvents{WorkerID: "w2", Stored: h[:8]})
+	s.ReleaseWarm(p.Warm, OutcomeNone)
+	if p := again(); p.Warm != nil {
+		t.Fatalf("a warm-up to %s with w2 holding the prefix under the cap", p.Warm.WorkerID)
+	}
+	if got := testutil.ToFloat64(warmups); got != 2 {
+		t.Fatalf("tlgw_prefix_warmups_total = %v, want 2", got)
+	}
+	for _, p := range held {
+		s.Release(p, OutcomeSuccess)
+	}
+}
+
+// TestWarmupClaimsBounded: at most maxWarmPending prefixes are claimed at once; a free claim
+// is reused once its target holds its prefix, in the index its pools read.
+func TestWarmupClaimsBounded(t *testing.T) {
+	for _, pol := range []string{config.PolicyPrecisePrefix, config.PolicyPrefixAware} {
+		t.Run(pol, func(t *testing.T) { testWarmupClaimsBounded(t, pol) })
+	}
+}
+
+func testWarmupClaimsBounded(t *testing.T, pol string) {
+	s, err := NewSim(Config{Policy: pol, PrefixIndexBlocks: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.SetWorker(WorkerInfo{ID: "w", Model: "m", KVEvents: true})
+	v := s.st.view
+	target := v.slots["w"]
+	hold := func(id uint64) {
+		if v.kidx != nil {
+			v.kidx.Store(&target.member, []uint64{id})
+		} else {
+			v.pidx.Record("w", []uint64{id})
+		}
+	}
+	for id := range uint64(maxWarmPending) {
+		if !v.claimWarm(id+1, target) {
+			t.Fatalf("claim %d of %d refused", id+1, maxWarmPending)
+		}
+	}
+	if v.claimWarm(maxWarmPending+1, target) {
+		t.Fatal("a claim beyond maxWarmPending")
+	}
+	if v.claimWarm(3, target) {
+		t.Fatal("prefix 3 claimed twice")
+	}
+	hold(5) // the target holds prefix 5: its claim is done
+	if !v.claimWarm(maxWarmPending+1, target) {
+		t.Fatal("the claim of a held prefix was not reused")
+	}
+	if v.claimWarm(maxWarmPending+2, target) {
+		t.Fatal("a claim beyond maxWarmPending after the reuse")
+	}
+}
+
+// TestWarmupOff: no warm-up when they are off, for a prefix shorter than the minimum, or in a
+// pool with a member that does not report kv_events (its cache may not follow the rendered
+// prompt, R18.3).
+func TestWarmupOff(t *testing.T) {
+	h := longPrompt("a prompt warmed nowhere ", 10)
+	cases := map[string]func(t *testing.T) (*Sim, []uint64){
+		"off": func(t *testing.T) (*Sim, []uint64) {
+			s, err := NewSim(Config{Policy: config.PolicyPrecisePrefix, LoadFactor: 1.25})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := range 4 {
+				s.SetWorker(WorkerInfo{ID: fmt.Sprintf("w%d", i), Model: "m", KVEvents: true, QueueDepth: int64(8 * (i / 3))})
+			}
+			return s, h
+		},
+		"short": func(t *testing.T) (*Sim, []uint64) {
+			s, _ := warmSim(t, config.PolicyPrecisePrefix)
+			return s, h[:3]
+		},
+		"a member without kv_events": func(t *testing.T) (*Sim, []uint64) {
+			s, _ := warmSim(t, config.PolicyPrecisePrefix)
+			s.SetWorker(WorkerInfo{ID: "w4", Model: "m"})
+			return s, h
+		},
+	}
+	for name, mk := range cases {
+		t.Run(name, func(t *testing.T) {
+			s, hashes := mk(t)
+			s.KVEvents(&KVEvents{WorkerID: "w0", Stored: hashes})
+			for range 20 {
+				p := s.holdPick(t, hashes)
+				if p.Warm != nil {
+					t.Fatalf("a warm-up to %s", p.Warm.WorkerID)
+				}
+				if p.WorkerID != "w0" {
+					return // w0 reached the cap without a warm-up
+				}
+			}
+			t.Fatal("w0 never reached the cap")
+		})
+	}
+}
+
+func TestWarmSlack(t *testing.T) {
+	for bs, want := range map[int64]int{0: 2, 1: 2, 16: 2, 17: 3, 32: 3, 64: 5, 1 << 40: 4097} {
+		if got := warmSlack(bs); got != want {
+			t.Errorf("warmSlack(%d) = %d, want %d", bs, got, want)
+		}
+	}
+	for b, want := range map[int]int{0: 0, -5: 0, 1: 1, 64: 1, 65: 2, 12288: 192} {
+		if got := warmMinChunks(b); got != want {
+			t.Errorf("warmMinChunks(%d) = %d, want %d", b, got, want)
+		}
+	}
+}
