@@ -63,7 +63,7 @@ func TestWarmupBodyCompletions(t *testing.T) {
 		t.Fatalf("warm-up %s", warm)
 	}
 	for _, b := range []string{
-		`{"model":"m","prompt":[1,2,3]}`,   // token ids
+		`{"model":"m","prompt":[1,2,3]}`,    // token ids
 		`{"model":"m","prompt":["ab","c"]}`, // an array of prompts
 		`{"model":"m","prompt":"éé"}`,       // nothing fits in 1 byte
 	} {

@@ -14,8 +14,8 @@ import (
 	"github.com/cespare/xxhash/v2"
 	"github.com/google/go-cmp/cmp"
 
-	"github.com/tlgw/tlgw/internal/oai"
 	"github.com/tlgw/tlgw/internal/config"
+	"github.com/tlgw/tlgw/internal/oai"
 	"github.com/tlgw/tlgw/internal/prefixindex"
 )
 
