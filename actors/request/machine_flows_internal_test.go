@@ -432,20 +432,23 @@ func TestLatePickIsGivenBack(t *testing.T) {
 	sender := m.held[0].sender
 	m.mu.Unlock()
 	late := &router.Picked{Tag: first.Tag, Ticket: 7, Worker: m.worker("late"), WorkerID: "late", HTTPAddress: "late.http",
-		Prefill: &router.PickedWorker{Ticket: 8, Worker: m.worker("late-p"), WorkerID: "late-p"}, Steps: 1}
+		Prefill: &router.PickedWorker{Ticket: 8, Worker: m.worker("late-p"), WorkerID: "late-p"}, Steps: 1,
+		Warm: &router.Warmup{PickedWorker: router.PickedWorker{Ticket: 10, Worker: m.worker("late-w"), WorkerID: "late-w",
+			HTTPAddress: "late-w.http"}, Bytes: 2}}
 	cur := &router.Picked{Tag: second.Tag, Ticket: 9, Worker: m.worker("a"), WorkerID: "a", HTTPAddress: "a.http", Steps: 1}
 	m.sys.Root.Send(sender, late)
 	m.sys.Root.Send(sender, cur)
 	if w := run.wait(t); w.Code != 200 {
 		t.Fatalf("client got %d", w.Code)
 	}
-	got := m.expectReleases(3)
-	want := map[string][]router.Outcome{"late": {router.OutcomeNone}, "late-p": {router.OutcomeNone}, "a": {router.OutcomeSuccess}}
+	got := m.expectReleases(4)
+	want := map[string][]router.Outcome{"late": {router.OutcomeNone}, "late-p": {router.OutcomeNone},
+		"late-w": {router.OutcomeNone}, "a": {router.OutcomeSuccess}}
 	if !equalOutcomes(got, want) {
 		t.Fatalf("releases %v, want %v", got, want)
 	}
-	if bodies := m.bodiesOf("late"); len(bodies) != 0 {
-		t.Fatal("the late pick's worker was asked")
+	if len(m.bodiesOf("late")) != 0 || len(m.bodiesOf("late-w")) != 0 {
+		t.Fatal("the late pick's workers were asked")
 	}
 }
 

@@ -126,6 +126,9 @@ type mrig struct {
 	// ("": by nobody).
 	steps  []string
 	accept *cascade.Accept
+	// warm, when set, gives every pick a warm-up of warmBytes on this worker.
+	warm      string
+	warmBytes int
 	// silent: the router keeps the picks it gets (held) and answers none.
 	silent bool
 	held   []heldPick
@@ -197,7 +200,7 @@ func (m *mrig) answer(c actor.Context, p *router.Pick) *router.Picked {
 		m.mu.Unlock()
 		return nil
 	}
-	pool, prefill, steps, accept := m.pool, m.prefill, m.steps, m.accept
+	pool, prefill, steps, accept, warm, warmBytes := m.pool, m.prefill, m.steps, m.accept, m.warm, m.warmBytes
 	m.mu.Unlock()
 	ans := &router.Picked{Tag: p.Tag, Route: "r", ServedModel: "served", Steps: 1}
 	if len(steps) > 0 {
@@ -222,6 +225,10 @@ func (m *mrig) answer(c actor.Context, p *router.Pick) *router.Picked {
 		if prefill != "" {
 			ans.Prefill = &router.PickedWorker{Ticket: m.nextTicket(), Worker: m.worker(prefill), WorkerID: prefill,
 				HTTPAddress: prefill + ".http", GRPCAddress: prefill + ".grpc"}
+		}
+		if warm != "" {
+			ans.Warm = &router.Warmup{PickedWorker: router.PickedWorker{Ticket: m.nextTicket(), Worker: m.worker(warm),
+				WorkerID: warm, HTTPAddress: warm + ".http"}, Bytes: warmBytes}
 		}
 		return ans
 	}

@@ -56,8 +56,13 @@ func (w *Warmups) take() bool {
 
 func (w *Warmups) done() { w.running.Add(-1) }
 
-// Running is how many warm-ups are running.
-func (w *Warmups) Running() int64 { return w.running.Load() }
+// Running is how many warm-ups are running (0 for nil: none run).
+func (w *Warmups) Running() int64 {
+	if w == nil {
+		return 0
+	}
+	return w.running.Load()
+}
 
 // Warm-up results (tlgw_prefix_warmups_sent_total{result}).
 const (
@@ -78,19 +83,20 @@ func (r *requestActor) warmup(c actor.Context, p *router.Picked) {
 	release := &router.Release{Ticket: w.Ticket, Outcome: router.OutcomeNone}
 	body, ok := oai.WarmupBody(r.x.Kind, r.x.Body, w.Bytes, p.ServedModel)
 	if !ok || !r.d.Warmups.take() {
-		c.Send(w.Worker, release)
 		r.d.Metrics.warmups[warmSkipped].Inc()
+		c.Send(w.Worker, release)
 		return
 	}
 	url := "http://" + w.HTTPAddress + r.x.Path
 	tr, timeout, root, m, count := r.d.Transport, r.requestTimeout(), c.ActorSystem().Root, r.d.Metrics, r.d.Warmups
 	run := func() {
-		defer count.done()
 		ctx, cancel := context.WithTimeout(context.Background(), timeout)
-		defer cancel()
 		result := sendWarmup(ctx, tr, url, body)
-		root.Send(w.Worker, release)
+		cancel()
+		// Counted before the Release: whoever sees the Release sees the count.
 		m.warmups[result].Inc()
+		count.done()
+		root.Send(w.Worker, release)
 	}
 	if r.d.Go != nil {
 		r.d.Go(run)

@@ -1,0 +1,106 @@
+package request
+
+import (
+	"net/http"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/tlgw/tlgw/actors/router"
+)
+
+// warmResults is tlgw_prefix_warmups_sent_total by result.
+func warmResults(m *Metrics) [numWarmResults]float64 {
+	var out [numWarmResults]float64
+	for i := range out {
+		out[i] = testutil.ToFloat64(m.warmups[i])
+	}
+	return out
+}
+
+// TestWarmupSentOffTheClientsPath: a pick's warm-up goes to its worker as a one-token request
+// of the prompt's first bytes, for the served model; the client's answer does not wait for it,
+// and its ticket is released, with no verdict, when it has ended.
+func TestWarmupSentOffTheClientsPath(t *testing.T) {
+	m := newMRig(t)
+	m.pool, m.warm, m.warmBytes = []string{"w1"}, "w2", 4
+	m.d.Warmups = NewWarmups(1)
+	gate := make(chan struct{})
+	var warmReq *http.Request
+	m.upstream = func(worker string, req *http.Request, _ string) (*http.Response, error) {
+		if worker == "w2" {
+			warmReq = req
+			<-gate
+		}
+		return reply(200, "application/json", okJSON), nil
+	}
+	if w := m.do(`{"model":"m","prompt":"hello world","max_tokens":50}`); w.Code != 200 {
+		t.Fatalf("%d %s", w.Code, w.Body)
+	}
+	if got := m.expectReleases(1); len(got["w1"]) != 1 {
+		t.Fatalf("released %v, want w1's attempt only while the warm-up runs", got)
+	}
+	if got := m.d.Warmups.Running(); got != 1 {
+		t.Fatalf("%d warm-ups running, want 1", got)
+	}
+	close(gate)
+	if got := m.expectReleases(1); len(got["w2"]) != 1 || got["w2"][0] != router.OutcomeNone {
+		t.Fatalf("released %v, want w2's warm-up with no verdict", got)
+	}
+	if got := m.bodiesOf("w2"); len(got) != 1 || got[0] != `{"model":"served","prompt":"hell","max_tokens":1}` {
+		t.Fatalf("w2 got %q", got)
+	}
+	if warmReq.Method != http.MethodPost || warmReq.URL.String() != "http://w2.http/v1/completions" ||
+		warmReq.Header.Get("Content-Type") != "application/json" {
+		t.Fatalf("the warm-up was %s %s, Content-Type %q", warmReq.Method, warmReq.URL, warmReq.Header.Get("Content-Type"))
+	}
+	// Counted before the Release was sent.
+	if m.d.Warmups.Running() != 0 || warmResults(m.d.Metrics) != [numWarmResults]float64{warmOK: 1} {
+		t.Fatalf("running %d, results %v", m.d.Warmups.Running(), warmResults(m.d.Metrics))
+	}
+}
+
+// TestWarmupFailedOrSkipped: a warm-up the engine refuses counts as failed; one with no text
+// prompt, with none allowed to run, or beyond the running limit is not sent; every one of them
+// releases its ticket with no verdict.
+func TestWarmupFailedOrSkipped(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		body    string
+		warmups *Warmups
+		result  int
+		sent    int
+	}{
+		{"refused", `{"model":"m","prompt":"hello world"}`, NewWarmups(4), warmFailed, 1},
+		{"token ids", `{"model":"m","prompt":[1,2,3]}`, NewWarmups(4), warmSkipped, 0},
+		{"off", `{"model":"m","prompt":"hello world"}`, nil, warmSkipped, 0},
+		{"limit", `{"model":"m","prompt":"hello world"}`, NewWarmups(0), warmSkipped, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := newMRig(t)
+			m.pool, m.warm, m.warmBytes = []string{"w1"}, "w2", 8
+			m.d.Warmups = tc.warmups
+			m.upstream = func(worker string, _ *http.Request, _ string) (*http.Response, error) {
+				if worker == "w2" {
+					return reply(503, "application/json", `{"error":"busy"}`), nil
+				}
+				return reply(200, "application/json", okJSON), nil
+			}
+			if w := m.do(tc.body); w.Code != 200 {
+				t.Fatalf("%d %s", w.Code, w.Body)
+			}
+			got := m.expectReleases(2)
+			if len(got["w2"]) != 1 || got["w2"][0] != router.OutcomeNone || len(got["w1"]) != 1 {
+				t.Fatalf("released %v", got)
+			}
+			if n := len(m.bodiesOf("w2")); n != tc.sent {
+				t.Fatalf("%d warm-ups sent, want %d", n, tc.sent)
+			}
+			var want [numWarmResults]float64
+			want[tc.result] = 1
+			if got := warmResults(m.d.Metrics); got != want || m.d.Warmups.Running() != 0 {
+				t.Fatalf("results %v, want one %s; %d running", got, warmResultNames[tc.result], m.d.Warmups.Running())
+			}
+		})
+	}
+}
