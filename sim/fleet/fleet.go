@@ -101,6 +101,7 @@ type Result struct {
 	Completed     int     `json:"completed"`
 	Rejected      int     `json:"rejected"` // no worker, a prompt larger than its engine's KV, or shed by the admission queue
 	Held          int     `json:"held"`     // requests that waited in the gateway's admission queue (Options.Admission)
+	Warmups       int     `json:"warmups"`  // prefix warm-ups the router asked for and the engines ran (warm.go)
 	OfferedRPS    float64 `json:"offered_rps"`
 	SimSeconds    float64 `json:"sim_seconds"` // simulated time until the last request ended
 }
@@ -719,7 +720,8 @@ func (r *runner) sample() {
 }
 
 func (r *runner) result(pol string) Result {
-	res := Result{Policy: pol, Requests: len(r.tr.reqs), Completed: len(r.ttft), Rejected: r.rejected, Held: r.held}
+	res := Result{Policy: pol, Requests: len(r.tr.reqs), Completed: len(r.ttft), Rejected: r.rejected, Held: r.held,
+		Warmups: len(r.warms)}
 	var hit, look uint64
 	for _, e := range r.engines {
 		st := e.pool.Stats()

@@ -26,17 +26,18 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 	if sweep {
 		b.WriteString("| load ")
 	}
-	b.WriteString("| policy | hit_rate | ttft_p50_ms | ttft_p99_ms | tokens_per_s | queue_mean_ms | imbalance | slo_attainment | completed |\n")
+	b.WriteString("| policy | hit_rate | ttft_p50_ms | ttft_p99_ms | tokens_per_s | queue_mean_ms | imbalance | slo_attainment | completed | warmups |\n")
 	if sweep {
 		b.WriteString("|---:")
 	}
-	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, x := range r.Results {
 		if sweep {
 			fmt.Fprintf(&b, "| %g ", x.Load)
 		}
-		fmt.Fprintf(&b, "| %s | %.4f | %.1f | %.1f | %.1f | %.1f | %.3f | %.4f | %d/%d |\n", x.Policy, x.HitRate,
-			x.TTFTP50Ms, x.TTFTP99Ms, x.TokensPerS, x.QueueMeanMs, x.Imbalance, x.SLOAttainment, x.Completed, x.Requests)
+		fmt.Fprintf(&b, "| %s | %.4f | %.1f | %.1f | %.1f | %.1f | %.3f | %.4f | %d/%d | %d |\n", x.Policy, x.HitRate,
+			x.TTFTP50Ms, x.TTFTP99Ms, x.TokensPerS, x.QueueMeanMs, x.Imbalance, x.SLOAttainment, x.Completed, x.Requests,
+			x.Warmups)
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
