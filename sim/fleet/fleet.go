@@ -83,6 +83,8 @@ type Options struct {
 	Admission bool
 	// Parallel bounds the policies run at once (default GOMAXPROCS).
 	Parallel int
+	// audit: tests check the engine model as the run goes (audit.go).
+	audit bool
 }
 
 // Result is one policy's run (R18.1's fields first).
@@ -372,6 +374,7 @@ type runner struct {
 	now      int64
 	index    bool // a prefix index is on: picks carry the prompt's chunk hashes
 	observe  bool // predicted_latency: the router hears each request's TTFT at its first token
+	audit    *audit
 	precise  bool // precise_prefix: the engines report what they hold (precise.go)
 
 	toks   []uint32 // scratch: a prompt's tokens
@@ -421,6 +424,9 @@ func runPolicy(o *Options, ms []EngineModel, tr *trace, arrivals []int64, pol st
 	r := &runner{o: o, tr: tr, arrivals: arrivals, sim: s, index: index, precise: precise,
 		observe: reads.TTFT, byID: make(map[string]int32, len(ms)),
 		jobs: make([]job, len(tr.reqs)), ttft: make([]float64, 0, len(tr.reqs))}
+	if o.audit {
+		r.audit = &audit{order: make([][]int32, len(ms))}
+	}
 	width := len(strconv.Itoa(len(ms) - 1))
 	for i, m := range ms {
 		id := fmt.Sprintf("w%0*d", width, i)
@@ -488,6 +494,9 @@ func runPolicy(o *Options, ms []EngineModel, tr *trace, arrivals []int64, pol st
 	}
 	if ended := len(r.ttft) + r.rejected; r.inFlight != 0 || ended != len(tr.reqs) {
 		return Result{}, fmt.Errorf("%s: %d of %d requests ended (%d counted in flight) after the run", pol, ended, len(tr.reqs), r.inFlight)
+	}
+	if r.audit != nil && len(r.audit.faults) > 0 {
+		return Result{}, fmt.Errorf("%s: the engine model was broken %d times, first: %s", pol, len(r.audit.faults), r.audit.faults[0])
 	}
 	return r.result(pol), nil
 }
@@ -620,6 +629,7 @@ func (r *runner) place(i int32, pk *router.Picked) {
 		return
 	}
 	r.inFlight++
+	r.audit.placed(j.eng, i)
 	if e.waiting() == 0 {
 		seq, cached, ok := e.tryStart(prompt)
 		r.flushKV(j.eng)
@@ -638,6 +648,7 @@ func (r *runner) start(i int32, seq *kv.Seq, cached int) {
 	e := r.engines[j.eng]
 	m := e.model
 	j.seq, j.pool, j.start, j.cached = seq, e.pool, r.now, int32(cached)
+	r.audit.started(j.eng, i)
 	r.tag(i, j.eng, seq)
 	prefill := int64(int(j.prompt)-cached) * int64(m.PrefillPerToken)
 	first := r.now + prefill

@@ -231,7 +231,7 @@ func TestDefaults(t *testing.T) {
 		SLOTTFT: time.Second, Engine: DefaultEngine, Heartbeat: 2 * time.Second, LoadFactor: 1.25,
 		PrefixIndexBlocks: prefixindex.DefaultBlocksPerWorker, Parallel: runtime.GOMAXPROCS(0),
 		WarmupMinBytes: config.DefaultPrefixWarmupMinBytes}
-	if diff := cmp.Diff(want, o); diff != "" {
+	if diff := cmp.Diff(want, o, cmp.AllowUnexported(Options{})); diff != "" {
 		t.Fatalf("defaults (-want +got):\n%s", diff)
 	}
 	edge := Options{Trace: TraceAgentic, Workers: 1, Requests: 1, Load: MinLoad, Policies: []string{"round_robin"},
@@ -241,7 +241,7 @@ func TestDefaults(t *testing.T) {
 	if err := edge.defaults(); err != nil {
 		t.Fatalf("edges refused: %v", err)
 	}
-	if diff := cmp.Diff(kept, edge); diff != "" {
+	if diff := cmp.Diff(kept, edge, cmp.AllowUnexported(Options{})); diff != "" {
 		t.Fatalf("edge settings changed (-want +got):\n%s", diff)
 	}
 	top := Options{Trace: TraceAgentic, Workers: MaxWorkers, Requests: MaxRequests, Load: MaxLoad, Policies: []string{"round_robin"},

@@ -23,6 +23,9 @@ type warmJob struct {
 	toks []uint32
 	seq  *kv.Seq
 	pool *kv.Pool
+	// When it started and how much of its prompt the engine held (for the audit).
+	start  int64
+	cached int
 }
 
 // queued entries: a request's index, or ^k for warm-up k.
@@ -34,6 +37,7 @@ func (r *runner) warmup(i int32, w *router.Warmup) {
 	eng := r.byID[w.WorkerID]
 	r.warms = append(r.warms, warmJob{w: w, req: i, eng: eng, toks: warmTokens(nil, r.o.Seed, r.tr.reqs[i].msgs, w.Bytes)})
 	r.warmLive++
+	r.audit.placed(eng, warmEntry(k))
 	e := r.engines[eng]
 	if e.waiting() == 0 {
 		seq, cached, ok := e.tryStart(r.warms[k].toks)
@@ -68,33 +72,45 @@ func warmTokens(dst []uint32, seed uint64, msgs []message, n int) []uint32 {
 func (r *runner) startWarm(k int32, seq *kv.Seq, cached int) {
 	wj := &r.warms[k]
 	e := r.engines[wj.eng]
-	wj.seq, wj.pool = seq, e.pool
+	wj.seq, wj.pool, wj.start, wj.cached = seq, e.pool, r.now, cached
+	r.audit.started(wj.eng, warmEntry(k))
 	if r.precise {
-		req := &r.tr.reqs[wj.req]
-		r.body = chatBody(r.body, r.o.Seed, req.msgs, true)
-		r.hashes = prefixindex.Hashes(r.hashes, oai.RenderPrompt(oai.Chat, r.body, len(r.body)))
-		chunks := min(wj.w.Bytes/prefixindex.ChunkBytes, len(r.hashes))
-		r.blocks = chunkBlocks(r.blocks[:0], req.msgs, chunks, e.model.BlockSize)
-		var stored []uint64
-		for c, b := range r.blocks {
-			if b >= 0 {
-				stored = e.pool.Tag(seq, b, r.hashes[c:c+1], stored)
-			}
-		}
-		r.sendKV(e, nil, stored)
+		r.tagWarm(k, seq)
 	}
 	end := r.now + int64(len(wj.toks)-cached)*int64(e.model.PrefillPerToken) + int64(e.model.DecodePerToken)
 	r.q.push(end, evWarmDone, k)
+}
+
+// tagWarm reports the chunks of warm-up k's prompt that seq's blocks now hold, as tag does a
+// request's.
+func (r *runner) tagWarm(k int32, seq *kv.Seq) {
+	wj := &r.warms[k]
+	e := r.engines[wj.eng]
+	req := &r.tr.reqs[wj.req]
+	r.body = chatBody(r.body, r.o.Seed, req.msgs, true)
+	r.hashes = prefixindex.Hashes(r.hashes, oai.RenderPrompt(oai.Chat, r.body, len(r.body)))
+	chunks := min(wj.w.Bytes/prefixindex.ChunkBytes, len(r.hashes))
+	r.blocks = chunkBlocks(r.blocks[:0], req.msgs, chunks, e.model.BlockSize)
+	var stored []uint64
+	for c, b := range r.blocks {
+		if b >= 0 {
+			stored = e.pool.Tag(seq, b, r.hashes[c:c+1], stored)
+		}
+	}
+	r.sendKV(e, nil, stored)
+	r.audit.warmHeld(e.pool, r.hashes[:chunks])
 }
 
 // warmDone ends warm-up k: its KV is freed (its blocks stay cached) and its ticket released.
 func (r *runner) warmDone(k int32) {
 	wj := &r.warms[k]
 	eng := wj.eng
+	m := r.engines[eng].model
+	r.audit.warmEnded(r.now, wj.start+int64(len(wj.toks)-wj.cached)*int64(m.PrefillPerToken)+int64(m.DecodePerToken))
 	r.engines[eng].finish(wj.pool, wj.seq, nil)
 	r.flushKV(eng)
 	r.sim.ReleaseWarm(wj.w, router.OutcomeSuccess)
-	*wj = warmJob{}
+	wj.w, wj.toks, wj.seq, wj.pool = nil, nil, nil, nil
 	r.warmLive--
 	r.drain(eng)
 }
