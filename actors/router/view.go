@@ -2,6 +2,7 @@ package router
 
 import (
 	"cmp"
+	"math"
 	"slices"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -219,7 +220,7 @@ func (v *workerView) choose(ch choice, out *Picked, fx effects) bool {
 	out.Ticket = v.reserve(s, ch.requester, fx)
 	v.decisions[reason].Inc()
 	if v.pidx != nil && len(ch.hashes) > 0 {
-		v.pidx.Record(s.info.ID, ch.hashes) // its engine will hold this prompt's KV now
+		v.pidx.RecordWithin(s.info.ID, kvChunks(s.info), ch.hashes) // its engine will hold this prompt's KV now
 	}
 	if v.warmMin > 0 && reason == policy.ReasonPrefix && !ch.disagg {
 		v.warm(ch, s, out, fx)
@@ -227,6 +228,16 @@ func (v *workerView) choose(ch choice, out *Picked, fx effects) bool {
 	out.Worker, out.WorkerID, out.HTTPAddress = s.pid, s.info.ID, s.info.HTTPAddress
 	out.GRPCAddress, out.KVAddress, out.Reason = s.info.GRPCAddress, s.info.KVAddress, reason
 	return true
+}
+
+// chunkTokens is about how many tokens a 64-byte prompt chunk makes (4 bytes a token).
+const chunkTokens = prefixindex.ChunkBytes / 4
+
+// kvChunks is how many prompt chunks worker info's KV cache can hold (0: unknown): the
+// approximate index believes a worker holds no more than that, so it forgets what the engine
+// must have evicted instead of sending prompts to a worker that no longer holds them.
+func kvChunks(info WorkerInfo) int {
+	return int(min(info.KVCapacityTokens()/chunkTokens, math.MaxInt32))
 }
 
 // servable reports whether a pick of key could find a worker now (a disaggregated one also

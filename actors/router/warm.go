@@ -82,7 +82,7 @@ func (v *workerView) warm(ch choice, s *slot, out *Picked, fx effects) {
 		WorkerID: t.info.ID, HTTPAddress: t.info.HTTPAddress, GRPCAddress: t.info.GRPCAddress},
 		Bytes: chunks * prefixindex.ChunkBytes}
 	if v.pidx != nil {
-		v.pidx.Record(t.info.ID, ch.hashes[:chunks]) // its engine will hold this prefix now
+		v.pidx.RecordWithin(t.info.ID, kvChunks(t.info), ch.hashes[:chunks]) // its engine will hold this prefix now
 	}
 	v.warmups.Inc()
 }

@@ -2,6 +2,7 @@ package router
 
 import (
 	"fmt"
+	"math"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -258,6 +259,42 @@ func TestWarmSlack(t *testing.T) {
 	for b, want := range map[int]int{0: 0, -5: 0, 1: 1, 64: 1, 65: 2, 12288: 192} {
 		if got := warmMinChunks(b); got != want {
 			t.Errorf("warmMinChunks(%d) = %d, want %d", b, got, want)
+		}
+	}
+}
+
+// TestPrefixIndexFollowsKV: the approximate index remembers no more of a worker's prompts
+// than its KV cache can hold (KV blocks × block size, about 16 tokens a chunk), and the
+// config's bound for a worker that does not report its KV.
+func TestPrefixIndexFollowsKV(t *testing.T) {
+	s, err := NewSim(Config{Policy: config.PolicyPrefixAware, LoadFactor: 1.25, PrefixIndexBlocks: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.SetWorker(WorkerInfo{ID: "w0", Model: "m", KVTotalBlocks: 4, BlockSize: 16}) // 64 tokens: 4 chunks
+	s.SetWorker(WorkerInfo{ID: "w1", Model: "m"})
+	for i := range 4 {
+		p := s.holdPick(t, longPrompt(fmt.Sprintf("prompt %d ", i), 20))
+		defer s.Release(p, OutcomeSuccess)
+	}
+	if got := s.st.view.pidx.Len("w0"); got != 4 {
+		t.Fatalf("w0's index holds %d chunks, want its KV's 4", got)
+	}
+	if got := s.st.view.pidx.Len("w1"); got != 40 {
+		t.Fatalf("w1's index holds %d chunks, want both its prompts' 40 (bound 64)", got)
+	}
+	for _, tc := range []struct {
+		info WorkerInfo
+		want int
+	}{
+		{WorkerInfo{}, 0},
+		{WorkerInfo{KVTotalBlocks: 2048, BlockSize: 16}, 2048},
+		{WorkerInfo{KVTotalBlocks: 2048}, 0},
+		{WorkerInfo{KVTotalBlocks: 1, BlockSize: 15}, 0},
+		{WorkerInfo{KVTotalBlocks: 1 << 40, BlockSize: 1 << 20}, math.MaxInt32},
+	} {
+		if got := kvChunks(tc.info); got != tc.want {
+			t.Errorf("kvChunks(%d blocks of %d) = %d, want %d", tc.info.KVTotalBlocks, tc.info.BlockSize, got, tc.want)
 		}
 	}
 }

@@ -35,6 +35,9 @@ func checkHolders(t interface{ Fatalf(string, ...any) }, x *Index) {
 		if len(w.links) != len(w.nodes) || cap(w.links) != cap(w.nodes) {
 			t.Fatalf("worker %s: %d links (cap %d) for %d nodes (cap %d)", id, len(w.links), cap(w.links), len(w.nodes), cap(w.nodes))
 		}
+		if len(w.nodes) > w.limit || w.limit < 1 || w.limit > x.limit {
+			t.Fatalf("worker %s: %d nodes under its bound %d (the index's %d)", id, len(w.nodes), w.limit, x.limit)
+		}
 		for _, nd := range w.nodes {
 			want[nd.hash] = append(want[nd.hash], id)
 			entries++

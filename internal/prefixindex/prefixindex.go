@@ -101,28 +101,64 @@ func (x *Index) BlocksPerWorker() int { return x.limit }
 // worker's most recently used entry, the first chunk most recent of all, and the least
 // recently used entries beyond the bound are forgotten. A prompt longer than the bound keeps
 // only its first blocksPerWorker chunks.
-func (x *Index) Record(worker string, hashes []uint64) {
+func (x *Index) Record(worker string, hashes []uint64) { x.RecordWithin(worker, 0, hashes) }
+
+// RecordWithin is Record with worker's bound lowered to limit chunks (limit < 1 or above
+// BlocksPerWorker: BlocksPerWorker), for a worker known to hold less: the gateway passes what
+// the worker's KV cache can hold, so the index does not believe it holds prompts its engine
+// must have evicted. A worker that holds more than a new, lower bound keeps its most recently
+// used entries.
+func (x *Index) RecordWithin(worker string, limit int, hashes []uint64) {
 	if len(hashes) == 0 {
 		return
 	}
-	w := x.workers[worker]
-	if w == nil {
-		w = newLRU(x.seed)
-		w.id = worker
-		if k := len(x.free); k > 0 {
-			w.num = x.free[k-1]
-			x.free = x.free[:k-1]
-		} else {
-			w.num = int32(len(x.byNum))
-			x.byNum = append(x.byNum, nil)
-		}
-		x.byNum[w.num] = w
-		x.workers[worker] = w
+	if limit < 1 || limit > x.limit {
+		limit = x.limit
 	}
-	hashes = hashes[:min(len(hashes), x.limit)]
+	w := x.workers[worker]
+	switch {
+	case w == nil:
+		w = x.add(worker)
+	case w.len() > limit:
+		w = x.shrink(w, limit)
+	}
+	w.limit = limit
+	hashes = hashes[:min(len(hashes), limit)]
 	for i := len(hashes) - 1; i >= 0; i-- {
 		x.touch(w, hashes[i])
 	}
+}
+
+// add starts worker's entry.
+func (x *Index) add(worker string) *lru {
+	w := newLRU(x.seed)
+	w.id = worker
+	if k := len(x.free); k > 0 {
+		w.num = x.free[k-1]
+		x.free = x.free[:k-1]
+	} else {
+		w.num = int32(len(x.byNum))
+		x.byNum = append(x.byNum, nil)
+	}
+	x.byNum[w.num] = w
+	x.workers[worker] = w
+	w.limit = x.limit
+	return w
+}
+
+// shrink keeps only w's limit most recently used entries, in their order: it forgets w and
+// records them again (rare: only when a worker's bound falls below what it holds).
+func (x *Index) shrink(w *lru, limit int) *lru {
+	keep := make([]uint64, 0, limit)
+	for n := w.head; n != nilNode && len(keep) < limit; n = w.nodes[n].next {
+		keep = append(keep, w.nodes[n].hash)
+	}
+	x.Forget(w.id)
+	nw := x.add(w.id)
+	for i := len(keep) - 1; i >= 0; i-- {
+		x.touch(nw, keep[i])
+	}
+	return nw
 }
 
 // Match returns how many leading chunks of hashes worker holds: its matched prefix length in
@@ -270,6 +306,7 @@ type lru struct {
 	tail  int32
 	id    string // the worker's
 	num   int32  // the worker's number in the index (≥ 1), which holder lists link by
+	limit int    // its bound (RecordWithin), at most the index's
 }
 
 type node struct {
@@ -383,7 +420,7 @@ func (x *Index) touch(w *lru, h uint64) {
 		}
 		return
 	}
-	limit := x.limit
+	limit := w.limit
 	var n int32
 	if len(w.nodes) < limit {
 		if len(w.nodes) == cap(w.nodes) {

@@ -257,6 +257,32 @@ func checkLRU(t interface{ Fatalf(string, ...any) }, w *lru) {
 	}
 }
 
+// TestRecordWithinShrinks: a worker whose bound falls below what it holds keeps its most
+// recently used entries in their order, so the next eviction takes the least recent of them.
+func TestRecordWithinShrinks(t *testing.T) {
+	x := New(8)
+	for _, h := range []uint64{1, 2, 3, 4} {
+		x.Record("w", []uint64{h}) // 4 most recent, then 3, 2, 1
+	}
+	x.RecordWithin("w", 2, []uint64{5}) // keeps 4 and 3, then 5 evicts 3
+	for h, want := range map[uint64]bool{1: false, 2: false, 3: false, 4: true, 5: true} {
+		if x.Holds("w", h) != want {
+			t.Errorf("holds %d: %v, want %v", h, !want, want)
+		}
+	}
+	if x.Len("w") != 2 {
+		t.Fatalf("Len = %d, want 2", x.Len("w"))
+	}
+	checkHolders(t, x)
+	// The bound is the worker's own: another worker keeps the index's.
+	for h := range uint64(10) {
+		x.Record("v", []uint64{100 + h})
+	}
+	if x.Len("v") != 8 || x.Len("w") != 2 {
+		t.Fatalf("Len(v) = %d, Len(w) = %d; want 8, 2", x.Len("v"), x.Len("w"))
+	}
+}
+
 // model is the index by definition: per worker a recency list (most recent first), Match a
 // linear count of leading hashes held, Best a scan with ties to the smallest id.
 type model struct {
@@ -264,13 +290,24 @@ type model struct {
 	lists map[string][]uint64
 }
 
-func (m *model) record(w string, hs []uint64) {
+func (m *model) record(w string, hs []uint64) { m.recordWithin(w, 0, hs) }
+
+// recordWithin is record with w's bound lowered to limit (RecordWithin): its list first keeps
+// its limit most recent hashes.
+func (m *model) recordWithin(w string, limit int, hs []uint64) {
+	if len(hs) == 0 {
+		return
+	}
+	if limit < 1 || limit > m.limit {
+		limit = m.limit
+	}
 	l := m.lists[w]
+	l = l[:min(len(l), limit)]
 	for i := len(hs) - 1; i >= 0; i-- {
 		l = slices.DeleteFunc(l, func(h uint64) bool { return h == hs[i] })
 		l = slices.Insert(l, 0, hs[i])
-		if len(l) > m.limit {
-			l = l[:m.limit]
+		if len(l) > limit {
+			l = l[:limit]
 		}
 	}
 	m.lists[w] = l
@@ -297,10 +334,16 @@ func TestMatchesDefinition(t *testing.T) {
 			case 0:
 				x.Forget(w)
 				delete(ref.lists, w)
-			case 1, 2, 3, 4:
+			case 1, 2, 3:
 				hs := gen(t)
 				x.Record(w, hs)
 				ref.record(w, hs)
+			case 4:
+				// A worker's own bound, as the gateway passes what its KV holds: it may fall
+				// below what the worker holds, or be out of range (the index's bound).
+				hs, lim := gen(t), rapid.IntRange(-1, limit+2).Draw(t, "within")
+				x.RecordWithin(w, lim, hs)
+				ref.recordWithin(w, lim, hs)
 			default:
 				hs := gen(t)
 				if got, want := x.Match(w, hs), ref.match(w, hs); got != want {
@@ -323,7 +366,11 @@ func TestMatchesDefinition(t *testing.T) {
 				if x.Len(id) != len(ref.lists[id]) {
 					t.Fatalf("Len(%s) = %d, want %d", id, x.Len(id), len(ref.lists[id]))
 				}
+				if hs := ref.lists[id]; len(hs) > 0 && x.Match(id, hs[:1]) != 1 {
+					t.Fatalf("%s lost its most recent hash", id)
+				}
 			}
+			checkHolders(t, x)
 		}
 	})
 }
