@@ -7,13 +7,13 @@ import (
 
 // WarmupBody builds a prefix warm-up (actors/router/warm.go) from body, a request of kind that
 // Parse accepted: a one-token, non-streamed request of the same kind for model whose rendered
-// prompt (RenderPrompt) is the first n bytes or fewer of body's. A completions prompt is cut at
-// n bytes; a chat keeps its leading messages whole while they fit and cuts the content of the
-// first that does not (its render then ends in that message's newline, one byte the original
-// does not have there). Cuts fall on whole UTF-8 characters, so the render may end up to 3 bytes
-// short. ok is false when there is nothing worth sending: a prompt that is not text (token ids,
-// an array of prompts; a chat message whose content is not a string ends the copy before it), or
-// nothing that fits in n.
+// prompt (RenderPrompt) agrees with body's on its first n bytes or fewer, so that its chunk ids
+// are body's. A completions prompt is cut at n bytes; a chat keeps its leading messages whole
+// while they fit and cuts the content of the first that does not at n (its render then has
+// that message's newline after the n bytes). Cuts fall on whole UTF-8 characters, so the
+// agreement may end up to 3 bytes short of n. ok is false when there is nothing worth
+// sending: a prompt that is not text (token ids, an array of prompts; a chat message whose
+// content is not a string ends the copy before it), or nothing that fits in n.
 //
 // The warm-up is sent with the engine's own kind, so an engine that renders a chat through its
 // template puts the copied messages through the same template and caches the same tokens as the
@@ -23,7 +23,7 @@ func WarmupBody(kind Kind, body []byte, n int, model string) (out []byte, ok boo
 	case Completions:
 		raw, found := Field(body, "prompt")
 		var prompt string
-		if !found || len(raw) == 0 || raw[0] != '"' || json.Unmarshal(raw, &prompt) != nil {
+		if !found || json.Unmarshal(raw, &prompt) != nil { // token ids and arrays do not decode
 			return nil, false
 		}
 		prompt = cutText(prompt, n)
@@ -46,12 +46,12 @@ func WarmupBody(kind Kind, body []byte, n int, model string) (out []byte, ok boo
 				break
 			}
 			head := len(role) + 1
-			if at+head+len(content)+1 <= n {
+			if at+head+len(content) <= n {
 				keep = append(keep, warmMessage{Role: role, Content: content})
 				at += head + len(content) + 1
 				continue
 			}
-			if content = cutText(content, n-at-head-1); content != "" {
+			if content = cutText(content, n-at-head); content != "" {
 				keep = append(keep, warmMessage{Role: role, Content: content})
 			}
 			break

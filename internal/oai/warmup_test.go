@@ -11,9 +11,9 @@ import (
 )
 
 // checkWarmup checks WarmupBody's contract on body: a warm-up is a valid request of the same
-// kind for model, asking one token, not streamed, whose render is a prefix of the original's
-// within n bytes (a chat's last kept message may end in its own newline where the original
-// goes on) and no more than 3 bytes short of n unless the whole prompt fit.
+// kind for model, asking one token, not streamed, whose render agrees with the original's on
+// its first n bytes or fewer (a chat's cut message adds its newline after them), a completion's
+// no more than 3 bytes short of n unless the whole prompt fit.
 func checkWarmup(t *testing.T, kind oai.Kind, body []byte, n int) (warm []byte, ok bool) {
 	t.Helper()
 	warm, ok = oai.WarmupBody(kind, body, n, "served")
@@ -35,15 +35,20 @@ func checkWarmup(t *testing.T, kind oai.Kind, body []byte, n int) (warm []byte, 
 	if !utf8.Valid(orig) {
 		return warm, true // the JSON decoder replaced what the render kept: no byte promise
 	}
-	cmp := got
+	agreed := got
 	if kind == oai.Chat && !bytes.HasPrefix(orig, got) {
-		cmp = got[:len(got)-1] // the cut message's own newline
+		agreed = got[:len(got)-1] // the cut message's own newline
 	}
-	if len(got) > n || !bytes.HasPrefix(orig, cmp) {
-		t.Fatalf("warm-up render %q (%d bytes) is not a prefix of %q within %d bytes", got, len(got), orig, n)
+	longest := n
+	if kind == oai.Chat {
+		longest++
 	}
-	if len(orig) > n && len(got) < n-3 && kind == oai.Completions {
-		t.Fatalf("warm-up render is %d bytes of %d asked", len(got), n)
+	if len(got) > longest || !bytes.HasPrefix(orig, agreed) {
+		t.Fatalf("warm-up render %q (%d bytes) does not agree with %q on its first %d bytes", got, len(got), orig, n)
+	}
+	// A chat may also stop short by the next message's "role\n", which is not cut.
+	if len(orig) > n && len(agreed) < n-3 && kind == oai.Completions {
+		t.Fatalf("warm-up render agrees on %d bytes of %d asked", len(agreed), n)
 	}
 	return warm, true
 }
@@ -81,14 +86,29 @@ func TestWarmupBodyChat(t *testing.T) {
 		29:  `[{"role":"system","content":"0123456789"},{"role":"user","content":"hello"}]`,
 		100: `[{"role":"system","content":"0123456789"},{"role":"user","content":"hello"}]`,
 		18:  `[{"role":"system","content":"0123456789"}]`,
-		27:  `[{"role":"system","content":"0123456789"},{"role":"user","content":"hel"}]`,
-		12:  `[{"role":"system","content":"0123"}]`,
+		27:  `[{"role":"system","content":"0123456789"},{"role":"user","content":"hell"}]`,
+		12:  `[{"role":"system","content":"01234"}]`,
+		17:  `[{"role":"system","content":"0123456789"}]`,
+		22:  `[{"role":"system","content":"0123456789"}]`, // "user\n" would end at 23: not cut
 	} {
 		warm, ok := checkWarmup(t, oai.Chat, body, n)
 		if !ok {
 			t.Fatalf("n = %d: no warm-up", n)
 		}
 		if got, _ := oai.Field(warm, "messages"); string(got) != want {
+			t.Errorf("n = %d: messages %s, want %s", n, got, want)
+		}
+	}
+	// Three messages: the second whole when only its newline is past n, the third cut.
+	three := []byte(`{"model":"m","messages":[{"role":"system","content":"0123456789"},` +
+		`{"role":"user","content":"hello"},{"role":"assistant","content":"abc"}]}`)
+	// render: "system\n0123456789\n" (18), "user\nhello\n" (11), "assistant\nabc\n" (14).
+	for n, want := range map[int]string{
+		28: `[{"role":"system","content":"0123456789"},{"role":"user","content":"hello"}]`,
+		41: `[{"role":"system","content":"0123456789"},{"role":"user","content":"hello"},{"role":"assistant","content":"ab"}]`,
+	} {
+		warm, ok := checkWarmup(t, oai.Chat, three, n)
+		if got, _ := oai.Field(warm, "messages"); !ok || string(got) != want {
 			t.Errorf("n = %d: messages %s, want %s", n, got, want)
 		}
 	}

@@ -615,3 +615,45 @@ func TestKVEventsDisaggregated(t *testing.T) {
 	}
 	wp.expect(kvv1.KvEvent_STORED, want)
 }
+
+// TestWarmupBodyWarmsItsRequest: a gateway's prefix warm-up (oai.WarmupBody: the request's
+// leading messages cut to the prefix a holder matched, one token) fills the engine's cache
+// with the blocks the request itself needs: the engine reports the request's own chunk ids for
+// all but the last two chunks of the warmed prefix (the block the warm-up ends in, as the
+// router's warm-up slack allows), and the request that follows finds them cached.
+func TestWarmupBodyWarmsItsRequest(t *testing.T) {
+	noLeaks(t)
+	e := start(t, Config{})
+	w := watchKV(t, e)
+	w.expect(kvv1.KvEvent_CLEARED, nil)
+	sys := strings.Repeat(story, 3)
+	chat := `{"model":"smol","max_tokens":1,"seed":1,"messages":[` +
+		`{"role":"system","content":"` + strings.ReplaceAll(sys, `"`, `\"`) + `"},` +
+		`{"role":"user","content":"Which street, and when?"}]}`
+	all := prefixindex.Hashes(nil, oai.RenderPrompt(oai.Chat, []byte(chat), 1<<20))
+	// The chunks that lie within the system message: what another request under the same
+	// system prompt matched on its holder.
+	matched := len(oai.RenderPrompt(oai.Chat, []byte(`{"model":"m","messages":[{"role":"system","content":"`+
+		strings.ReplaceAll(sys, `"`, `\"`)+`"}]}`), 1<<20)) / prefixindex.ChunkBytes
+	warm, ok := oai.WarmupBody(oai.Chat, []byte(chat), matched*prefixindex.ChunkBytes, "smol")
+	if !ok || matched < 8 {
+		t.Fatalf("test premise: a warm-up of %d chunks (%v)", matched, ok)
+	}
+	if resp, b := post(t, e, "/v1/chat/completions", string(warm)); resp.StatusCode != 200 {
+		t.Fatalf("the warm-up: %d %s", resp.StatusCode, b)
+	}
+	ev := w.next()
+	got := ev.GetBlockIds()
+	if ev.GetKind() != kvv1.KvEvent_STORED || len(got) < matched-2 || len(got) > matched || !slices.Equal(got, all[:len(got)]) {
+		t.Fatalf("the warm-up stored %v %x, want the request's first %d or more of %x", ev.GetKind(), got, matched-2, all[:matched])
+	}
+	before := e.sched.status().kv.HitTokens
+	if resp, b := post(t, e, "/v1/chat/completions", chat); resp.StatusCode != 200 {
+		t.Fatalf("the request: %d %s", resp.StatusCode, b)
+	}
+	// Each chunk is 64 bytes of text, at least 16 tokens of at most 4 bytes: the request finds
+	// at least the blocks under the chunks the warm-up stored (whole blocks of 16).
+	if hit := e.sched.status().kv.HitTokens - before; hit < uint64(16*(len(got)-1)) {
+		t.Fatalf("the request found %d tokens cached after a warm-up of %d chunks", hit, len(got))
+	}
+}
