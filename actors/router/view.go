@@ -222,7 +222,7 @@ func (v *workerView) choose(ch choice, out *Picked, fx effects) bool {
 	if v.pidx != nil && len(ch.hashes) > 0 {
 		v.pidx.RecordWithin(s.info.ID, kvChunks(s.info), ch.hashes) // its engine will hold this prompt's KV now
 	}
-	if v.warmMin > 0 && reason == policy.ReasonPrefix && !ch.disagg {
+	if v.warmMin > 0 && (reason == policy.ReasonPrefix || reason == policy.ReasonPredicted) && !ch.disagg {
 		v.warm(ch, s, out, fx)
 	}
 	out.Worker, out.WorkerID, out.HTTPAddress = s.pid, s.info.ID, s.info.HTTPAddress

@@ -46,7 +46,7 @@ func TestAdmissionWithObjectives(t *testing.T) {
 	const workers, requests = 30, 4000
 	run := func(admission bool) *Report {
 		t.Helper()
-		rep, err := Run(Options{Trace: TraceSharedPrefix, Workers: workers, Requests: requests, Load: 1.2, Seed: 1,
+		rep, err := Run(Options{Trace: TraceSharedPrefix, Workers: workers, Requests: requests, Load: 1.3, Seed: 1,
 			Heterogeneous: true, SLOTTFT: 200 * time.Millisecond, Policies: []string{"prefix_aware", "predicted_latency"},
 			Admission: admission})
 		if err != nil {

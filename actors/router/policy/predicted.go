@@ -119,8 +119,12 @@ type PredictedLatency struct {
 	hashes []uint64
 	slo    float64
 	last   ttftmodel.X
-	meets  bool // the last pick met its objective
-	idle   bool // … or some member would at no load
+	// The last pick's prefix, for Warm, and the index it was read from.
+	warm     lastPrefix
+	warmHeld *HeldIndex
+	warmIdx  *prefixindex.Index
+	meets    bool // the last pick met its objective
+	idle     bool // … or some member would at no load
 }
 
 // latRow is what the pick reads of one member, side by side with the others.
@@ -231,6 +235,7 @@ func (p *PredictedLatency) Pick(_ uint64, exclude []string) (*Member, Reason) {
 	idx, hashes, slo, held := p.idx, p.hashes, p.slo, p.held
 	p.idx, p.hashes, p.slo, p.held = nil, nil, 0, nil
 	p.meets, p.idle = false, false
+	p.warm, p.warmHeld, p.warmIdx = lastPrefix{}, nil, nil
 	if len(p.rows) == 0 {
 		return nil, ReasonPredicted
 	}
@@ -299,9 +304,57 @@ func (p *PredictedLatency) Pick(_ uint64, exclude []string) (*Member, Reason) {
 	k := fullK
 	if bestMatched > 0 {
 		k = heldK
+		p.warm, p.warmHeld = lastPrefix{m: b.m, depth: bestMatched, hashes: hashes}, held
+		if held == nil {
+			p.warmIdx = idx
+		}
 	}
 	p.last = ttftmodel.X{1, float64(b.load), k}
 	return b.m, ReasonPredicted
+}
+
+// Warm implements Warmer, over the index the last pick read.
+func (p *PredictedLatency) Warm(minChunks, slack int, exclude []string) (*Member, int, uint64) {
+	last, held, idx := p.warm, p.warmHeld, p.warmIdx
+	p.warm, p.warmHeld, p.warmIdx = lastPrefix{}, nil, nil
+	id, ok := last.warmDepth(minChunks, slack)
+	if !ok || !p.contains(last.m) {
+		return nil, 0, 0
+	}
+	limit := p.Cap()
+	if last.m.load < limit {
+		return nil, 0, 0 // a holder under the cap: the walk below would find it
+	}
+	under := func(m *Member) bool { return m != nil && p.contains(m) && m.load < limit }
+	var holds func(*Member) bool
+	if held != nil {
+		hs := held.Holders(id)
+		if len(hs) > wideHolders || slices.ContainsFunc(hs, under) {
+			return nil, 0, 0
+		}
+		holds = func(m *Member) bool { return held.Holds(m, id) }
+	} else {
+		hs, n := idx.Holders(id), 0
+		for w, ok := hs.Next(); ok; w, ok = hs.Next() {
+			if n++; n > wideHolders || under(p.byID[w]) {
+				return nil, 0, 0
+			}
+		}
+		holds = func(m *Member) bool { return idx.Holds(m.ID, id) }
+	}
+	// The least loaded member not excluded, the smallest id among equals (the rows are in id
+	// order).
+	var t *latRow
+	for i := range p.rows {
+		r := &p.rows[i]
+		if (t == nil || r.load < t.load) && !(len(exclude) > 0 && excluded(r.m.ID, exclude)) {
+			t = r
+		}
+	}
+	if t == nil || t.load+1 >= limit || holds(t.m) { // (never the picked member: it is at the cap)
+		return nil, 0, 0
+	}
+	return t.m, last.depth, id
 }
 
 // rank packs a candidate's place in the pick's order into one number, the least first:

@@ -1,8 +1,9 @@
 package policy
 
-// Warmer is implemented by the prefix policies (prefix_aware, precise_prefix): after a pick
-// made for a prompt prefix (reason prefix) has been counted in its member's load, Warm says
-// whether the prefix should be copied to one more worker ahead of demand, and where.
+// Warmer is implemented by the policies that route by a prompt's cached prefix
+// (prefix_aware, precise_prefix, predicted_latency): after a pick that went to a member for the
+// prefix it holds has been counted in the member's load, Warm says whether the prefix should
+// be copied to one more worker ahead of demand, and where.
 //
 // Why: a prompt prefix held by one worker stays there while that worker is under the
 // bounded-load cap; once every holder is at the cap, the next request for it spills to a
@@ -31,6 +32,7 @@ type Warmer interface {
 var (
 	_ Warmer = (*PrefixAware)(nil)
 	_ Warmer = (*PrecisePrefix)(nil)
+	_ Warmer = (*PredictedLatency)(nil)
 )
 
 // lastPrefix is what a prefix pick leaves for Warm: the member picked, the depth it matched
@@ -43,18 +45,20 @@ type lastPrefix struct {
 
 // warmDepth is the depth a copy of last's prefix is counted to hold, and its chunk hash; ok
 // false when the pick matched fewer than minChunks.
+// (slack ≥ 0; the depth is never more than the hashes.)
 func (last lastPrefix) warmDepth(minChunks, slack int) (id uint64, ok bool) {
-	if last.m == nil || last.depth < max(minChunks, 1) || last.depth > len(last.hashes) {
+	if last.m == nil || last.depth < max(minChunks, 1) {
 		return 0, false
 	}
-	return last.hashes[max(last.depth-max(slack, 0), 1)-1], true
+	return last.hashes[max(last.depth-slack, 1)-1], true
 }
 
 // warmTarget is Warm's last step, shared by both prefix policies: the least loaded member not
-// excluded, when it has room for the warm-up and a request and does not hold the prefix.
+// excluded, when it has room for the warm-up and a request and does not hold the prefix. (It
+// is never the picked member, which is at the cap.)
 func (b *loadHeap) warmTarget(limit int64, exclude []string, last lastPrefix, id uint64, holds func(*Member) bool) (*Member, int, uint64) {
 	t := b.h.best(exclude)
-	if t == nil || t == last.m || t.load+1 >= limit || holds(t) {
+	if t == nil || t.load+1 >= limit || holds(t) {
 		return nil, 0, 0
 	}
 	return t, last.depth, id
@@ -70,7 +74,7 @@ func (p *PrefixAware) Warm(minChunks, slack int, exclude []string) (*Member, int
 	}
 	limit := p.Cap()
 	if last.m.load < limit {
-		return nil, 0, 0
+		return nil, 0, 0 // a holder under the cap: the walk below would find it
 	}
 	hs, n := x.Holders(id), 0
 	for id, ok := hs.Next(); ok; id, ok = hs.Next() {
@@ -91,7 +95,7 @@ func (p *PrecisePrefix) Warm(minChunks, slack int, exclude []string) (*Member, i
 	}
 	limit := p.Cap()
 	if last.m.load < limit {
-		return nil, 0, 0
+		return nil, 0, 0 // a holder under the cap: the walk below would find it
 	}
 	hs := x.Holders(id)
 	if len(hs) > wideHolders {

@@ -36,11 +36,48 @@ type warmApprox struct {
 func (w warmApprox) hold(m *Member, hashes []uint64) { w.x.Record(m.ID, hashes) }
 func (w warmApprox) install(hashes []uint64)         { w.SetPrefix(w.x, hashes) }
 
+// predicted_latency with the exact index, and with the approximate one; with no objective
+// and no observations it ranks the holders of the deepest cached chunk first, then by load.
+type warmPredictedHeld struct {
+	*PredictedLatency
+	x *HeldIndex
+}
+
+func (w warmPredictedHeld) hold(m *Member, hashes []uint64) { w.x.Store(m, hashes) }
+func (w warmPredictedHeld) install(hashes []uint64)         { w.SetHeld(w.x, hashes) }
+
+type warmPredictedApprox struct {
+	*PredictedLatency
+	x *prefixindex.Index
+}
+
+func (w warmPredictedApprox) hold(m *Member, hashes []uint64) { w.x.Record(m.ID, hashes) }
+func (w warmPredictedApprox) install(hashes []uint64)         { w.SetLatencyRequest(w.x, hashes, 0) }
+
 func warmPolicies() map[string]func() warmPolicy {
 	return map[string]func() warmPolicy{
 		"precise_prefix": func() warmPolicy { return warmPrecise{NewPrecisePrefix(1.25), kvindex.New[*Member](0)} },
 		"prefix_aware":   func() warmPolicy { return warmApprox{NewPrefixAware(1.25), prefixindex.New(1 << 10)} },
+		"predicted_latency/held": func() warmPolicy {
+			return warmPredictedHeld{NewPredictedLatency(1.25), kvindex.New[*Member](0)}
+		},
+		"predicted_latency/approx": func() warmPolicy {
+			return warmPredictedApprox{NewPredictedLatency(1.25), prefixindex.New(1 << 10)}
+		},
 	}
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// prefixPick reports whether a pick went to its member for the prefix it holds: reason prefix,
+// or predicted_latency's reason for a member holding some of the prompt.
+func prefixPick(r Reason, depth int) bool {
+	return r == ReasonPrefix || (r == ReasonPredicted && depth > 0)
 }
 
 // pickCounted picks for hashes and counts the pick in the member's load, as the router does
@@ -94,7 +131,7 @@ func TestWarmWorkedExample(t *testing.T) {
 				if tc.also != nil {
 					tc.also(p, ms)
 				}
-				if m, r := pickCounted(p, hashes, nil); m != ms[0] || r != ReasonPrefix {
+				if m, r := pickCounted(p, hashes, nil); m != ms[0] || !prefixPick(r, 10) {
 					t.Fatalf("first pick %v (%v)", m.ID, r)
 				}
 				if got, _, _ := p.Warm(tc.minChunks, tc.slack, tc.exclude); got != nil {
@@ -119,6 +156,40 @@ func TestWarmWorkedExample(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestWarmWidelyHeld: a prefix more than wideHolders workers hold is not warmed, though all
+// its holders but the picked one are over the cap: 34 of 100 members hold the prompt, 33 of
+// them at load 20, m00 at 8 (the cap is 9 after its pick), the other 66 idle.
+func TestWarmWidelyHeld(t *testing.T) {
+	hashes := promptHashes(7, 8, 10, 10)
+	for name, mk := range warmPolicies() {
+		t.Run(name, func(t *testing.T) {
+			p := mk()
+			var ms []*Member
+			for i := range 100 {
+				m := &Member{ID: fmt.Sprintf("m%02d", i)}
+				load := int64(0)
+				switch {
+				case i == 0:
+					load = 8
+				case i < 34:
+					load = 20
+				}
+				p.Add(m, load, 1)
+				if i < 34 {
+					p.hold(m, hashes)
+				}
+				ms = append(ms, m)
+			}
+			if m, r := pickCounted(p, hashes, nil); m != ms[0] || !prefixPick(r, 10) || m.load != p.Cap() {
+				t.Fatalf("picked %v (%v) at %d, cap %d", m.ID, r, m.load, p.Cap())
+			}
+			if got, _, _ := p.Warm(1, 0, nil); got != nil {
+				t.Fatalf("a warm-up to %s of a prefix 34 workers hold", got.ID)
+			}
+		})
 	}
 }
 
@@ -154,11 +225,11 @@ func TestWarmForgetsEarlierPicks(t *testing.T) {
 			}
 			prime()
 			p.install(promptHashes(9, 9, 6, 6)) // held by nobody: least_load
-			if _, r := p.Pick(0, nil); r != ReasonLeastLoad {
+			if _, r := p.Pick(0, nil); prefixPick(r, 0) {
 				t.Fatalf("reason %v", r)
 			}
 			if got, _, _ := p.Warm(1, 0, nil); got != nil {
-				t.Fatalf("warm-up to %s after a least_load pick", got.ID)
+				t.Fatalf("warm-up to %s after a pick for no prefix", got.ID)
 			}
 			prime()
 			p.Remove(a)
@@ -173,75 +244,102 @@ func TestWarmForgetsEarlierPicks(t *testing.T) {
 // pool, some prefixes held by more than wideHolders workers), Warm after a counted pick
 // answers what policy.Warmer's comment defines.
 func TestWarmMatchesDefinition(t *testing.T) {
-	rapid.Check(t, func(t *rapid.T) {
-		name := rapid.SampledFrom([]string{"precise_prefix", "prefix_aware"}).Draw(t, "policy")
-		p := warmPolicies()[name]()
-		chunks := rapid.IntRange(1, 12).Draw(t, "chunks")
-		hashes := promptHashes(5, 6, chunks, chunks)
-		n := rapid.IntRange(1, 45).Draw(t, "members")
-		maxLoad := rapid.IntRange(0, 8).Draw(t, "maxLoad")
-		var ms, pool []*Member
-		depth := map[*Member]int{}
-		for i := range n + 2 { // the last two are not in the pool
-			m := &Member{ID: fmt.Sprintf("m%02d", i)}
-			if i < n {
-				p.Add(m, int64(rapid.IntRange(0, maxLoad).Draw(t, "load")), 1)
-				pool = append(pool, m)
+	for name, mk := range warmPolicies() {
+		t.Run(name, func(t *testing.T) {
+			// About one draw in eight asks for a warm-up: five rounds of rapid's hundred.
+			for range 5 {
+				rapid.Check(t, func(t *rapid.T) { checkWarmDefinition(t, mk()) })
 			}
-			if d := rapid.IntRange(0, chunks).Draw(t, "held"); d > 0 {
-				p.hold(m, hashes[:d])
-				depth[m] = d
-			}
-			ms = append(ms, m)
-		}
-		var exclude []string
-		if rapid.Bool().Draw(t, "exclude") {
-			exclude = []string{ms[rapid.IntRange(0, n-1).Draw(t, "excluded")].ID}
-		}
-		minChunks := rapid.IntRange(0, chunks+1).Draw(t, "minChunks")
-		slack := rapid.IntRange(0, 3).Draw(t, "slack")
-		picked, reason := pickCounted(p, hashes, exclude)
-		got, gotChunks, gotID := p.Warm(minChunks, slack, exclude)
+		})
+	}
+}
 
-		// The definition.
-		var want *Member
-		wantChunks, wantID := 0, uint64(0)
-		func() {
-			if reason != ReasonPrefix || depth[picked] < max(minChunks, 1) {
-				return
-			}
-			limit := p.Cap()
-			if picked.load < limit {
-				return
-			}
-			d := max(depth[picked]-slack, 1)
-			holders := 0
-			for _, m := range ms {
-				if depth[m] >= d {
-					holders++
-				}
-			}
-			if holders > wideHolders {
-				return
-			}
-			for _, m := range pool {
-				if depth[m] >= d && m.load < limit {
-					return
-				}
-			}
-			var t *Member
-			for _, m := range pool {
-				if !excluded(m.ID, exclude) && (t == nil || less(m, t)) {
-					t = m
-				}
-			}
-			if t == nil || t == picked || t.load+1 >= limit || depth[t] >= d {
-				return
-			}
-			want, wantChunks, wantID = t, depth[picked], hashes[d-1]
-		}()
-		if got != want || gotChunks != wantChunks || gotID != wantID {
-			t.Fatalf("Warm = %v, %d, %x; want %v, %d, %x", got, gotChunks, gotID, want, wantChunks, wantID)
+func checkWarmDefinition(t *rapid.T, p warmPolicy) {
+	chunks := rapid.IntRange(1, 12).Draw(t, "chunks")
+	hashes := promptHashes(5, 6, chunks, chunks)
+	n := rapid.IntRange(1, 45).Draw(t, "members")
+	maxLoad := rapid.IntRange(0, 8).Draw(t, "maxLoad")
+	var ms, pool []*Member
+	depth := map[*Member]int{}
+	for i := range n + 2 { // the last two are not in the pool
+		m := &Member{ID: fmt.Sprintf("m%02d", i)}
+		if i < n {
+			p.Add(m, int64(rapid.IntRange(0, maxLoad).Draw(t, "load")), 1)
+			pool = append(pool, m)
 		}
-	})
+		if d := rapid.IntRange(-2*chunks, chunks).Draw(t, "held"); d > 0 { // most hold nothing
+			p.hold(m, hashes[:d])
+			depth[m] = d
+		}
+		ms = append(ms, m)
+	}
+	if rapid.Bool().Draw(t, "tight") {
+		// Most draws above leave some holder under the cap; here the holders are brought
+		// to the cap or one below it (the pick then fills one), as warm-ups need.
+		room, full := rapid.IntRange(0, n-1).Draw(t, "room"), rapid.Bool().Draw(t, "full")
+		if depth[pool[room]] == 0 {
+			depth[pool[room]] = rapid.IntRange(1, chunks).Draw(t, "roomHeld")
+			p.hold(pool[room], hashes[:depth[pool[room]]])
+		}
+		for range 4 { // raising loads raises the cap: a few rounds reach it
+			limit := p.Cap()
+			for i, m := range pool {
+				if depth[m] > 0 {
+					p.SetLoad(m, max(limit-int64(b2i(i == room && !full)), 0))
+				}
+			}
+		}
+	}
+	var exclude []string
+	if rapid.Bool().Draw(t, "exclude") {
+		exclude = []string{ms[rapid.IntRange(0, n-1).Draw(t, "excluded")].ID}
+	}
+	minChunks := rapid.IntRange(0, 2).Draw(t, "minChunks")
+	if rapid.Bool().Draw(t, "long") {
+		minChunks = rapid.IntRange(0, chunks+1).Draw(t, "minChunks")
+	}
+	slack := rapid.IntRange(0, 3).Draw(t, "slack")
+	picked, reason := pickCounted(p, hashes, exclude)
+	got, gotChunks, gotID := p.Warm(minChunks, slack, exclude)
+
+	// The definition.
+	var want *Member
+	wantChunks, wantID := 0, uint64(0)
+	func() {
+		if picked == nil || !prefixPick(reason, depth[picked]) || depth[picked] < max(minChunks, 1) {
+			return
+		}
+		limit := p.Cap()
+		if picked.load < limit {
+			return
+		}
+		d := max(depth[picked]-slack, 1)
+		holders := 0
+		for _, m := range ms {
+			if depth[m] >= d {
+				holders++
+			}
+		}
+		if holders > wideHolders {
+			return
+		}
+		for _, m := range pool {
+			if depth[m] >= d && m.load < limit {
+				return
+			}
+		}
+		var t *Member
+		for _, m := range pool {
+			if !excluded(m.ID, exclude) && (t == nil || less(m, t)) {
+				t = m
+			}
+		}
+		if t == nil || t == picked || t.load+1 >= limit || depth[t] >= d {
+			return
+		}
+		want, wantChunks, wantID = t, depth[picked], hashes[d-1]
+	}()
+	if got != want || gotChunks != wantChunks || gotID != wantID {
+		t.Fatalf("Warm = %v, %d, %x; want %v, %d, %x", got, gotChunks, gotID, want, wantChunks, wantID)
+	}
 }
