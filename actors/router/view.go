@@ -126,9 +126,10 @@ type workerView struct {
 	ejections *prometheus.CounterVec
 	ejectSeq  uint64 // numbers ejections, so a stale end is ignored
 	// Prefix warm-ups (warm.go): the least matched chunks (0 = off) and the pending claims.
-	warmMin int
-	warming [maxWarmPending]warmClaim
-	warmups prometheus.Counter // tlgw_prefix_warmups_total
+	warmMin    int
+	warmCredit int // prefix picks towards warm-ups (warmPicks)
+	warming    [maxWarmPending]warmClaim
+	warmups    prometheus.Counter // tlgw_prefix_warmups_total
 }
 
 func newWorkerView(cfg Config, clk clock.Clock) *workerView {
@@ -141,8 +142,8 @@ func newWorkerView(cfg Config, clk clock.Clock) *workerView {
 		models:    make(map[string]int),
 		decisions: cfg.Metrics.decisionCounters(cfg.Policy),
 		gauges:    cfg.Metrics.workerGauges(),
-		warmMin:   warmMinChunks(cfg.WarmupMinBytes),
-		warmups:   cfg.Metrics.warmups,
+		warmMin:   warmMinChunks(cfg.WarmupMinBytes), warmCredit: warmBurst * warmPicks,
+		warmups: cfg.Metrics.warmups,
 	}
 	if cfg.PrefixIndexBlocks > 0 {
 		v.pidx = prefixindex.New(cfg.PrefixIndexBlocks)

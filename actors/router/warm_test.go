@@ -3,6 +3,7 @@ package router
 import (
 	"fmt"
 	"math"
+	"slices"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -296,5 +297,55 @@ func TestPrefixIndexFollowsKV(t *testing.T) {
 		if got := kvChunks(tc.info); got != tc.want {
 			t.Errorf("kvChunks(%d blocks of %d) = %d, want %d", tc.info.KVTotalBlocks, tc.info.BlockSize, got, tc.want)
 		}
+	}
+}
+
+// alwaysWarm is precise_prefix whose every pick asks for a warm-up of a new prefix, to w.
+type alwaysWarm struct {
+	*policy.PrecisePrefix
+	w  *policy.Member
+	id uint64
+}
+
+func (a *alwaysWarm) Warm(int, int, []string) (*policy.Member, int, uint64) {
+	a.id++
+	return a.w, 1, a.id
+}
+
+// TestWarmupBudget: warm-ups are at most one per warmPicks prefix picks after a first burst
+// of warmBurst, however many picks ask for one: over 100 such picks, the first 71 (the burst
+// of 64 and the credit their own picks add, the credit full before the first), then one each
+// time 10 picks have added up (the 81st and 91st).
+func TestWarmupBudget(t *testing.T) {
+	s, warmups := warmSim(t, config.PolicyPrecisePrefix)
+	h := longPrompt("a prompt on every worker ", 10)
+	for i := range 4 {
+		s.KVEvents(&KVEvents{WorkerID: fmt.Sprintf("w%d", i), Stored: h})
+	}
+	pl := s.st.view.pools[poolKey{model: "m", role: RoleUnified}]
+	pl.p = &alwaysWarm{PrecisePrefix: pl.p.(*policy.PrecisePrefix), w: &s.st.view.slots["w1"].member}
+	var at []int
+	for i := range 100 {
+		p := s.holdPick(t, h)
+		if p.Reason != policy.ReasonPrefix {
+			t.Fatalf("pick %d: reason %v", i, p.Reason)
+		}
+		if p.Warm != nil {
+			at = append(at, i+1)
+			s.ReleaseWarm(p.Warm, OutcomeNone)
+		}
+		s.Release(p, OutcomeSuccess)
+		s.Advance(warmPending) // its claim lapses: only the budget holds warm-ups back
+	}
+	var want []int
+	for i := range 71 {
+		want = append(want, i+1)
+	}
+	want = append(want, 81, 91)
+	if !slices.Equal(at, want) {
+		t.Fatalf("warm-ups at picks %v, want %v", at, want)
+	}
+	if got := testutil.ToFloat64(warmups); got != float64(len(want)) {
+		t.Fatalf("tlgw_prefix_warmups_total = %v", got)
 	}
 }
