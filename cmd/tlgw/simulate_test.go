@@ -151,7 +151,7 @@ func TestSimulateAdmission(t *testing.T) {
 	held := func(args ...string) int {
 		t.Helper()
 		rs := simulateJSON(t, append([]string{"--trace", "shared-prefix", "--workers", "30", "--requests", "4000",
-			"--load", "1.2", "--seed", "1", "--heterogeneous", "--slo-ttft-ms", "200", "--policies", "predicted_latency"}, args...)...)
+			"--load", "1.3", "--seed", "1", "--heterogeneous", "--slo-ttft-ms", "200", "--policies", "predicted_latency"}, args...)...)
 		if len(rs) != 1 {
 			t.Fatalf("%d results", len(rs))
 		}
