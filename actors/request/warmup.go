@@ -89,9 +89,13 @@ func (r *requestActor) warmup(c actor.Context, p *router.Picked) {
 	}
 	url := "http://" + w.HTTPAddress + r.x.Path
 	tr, timeout, root, m, count := r.d.Transport, r.requestTimeout(), c.ActorSystem().Root, r.d.Metrics, r.d.Warmups
+	clk := r.clock()
 	run := func() {
-		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		// Bounded by the request timeout on the injected clock, as the request's own I/O is.
+		ctx, cancel := context.WithCancel(context.Background())
+		timer := clk.AfterFunc(timeout, cancel)
 		result := sendWarmup(ctx, tr, url, body)
+		timer.Stop()
 		cancel()
 		// Counted before the Release: whoever sees the Release sees the count.
 		m.warmups[result].Inc()

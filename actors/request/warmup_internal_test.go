@@ -2,6 +2,7 @@ package request
 
 import (
 	"net/http"
+	"time"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -102,5 +103,42 @@ func TestWarmupFailedOrSkipped(t *testing.T) {
 				t.Fatalf("results %v, want one %s; %d running", got, warmResultNames[tc.result], m.d.Warmups.Running())
 			}
 		})
+	}
+}
+
+// TestWarmupTimesOut: a warm-up whose engine never answers is cut at the request timeout, on
+// the injected clock, counted as failed, and its ticket released.
+func TestWarmupTimesOut(t *testing.T) {
+	m := newMRig(t)
+	m.pool, m.warm, m.warmBytes = []string{"w1"}, "w2", 4
+	m.d.Warmups, m.d.RequestTimeout = NewWarmups(1), time.Minute
+	sent := make(chan struct{})
+	m.upstream = func(worker string, req *http.Request, _ string) (*http.Response, error) {
+		if worker == "w2" {
+			close(sent)
+			<-req.Context().Done() // an engine that never answers
+			return nil, req.Context().Err()
+		}
+		return reply(200, "application/json", okJSON), nil
+	}
+	if w := m.do(`{"model":"m","prompt":"hello world"}`); w.Code != 200 {
+		t.Fatalf("%d %s", w.Code, w.Body)
+	}
+	if got := m.expectReleases(1); len(got["w1"]) != 1 {
+		t.Fatalf("released %v", got)
+	}
+	<-sent
+	m.clk.Advance(time.Minute - time.Nanosecond)
+	select {
+	case r := <-m.releases:
+		t.Fatalf("released %v before the timeout", r)
+	default:
+	}
+	m.clk.Advance(time.Nanosecond)
+	if got := m.expectReleases(1); len(got["w2"]) != 1 || got["w2"][0] != router.OutcomeNone {
+		t.Fatalf("released %v, want w2's warm-up", got)
+	}
+	if got := warmResults(m.d.Metrics); got != [numWarmResults]float64{warmFailed: 1} {
+		t.Fatalf("results %v", got)
 	}
 }

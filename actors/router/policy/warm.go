@@ -53,6 +53,17 @@ func (last lastPrefix) warmDepth(minChunks, slack int) (id uint64, ok bool) {
 	return last.hashes[max(last.depth-slack, 1)-1], true
 }
 
+// warmFrom is Warm's first step, shared by both prefix policies: the depth's chunk hash and
+// the cap, when the last pick matched enough and left its member, still in the pool, at the
+// cap (a member under it is a holder under the cap: the holders' walk would find it).
+func (b *loadHeap) warmFrom(last lastPrefix, minChunks, slack int) (id uint64, limit int64, ok bool) {
+	if id, ok = last.warmDepth(minChunks, slack); !ok || !b.h.contains(last.m) {
+		return 0, 0, false
+	}
+	limit = b.Cap()
+	return id, limit, last.m.load >= limit
+}
+
 // warmTarget is Warm's last step, shared by both prefix policies: the least loaded member not
 // excluded, when it has room for the warm-up and a request and does not hold the prefix. (It
 // is never the picked member, which is at the cap.)
@@ -68,13 +79,9 @@ func (b *loadHeap) warmTarget(limit int64, exclude []string, last lastPrefix, id
 func (p *PrefixAware) Warm(minChunks, slack int, exclude []string) (*Member, int, uint64) {
 	last, x := p.last, p.lastIdx
 	p.last, p.lastIdx = lastPrefix{}, nil
-	id, ok := last.warmDepth(minChunks, slack)
-	if !ok || x == nil || !p.h.contains(last.m) {
+	id, limit, ok := p.warmFrom(last, minChunks, slack)
+	if !ok {
 		return nil, 0, 0
-	}
-	limit := p.Cap()
-	if last.m.load < limit {
-		return nil, 0, 0 // a holder under the cap: the walk below would find it
 	}
 	hs, n := x.Holders(id), 0
 	for id, ok := hs.Next(); ok; id, ok = hs.Next() {
@@ -89,13 +96,9 @@ func (p *PrefixAware) Warm(minChunks, slack int, exclude []string) (*Member, int
 func (p *PrecisePrefix) Warm(minChunks, slack int, exclude []string) (*Member, int, uint64) {
 	last, x := p.last, p.lastIdx
 	p.last, p.lastIdx = lastPrefix{}, nil
-	id, ok := last.warmDepth(minChunks, slack)
-	if !ok || x == nil || !p.h.contains(last.m) {
+	id, limit, ok := p.warmFrom(last, minChunks, slack)
+	if !ok {
 		return nil, 0, 0
-	}
-	limit := p.Cap()
-	if last.m.load < limit {
-		return nil, 0, 0 // a holder under the cap: the walk below would find it
 	}
 	hs := x.Holders(id)
 	if len(hs) > wideHolders {
