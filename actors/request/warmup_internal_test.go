@@ -2,8 +2,8 @@ package request
 
 import (
 	"net/http"
-	"time"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
