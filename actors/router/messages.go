@@ -263,10 +263,10 @@ type ObservedTTFT struct {
 // IgnoreDeadLetterLogging: the router may be stopping.
 func (*ObservedTTFT) IgnoreDeadLetterLogging() {}
 
-// Warmup is a prefix warm-up reserved by a pick (Picked.Warm): a one-token completion whose
-// prompt is the first Bytes bytes of the request's rendered prompt, sent to Worker. The
-// requester holds Ticket like any other and releases it when the warm-up has ended (or the
-// request has, whichever comes first).
+// Warmup is a prefix warm-up reserved by a pick (Picked.Warm): a one-token request whose
+// rendered prompt is the first Bytes bytes of the request's (oai.WarmupBody), sent to Worker.
+// Ticket is named on the requester like any other; the warm-up releases it when it has ended,
+// and the worker when the requester stops, whichever comes first.
 type Warmup struct {
 	PickedWorker
 	Bytes int

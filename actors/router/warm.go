@@ -12,19 +12,20 @@ import (
 // after that spills to a worker that holds nothing and pays the whole prefill, and for a long
 // shared prompt those spills are the tail of the time to first token. When a prefix pick
 // leaves every holder of the matched prefix at the cap, the router also reserves the least
-// loaded worker of the pool for a warm-up: the requester sends it a one-token completion of
-// the matched prefix, off the client's path, so that the next spill finds the prefix cached.
+// loaded worker of the pool for a warm-up: the requester sends it a one-token request of the
+// matched prefix (oai.WarmupBody: the request's own kind, its prompt or leading messages cut
+// at the prefix's end), off the client's path, so that the next spill finds the prefix cached.
 //
 // Warm-ups go only to pools whose every member reports kv_events: those engines key their
-// cache on the rendered prompt (R18.3), so a completion whose prompt is the rendered prefix
-// fills the same blocks a chat request's prompt would. A warm-up costs the target what the
-// spill would have (the prefix's prefill) and counts in its load like a request.
+// cache on the rendered prompt (R18.3), so a warm-up whose render agrees with the request's
+// fills the blocks the request's prompt needs. A warm-up costs the target what the spill would
+// have (the prefix's prefill) and counts in its load like a request.
 //
 // Bounds: at most one warm-up for every warmPicks prefix picks (after a first burst of
 // warmBurst); one warm-up per prefix (named by the chunk hash at the matched depth) until its
 // target holds the prefix or warmPending has passed, and at most maxWarmPending of them
-// pending; a pick that would go beyond any of these warms nothing. The table is a fixed array, so a
-// client who crafts colliding chunk hashes can at most delay another prefix's warm-up.
+// pending; a pick that would go beyond any of these warms nothing. The table is a fixed array,
+// so a client who crafts colliding chunk hashes can at most delay another prefix's warm-up.
 
 const (
 	// warmPicks and warmBurst bound warm-ups to a share of the picks made for a prefix: each
@@ -33,8 +34,8 @@ const (
 	// its target a prefill and evicts as much of its cache, so a workload whose prefixes each
 	// serve one request at a time (a conversation's history, an agent's context) must not turn
 	// every full holder into a copy: on the simulator's agentic trace, unbounded warm-ups were
-	// 35% of the requests and cost 14 points of hit rate; one per 10 picks, 11% and 4 points
-	// (docs/simulate.md).
+	// 35% of the requests and cost 14 points of hit rate; one per 10 picks, 11% and 5.5 points
+	// for a p99 9–11% lower (docs/simulate.md).
 	warmPicks = 10
 	warmBurst = 64
 	// maxWarmPending bounds the warm-ups the router waits to see held.
