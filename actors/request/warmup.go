@@ -28,7 +28,7 @@ import (
 
 // DefaultMaxWarmups is how many warm-ups the gateway runs at once: as many as the router keeps
 // pending.
-const DefaultMaxWarmups = 64
+const DefaultMaxWarmups = router.MaxWarmPending
 
 // maxWarmAnswer bounds what a warm-up reads of its answer (one token's worth is a few hundred
 // bytes); the rest is not read, and the connection is closed.

@@ -128,7 +128,7 @@ type workerView struct {
 	// Prefix warm-ups (warm.go): the least matched chunks (0 = off) and the pending claims.
 	warmMin    int
 	warmCredit int // prefix picks towards warm-ups (warmPicks)
-	warming    [maxWarmPending]warmClaim
+	warming    [MaxWarmPending]warmClaim
 	warmups    prometheus.Counter // tlgw_prefix_warmups_total
 }
 

@@ -23,7 +23,7 @@ import (
 //
 // Bounds: at most one warm-up for every warmPicks prefix picks (after a first burst of
 // warmBurst); one warm-up per prefix (named by the chunk hash at the matched depth) until its
-// target holds the prefix or warmPending has passed, and at most maxWarmPending of them
+// target holds the prefix or warmPending has passed, and at most MaxWarmPending of them
 // pending; a pick that would go beyond any of these warms nothing. The table is a fixed array,
 // so a client who crafts colliding chunk hashes can at most delay another prefix's warm-up.
 
@@ -38,8 +38,9 @@ const (
 	// for a p99 9–11% lower (docs/simulate.md).
 	warmPicks = 10
 	warmBurst = 64
-	// maxWarmPending bounds the warm-ups the router waits to see held.
-	maxWarmPending = 64
+	// MaxWarmPending bounds the warm-ups the router waits to see held; the gateway runs at most
+	// as many at once (request.DefaultMaxWarmups).
+	MaxWarmPending = 64
 	// warmPending is how long a warm-up's prefix stays claimed if its target never comes to
 	// hold it (the warm-up failed, or the engine evicted it at once).
 	warmPending = 10 * time.Second

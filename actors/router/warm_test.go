@@ -164,7 +164,7 @@ func TestWarmupClaims(t *testing.T) {
 	}
 }
 
-// TestWarmupClaimsBounded: at most maxWarmPending prefixes are claimed at once; a free claim
+// TestWarmupClaimsBounded: at most MaxWarmPending prefixes are claimed at once; a free claim
 // is reused once its target holds its prefix, in the index its pools read.
 func TestWarmupClaimsBounded(t *testing.T) {
 	for _, pol := range []string{config.PolicyPrecisePrefix, config.PolicyPrefixAware} {
@@ -187,23 +187,23 @@ func testWarmupClaimsBounded(t *testing.T, pol string) {
 			v.pidx.Record("w", []uint64{id})
 		}
 	}
-	for id := range uint64(maxWarmPending) {
+	for id := range uint64(MaxWarmPending) {
 		if !v.claimWarm(id+1, target) {
-			t.Fatalf("claim %d of %d refused", id+1, maxWarmPending)
+			t.Fatalf("claim %d of %d refused", id+1, MaxWarmPending)
 		}
 	}
-	if v.claimWarm(maxWarmPending+1, target) {
-		t.Fatal("a claim beyond maxWarmPending")
+	if v.claimWarm(MaxWarmPending+1, target) {
+		t.Fatal("a claim beyond MaxWarmPending")
 	}
 	if v.claimWarm(3, target) {
 		t.Fatal("prefix 3 claimed twice")
 	}
 	hold(5) // the target holds prefix 5: its claim is done
-	if !v.claimWarm(maxWarmPending+1, target) {
+	if !v.claimWarm(MaxWarmPending+1, target) {
 		t.Fatal("the claim of a held prefix was not reused")
 	}
-	if v.claimWarm(maxWarmPending+2, target) {
-		t.Fatal("a claim beyond maxWarmPending after the reuse")
+	if v.claimWarm(MaxWarmPending+2, target) {
+		t.Fatal("a claim beyond MaxWarmPending after the reuse")
 	}
 }
 
