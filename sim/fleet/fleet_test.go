@@ -316,7 +316,7 @@ func BenchmarkFullSize(b *testing.B) {
 // round_robin's hit rate and at most 0.5× its TTFT p99, with an imbalance of at most 1.3.
 // 200,000 requests (48 s of arrivals), so that the first 5 s, while each system prompt is seen
 // for the first time, weigh as little as they would in a gateway's life; at 100,000 they lift
-// the imbalance to 1.303–1.308 (docs/simulate.md, *The cold start, and longer runs*). About 80 s:
+// the imbalance to 1.303–1.308 (docs/simulate.md, *The cold start, and longer runs*). About 90 s:
 // `go test -run '^$' -bench Targets -benchtime 1x ./sim/fleet/`.
 func BenchmarkTargets(b *testing.B) {
 	for range b.N {
@@ -336,8 +336,10 @@ func BenchmarkTargets(b *testing.B) {
 			if r.TTFTP99Ms > 0.5*rr.TTFTP99Ms {
 				b.Errorf("%s: TTFT p99 %.1f ms > 0.5 × round_robin's %.1f ms", r.Policy, r.TTFTP99Ms, rr.TTFTP99Ms)
 			}
-			if r.Imbalance > 1.3 {
-				b.Errorf("%s: imbalance %.3f > 1.3", r.Policy, r.Imbalance)
+			// Result.Imbalance is rounded to 3 decimals, so a reading of 1.300 may be just over
+			// 1.3: it fails too.
+			if r.Imbalance >= 1.3 {
+				b.Errorf("%s: imbalance %.3f, not under 1.3", r.Policy, r.Imbalance)
 			}
 			b.ReportMetric(r.HitRate/rr.HitRate, r.Policy+"-hit-x")
 			b.ReportMetric(r.TTFTP99Ms/rr.TTFTP99Ms, r.Policy+"-p99-x")
