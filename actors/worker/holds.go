@@ -7,15 +7,22 @@ import "github.com/asynkron/protoactor-go/actor"
 // neither drift nor go negative: a ticket released twice, or released after its requester
 // stopped, is simply not there.
 //
-// A requester is watched from its first hold until it stops (not unwatched on release: a
-// request actor stops right after its last release, so its Terminated comes anyway, and an
-// Unwatch would only add a message).
+// A requester is watched from its first hold. Its entry goes with its last hold: a request actor
+// that finishes normally unwatches its workers itself (request.unwatchWorkers), so no Terminated
+// would ever delete an emptied entry. A hold added after that watches the requester again (a
+// second Watch of the same pair is a no-op in the requester's watcher set), and a Terminated
+// that still comes finds no entry and ends nothing.
+//
+// Bounds: byTicket has one entry per live ticket (tickets the router handed out for this worker
+// and not yet released or ended by their requester's stop), byReq one per requester holding at
+// least one of them; both are empty when nothing is in flight on the worker.
 type holds struct {
 	byTicket map[uint64]*actor.PID
-	byReq    map[string][]uint64 // requester actor id → its tickets; present while watched
+	byReq    map[string][]uint64 // requester actor id → its tickets (never empty)
 }
 
-// add records ticket; it reports whether requester must be watched (not watched yet).
+// add records ticket; it reports whether requester must be watched (it holds nothing else
+// here).
 func (h *holds) add(ticket uint64, requester *actor.PID) bool {
 	if h.byTicket == nil {
 		h.byTicket, h.byReq = make(map[uint64]*actor.PID), make(map[string][]uint64)
@@ -42,7 +49,11 @@ func (h *holds) release(ticket uint64) bool {
 	if requester != nil {
 		ts := h.byReq[requester.Id]
 		if i := indexOf(ts, ticket); i >= 0 {
-			h.byReq[requester.Id] = append(ts[:i], ts[i+1:]...)
+			if ts = append(ts[:i], ts[i+1:]...); len(ts) == 0 {
+				delete(h.byReq, requester.Id)
+			} else {
+				h.byReq[requester.Id] = ts
+			}
 		}
 	}
 	return true

@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"strconv"
 	"testing"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -41,5 +42,35 @@ func TestHolds(t *testing.T) {
 	}
 	if n := h.stopped(b); n != 0 {
 		t.Fatalf("b had released everything: ended %d", n)
+	}
+}
+
+// TestHoldsForgetReleasedRequesters: a requester whose every hold was released leaves no entry
+// behind, even though no Terminated ever comes for it (a finished request unwatches its workers
+// itself). Before, byReq kept one empty entry per request served: the gateway's heap grew by
+// every request.
+func TestHoldsForgetReleasedRequesters(t *testing.T) {
+	var h holds
+	const n = 1000
+	for i := range n {
+		r := actor.NewPID("local", "req/"+strconv.Itoa(i))
+		if !h.add(uint64(2*i), r) || h.add(uint64(2*i+1), r) {
+			t.Fatalf("request %d: watched on its first hold only", i)
+		}
+		if !h.release(uint64(2*i)) || !h.release(uint64(2*i+1)) {
+			t.Fatalf("request %d: release", i)
+		}
+	}
+	if h.count() != 0 || len(h.byTicket) != 0 || len(h.byReq) != 0 {
+		t.Fatalf("after %d requests released everything: count %d, byTicket %d, byReq %d entries",
+			n, h.count(), len(h.byTicket), len(h.byReq))
+	}
+	// A requester that holds again after releasing everything is watched again.
+	a := actor.NewPID("local", "req/again")
+	if !h.add(1, a) || !h.release(1) || !h.add(2, a) {
+		t.Fatal("a requester holding again after its last release must be watched again")
+	}
+	if h.stopped(a) != 1 || len(h.byReq) != 0 || h.count() != 0 {
+		t.Fatal("stopped must end the hold and forget the requester")
 	}
 }
