@@ -52,6 +52,9 @@ type fakeEngines struct {
 	prefill  func(ctx context.Context, call PrefillCall) (PrefillResult, error)
 	released chan struct{}
 	fail     error // what Release answers
+	// hold, when set, keeps each Release from returning until it is closed (or its context
+	// ends): a release under way.
+	hold chan struct{}
 }
 
 func (e *fakeEngines) Prefill(ctx context.Context, _ string, call PrefillCall) (PrefillResult, error) {
@@ -65,11 +68,18 @@ func (e *fakeEngines) Prefill(ctx context.Context, _ string, call PrefillCall) (
 	return PrefillResult{HandleID: fmt.Sprintf("h%d", n), NumTokens: uint32(len(call.PromptIDs))}, nil
 }
 
-func (e *fakeEngines) Release(_ context.Context, addr, handle string) error {
+func (e *fakeEngines) Release(ctx context.Context, addr, handle string) error {
 	e.mu.Lock()
 	e.releases = append(e.releases, [2]string{addr, handle})
+	hold := e.hold
 	e.mu.Unlock()
 	e.released <- struct{}{}
+	if hold != nil {
+		select {
+		case <-hold:
+		case <-ctx.Done():
+		}
+	}
 	return e.fail
 }
 

@@ -190,6 +190,13 @@ type requestActor struct {
 	route        string
 	served       string
 
+	// openPicks counts the Picks sent and not answered yet (the router answers each Pick
+	// once; a queued pick asked again is answered once, for its last tag, so at most the
+	// picks of one routing can stay open). While one is open, its answer may name workers
+	// that reserved a ticket for this actor and can only learn of its end by watching it:
+	// finish then leaves every watch in place (unwatchWorkers).
+	openPicks int
+
 	// What the actor holds and must release on every path (a worker also releases the holds
 	// of a requester that stops, so a crash between two lines here leaks nothing).
 	held []hold // worker tickets picked for it and not yet released
@@ -283,6 +290,16 @@ func (r *requestActor) Receive(c actor.Context) {
 	if r.clientStep(c, msg) {
 		return
 	}
+	if p, ok := msg.(*router.Picked); ok {
+		r.openPicks = max(r.openPicks-1, 0)
+		if r.state != Routing {
+			// An answer the machine has moved past — a pick asked again after its timeout
+			// and answered late, or one the client left before (Done) — holds tickets all
+			// the same: they go back at once, whatever the state.
+			r.giveBack(c, p)
+			return
+		}
+	}
 	if gen, ok := resultGen(msg); r.state == Done || (ok && gen != r.gen) {
 		discard(msg) // the actor has moved on: a late result only needs its body closed
 		return
@@ -315,7 +332,9 @@ func (r *requestActor) leave(c actor.Context) {
 	r.logger().Info("the client left", "state", r.state.String())
 	switch r.state {
 	case Routing:
-		r.finish(c, statusClientGone) // the router sees the actor stop: a queued pick leaves
+		// The router sees the actor stop: a queued pick leaves. An answer already on its way
+		// is given back if it is handled (Receive), else its workers see the actor stop.
+		r.finish(c, statusClientGone)
 	case Tokenizing, Attempting, CascadeStep:
 		r.endIO() // its late result is discarded; nothing it carries is held
 		r.releaseAll(c.Send)
@@ -426,6 +445,7 @@ func (r *requestActor) pick(c actor.Context) {
 	self, root := c.Self(), c.ActorSystem().Root
 	r.pickTimer = r.clock().AfterFunc(r.pickTimeout(), func() { root.Send(self, pickTimeout{tag: tag}) })
 	r.pickSent, r.queued = time.Now(), false
+	r.openPicks++
 	c.Request(r.d.Router, p)
 }
 
@@ -503,8 +523,13 @@ func prefillWorker(p *router.Picked) *actor.PID {
 // holds that the Releases already ended, and cost each worker a message, and a run of its
 // mailbox, per request. An Unwatch to itself is handled before the Stop that follows it (system
 // messages keep their order). A crashed actor does not get here: its workers are told.
+//
+// Not while a pick is open (openPicks): its answer may come after the stop, which drops it, and
+// name a worker that already watched this actor for an earlier pick (it holds the actor's entry,
+// or its new Watch came before this Unwatch). That worker ends the ticket only on the
+// Terminated the stop sends it, so every watch stays.
 func (r *requestActor) unwatchWorkers(c actor.Context) {
-	if len(r.watchers) == 0 || len(r.held) != 0 {
+	if len(r.watchers) == 0 || len(r.held) != 0 || r.openPicks > 0 {
 		return
 	}
 	self, ok := c.ActorSystem().ProcessRegistry.Get(c.Self())
