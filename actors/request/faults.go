@@ -176,9 +176,11 @@ func (r *requestActor) stopFirstByteTimer() {
 }
 
 // armRequestTimeout starts request_timeout for a non-streamed request, once: it covers
-// everything after the first pick (tokenize, prefill, every attempt, cascade steps, the answer).
+// everything after the first pick's answer (tokenize, prefill, every attempt and failover, the
+// KV releases between them, cascade steps, the answer); the wait for that first answer is the
+// router's (its admission queue's max_wait). A timer that fired is never armed again.
 func (r *requestActor) armRequestTimeout(c actor.Context) {
-	if r.x.Req.Stream || r.reqTimer != nil {
+	if r.x.Req.Stream || r.reqTimer != nil || r.timedOut {
 		return
 	}
 	self, root := c.Self(), c.ActorSystem().Root
@@ -230,12 +232,24 @@ func (r *requestActor) faultStep(c actor.Context, msg any) bool {
 		return true
 	case requestTimeoutMsg:
 		r.reqTimer = nil
-		if r.timedOut || r.gone || r.state == Releasing {
-			return true // a client that left is answered already, or as its state allows
+		if r.timedOut || r.gone || (r.state == Releasing && r.committed) {
+			// A client that left is answered already, or as its state allows; a committed
+			// request releasing its handle has its answer.
+			return true
 		}
 		r.timedOut = true
 		r.logger().Info("request_timeout", "timeout", r.requestTimeout(), "state", r.state.String())
 		r.d.Metrics.timeout(r.route, "request")
+		if r.state == Releasing {
+			// A failover releasing the KV handle of the attempt it gave up (the one Releasing
+			// that is neither committed, nor the client's leaving, nor a timeout's): the client
+			// gets its 504 now, not after the Release, and the request does not route again.
+			// The Release runs to its end on its own goroutine, bounded by the release timeout;
+			// it writes nothing to the client, and its result finds the actor gone.
+			r.kvHandle, r.afterRelease = "", nil
+			r.answerTimeout(c)
+			return true
+		}
 		if !r.cancelIO(errRequestTimeout) {
 			r.answerTimeout(c) // routing: no I/O to wait for
 		}

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -205,5 +206,69 @@ func TestLatePickedIsGivenBackInEveryState(t *testing.T) {
 				t.Fatal("the late pick's workers were asked")
 			}
 		})
+	}
+}
+
+// TestRequestTimeoutWhileReleasing (R14.1): request_timeout fires while a failover releases the
+// KV handle pushed to the decode worker that failed. The client gets its 504 at
+// request_timeout on the clock, while the Release is still under way — not after it, and never
+// after a new attempt with the timer armed again. The Release still runs to its end.
+func TestRequestTimeoutWhileReleasing(t *testing.T) {
+	m := newMRig(t)
+	m.d.RequestTimeout, m.d.ReleaseTimeout = time.Minute, time.Hour
+	m.pool, m.prefill = []string{"d1", "d2"}, "p"
+	hold := make(chan struct{})
+	var once sync.Once
+	letGo := func() { once.Do(func() { close(hold) }) }
+	t.Cleanup(letGo)
+	m.engines.hold = hold
+	at := make(chan string, 4)
+	stall := blockUntilDone(at)
+	m.upstream = func(worker string, req *http.Request, body string) (*http.Response, error) {
+		switch worker {
+		case "p":
+			return tokenizer(worker, req, body)
+		case "d1":
+			return reply(503, "text/plain", "full"), nil
+		}
+		return stall(worker, req, body)
+	}
+	run := m.start(`{"model":"m","prompt":"hi"}`)
+	select {
+	case <-m.engines.released: // d1 answered 503 after the push: the failover releases h1
+	case <-time.After(waitFor):
+		t.Fatal("the KV handle was not released")
+	}
+	m.clk.Advance(time.Minute - time.Nanosecond)
+	select {
+	case <-run.x.Done():
+		t.Fatal("answered before request_timeout")
+	default:
+	}
+	m.clk.Advance(time.Nanosecond)
+	select {
+	case <-run.x.Done():
+	case w := <-at:
+		t.Fatalf("routed again, to %s, after request_timeout", w)
+	case <-time.After(waitFor):
+		t.Fatal("request_timeout did not end the request while its KV handle was being released")
+	}
+	if w := run.w; w.Code != 504 {
+		t.Fatalf("client got %d %q", w.Code, w.Body.String())
+	}
+	letGo()
+	gwait(t, "the Release ended and no timer is left", func() bool { return m.clk.Pending() == 0 })
+	if _, rel := m.engines.calls(); !slices.Equal(rel, [][2]string{{"d1.kv", "h1"}}) {
+		t.Fatalf("KV releases %v", rel)
+	}
+	if got := m.expectReleases(2); !equalOutcomes(got, map[string][]router.Outcome{"p": {router.OutcomeSuccess}, "d1": {router.Outcome5xx}}) {
+		t.Fatalf("releases %v", got)
+	}
+	m.noMoreReleases()
+	if len(m.picks) != 1 || len(m.bodiesOf("d2")) != 0 {
+		t.Fatalf("%d picks, d2 asked %d times: a request that timed out was retried", len(m.picks), len(m.bodiesOf("d2")))
+	}
+	if n := m.code("r", "served", 504); n != 1 {
+		t.Fatalf("504s counted %v", n)
 	}
 }
