@@ -264,6 +264,9 @@ func (r *requestActor) retry(c actor.Context) {
 // stepAttempting handles the engine's response headers (or failure to get them).
 func (r *requestActor) stepAttempting(c actor.Context, msg any) {
 	if fe, ok := msg.(firstEvent); ok {
+		if fe.err == nil && r.tooLate(c, fe) {
+			return
+		}
 		r.stepFirstEvent(c, fe)
 		return
 	}
@@ -273,6 +276,9 @@ func (r *requestActor) stepAttempting(c actor.Context, msg any) {
 	}
 	if m.err != nil {
 		r.failover(c, m.err)
+		return
+	}
+	if r.tooLate(c, m) {
 		return
 	}
 	if m.resp.StatusCode == http.StatusServiceUnavailable {
@@ -289,6 +295,20 @@ func (r *requestActor) stepAttempting(c actor.Context, msg any) {
 		return
 	}
 	r.relay(c, m.resp, nil, nil)
+}
+
+// tooLate fails over from an answer (headers, or a stream's first event) that arrived after
+// stream_first_byte_timeout fired: the timer's message was handled first and cancelled the
+// attempt's context (request_timeout's are faultStep's), so however whole the answer reads — a
+// first event read just as the timer fired — nothing of it reaches the client, and the request
+// fails over as for the timeout (R14.1). It reports whether it did.
+func (r *requestActor) tooLate(c actor.Context, msg any) bool {
+	if r.ioCause() == nil {
+		return false
+	}
+	discard(msg)
+	r.failover(c, fmt.Errorf("worker %s: its answer came after the timeout fired", r.picked.WorkerID))
+	return true
 }
 
 // firstByte records the answer's first byte (R11 time to first byte, R17.3 upstream stage)

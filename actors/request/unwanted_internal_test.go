@@ -272,3 +272,84 @@ func TestRequestTimeoutWhileReleasing(t *testing.T) {
 		t.Fatalf("504s counted %v", n)
 	}
 }
+
+// lateBody is a stream whose first event comes in just as stream_first_byte_timeout fires: its
+// first read waits for let, whatever the attempt's context says, and its later reads end with
+// that context, as a cancelled connection's do.
+type lateBody struct {
+	ctx     context.Context
+	reading chan struct{} // closed when the first read starts
+	let     chan struct{}
+	started bool
+}
+
+func (b *lateBody) Read(p []byte) (int, error) {
+	if !b.started {
+		b.started = true
+		close(b.reading)
+		select {
+		case <-b.let:
+		case <-time.After(waitFor):
+		}
+		return copy(p, "data: {\"t\":1}\n\n"), nil
+	}
+	select {
+	case <-b.ctx.Done():
+		return 0, context.Cause(b.ctx)
+	case <-time.After(waitFor):
+		return 0, io.ErrUnexpectedEOF
+	}
+}
+
+func (b *lateBody) Close() error { return nil }
+
+// TestFirstEventAfterFirstByteTimeout (R14.1, R6): a stream's first event read just after
+// stream_first_byte_timeout fired (the timer's message is handled first) is not committed on
+// the cancelled attempt: the request fails over as for the timeout, and the client gets the
+// next worker's whole stream, not one event and an interruption.
+func TestFirstEventAfterFirstByteTimeout(t *testing.T) {
+	m := newMRig(t)
+	m.pool = []string{"a", "b"}
+	body := &lateBody{reading: make(chan struct{}), let: make(chan struct{})}
+	var once sync.Once
+	let := func() { once.Do(func() { close(body.let) }) }
+	t.Cleanup(let)
+	ctxs := make(chan context.Context, 1)
+	const whole = "data: {\"t\":2}\n\ndata: [DONE]\n\n"
+	m.upstream = func(worker string, req *http.Request, _ string) (*http.Response, error) {
+		if worker == "a" {
+			body.ctx = req.Context()
+			ctxs <- req.Context()
+			r := reply(200, "text/event-stream", "")
+			r.Body = body
+			return r, nil
+		}
+		return reply(200, "text/event-stream", whole), nil
+	}
+	run := m.start(`{"model":"m","prompt":"hi","stream":true}`)
+	var ctx context.Context
+	select {
+	case ctx = <-ctxs:
+	case <-time.After(waitFor):
+		t.Fatal("a was never asked")
+	}
+	select {
+	case <-body.reading:
+	case <-time.After(waitFor):
+		t.Fatal("a's stream was never read")
+	}
+	m.clk.Advance(DefaultStreamFirstByteTimeout)
+	select {
+	case <-ctx.Done(): // the actor handled the timer: it cancelled the attempt
+	case <-time.After(waitFor):
+		t.Fatal("stream_first_byte_timeout did not cancel the attempt")
+	}
+	let()
+	if w := run.wait(t); w.Code != 200 || w.Body.String() != whole {
+		t.Fatalf("client got %d %q, want b's whole stream", w.Code, w.Body.String())
+	}
+	if got := m.expectReleases(2); !equalOutcomes(got, map[string][]router.Outcome{"a": {router.OutcomeTimeout}, "b": {router.OutcomeSuccess}}) {
+		t.Fatalf("releases %v", got)
+	}
+	m.noMoreReleases()
+}
