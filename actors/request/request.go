@@ -133,7 +133,7 @@ type Deps struct {
 	MaxAttempts int
 	Metrics     *Metrics
 	Logger      *slog.Logger
-	// ReleaseTimeout bounds a KV Release call (default 5 s).
+	// ReleaseTimeout bounds a KV Release call (0: the control calls' timeout, controlTimeout).
 	ReleaseTimeout time.Duration
 	// PickTimeout is how long the actor waits for the router before asking again (default
 	// 1 s). The router answers in microseconds; only a router that panicked on this very pick
