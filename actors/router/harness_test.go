@@ -177,9 +177,15 @@ func (r *rig) toWorker(w *fakeWorker, msg any) {
 	case *Release:
 		if _, ok := w.holds[m.Ticket]; ok {
 			delete(w.holds, m.Ticket)
-			r.deliver(w.pid, &LoadReport{ID: w.info.ID, InFlight: int64(len(w.holds)), AcqSeen: w.acqSeen})
+			r.deliver(w.pid, r.loadReportOf(w, OutcomeNone))
 		}
 	}
+}
+
+// loadReportOf is worker w's LoadReport of its holds now, asking for an ejection for eject
+// (OutcomeNone: none).
+func (r *rig) loadReportOf(w *fakeWorker, eject Outcome) *LoadReport {
+	return &LoadReport{ID: w.info.ID, PID: w.pid, InFlight: int64(len(w.holds)), AcqSeen: w.acqSeen, Eject: eject}
 }
 
 // requester is a stand-in request actor.
@@ -274,7 +280,7 @@ func (q *requester) end(tokens int64, aborted bool) {
 			}
 		}
 		if n > 0 {
-			q.r.deliver(w.pid, &LoadReport{ID: w.info.ID, InFlight: int64(len(w.holds)), AcqSeen: w.acqSeen})
+			q.r.deliver(w.pid, q.r.loadReportOf(w, OutcomeNone))
 		}
 	}
 	q.r.deliver(q.pid, &Finished{Key: q.key, Tokens: tokens, Aborted: aborted})

@@ -142,8 +142,14 @@ func (Acquire) IgnoreDeadLetterLogging() {}
 // LoadReport is a worker's in-flight change after a Release. Eject, when not OutcomeNone, is
 // the last failure of a streak of consecutive_failures (R14.2): the worker asks the router to
 // eject it (the router decides: never more than max_ejected_percent of a model's workers).
+//
+// PID is the worker actor that sent it. The router applies a report only to the registration
+// of that actor: an id evicted and registered again has a new actor, whose counts start at 0,
+// and a report its old actor sent late (the Release of a request still running at the
+// eviction) says nothing of the new one: neither its load nor an ejection.
 type LoadReport struct {
 	ID       string
+	PID      *actor.PID
 	InFlight int64
 	AcqSeen  uint64
 	Eject    Outcome

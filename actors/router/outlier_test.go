@@ -20,8 +20,7 @@ func outlierRig(t *testing.T, o config.Outlier) (*rig, *Metrics) {
 
 // askEject is worker id's report whose failure streak asks for an ejection.
 func (r *rig) askEject(id string, reason Outcome) {
-	w := r.workers[r.workerPID(id).Id]
-	r.deliver(w.pid, &LoadReport{ID: id, InFlight: int64(len(w.holds)), AcqSeen: w.acqSeen, Eject: reason})
+	r.deliver(r.workers[r.workerPID(id).Id].pid, r.loadReportOf(r.workers[r.workerPID(id).Id], reason))
 }
 
 func (r *rig) row(t *testing.T, id string) WorkerView {

@@ -162,6 +162,9 @@ func (st *state) handle(msg any, fx effects) {
 		}
 		fx.respond(st.pick(m, fx))
 	case *LoadReport:
+		if !st.view.current(m.ID, m.PID) {
+			return // an earlier registration's actor: nothing of it applies to this one
+		}
 		if st.view.loadReport(m) {
 			st.adm.wakeCapacity(fx)
 		}

@@ -258,7 +258,7 @@ func (s *Sim) toWorker(w *simWorker, msg any) {
 	case *Release:
 		if _, ok := w.holds[m.Ticket]; ok {
 			delete(w.holds, m.Ticket)
-			s.handle(&LoadReport{ID: w.info.ID, InFlight: int64(len(w.holds)), AcqSeen: w.acqSeen})
+			s.handle(&LoadReport{ID: w.info.ID, PID: w.pid, InFlight: int64(len(w.holds)), AcqSeen: w.acqSeen})
 		}
 	}
 }

@@ -273,6 +273,13 @@ func (v *workerView) reserve(s *slot, requester *actor.PID, fx effects) uint64 {
 	return v.ticket
 }
 
+// current reports whether worker id's registration is the one of actor pid (a LoadReport of an
+// earlier registration's actor must not apply to a later one, see LoadReport).
+func (v *workerView) current(id string, pid *actor.PID) bool {
+	s := v.slots[id]
+	return s != nil && pid != nil && s.pid.Equal(pid)
+}
+
 // loadReport applies a worker's in-flight change; it reports whether the load fell (room may
 // have freed: a wake for the admission queue).
 func (v *workerView) loadReport(m *LoadReport) bool {

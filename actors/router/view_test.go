@@ -31,7 +31,7 @@ func TestViewCountsPicksUntilTheWorkerReports(t *testing.T) {
 	if s.acqSeen != 1 || s.reported != 1 || r.inFlight("w1") != 1 {
 		t.Fatalf("after the report: seen %d reported %d in flight %d", s.acqSeen, s.reported, r.inFlight("w1"))
 	}
-	r.deliver(w.pid, &LoadReport{ID: "w1", InFlight: 0, AcqSeen: 0}) // stale
+	r.deliver(w.pid, &LoadReport{ID: "w1", PID: w.pid, InFlight: 0, AcqSeen: 0}) // stale
 	if r.inFlight("w1") != 1 {
 		t.Fatalf("a stale report changed the figure to %d", r.inFlight("w1"))
 	}
@@ -162,5 +162,51 @@ func TestViewCarriesBlockSize(t *testing.T) {
 		if got := (WorkerInfo{KVTotalBlocks: c.total, BlockSize: c.bs}).KVCapacityTokens(); got != c.want {
 			t.Errorf("capacity of %d blocks × %d = %d, want %d", c.total, c.bs, got, c.want)
 		}
+	}
+}
+
+// TestLoadReportOfAnEarlierRegistration: a worker evicted and registered again has a new actor
+// (AcqSeen 0); a report its old actor sent after the Releases of its last requests, arriving
+// after the new registration's, is not the new actor's. It changes neither the new
+// registration's load (which it would make negative: every pick would go there) nor its
+// routability (its ejection request belongs to the old registration).
+func TestLoadReportOfAnEarlierRegistration(t *testing.T) {
+	r, _ := outlierRig(t, testOutlier)
+	for _, id := range []string{"w1", "w2", "w3"} {
+		r.join(id, "smol", 0)
+	}
+	old := r.workers[r.workerPID("w1").Id]
+	q := r.newRequester()
+	for range 3 {
+		if p := r.st.pick(&Pick{Model: "smol", RequestID: "x", Requester: q.pid}, r); p.Err != nil {
+			t.Fatalf("pick: %v", p.Err)
+		}
+	}
+	if old.acqSeen != 1 {
+		t.Fatalf("w1's old actor saw %d Acquires, want 1", old.acqSeen)
+	}
+	// w1 is evicted: its last report, then a new actor registers the id before the old one's
+	// Terminated has come.
+	r.gens["w1"]++
+	old.live = false
+	r.report(old)
+	delete(r.workers, old.pid.Id)
+	r.join("w1", "smol", 0)
+	// The old actor released its request and asks for an ejection.
+	delete(old.holds, 1)
+	r.deliver(old.pid, r.loadReportOf(old, Outcome5xx))
+	if got := r.inFlight("w1"); got != 0 {
+		t.Fatalf("the new registration counts %d in flight, want 0", got)
+	}
+	if row := r.row(t, "w1"); !row.Routable || row.EjectionReason != "" {
+		t.Fatalf("the old actor's ejection request took the new registration out: %+v", row)
+	}
+	for range 6 {
+		if p := r.st.pick(&Pick{Model: "smol", RequestID: "y", Requester: q.pid}, r); p.Err != nil {
+			t.Fatalf("pick: %v", p.Err)
+		}
+	}
+	if a, b, c := r.inFlight("w1"), r.inFlight("w2"), r.inFlight("w3"); max(a, b, c)-min(a, b, c) > 1 || a+b+c != 8 {
+		t.Fatalf("after six more held picks: in flight w1 %d, w2 %d, w3 %d; want 8 spread evenly", a, b, c)
 	}
 }

@@ -12,7 +12,8 @@ import (
 
 // TestReportsOnlyChanges: a scrape failure's reason and the admin drain reach the router once
 // per change, not once per message; a requester that stops with a hold left ends it, and the
-// router hears the lower in-flight count.
+// router hears the lower in-flight count, from this actor (the router matches a report to the
+// registration of the actor that sent it).
 func TestReportsOnlyChanges(t *testing.T) {
 	sys := actor.NewActorSystem()
 	got := make(chan any, 16)
@@ -90,7 +91,7 @@ func TestReportsOnlyChanges(t *testing.T) {
 		t.Fatal(err)
 	}
 	r, ok := next("the requester's stop").(*router.LoadReport)
-	if !ok || r.InFlight != 0 || r.AcqSeen != 1 {
+	if !ok || r.InFlight != 0 || r.AcqSeen != 1 || !r.PID.Equal(w) {
 		t.Fatalf("after the requester stopped: %+v", r)
 	}
 	quiet("after the stop")
@@ -99,7 +100,7 @@ func TestReportsOnlyChanges(t *testing.T) {
 	done := sys.Root.Spawn(actor.PropsFromFunc(func(actor.Context) {}))
 	sys.Root.Send(w, &router.Acquire{Ticket: 8, Requester: done})
 	sys.Root.Send(w, &router.Release{Ticket: 8, Outcome: router.OutcomeSuccess})
-	if r, ok := next("the release").(*router.LoadReport); !ok || r.InFlight != 0 || r.AcqSeen != 2 {
+	if r, ok := next("the release").(*router.LoadReport); !ok || r.InFlight != 0 || r.AcqSeen != 2 || !r.PID.Equal(w) {
 		t.Fatalf("after the release: %+v", r)
 	}
 	if err := sys.Root.StopFuture(done).Wait(); err != nil {

@@ -175,7 +175,7 @@ func (w *workerActor) report(c actor.Context) {
 
 func (w *workerActor) loadReport(c actor.Context, eject router.Outcome) {
 	st := w.st
-	c.Send(st.cfg.Router, &router.LoadReport{ID: st.info.ID, InFlight: st.holds.count(), AcqSeen: st.acqSeen, Eject: eject})
+	c.Send(st.cfg.Router, &router.LoadReport{ID: st.info.ID, PID: c.Self(), InFlight: st.holds.count(), AcqSeen: st.acqSeen, Eject: eject})
 }
 
 // judge counts one attempt's outcome in the failure streak (R14.2). When the streak reaches
