@@ -23,6 +23,11 @@ import (
 // reserves for it, so if the request ends first the count ends with it: the warm-up's load is
 // counted at most as long as its request's.
 //
+// The router hears of each warm-up sent (router.WarmupSent) as it starts: its approximate
+// prefix index believes the target holds the prefix from then on, as it believes it of a
+// request's worker from its pick; a skipped warm-up is never reported, so no later pick goes
+// to its target as if the prefix were cached there.
+//
 // Bounds: at most Warmups.Max run at once (more are skipped: the ticket is released at once),
 // each within the request timeout, reading at most maxWarmAnswer bytes of the answer.
 
@@ -87,6 +92,9 @@ func (r *requestActor) warmup(c actor.Context, p *router.Picked) {
 		c.Send(w.Worker, release)
 		return
 	}
+	// The router's approximate prefix index learns the copy now, and only for a warm-up that
+	// is sent: a skipped one leaves its target holding nothing.
+	c.Send(r.d.Router, &router.WarmupSent{Worker: w.Worker, WorkerID: w.WorkerID, Hashes: w.Hashes})
 	url := "http://" + w.HTTPAddress + r.x.Path
 	tr, timeout, root, m, count := r.d.Transport, r.requestTimeout(), c.ActorSystem().Root, r.d.Metrics, r.d.Warmups
 	clk := r.clock()

@@ -2,9 +2,12 @@ package request
 
 import (
 	"net/http"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/asynkron/protoactor-go/actor"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/tlgw/tlgw/actors/router"
@@ -140,5 +143,80 @@ func TestWarmupTimesOut(t *testing.T) {
 	}
 	if got := warmResults(m.d.Metrics); got != [numWarmResults]float64{warmFailed: 1} {
 		t.Fatalf("results %v", got)
+	}
+}
+
+// routerSpy puts a spy between m's request actors and its router: every message goes on to the
+// router (picks keep their sender, so the answers still reach the requester), and the
+// WarmupSent ones are recorded. sent returns them once the spy has handled all sent so far.
+func routerSpy(t *testing.T, m *mrig) (sent func() []*router.WarmupSent) {
+	t.Helper()
+	var mu sync.Mutex
+	var got []*router.WarmupSent // bounded by the test's requests
+	real := m.d.Router
+	spy := m.sys.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
+		switch msg := c.Message().(type) {
+		case *router.WarmupSent:
+			mu.Lock()
+			got = append(got, msg)
+			mu.Unlock()
+			return
+		case *router.Pick:
+			c.Forward(real)
+		}
+	}))
+	m.d.Router = spy
+	return func() []*router.WarmupSent {
+		t.Helper()
+		if err := m.sys.Root.RequestFuture(spy, &actor.Touch{}, 5*time.Second).Wait(); err != nil {
+			t.Fatal(err)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(got)
+	}
+}
+
+// TestWarmupSentTellsTheRouter: the router hears of a warm-up (router.WarmupSent, with the
+// Warmup's worker and hashes) when it is sent, failed or not, and never of one skipped: the
+// approximate prefix index learns a copy only from it.
+func TestWarmupSentTellsTheRouter(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		body    string
+		warmups *Warmups
+		told    bool
+	}{
+		{"sent", `{"model":"m","prompt":"hello world"}`, NewWarmups(4), true},
+		{"token ids", `{"model":"m","prompt":[1,2,3]}`, NewWarmups(4), false},
+		{"off", `{"model":"m","prompt":"hello world"}`, nil, false},
+		{"limit", `{"model":"m","prompt":"hello world"}`, NewWarmups(0), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := newMRig(t)
+			m.pool, m.warm, m.warmBytes = []string{"w1"}, "w2", 8
+			m.d.Warmups = tc.warmups
+			sent := routerSpy(t, m)
+			m.upstream = func(worker string, _ *http.Request, _ string) (*http.Response, error) {
+				if worker == "w2" {
+					return reply(503, "application/json", `{"error":"busy"}`), nil
+				}
+				return reply(200, "application/json", okJSON), nil
+			}
+			if w := m.do(tc.body); w.Code != 200 {
+				t.Fatalf("%d %s", w.Code, w.Body)
+			}
+			m.expectReleases(2) // the attempt's and the warm-up's: whatever it sent, it has
+			got := sent()
+			if !tc.told {
+				if len(got) != 0 {
+					t.Fatalf("the router was told of a warm-up that was not sent: %+v", got[0])
+				}
+				return
+			}
+			if len(got) != 1 || got[0].WorkerID != "w2" || !got[0].Worker.Equal(m.worker("w2")) {
+				t.Fatalf("told the router %+v, want one WarmupSent for w2", got)
+			}
+		})
 	}
 }

@@ -276,7 +276,25 @@ func (*ObservedTTFT) IgnoreDeadLetterLogging() {}
 type Warmup struct {
 	PickedWorker
 	Bytes int
+	// Hashes are the copied prefix's chunk hashes (the pick's, cut to Bytes), echoed in
+	// WarmupSent; nil when the router keeps no approximate prefix index.
+	Hashes []uint64
 }
+
+// WarmupSent tells the router that the requester has sent a pick's warm-up (Picked.Warm) to its
+// worker; it echoes the Warmup's worker and hashes. The approximate prefix index learns that
+// the worker holds the prefix from it, not from the pick: a warm-up the requester skipped
+// (a prompt it cannot cut, as many warm-ups running as allowed) or never saw (a pick given
+// back) would otherwise send later picks to a worker that holds nothing, as if it were
+// cached. A worker the router no longer knows under that actor is ignored. No reply.
+type WarmupSent struct {
+	Worker   *actor.PID
+	WorkerID string
+	Hashes   []uint64
+}
+
+// IgnoreDeadLetterLogging: the router may be stopping.
+func (*WarmupSent) IgnoreDeadLetterLogging() {}
 
 // PickedWorker is a second worker reserved by a pick.
 type PickedWorker struct {

@@ -204,6 +204,8 @@ func (st *state) handle(msg any, fx effects) {
 		}
 	case *Finished:
 		st.adm.finished(m, fx)
+	case *WarmupSent:
+		st.view.warmupSent(m)
 	case *ObservedTTFT:
 		st.view.observeTTFT(m)
 		st.adm.wakeCapacity(fx) // a model changed: a request waiting for its objective may go

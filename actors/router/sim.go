@@ -157,6 +157,15 @@ func (s *Sim) ReleaseWarm(w *Warmup, o Outcome) {
 	s.flushDue()
 }
 
+// WarmupSent tells the router that a pick's prefix warm-up (Picked.Warm) has been sent, as
+// its requester does when it sends one (the approximate index learns the copy then).
+func (s *Sim) WarmupSent(w *Warmup) {
+	if w == nil {
+		return
+	}
+	s.deliver(&WarmupSent{Worker: w.Worker, WorkerID: w.WorkerID, Hashes: w.Hashes})
+}
+
 // KVEvents hands the router a worker's prefix-cache events, as the gateway's KvEvents
 // subscriber does (R18.3), and reports whether they were applied (see KVEvents: a known, live
 // worker that reports kv_events, with the exact index on). Reply is the Sim's own.

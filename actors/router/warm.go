@@ -1,6 +1,7 @@
 package router
 
 import (
+	"slices"
 	"time"
 
 	"github.com/tlgw/tlgw/actors/router/policy"
@@ -99,9 +100,23 @@ func (v *workerView) warm(ch choice, s *slot, out *Picked, fx effects) {
 		WorkerID: t.info.ID, HTTPAddress: t.info.HTTPAddress, GRPCAddress: t.info.GRPCAddress},
 		Bytes: chunks * prefixindex.ChunkBytes}
 	if v.pidx != nil {
-		v.pidx.RecordWithin(t.info.ID, kvChunks(t.info), ch.hashes[:chunks]) // its engine will hold this prefix now
+		// The index learns the copy when the requester has sent it (warmupSent). A copy of the
+		// hashes, as the request's may not outlive its pick (bounded by the prompt's chunks,
+		// and held as long as the pick's requester holds its answer).
+		out.Warm.Hashes = slices.Clone(ch.hashes[:chunks])
 	}
 	v.warmups.Inc()
+}
+
+// warmupSent records that the warm-up's target holds its prefix now that it has been sent
+// (WarmupSent), in the approximate index; under the worker's current registration only.
+func (v *workerView) warmupSent(m *WarmupSent) {
+	if v.pidx == nil || len(m.Hashes) == 0 || !v.current(m.WorkerID, m.Worker) {
+		return
+	}
+	if s := v.slots[m.WorkerID]; s.live {
+		v.pidx.RecordWithin(s.info.ID, kvChunks(s.info), m.Hashes) // its engine will hold this prefix now
+	}
 }
 
 // claimWarm claims prefix id for a warm-up to t: false when the prefix is claimed already

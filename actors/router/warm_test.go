@@ -6,6 +6,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/asynkron/protoactor-go/actor"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
@@ -100,6 +101,7 @@ func TestWarmupReserved(t *testing.T) {
 			if pol == config.PolicyPrefixAware {
 				// The gateway sent w1 the prefix: the approximate index says so at once, and
 				// the next pick, w0 being at the cap, goes there for it.
+				s.WarmupSent(w)
 				p := s.holdPick(t, h)
 				held = append(held, p)
 				if p.WorkerID != "w1" || p.Reason != policy.ReasonPrefix {
@@ -348,4 +350,47 @@ func TestWarmupBudget(t *testing.T) {
 	if got := testutil.ToFloat64(warmups); got != float64(len(want)) {
 		t.Fatalf("tlgw_prefix_warmups_total = %v", got)
 	}
+}
+
+// TestWarmupLearntWhenSent: under prefix_aware the approximate index learns that a warm-up's
+// target holds the prefix when the requester has sent the warm-up (WarmupSent), not when the
+// pick reserved it: a warm-up the requester skipped (its prompt is token ids, or as many
+// warm-ups as allowed are running) or never got (its pick was given back) leaves the target
+// holding nothing, and the next pick does not go there as if it were cached.
+func TestWarmupLearntWhenSent(t *testing.T) {
+	s, _ := warmSim(t, config.PolicyPrefixAware)
+	h := longPrompt("a prompt warmed late ", 10)
+	s.Release(s.holdPick(t, h), OutcomeSuccess) // the gateway sent it to w0
+	held := s.fillHolder(t, h)
+	w := held[len(held)-1].Warm
+	if w.WorkerID != "w1" {
+		t.Fatalf("warm-up %+v, want one to w1", w)
+	}
+	p := s.holdPick(t, h)
+	held = append(held, p)
+	if p.WorkerID == "w1" && p.Reason == policy.ReasonPrefix {
+		t.Fatalf("a pick went to w1 for a prefix its warm-up has not been sent")
+	}
+	// A report from another registration of w1, or of a worker the router does not know, is
+	// not the target's.
+	s.WarmupSent(&Warmup{PickedWorker: PickedWorker{Worker: actor.NewPID("sim", "worker/w1-old"), WorkerID: "w1"}, Hashes: w.Hashes})
+	s.WarmupSent(&Warmup{PickedWorker: PickedWorker{Worker: w.Worker, WorkerID: "w9"}, Hashes: w.Hashes})
+	if got := s.st.view.pidx.Match("w1", h); got != 0 {
+		t.Fatalf("w1 is believed to hold %d chunks of the prefix; its warm-up was not sent", got)
+	}
+	// Sent: w1 holds the prefix (its 10 chunks), and the next pick, w0 being at the cap, goes
+	// there for it.
+	s.WarmupSent(w)
+	if got := s.st.view.pidx.Match("w1", h); got != 10 {
+		t.Fatalf("after the warm-up was sent w1 is believed to hold %d chunks, want 10", got)
+	}
+	p = s.holdPick(t, h)
+	held = append(held, p)
+	if p.WorkerID != "w1" || p.Reason != policy.ReasonPrefix {
+		t.Fatalf("the pick after the warm-up was sent went to %s (%v), want w1 for its prefix", p.WorkerID, p.Reason)
+	}
+	for _, p := range held {
+		s.Release(p, OutcomeSuccess)
+	}
+	s.ReleaseWarm(w, OutcomeNone)
 }

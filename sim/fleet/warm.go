@@ -31,8 +31,9 @@ type warmJob struct {
 // queued entries: a request's index, or ^k for warm-up k.
 func warmEntry(k int32) int32 { return ^k }
 
-// warmup starts request i's warm-up w.
+// warmup starts request i's warm-up w (sent, as the gateway's requester says to the router).
 func (r *runner) warmup(i int32, w *router.Warmup) {
+	r.sim.WarmupSent(w)
 	k := int32(len(r.warms))
 	eng := r.byID[w.WorkerID]
 	r.warms = append(r.warms, warmJob{w: w, req: i, eng: eng, toks: warmTokens(nil, r.o.Seed, r.tr.reqs[i].msgs, w.Bytes)})
