@@ -106,6 +106,52 @@ type entry struct {
 	info router.WorkerInfo
 	sent uint64 // statuses forwarded to the worker
 	cred string // the credential that registered the id
+	// echo: the engine's draining is presumed the echo of the gateway's drain; echoLeft: after
+	// an undrain, how many more heartbeats reporting draining are still that echo (drainEcho).
+	echo     bool
+	echoLeft int
+}
+
+// Drain echoes (R19). An engine told to drain by a heartbeat ack reports draining until an ack
+// no longer asks it to: in its next heartbeat after an undrain (sent before that ack reached
+// it), and in a cluster for as long as any replica's latest ack to it asks for the drain (tlengine
+// drains while any gateway's does). That echo of the gateway's own drain is no reason to stop
+// routing once the drain is lifted; an engine that drains of its own accord (shutting down)
+// still is. The registry, which sends the acks, tells one from the other
+// (router.WorkerInfo.DrainEcho):
+//   - a heartbeat that reports draining while its model is drained is the echo, unless the
+//     engine already reported draining before the drain (then it drains by itself; a new
+//     registration has reported nothing before);
+//   - an undrain keeps a worker's echo for its next echoHeartbeats heartbeats: the worker is
+//     routable at once, and those heartbeats may still report draining (the one already on its
+//     way, and in a cluster one made before another replica's first ack without the drain
+//     reached the engine);
+//   - after that, and whenever the engine reports not draining, its draining is its own.
+//
+// An engine that begins to shut down within two heartbeats of an undrain is thus routed for up
+// to two heartbeats more (its requests fail over; refused connections take it out at once).
+// Scraped engines report no draining: a drain of theirs is the gateway's alone.
+
+// echoHeartbeats is how many heartbeats after an undrain may still echo the drain.
+const echoHeartbeats = 2
+
+// drainEcho decides whether heartbeat info of worker e (nil: a new registration) reports
+// draining as the echo of the gateway's drain; it returns e's new echo state.
+func drainEcho(e *entry, info router.WorkerInfo) (echo bool, left int) {
+	var wasDraining, wasEcho bool
+	var wasLeft int
+	if e != nil {
+		wasDraining, wasEcho, wasLeft = e.info.Draining, e.echo, e.echoLeft
+	}
+	switch {
+	case !info.Draining:
+		return false, 0
+	case info.AdminDrained:
+		return wasEcho || !wasDraining, 0
+	case wasLeft > 0:
+		return wasEcho, wasLeft - 1
+	}
+	return false, 0
 }
 
 type state struct {
@@ -204,6 +250,8 @@ func (st *state) heartbeat(c actor.Context, m *Heartbeat) *Ack {
 	case e == nil && st.cfg.MaxWorkers > 0 && len(st.entries) >= st.cfg.MaxWorkers:
 		return &Ack{Err: fmt.Errorf("%d workers are registered, the most max_workers allows: %w", len(st.entries), ErrTooManyWorkers)}
 	}
+	echo, echoLeft := drainEcho(e, info)
+	info.DrainEcho = info.Draining && echo
 	if e == nil {
 		e = &entry{info: info, sent: 1, cred: m.Credential}
 		props := worker.Props(worker.Config{
@@ -234,6 +282,7 @@ func (st *state) heartbeat(c actor.Context, m *Heartbeat) *Ack {
 		e.sent++
 		c.Send(e.pid, &worker.Status{Info: info, Seq: e.sent, TTL: ttl})
 	}
+	e.echo, e.echoLeft = echo, echoLeft
 	return &Ack{Drain: info.AdminDrained, Epoch: st.epoch}
 }
 
@@ -254,8 +303,7 @@ func (st *state) drain(c actor.Context, m *DrainModel) any {
 	}
 	for _, e := range st.entries {
 		if e.info.Model == m.Model {
-			e.info.AdminDrained = m.Drained
-			c.Send(e.pid, &worker.SetDrained{Drained: m.Drained})
+			st.setDrained(c, e, m.Drained)
 		}
 	}
 	st.cfg.Logger.Info("model drain changed", "model", m.Model, "drained", m.Drained, "workers", n)
@@ -271,12 +319,25 @@ func (st *state) syncDrains(c actor.Context, m *SyncDrains) {
 	n := 0
 	for _, e := range st.entries {
 		if d := want[e.info.Model]; d != e.info.AdminDrained {
-			e.info.AdminDrained = d
-			c.Send(e.pid, &worker.SetDrained{Drained: d})
+			st.setDrained(c, e, d)
 			n++
 		}
 	}
 	st.cfg.Logger.Info("drained models synchronised from the cluster store", "models", len(want), "workers_changed", n)
+}
+
+// setDrained drains (or undrains) worker e. An undrain keeps the echo of the drain the engine
+// reports (its worker stays DrainEcho) for its next echoHeartbeats heartbeats, so it is
+// routable at once; a drain starts afresh.
+func (st *state) setDrained(c actor.Context, e *entry, drained bool) {
+	e.info.AdminDrained = drained
+	switch {
+	case drained:
+		e.echoLeft = 0
+	case e.echo:
+		e.echoLeft = echoHeartbeats
+	}
+	c.Send(e.pid, &worker.SetDrained{Drained: drained})
 }
 
 // sanitize makes a worker id usable in an actor name: protoactor reserves '$' and uses '/' as

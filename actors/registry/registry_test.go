@@ -582,3 +582,92 @@ func TestStaleTerminatedKeepsTheNewRegistration(t *testing.T) {
 		t.Fatalf("the next heartbeat reported by %v (live %v), want the registered actor %v", s.PID, s.Live, cur)
 	}
 }
+
+// TestDrainEcho: a heartbeat's draining is the echo of the gateway's drain when it began under
+// the drain (or a new registration reports it under the drain), and for echoHeartbeats
+// heartbeats after an undrain kept the echo; otherwise, and after any report of not draining,
+// it is the engine's own.
+func TestDrainEcho(t *testing.T) {
+	hb := func(draining, drained bool) router.WorkerInfo {
+		return router.WorkerInfo{ID: "w", Model: "m", Draining: draining, AdminDrained: drained}
+	}
+	ent := func(draining, echo bool, left int) *entry {
+		return &entry{info: router.WorkerInfo{Draining: draining}, echo: echo, echoLeft: left}
+	}
+	for _, tc := range []struct {
+		name   string
+		e      *entry
+		info   router.WorkerInfo
+		echo   bool
+		left   int
+		marked bool
+	}{
+		{"new, not draining", nil, hb(false, false), false, 0, false},
+		{"new, draining by itself", nil, hb(true, false), false, 0, false},
+		{"new, draining under the drain", nil, hb(true, true), true, 0, true},
+		{"began draining under the drain", ent(false, false, 0), hb(true, true), true, 0, true},
+		{"still echoing under the drain", ent(true, true, 0), hb(true, true), true, 0, true},
+		{"draining before the drain", ent(true, false, 0), hb(true, true), false, 0, false},
+		{"not draining under the drain", ent(true, true, 0), hb(false, true), false, 0, false},
+		{"first heartbeat after the undrain", ent(true, true, 2), hb(true, false), true, 1, true},
+		{"second heartbeat after the undrain", ent(true, true, 1), hb(true, false), true, 0, true},
+		{"third heartbeat after the undrain", ent(true, true, 0), hb(true, false), false, 0, false},
+		{"stopped draining after the undrain", ent(true, true, 2), hb(false, false), false, 0, false},
+		{"draining by itself", ent(false, false, 0), hb(true, false), false, 0, false},
+		{"re-drained in the echo window", ent(true, true, 1), hb(true, true), true, 0, true},
+	} {
+		echo, left := drainEcho(tc.e, tc.info)
+		if echo != tc.echo || left != tc.left || (tc.info.Draining && echo) != tc.marked {
+			t.Errorf("%s: echo %v, %d left; want %v, %d", tc.name, echo, left, tc.echo, tc.left)
+		}
+	}
+}
+
+// TestUndrainKeepsTheEcho: the registry marks a heartbeat's draining as the drain's echo in the
+// status it forwards (DrainEcho), an undrain keeps it for echoHeartbeats heartbeats, routable
+// at once, and a worker that drained by itself before the drain is not marked.
+func TestUndrainKeepsTheEcho(t *testing.T) {
+	f := newFixture(t, nil)
+	beat := func(id string, draining bool) (Ack, *router.WorkerState) {
+		t.Helper()
+		reply := make(chan Ack, 1)
+		f.sys.Root.Send(f.reg, &Heartbeat{Info: router.WorkerInfo{ID: id, Model: "m", HTTPAddress: "127.0.0.1:1", Draining: draining},
+			Reply: reply})
+		select {
+		case a := <-reply:
+			return a, f.state()
+		case <-time.After(5 * time.Second):
+			t.Fatalf("no ack for %s's heartbeat", id)
+			return Ack{}, nil
+		}
+	}
+	beat("echo", false)
+	beat("own", true)
+	if _, err := f.sys.Root.RequestFuture(f.reg, &DrainModel{Model: "m", Drained: true}, 5*time.Second).Result(); err != nil {
+		t.Fatal(err)
+	}
+	f.state()
+	f.state()
+	if a, s := beat("echo", true); !a.Drain || !s.Info.DrainEcho || !s.Info.AdminDrained {
+		t.Fatalf("under the drain: ack %+v, %+v", a, s.Info)
+	}
+	if _, s := beat("own", true); s.Info.DrainEcho {
+		t.Fatalf("drained by itself before the drain: %+v", s.Info)
+	}
+	if _, err := f.sys.Root.RequestFuture(f.reg, &DrainModel{Model: "m", Drained: false}, 5*time.Second).Result(); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if s := f.state(); s.Info.AdminDrained || (s.Info.ID == "echo") != s.Info.DrainEcho {
+			t.Fatalf("undrained: %+v", s.Info)
+		}
+	}
+	for i := range echoHeartbeats {
+		if a, s := beat("echo", true); a.Drain || !s.Info.DrainEcho {
+			t.Fatalf("heartbeat %d after the undrain: ack %+v, %+v", i+1, a, s.Info)
+		}
+	}
+	if _, s := beat("echo", true); s.Info.DrainEcho {
+		t.Fatalf("still echoing %d heartbeats after the undrain: %+v", echoHeartbeats+1, s.Info)
+	}
+}

@@ -51,6 +51,7 @@ type WorkerInfo struct {
 	// 0 = unknown, and then the worker has no known KV capacity (see KVCapacityTokens).
 	BlockSize     int64
 	Draining      bool // the engine reports draining
+	DrainEcho     bool // its draining is the echo of the gateway's own drain (see SelfDraining)
 	AdminDrained  bool // its model is drained through the admin API
 	LastHeartbeat time.Time
 	// Static: the engine does not heartbeat; its status comes from scraping its metrics and
@@ -61,6 +62,12 @@ type WorkerInfo struct {
 	// KVEvents: the engine serves tl.kv.v1.KvEvents/Subscribe on GRPCAddress (R18.3).
 	KVEvents bool
 }
+
+// SelfDraining reports whether the engine drains of its own accord: it reports draining, and
+// not as the echo of the gateway's own drain (DrainEcho; the registry decides which, see
+// registry.drainEcho). Only that is a reason to stop routing to it (R1, R19): the echo would
+// keep a worker out for up to two heartbeats after its model's drain is lifted.
+func (i WorkerInfo) SelfDraining() bool { return i.Draining && !i.DrainEcho }
 
 // KVCapacityTokens is the worker's KV capacity in tokens, KVTotalBlocks × BlockSize (SPEC
 // R15.1); 0 when either is unknown (0 or below).

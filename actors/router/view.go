@@ -40,7 +40,7 @@ func (s *slot) inFlight() int64 { return s.reported + int64(s.acqSent-s.acqSeen)
 func (s *slot) load() int64 { return s.inFlight() + s.info.QueueDepth }
 
 func (s *slot) routable() bool {
-	return s.live && !s.info.Draining && !s.info.AdminDrained && !s.ej.on
+	return s.live && !s.info.SelfDraining() && !s.info.AdminDrained && !s.ej.on
 }
 
 func (s *slot) stateName() string {
@@ -51,7 +51,7 @@ func (s *slot) stateName() string {
 		return stateEjected
 	case s.info.AdminDrained:
 		return stateDrained
-	case s.info.Draining:
+	case s.info.SelfDraining():
 		return stateDraining
 	}
 	return stateRoutable

@@ -210,3 +210,27 @@ func TestLoadReportOfAnEarlierRegistration(t *testing.T) {
 		t.Fatalf("after six more held picks: in flight w1 %d, w2 %d, w3 %d; want 8 spread evenly", a, b, c)
 	}
 }
+
+// TestViewDrainEchoIsRoutable: a worker whose draining is the echo of the gateway's own drain
+// (DrainEcho, decided by the registry) is routable and in the routable state; one draining by
+// itself is not.
+func TestViewDrainEchoIsRoutable(t *testing.T) {
+	r := newRig(t, Config{})
+	r.join("w1", "smol", 0)
+	w := r.workers[r.workerPID("w1").Id]
+	w.info.Draining, w.info.DrainEcho = true, true
+	r.report(w)
+	if row := r.row(t, "w1"); !row.Routable || r.st.view.slots["w1"].state != stateRoutable {
+		t.Fatalf("draining as the drain's echo: %+v, state %s", row, r.st.view.slots["w1"].state)
+	}
+	w.info.DrainEcho = false
+	r.report(w)
+	if row := r.row(t, "w1"); row.Routable || r.st.view.slots["w1"].state != stateDraining {
+		t.Fatalf("draining by itself: %+v, state %s", row, r.st.view.slots["w1"].state)
+	}
+	w.info.Draining, w.info.DrainEcho = false, true // DrainEcho means nothing without Draining
+	r.report(w)
+	if row := r.row(t, "w1"); !row.Routable {
+		t.Fatalf("not draining: %+v", row)
+	}
+}

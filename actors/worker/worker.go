@@ -81,7 +81,7 @@ func (w *workerActor) Receive(c actor.Context) {
 		w.arm(c)
 		w.report(c)
 	case *Status:
-		st.info = m.Info // AdminDrained included: the registry owns the drained-model set
+		st.info = m.Info // AdminDrained and DrainEcho included: the registry owns the drains
 		st.seq = m.Seq
 		if m.TTL > 0 {
 			st.cfg.TTL = m.TTL

@@ -146,6 +146,22 @@ func (c *cluster) etag(t *testing.T, i int) string {
 	return resp.Header.Get("ETag")
 }
 
+// completeOnce sends one completion for model to the replica at base (safe off the test's
+// goroutine: an error is a status of 0).
+func completeOnce(base, model string) (int, string) {
+	req, _ := http.NewRequest("POST", base+"/v1/completions", strings.NewReader(fmt.Sprintf(`{"model":%q,"prompt":"x","max_tokens":2}`, model)))
+	req.Header.Set("Authorization", "Bearer "+clusterKey)
+	req.Header.Set("Content-Type", "application/json")
+	client := http.Client{Timeout: 5 * time.Second}
+	resp, err := client.Do(req)
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<10))
+	return resp.StatusCode, string(b)
+}
+
 func (c *cluster) complete(t *testing.T, i int, model, prompt string) (*http.Response, string) {
 	t.Helper()
 	return c.do(t, i, "POST", "/v1/completions", "", fmt.Sprintf(`{"model":%q,"prompt":%q,"max_tokens":2}`, model, prompt))
@@ -217,7 +233,7 @@ func TestClusterOfThreeReplicas(t *testing.T) {
 		}
 	})
 
-	t.Run("a drain on one replica stops routing to that model on all", func(t *testing.T) {
+	t.Run("a drain on one replica stops routing to that model on all; an undrain routes it at once", func(t *testing.T) {
 		if r, b := c.do(t, 1, "POST", "/admin/v1/models/big:drain", "", ""); r.StatusCode != 202 {
 			t.Fatalf("drain: %d %s", r.StatusCode, b)
 		}
@@ -227,15 +243,50 @@ func TestClusterOfThreeReplicas(t *testing.T) {
 				return r.StatusCode == 503
 			})
 		}
+		// b1 echoes the drain: it reports draining to every replica, and will for a heartbeat
+		// or two after the undrain.
+		for i := range 3 {
+			eventually(t, fmt.Sprintf("replica %d sees b1 report draining", i+1), 5*time.Second, func() bool {
+				var rows []workerRow
+				c.getJSON(t, i, "/admin/v1/workers", &rows, "workers")
+				for _, w := range rows {
+					if w.ID == "b1" {
+						return w.Draining && w.Drained && !w.Routable
+					}
+				}
+				return false
+			})
+		}
 		if r, b := c.do(t, 2, "POST", "/admin/v1/models/big:undrain", "", ""); r.StatusCode != 202 {
 			t.Fatalf("undrain: %d %s", r.StatusCode, b)
 		}
+		// R19: every replica answers a request for big within 100 ms of the undrain's answer
+		// (heartbeats every 200 ms: the echo alone would hold it back for 200–400 ms).
+		undrained := time.Now()
+		var wg sync.WaitGroup
+		first := make([]time.Duration, 3) // per replica: when it first answered 200 (0: never)
+		last := make([]string, 3)         // per replica: its last answer that was not 200
 		for i := range 3 {
-			eventually(t, fmt.Sprintf("replica %d routes big again", i+1), time.Second, func() bool {
-				r, _ := c.complete(t, i, "big", "x")
-				return r.StatusCode == 200
-			})
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for n := 0; n < 100 && time.Since(undrained) < 100*time.Millisecond; n++ {
+					code, body := completeOnce(c.base(i), "big")
+					if code == 200 {
+						first[i] = time.Since(undrained)
+						return
+					}
+					last[i] = fmt.Sprintf("%d %s", code, body)
+				}
+			}()
 		}
+		wg.Wait()
+		for i, d := range first {
+			if d == 0 {
+				t.Errorf("replica %d did not answer 200 within 100 ms of the undrain; last answer %s", i+1, last[i])
+			}
+		}
+		t.Logf("first 200 after the undrain: %v", first)
 	})
 
 	t.Run("the same prompt to the affinity route lands on the same worker through every replica", func(t *testing.T) {
