@@ -277,7 +277,7 @@ func (v *workerView) reserve(s *slot, requester *actor.PID, fx effects) uint64 {
 // earlier registration's actor must not apply to a later one, see LoadReport).
 func (v *workerView) current(id string, pid *actor.PID) bool {
 	s := v.slots[id]
-	return s != nil && pid != nil && s.pid.Equal(pid)
+	return s != nil && s.pid.Equal(pid) // nil (no actor named) is no registration's
 }
 
 // loadReport applies a worker's in-flight change; it reports whether the load fell (room may
