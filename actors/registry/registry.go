@@ -113,12 +113,12 @@ type entry struct {
 }
 
 // Drain echoes (R19). An engine told to drain by a heartbeat ack reports draining until an ack
-// no longer asks it to: in its next heartbeat after an undrain (sent before that ack reached
-// it), and in a cluster for as long as any replica's latest ack to it asks for the drain (tlengine
-// drains while any gateway's does). That echo of the gateway's own drain is no reason to stop
-// routing once the drain is lifted; an engine that drains of its own accord (shutting down)
-// still is. The registry, which sends the acks, tells one from the other
-// (router.WorkerInfo.DrainEcho):
+// no longer asks it to: its first heartbeat after an undrain still does (it left before the
+// ack without the drain came back), and in a cluster it drains while any replica's latest ack
+// to it asks for the drain (tlengine drains while any gateway's does). That echo of the
+// gateway's own drain is no reason to stop routing once the drain is lifted; an engine that
+// drains of its own accord (shutting down) still is. The registry, which sends the acks, tells
+// one from the other (router.WorkerInfo.DrainEcho):
 //   - a heartbeat that reports draining while its model is drained is the echo, unless the
 //     engine already reported draining before the drain (then it drains by itself; a new
 //     registration has reported nothing before);

@@ -100,9 +100,9 @@ func (v *workerView) warm(ch choice, s *slot, out *Picked, fx effects) {
 		WorkerID: t.info.ID, HTTPAddress: t.info.HTTPAddress, GRPCAddress: t.info.GRPCAddress},
 		Bytes: chunks * prefixindex.ChunkBytes}
 	if v.pidx != nil {
-		// The index learns the copy when the requester has sent it (warmupSent). A copy of the
-		// hashes, as the request's may not outlive its pick (bounded by the prompt's chunks,
-		// and held as long as the pick's requester holds its answer).
+		// The index learns the copy when the requester has sent it (warmupSent). The pick's
+		// hashes are its requester's, which may reuse them: a copy (the prefix's chunks, held
+		// while the requester holds the answer).
 		out.Warm.Hashes = slices.Clone(ch.hashes[:chunks])
 	}
 	v.warmups.Inc()
