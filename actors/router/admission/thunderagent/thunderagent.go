@@ -5,10 +5,19 @@
 // program's prefix stays cached on its worker instead of being evicted and recomputed.
 //
 // It is a DispatchGate on the one admission queue: no queue and no scheduler tick of its own.
-// The ledger is settled, in upstream's tick order, on every ask about a lane head (expire
+// The ledger is settled, in upstream's tick order, on an ask about a lane head (expire
 // retained programs, clear assignments on workers gone, decide the head, greedy resume,
-// forced resume, pause until safe) and on every event (Dispatched, Moved, Completed, Left).
-// No request in flight is ever preempted: pausing only holds a program's next turn.
+// forced resume, pause until safe) and kept on every event (Dispatched, Moved, Completed,
+// Left). No request in flight is ever preempted: pausing only holds a program's next turn.
+//
+// The work per ask is bounded (issue 34): each worker's usage is a sum kept as programs
+// change (ledger.go), not recomputed; retained programs wait in a heap by their retention
+// deadline; and the settling steps (greedy resume, forced resume, pause until safe) run at
+// most once per instant, pool, candidate workers and state of the pool's ledger — a held head
+// asked again with nothing changed (every paused program's head, on every wake) costs a few
+// lookups, not a pass over the programs. A second settling with nothing changed could only
+// repeat the first one's decisions, or undo and redo them (a program paused by one settling's
+// last step and resumed by the next one's first).
 //
 // Like every gate it is used from the router actor's goroutine only.
 package thunderagent
@@ -74,10 +83,13 @@ type program struct {
 	// it). priorFor is the request it was taken for.
 	prior    *program
 	priorFor uint64
-	gone     bool // forgotten (still in Policy.list until it is compacted)
+	gone     bool // forgotten: out of the ledger (a tracked request may still point to it)
 	// pin is the one worker its turns may go to (a request allowed on one worker only: a hard
 	// pin, never rerouted), "" when none.
 	pin string
+	// ix is its place in the ledger's indexes (ledger.go); a rollback, which copies a whole
+	// earlier program over it, keeps it.
+	ix ix
 }
 
 // Policy is the thunderagent classifier and gate.
@@ -85,16 +97,25 @@ type Policy struct {
 	cfg      Config
 	now      func() time.Time
 	programs map[uint64]*program // by session key (sessionKey of the session id)
-	// list is the programs in creation order (forgotten ones marked gone until compacted):
-	// every pass over the programs walks it, so sums and choices do not depend on map order.
-	list   []*program
-	ngone  int
-	reqs   map[uint64]*program // tracked requests (request key) → their program
-	final  map[uint64]bool     // tracked final turns, whose program is already gone
-	seq    uint64
-	key    [16]byte // for the admin view's session hashes
-	pauses uint64
-	forced uint64
+	// pools are the programs' indexes by pool (ledger.go): bounded by the pools that have a
+	// program (an emptied pool's entry is dropped).
+	pools map[string]*poolLedger
+	// retained is the programs that expire when their retention ends (between turns, none
+	// tracked), by deadline: at most one entry per program.
+	retained retHeap
+	// counts is the programs by state (Stats), kept with the indexes.
+	counts [3]int
+	// scratch slices reused by the settling steps (bounded by the programs, cleared after use).
+	cands, set []*program
+	lefts      []float64
+	reqs       map[uint64]*program // tracked requests (request key) → their program
+	final      map[uint64]bool     // tracked final turns, whose program is already gone
+	seq        uint64
+	key        [16]byte // for the admin view's session hashes
+	pauses     uint64
+	forced     uint64
+	// settles counts the settlings (greedy resume, forced resume, pause until safe) so far.
+	settles uint64
 }
 
 var (
@@ -106,7 +127,7 @@ var (
 // New returns an empty policy reading time from now.
 func New(cfg Config, now func() time.Time) *Policy {
 	p := &Policy{cfg: cfg, now: now, programs: make(map[uint64]*program), reqs: make(map[uint64]*program),
-		final: make(map[uint64]bool)}
+		final: make(map[uint64]bool), pools: make(map[string]*poolLedger)}
 	_, _ = rand.Read(p.key[:])
 	return p
 }
@@ -142,20 +163,21 @@ func (p *Policy) Classify(r *admission.Request, _ []string, _ func([]string) int
 		p.seq++
 		pr = &program{sid: sid, pool: r.Pool, seq: p.seq, state: reasoning, tokens: r.PromptTokens}
 		p.programs[sid] = pr
-		p.list = append(p.list, pr)
 	}
 	if len(r.Allowed) == 1 {
 		pr.pin = r.Allowed[0]
 	}
 	pr.live++
 	p.reqs[r.Key] = pr
+	p.reindex(pr)
 }
 
 // evictOne removes the program with the oldest acting_since (never set first) that has no
-// request queued or running; false when every program has one.
+// request queued or running (ties to the older program); false when every program has one.
+// It walks the programs: it runs only for a new program at the program limit.
 func (p *Policy) evictOne() bool {
 	var victim *program
-	for pr := range p.all() {
+	for _, pr := range p.programs {
 		if pr.live > 0 {
 			continue
 		}
@@ -169,17 +191,6 @@ func (p *Policy) evictOne() bool {
 	}
 	p.forget(victim)
 	return true
-}
-
-// all yields the programs in creation order.
-func (p *Policy) all() func(yield func(*program) bool) {
-	return func(yield func(*program) bool) {
-		for _, pr := range p.list {
-			if !pr.gone && !yield(pr) {
-				return
-			}
-		}
-	}
 }
 
 // Check decides a lane head, settling the ledger first (see the package comment).
@@ -198,7 +209,9 @@ func (p *Policy) Check(head *admission.Request, v admission.View) admission.Deci
 	now := v.Now()
 	ws := v.Workers()
 	p.expire(now)
-	p.clearGone(pr.pool, ws)
+	pl := p.pools[pr.pool]
+	same := pl.sameWorkers(ws)
+	p.clearGone(pl, ws, same)
 	if turn := p.turnOf(pr); turn != 0 && turn != head.Key {
 		return admission.Decision{Wait: WaitTurn, SessionOnly: true} // rule 4
 	}
@@ -212,9 +225,22 @@ func (p *Policy) Check(head *admission.Request, v admission.View) admission.Deci
 		}
 	}
 	d, decided := p.admit(head, pr, ws, now)
-	p.greedyResume(pr.pool, ws, now)
-	p.forceTimedOut(pr.pool, ws, now)
-	p.pauseUntilSafe(pr.pool, ws, now)
+	if !same || !pl.settledAt.Equal(now) || pl.settledVer != pl.ver {
+		p.greedyResume(pr.pool, ws, now)
+		p.forceTimedOut(pr.pool, ws, now)
+		p.pauseUntilSafe(pr.pool, ws, now)
+		p.settles++
+		if pl = p.pools[pr.pool]; pl != nil {
+			pl.settledAt, pl.settledVer = now, pl.ver
+			pl.remember(ws)
+		}
+	}
+	if pl = p.pools[pr.pool]; pl != nil && pl.sameWorkers(ws) {
+		// Nothing in this ask assigned a program to a worker outside ws (every step places
+		// programs on ws's workers only): the next clearGone with these workers has nothing
+		// to drop until something else changes the pool.
+		pl.clearedVer = pl.ver
+	}
 	if !decided && pr.state != paused && p.programs[pr.sid] == pr {
 		// Resumed in this settling: decided again at once rather than at the next wake.
 		d, _ = p.admit(head, pr, ws, now)
@@ -268,12 +294,12 @@ func (p *Policy) admit(head *admission.Request, pr *program, ws []admission.Work
 	if pr.steps == 0 && p.anyPaused(pr.pool) {
 		return p.deferHead(pr, head, now), false // 5.5: a new program waits behind paused ones
 	}
-	used := p.usage(pr.pool, now, false)
+	pl := p.pools[pr.pool]
 	if len(head.Allowed) == 1 {
 		// 5.6: a hard pin goes only where it is pinned, and only with room there.
 		w := head.Allowed[0]
 		for _, x := range ws {
-			if x.ID == w && x.Capacity > 0 && float64(x.Capacity)-used[w] >= float64(input) {
+			if x.ID == w && x.Capacity > 0 && float64(x.Capacity)-p.pauseUse(pl, w) >= float64(input) {
 				return p.release(pr, head, true, w), true
 			}
 		}
@@ -281,11 +307,12 @@ func (p *Policy) admit(head *admission.Request, pr *program, ws []admission.Work
 	}
 	best, bestUsed := "", 0.0
 	for _, w := range ws { // 5.7: the least-used worker that fits, ties to the lowest id
-		if w.Capacity <= 0 || float64(w.Capacity)-used[w.ID] < float64(input) {
+		used := p.pauseUse(pl, w.ID)
+		if w.Capacity <= 0 || float64(w.Capacity)-used < float64(input) {
 			continue
 		}
-		if best == "" || used[w.ID] < bestUsed || (used[w.ID] == bestUsed && w.ID < best) {
-			best, bestUsed = w.ID, used[w.ID]
+		if best == "" || used < bestUsed || (used == bestUsed && w.ID < best) {
+			best, bestUsed = w.ID, used
 		}
 	}
 	if best == "" {
@@ -301,14 +328,15 @@ func (p *Policy) release(pr *program, head *admission.Request, target bool, work
 	if target {
 		pr.worker, d.Target = worker, worker
 	}
+	p.reindex(pr)
 	return d
 }
 
 // deferHead is rule 6's defer: the program is paused (since the first time), unassigned; its
 // waiting turn's prompt is what a resume must find room for.
 func (p *Policy) deferHead(pr *program, head *admission.Request, now time.Time) admission.Decision {
-	p.pause(pr, reasoning, now)
 	pr.turnTokens = head.PromptTokens
+	p.pause(pr, reasoning, now)
 	return admission.Decision{Wait: WaitPaused}
 }
 
@@ -321,6 +349,7 @@ func (p *Policy) pause(pr *program, from state, now time.Time) {
 	if pr.pausedSince.IsZero() {
 		pr.pausedSince = now
 	}
+	p.reindex(pr)
 }
 
 // holdUntil is when a held head of pr must be asked again at the latest: its forced resume,
@@ -330,42 +359,51 @@ func (p *Policy) holdUntil(pr *program, now time.Time) time.Time {
 	if pr.state == paused {
 		at = pr.pausedSince.Add(p.cfg.ResumeTimeout)
 	}
-	for x := range p.all() {
-		if (x.state == acting || x.state == paused && x.pausedFrom == acting) && x.live == 0 {
-			if d := x.actingSince.Add(p.cfg.SessionRetention); d.After(now) && (at.IsZero() || d.Before(at)) {
-				at = d
-			}
-		}
+	if d, ok := p.nextRetention(now); ok && (at.IsZero() || d.Before(at)) {
+		at = d
 	}
 	return at
 }
 
-// expire forgets acting programs idle past their retention (rule 9.1), on read.
+// expire forgets acting programs idle past their retention (rule 9.1), on read: the first
+// ones of the retention heap, one step each.
 func (p *Policy) expire(now time.Time) {
-	for pr := range p.all() {
-		if p.expired(pr, now) {
-			p.forget(pr)
-		}
+	for len(p.retained) > 0 && p.expired(p.retained[0], now) {
+		p.forget(p.retained[0])
 	}
 }
 
-// clearGone drops the assignments of pool's programs to workers no longer live (rule 9.2).
-func (p *Policy) clearGone(pool string, ws []admission.Worker) {
-	for pr := range p.all() {
-		if pr.pool == pool && pr.worker != "" && pr.running == 0 &&
-			!slices.ContainsFunc(ws, func(w admission.Worker) bool { return w.ID == pr.worker }) {
-			pr.worker = ""
+// clearGone drops the assignments of pool's programs to workers not among ws (rule 9.2). With
+// the same workers as at its last run and nothing changed in the pool since (same), there is
+// nothing to drop.
+func (p *Policy) clearGone(pl *poolLedger, ws []admission.Worker, same bool) {
+	if pl == nil || (same && pl.clearedVer == pl.ver) {
+		return
+	}
+	drop := p.set[:0]
+	for id, wl := range pl.workers {
+		if slices.ContainsFunc(ws, func(w admission.Worker) bool { return w.ID == id }) {
+			continue
+		}
+		for _, pr := range wl.progs {
+			if pr.running == 0 {
+				drop = append(drop, pr)
+			}
 		}
 	}
+	for _, pr := range drop {
+		pr.worker = ""
+		p.reindex(pr)
+	}
+	clear(drop)
+	p.set = drop[:0]
+	pl.clearedVer = pl.ver
+	pl.remember(ws)
 }
 
 func (p *Policy) anyPaused(pool string) bool {
-	for pr := range p.all() {
-		if pr.pool == pool && pr.state == paused {
-			return true
-		}
-	}
-	return false
+	pl := p.pools[pool]
+	return pl != nil && len(pl.paused) > 0
 }
 
 // forget removes pr from the ledger (its tracked requests stay tracked until they end).
@@ -375,10 +413,7 @@ func (p *Policy) forget(pr *program) {
 	}
 	delete(p.programs, pr.sid)
 	pr.gone = true
-	if p.ngone++; p.ngone > len(p.list)/2 {
-		p.list = slices.DeleteFunc(p.list, func(x *program) bool { return x.gone })
-		p.ngone = 0
-	}
+	p.reindex(pr)
 }
 
 // size is what pr takes on a worker while it reasons: its context (or its turn's prompt, if
@@ -387,19 +422,21 @@ func (p *Policy) size(pr *program) float64 {
 	return float64(max(pr.tokens, pr.turnTokens) + p.cfg.BufferPerProgram)
 }
 
-// usage is each worker's use by pool's programs (rule 8): a reasoning program its size; an
-// acting one its tokens × acting_token_weight (pause side) or × 2^(−idle/τ) (resume side).
+// usage is each worker's use by pool's programs (rule 8), from the sums kept (pauseUse,
+// resumeUse): a reasoning program its size; an acting one its tokens × acting_token_weight
+// (pause side) or × 2^(−idle/τ) (resume side). For tests and views: the steps read one
+// worker's sums at a time.
 func (p *Policy) usage(pool string, now time.Time, resumeSide bool) map[string]float64 {
 	used := make(map[string]float64)
-	for pr := range p.all() {
-		if pr.pool != pool || pr.worker == "" {
-			continue
-		}
-		switch pr.state {
-		case reasoning:
-			used[pr.worker] += p.size(pr)
-		case acting:
-			used[pr.worker] += p.actingUse(pr, now, resumeSide)
+	pl := p.pools[pool]
+	if pl == nil {
+		return used
+	}
+	for id := range pl.workers {
+		if resumeSide {
+			used[id] = p.resumeUse(pl, id, now)
+		} else {
+			used[id] = p.pauseUse(pl, id)
 		}
 	}
 	return used
@@ -431,16 +468,12 @@ func (p *Policy) resumeKind(pr *program) int {
 // first, first fit, onto workers by headroom (most first); workers with no more headroom
 // than one buffer take none.
 func (p *Policy) greedyResume(pool string, ws []admission.Worker, now time.Time) {
-	var cands []*program
-	for pr := range p.all() {
-		if pr.pool == pool && pr.state == paused {
-			cands = append(cands, pr)
-		}
-	}
-	if len(cands) == 0 {
+	pl := p.pools[pool]
+	if pl == nil || len(pl.paused) == 0 {
 		return
 	}
-	used := p.usage(pool, now, true)
+	cands := append(p.cands[:0], pl.paused...)
+	defer func() { clear(cands); p.cands = cands[:0] }()
 	ceiling := p.cfg.PauseThreshold - p.cfg.ResumeHysteresis
 	type room struct {
 		id   string
@@ -452,7 +485,7 @@ func (p *Policy) greedyResume(pool string, ws []admission.Worker, now time.Time)
 		if w.Capacity <= 0 {
 			continue
 		}
-		if left := float64(w.Capacity)*ceiling - used[w.ID]; left > float64(p.cfg.BufferPerProgram) {
+		if left := float64(w.Capacity)*ceiling - p.resumeUse(pl, w.ID, now); left > float64(p.cfg.BufferPerProgram) {
 			rooms = append(rooms, room{w.ID, left})
 			total += left
 		}
@@ -465,7 +498,8 @@ func (p *Policy) greedyResume(pool string, ws []admission.Worker, now time.Time)
 		sum += p.size(cands[n])
 		n++
 	}
-	set := slices.Clone(cands[:n])
+	set := append(p.set[:0], cands[:n]...)
+	defer func() { clear(set); p.set = set[:0] }()
 	slices.SortStableFunc(set, func(a, b *program) int { return cmp.Compare(p.size(b), p.size(a)) })
 	slices.SortStableFunc(rooms, func(a, b room) int { return cmp.Or(cmp.Compare(b.left, a.left), cmp.Compare(a.id, b.id)) })
 	for _, pr := range set {
@@ -488,6 +522,7 @@ func (p *Policy) resume(pr *program, worker string, _ time.Time) {
 	if p.waiting(pr) {
 		pr.state = reasoning
 	}
+	p.reindex(pr)
 }
 
 // waiting reports whether a turn of pr waits (tracked, not running).
@@ -496,32 +531,41 @@ func (p *Policy) waiting(pr *program) bool { return pr.live > 0 && pr.running ==
 // forceTimedOut is rule 11: a program paused for resume_timeout is resumed on the worker with
 // the most capacity left after its decayed usage (ties to the lowest id), room or not.
 func (p *Policy) forceTimedOut(pool string, ws []admission.Worker, now time.Time) {
-	var due []*program
-	for pr := range p.all() {
-		if pr.pool == pool && pr.state == paused && !now.Before(pr.pausedSince.Add(p.cfg.ResumeTimeout)) {
+	pl := p.pools[pool]
+	if pl == nil || len(ws) == 0 {
+		return
+	}
+	due := p.cands[:0]
+	defer func() { clear(due); p.cands = due[:0] }()
+	for _, pr := range pl.paused {
+		if !now.Before(pr.pausedSince.Add(p.cfg.ResumeTimeout)) {
 			due = append(due, pr)
 		}
 	}
-	if len(due) == 0 || len(ws) == 0 {
+	if len(due) == 0 {
 		return
 	}
 	slices.SortFunc(due, func(a, b *program) int { return cmp.Compare(a.seq, b.seq) })
-	used := p.usage(pool, now, true)
+	used := p.lefts[:0] // each of ws's decayed usage, as it was before this step and its resumes
+	for _, w := range ws {
+		used = append(used, p.resumeUse(pl, w.ID, now))
+	}
+	p.lefts = used[:0]
 	for _, pr := range due {
-		best, bestLeft := "", 0.0
-		for _, w := range ws {
+		best, bestLeft := -1, 0.0
+		for i, w := range ws {
 			if pr.pin != "" && w.ID != pr.pin {
 				continue // a hard pin is never rerouted
 			}
-			left := float64(w.Capacity) - used[w.ID]
-			if best == "" || left > bestLeft || (left == bestLeft && w.ID < best) {
-				best, bestLeft = w.ID, left
+			left := float64(w.Capacity) - used[i]
+			if best < 0 || left > bestLeft || (left == bestLeft && w.ID < ws[best].ID) {
+				best, bestLeft = i, left
 			}
 		}
-		if best == "" {
+		if best < 0 {
 			continue // its pin is gone: it waits for it
 		}
-		p.resume(pr, best, now)
+		p.resume(pr, ws[best].ID, now)
 		used[best] += p.size(pr)
 		p.forced++
 	}
@@ -532,17 +576,18 @@ func (p *Policy) forceTimedOut(pool string, ws []admission.Worker, now time.Time
 // if it is still above, every reasoning program there is marked to pause at its next
 // completion. A turn in flight is never preempted.
 func (p *Policy) pauseUntilSafe(pool string, ws []admission.Worker, now time.Time) {
-	used := p.usage(pool, now, false)
+	pl := p.pools[pool]
+	if pl == nil {
+		return
+	}
 	for _, w := range ws {
-		if w.Capacity <= 0 || used[w.ID] <= float64(w.Capacity)*p.cfg.PauseThreshold {
+		u := p.pauseUse(pl, w.ID)
+		if w.Capacity <= 0 || u <= float64(w.Capacity)*p.cfg.PauseThreshold {
 			continue
 		}
 		target := float64(w.Capacity) * p.cfg.PauseTarget
-		var actors, reasoners []*program
-		for pr := range p.all() {
-			if pr.pool != pool || pr.worker != w.ID {
-				continue
-			}
+		actors, reasoners := p.cands[:0], p.set[:0]
+		for _, pr := range pl.workers[w.ID].progs {
 			switch pr.state {
 			case acting:
 				actors = append(actors, pr)
@@ -550,9 +595,7 @@ func (p *Policy) pauseUntilSafe(pool string, ws []admission.Worker, now time.Tim
 				reasoners = append(reasoners, pr)
 			}
 		}
-		slices.SortFunc(actors, func(a, b *program) int { return cmp.Compare(a.seq, b.seq) })
-		slices.SortStableFunc(actors, func(a, b *program) int { return cmp.Compare(a.tokens, b.tokens) })
-		u := used[w.ID]
+		slices.SortFunc(actors, func(a, b *program) int { return cmp.Or(cmp.Compare(a.tokens, b.tokens), cmp.Compare(a.seq, b.seq)) })
 		for _, pr := range actors {
 			if u <= target {
 				break
@@ -566,6 +609,9 @@ func (p *Policy) pauseUntilSafe(pool string, ws []admission.Worker, now time.Tim
 				pr.markPause = true
 			}
 		}
+		clear(actors)
+		clear(reasoners)
+		p.cands, p.set = actors[:0], reasoners[:0]
 	}
 }
 
@@ -577,12 +623,14 @@ func (p *Policy) Dispatched(r *admission.Request, worker string) {
 	}
 	pr.running, pr.worker, pr.state, pr.pausedSince = r.Key, worker, reasoning, time.Time{}
 	pr.turnTokens = r.PromptTokens
+	p.reindex(pr)
 }
 
 // Moved follows a turn to the worker it went on on.
 func (p *Policy) Moved(r *admission.Request, _, to string) {
 	if pr := p.reqs[r.Key]; pr != nil && pr.running == r.Key {
 		pr.worker = to
+		p.reindex(pr)
 	}
 }
 
@@ -609,6 +657,7 @@ func (p *Policy) Completed(r *admission.Request, _ string) {
 	}
 	pr.turnTokens = 0
 	pr.steps++
+	p.reindex(pr)
 	if pr.markPause {
 		pr.markPause = false
 		p.pause(pr, acting, now)
@@ -632,6 +681,7 @@ func (p *Policy) untrack(r *admission.Request) *program {
 	if p.programs[pr.sid] != pr {
 		return nil
 	}
+	p.reindex(pr)
 	return pr
 }
 
@@ -640,12 +690,14 @@ func (p *Policy) untrack(r *admission.Request) *program {
 func (p *Policy) rollback(pr *program) {
 	if pr.prior == nil {
 		pr.state, pr.worker, pr.turnTokens, pr.priorFor = reasoning, "", 0, 0
+		p.reindex(pr)
 		p.settleIdle(pr)
 		return
 	}
-	live := pr.live
+	live, x := pr.live, pr.ix
 	*pr = *pr.prior
-	pr.live, pr.running, pr.prior, pr.priorFor = live, 0, nil, 0
+	pr.live, pr.running, pr.prior, pr.priorFor, pr.ix = live, 0, nil, 0, x
+	p.reindex(pr)
 	p.settleIdle(pr)
 }
 
@@ -681,6 +733,7 @@ func (p *Policy) settleIdle(pr *program) {
 		p.forget(pr)
 	case pr.state == reasoning:
 		pr.state, pr.turnTokens, pr.markPause = acting, 0, false
+		p.reindex(pr)
 	}
 }
 
@@ -693,11 +746,12 @@ type ProgramView struct {
 	PausedSince *time.Time `json:"paused_since,omitempty"`
 }
 
-// Programs lists the programs (expired ones excluded), by session hash.
+// Programs lists the programs (expired ones excluded), by session hash (the admin API: it
+// walks them all).
 func (p *Policy) Programs() []ProgramView {
 	now := p.now()
 	out := make([]ProgramView, 0, len(p.programs))
-	for pr := range p.all() {
+	for _, pr := range p.programs {
 		if p.expired(pr, now) {
 			continue // retention is computed on read
 		}
@@ -728,21 +782,23 @@ type Stats struct {
 	Pauses, ForcedResumes     uint64
 }
 
-// Stats counts the programs (expired ones excluded): one pass, nothing hashed or sorted.
+// Stats counts the programs (expired ones excluded) from the counts kept by state, less the
+// expired ones (the retention heap's entries past their deadline: no pass over the others).
 func (p *Policy) Stats() Stats {
-	s := Stats{Pauses: p.pauses, ForcedResumes: p.forced}
+	s := Stats{Pauses: p.pauses, ForcedResumes: p.forced,
+		Reasoning: p.counts[reasoning], Acting: p.counts[acting], Paused: p.counts[paused]}
 	now := p.now()
-	for pr := range p.all() {
-		switch {
-		case p.expired(pr, now):
-		case pr.state == reasoning:
-			s.Reasoning++
-		case pr.state == acting:
-			s.Acting++
-		default:
-			s.Paused++
+	p.retained.each(func(pr *program) bool {
+		if !p.expired(pr, now) {
+			return false
 		}
-	}
+		if pr.state == acting {
+			s.Acting--
+		} else {
+			s.Paused--
+		}
+		return true
+	})
 	return s
 }
 

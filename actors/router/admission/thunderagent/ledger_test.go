@@ -1,0 +1,243 @@
+package thunderagent
+
+import (
+	"math"
+	"slices"
+	"testing"
+	"time"
+
+	"pgregory.net/rapid"
+
+	"github.com/tlgw/tlgw/actors/router/admission"
+)
+
+// TestLedgerSumsMatchAFromScratchCount (issue 34, review finding 7): over random sequences of
+// program and request events — requests of a few sessions in two pools classified, asked
+// about with changing workers and time, dispatched, moved, completed (whole or aborted) or
+// leaving — the sums and sets kept as programs change equal what a pass over every program
+// computes: each worker's reasoning sizes and acting tokens (exactly), its decayed acting use
+// (to rounding), the paused programs, each worker's programs, the retained programs (and the
+// heap's order), the counts by state, and no index is left for a pool without programs.
+func TestLedgerSumsMatchAFromScratchCount(t *testing.T) {
+	rapid.Check(t, func(rt *rapid.T) {
+		c := cfg()
+		c.BufferPerProgram = rapid.IntRange(0, 50).Draw(rt, "buffer")
+		c.ActingTokenWeight = rapid.SampledFrom([]float64{1, 0.5, 1.5}).Draw(rt, "weight")
+		c.ActingDecayTau = time.Duration(rapid.IntRange(1, 3).Draw(rt, "tau_s")) * time.Second
+		c.ResumeTimeout = time.Duration(rapid.IntRange(1, 20).Draw(rt, "resume_timeout_s")) * time.Second
+		c.SessionRetention = time.Duration(rapid.IntRange(1, 60).Draw(rt, "retention_s")) * time.Second
+		c.MaxTrackedRequests = rapid.IntRange(2, 12).Draw(rt, "max_tracked")
+		now := time.Unix(10000, 0)
+		p := New(c, func() time.Time { return now })
+		pools := map[string][]admission.Worker{
+			"p": {{ID: "a", Capacity: 1000}, {ID: "b", Capacity: 2000}, {ID: "c", Capacity: 0}},
+			"q": {{ID: "x", Capacity: 1500}, {ID: "y", Capacity: 500}},
+		}
+		type live struct {
+			r          *admission.Request
+			dispatched bool
+			worker     string
+			target     string
+		}
+		var reqs []*live
+		key := uint64(0)
+		pick := func(want func(*live) bool) *live {
+			var xs []*live
+			for _, l := range reqs {
+				if want(l) {
+					xs = append(xs, l)
+				}
+			}
+			if len(xs) == 0 {
+				return nil
+			}
+			return rapid.SampledFrom(xs).Draw(rt, "request")
+		}
+		drop := func(l *live) { reqs = slices.DeleteFunc(reqs, func(x *live) bool { return x == l }) }
+		for range rapid.IntRange(1, 80).Draw(rt, "steps") {
+			switch rapid.IntRange(0, 6).Draw(rt, "event") {
+			case 0: // a request of a session
+				key++
+				pool := rapid.SampledFrom([]string{"p", "q"}).Draw(rt, "pool")
+				r := &admission.Request{Key: key, Pool: pool,
+					SessionID:    rapid.SampledFrom([]string{"", "s1", "s2", "s3", "s4", "s5"}).Draw(rt, "session"),
+					PromptTokens: rapid.IntRange(0, 1200).Draw(rt, "prompt"), Final: rapid.IntRange(0, 5).Draw(rt, "final") == 0}
+				if rapid.IntRange(0, 4).Draw(rt, "pinned") == 0 {
+					r.Allowed = []string{rapid.SampledFrom(pools[pool]).Draw(rt, "pin").ID}
+				}
+				p.Classify(r, nil, nil)
+				if r.Refuse == nil {
+					reqs = append(reqs, &live{r: r})
+				}
+			case 1: // a queued request asked about, with some of its pool's workers
+				l := pick(func(l *live) bool { return !l.dispatched })
+				if l == nil {
+					continue
+				}
+				var ws []admission.Worker
+				for _, w := range pools[l.r.Pool] {
+					if rapid.IntRange(0, 5).Draw(rt, "absent") > 0 {
+						ws = append(ws, w)
+					}
+				}
+				d := p.Check(l.r, view{ws: ws, now: now})
+				if d.Go {
+					l.target = d.Target
+					if l.target == "" {
+						l.target = pools[l.r.Pool][0].ID
+					}
+				}
+			case 2: // a request the gate let go is dispatched
+				l := pick(func(l *live) bool { return !l.dispatched && l.target != "" })
+				if l == nil {
+					continue
+				}
+				l.dispatched, l.worker = true, l.target
+				p.Dispatched(l.r, l.worker)
+			case 3: // a failover moves it
+				l := pick(func(l *live) bool { return l.dispatched })
+				if l == nil {
+					continue
+				}
+				to := rapid.SampledFrom(pools[l.r.Pool]).Draw(rt, "to").ID
+				p.Moved(l.r, l.worker, to)
+				l.worker = to
+			case 4: // it ends
+				l := pick(func(l *live) bool { return l.dispatched })
+				if l == nil {
+					continue
+				}
+				l.r.ContextTokens = rapid.IntRange(0, 3000).Draw(rt, "context")
+				l.r.Aborted = rapid.IntRange(0, 3).Draw(rt, "aborted") == 0
+				p.Completed(l.r, l.worker)
+				drop(l)
+			case 5: // a queued request leaves (cancelled, expired)
+				l := pick(func(l *live) bool { return !l.dispatched })
+				if l == nil {
+					continue
+				}
+				p.Left(l.r)
+				drop(l)
+			case 6:
+				now = now.Add(time.Duration(rapid.IntRange(0, 5000).Draw(rt, "advance_ms")) * time.Millisecond)
+			}
+			checkLedger(rt, p, now)
+		}
+	})
+}
+
+// checkLedger compares the policy's indexes with a pass over its programs.
+func checkLedger(t *rapid.T, p *Policy, now time.Time) {
+	type sums struct {
+		reasoning, acting int64
+		decayed           float64
+		progs             []uint64
+	}
+	want := map[string]map[string]*sums{}
+	pausedIn := map[string][]uint64{}
+	var retained []uint64
+	var counts [3]int
+	for _, pr := range p.programs {
+		counts[pr.state]++
+		if pr.state == paused {
+			pausedIn[pr.pool] = append(pausedIn[pr.pool], pr.sid)
+		}
+		if (pr.state == acting || pr.state == paused && pr.pausedFrom == acting) && pr.live == 0 {
+			retained = append(retained, pr.sid)
+		}
+		if pr.worker == "" {
+			continue
+		}
+		if want[pr.pool] == nil {
+			want[pr.pool] = map[string]*sums{}
+		}
+		s := want[pr.pool][pr.worker]
+		if s == nil {
+			s = &sums{}
+			want[pr.pool][pr.worker] = s
+		}
+		s.progs = append(s.progs, pr.sid)
+		switch pr.state {
+		case reasoning:
+			s.reasoning += int64(max(pr.tokens, pr.turnTokens) + p.cfg.BufferPerProgram)
+		case acting:
+			s.acting += int64(pr.tokens)
+			s.decayed += float64(pr.tokens) * math.Exp2(-float64(now.Sub(pr.actingSince))/float64(p.cfg.ActingDecayTau))
+		}
+	}
+	if counts != p.counts {
+		t.Fatalf("counts %v, from scratch %v", p.counts, counts)
+	}
+	sids := func(prs []*program) []uint64 {
+		out := make([]uint64, 0, len(prs))
+		for _, pr := range prs {
+			out = append(out, pr.sid)
+		}
+		slices.Sort(out)
+		return out
+	}
+	slices.Sort(retained)
+	if got := sids(p.retained); !slices.Equal(got, retained) {
+		t.Fatalf("retained %v, from scratch %v", got, retained)
+	}
+	for i, pr := range p.retained {
+		if pr.ix.rpos != i {
+			t.Fatalf("retained[%d] says it is at %d", i, pr.ix.rpos)
+		}
+		if i > 0 && p.retained.Less(i, (i-1)/2) {
+			t.Fatalf("the retention heap is out of order at %d", i)
+		}
+	}
+	for name, pl := range p.pools {
+		if pl.n == 0 {
+			t.Fatalf("pool %q: %d programs", name, pl.n)
+		}
+		n := 0
+		for _, pr := range p.programs {
+			if pr.pool == name {
+				n++
+			}
+		}
+		if n != pl.n {
+			t.Fatalf("pool %q counts %d programs, from scratch %d", name, pl.n, n)
+		}
+		ps := pausedIn[name]
+		slices.Sort(ps)
+		if got := sids(pl.paused); !slices.Equal(got, ps) {
+			t.Fatalf("pool %q paused %v, from scratch %v", name, got, ps)
+		}
+		if len(pl.workers) != len(want[name]) {
+			t.Fatalf("pool %q: %d workers indexed, %d from scratch", name, len(pl.workers), len(want[name]))
+		}
+		for id, wl := range pl.workers {
+			s := want[name][id]
+			if s == nil {
+				t.Fatalf("pool %q: worker %s indexed with no program", name, id)
+			}
+			slices.Sort(s.progs)
+			if got := sids(wl.progs); !slices.Equal(got, s.progs) {
+				t.Fatalf("pool %q worker %s: programs %v, from scratch %v", name, id, got, s.progs)
+			}
+			if wl.reasoning != s.reasoning || wl.acting != s.acting {
+				t.Fatalf("pool %q worker %s: reasoning %d acting %d, from scratch %d %d", name, id, wl.reasoning, wl.acting, s.reasoning, s.acting)
+			}
+			if got, want := p.pauseUse(pl, id), float64(s.reasoning)+float64(s.acting)*p.cfg.ActingTokenWeight; got != want {
+				t.Fatalf("pool %q worker %s: pause side %v, from scratch %v", name, id, got, want)
+			}
+			got, want := p.resumeUse(pl, id, now), float64(s.reasoning)+s.decayed
+			if math.Abs(got-want) > 1e-9*max(1, want) {
+				t.Fatalf("pool %q worker %s: resume side %v, from scratch %v", name, id, got, want)
+			}
+		}
+	}
+	for name := range pausedIn {
+		if p.pools[name] == nil {
+			t.Fatalf("pool %q has paused programs and no index", name)
+		}
+	}
+	for name := range want {
+		if p.pools[name] == nil {
+			t.Fatalf("pool %q has assigned programs and no index", name)
+		}
+	}
+}
