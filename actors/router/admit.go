@@ -52,11 +52,20 @@ type admitter struct {
 	lengthGauges []lengthGauge
 	// progs is the policy's programs and their metrics; nil when the policy keeps none.
 	progs *programTracker
+	// now is the instant of the message at hand (read once per message in host): every head
+	// asked for one message sees the same time, so a gate settles its state once for all of
+	// them (thunderagent), not once per head.
+	now time.Time
+	// freed is the worker whose load fell (wakeFreed), for serves, a method value made once:
+	// a wake allocates nothing.
+	freed  *slot
+	serves func(*admission.Entry) bool
 }
 
 // host returns the queue's Host for the message at hand, whose effects are fx.
 func (a *admitter) host(fx effects) *host {
 	a.h = host{a, fx}
+	a.now = a.clock.Now()
 	return &a.h
 }
 
@@ -91,6 +100,7 @@ func newAdmitter(cfg *AdmissionConfig, clk clock.Clock, m admissionMetrics, v *w
 	}
 	a.q = admission.New(qc)
 	a.progs = newProgramTracker(qc.Policy, &a.metrics)
+	a.serves = a.servesFreed
 	return a
 }
 
@@ -268,6 +278,34 @@ func (a *admitter) wakeCapacity(fx effects) {
 	}
 }
 
+// wakeFreed tells the queue that worker id's load fell: only the heads that could be sent to
+// it are asked again (a worker outside every pool — draining, ejected, gone — frees nothing a
+// head can use).
+func (a *admitter) wakeFreed(id string, fx effects) {
+	if a == nil || a.q.Len() == 0 {
+		return
+	}
+	s := a.view.slots[id]
+	if s == nil || s.pool == nil {
+		return
+	}
+	a.freed = s
+	a.q.WakeCapacityFor(a.host(fx), a.serves)
+	a.freed = nil
+	a.gauges()
+}
+
+// servesFreed reports whether head e could be sent to the worker whose load fell: a member of
+// its pool within its allowed set, or (a disaggregated route) of its model's prefill pool. Its
+// pick's exclusions are not read (see admission.Queue.WakeCapacityFor).
+func (a *admitter) servesFreed(e *admission.Entry) bool {
+	ad, p := e.Payload.(*admitted), a.freed.pool
+	if p.key == ad.target.key {
+		return e.Req.Allowed == nil || slices.Contains(e.Req.Allowed, a.freed.info.ID)
+	}
+	return ad.target.disagg && p.key == poolKey{model: ad.target.key.model, role: RolePrefill}
+}
+
 // wakeAll tells the queue that workers came, went or changed.
 func (a *admitter) wakeAll(fx effects) {
 	if a != nil && a.q.Len() > 0 {
@@ -333,7 +371,7 @@ func (v *view) Now() time.Time              { return v.now }
 func (h host) View(e *admission.Entry) admission.View {
 	a, ad := h.a, e.Payload.(*admitted)
 	v := &a.hv // the queue reads it during the call only
-	v.workers, v.now = v.workers[:0], a.clock.Now()
+	v.workers, v.now = v.workers[:0], a.now
 	if !a.view.servable(ad.target.key, ad.target.disagg) {
 		return v
 	}

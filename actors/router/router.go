@@ -166,7 +166,7 @@ func (st *state) handle(msg any, fx effects) {
 			return // an earlier registration's actor: nothing of it applies to this one
 		}
 		if st.view.loadReport(m) {
-			st.adm.wakeCapacity(fx)
+			st.adm.wakeFreed(m.ID, fx)
 		}
 		if m.Eject != OutcomeNone {
 			// Out of its pool: nothing queued can gain, so no wake.
@@ -188,7 +188,7 @@ func (st *state) handle(msg any, fx effects) {
 		if st.view.workerState(m, fx) {
 			st.adm.wakeAll(fx)
 		} else {
-			st.adm.wakeCapacity(fx) // a heartbeat may report a shorter queue
+			st.adm.wakeFreed(m.Info.ID, fx) // a heartbeat may report a shorter queue
 		}
 	case *actor.Terminated:
 		if st.view.removeByPID(m.Who) {

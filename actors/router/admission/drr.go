@@ -26,6 +26,28 @@ func (q *Queue) WakeCapacity(h Host) {
 	q.Pump(h)
 }
 
+// WakeCapacityFor is a capacity free that only some heads can use (one worker's load fell):
+// as WakeCapacity, but only the held lanes and the capacity groups whose head serves reports
+// true are asked again — a head that cannot be sent to the freed worker would get the answer
+// it got (a gate sees only the head's candidates, and nothing but their loads changed). The
+// lanes already ready are asked as always. serves must not depend on a request's own
+// exclusions: a capacity group's head answers for every lane of its candidate set.
+func (q *Queue) WakeCapacityFor(h Host, serves func(*Entry) bool) {
+	for _, c := range q.classes {
+		for l := range c.held {
+			if !l.sessionOnly && serves(l.head()) {
+				q.ready(l)
+			}
+		}
+		for _, g := range c.groups {
+			if !serves(g.lanes[0].head()) {
+				g.full = q.pump + 1 // skipped by the pump below, as if found full in it
+			}
+		}
+	}
+	q.Pump(h)
+}
+
 // Pump dispatches heads until no head can go: the highest priority tier that has a head that
 // can go is served first (R15.2), and the classes of a tier share by deficit round robin —
 // a dispatch costs its class one (cost = requests) or the request's estimated uncached prompt
