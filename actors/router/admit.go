@@ -56,9 +56,14 @@ type admitter struct {
 	// asked for one message sees the same time, so a gate settles its state once for all of
 	// them (thunderagent), not once per head.
 	now time.Time
-	// freed is the worker whose load fell (wakeFreed), for serves, a method value made once:
-	// a wake allocates nothing.
-	freed  *slot
+	// pending is the workers whose load fell since the queue was last woken for them
+	// (wakeFreed; at most one entry per live worker), and wakeSent that an admWake is on its
+	// way to flush them.
+	pending  []string
+	wakeSent bool
+	// freed is pending's routable workers while they are woken, for serves, a method value
+	// made once: a wake allocates nothing.
+	freed  []*slot
 	serves func(*admission.Entry) bool
 }
 
@@ -83,6 +88,10 @@ type admitted struct {
 
 // admTick is the queue's timer firing.
 type admTick struct{}
+
+// admWake flushes the capacity frees recorded by wakeFreed (sent to the router itself, so it
+// comes after the reports already in its mailbox).
+type admWake struct{}
 
 func newAdmitter(cfg *AdmissionConfig, clk clock.Clock, m admissionMetrics, v *workerView) *admitter {
 	a := &admitter{view: v, threshold: cfg.BusyThreshold, entries: make(map[uint64]*admitted),
@@ -278,36 +287,76 @@ func (a *admitter) wakeCapacity(fx effects) {
 	}
 }
 
-// wakeFreed tells the queue that worker id's load fell: only the heads that could be sent to
-// it are asked again (a worker outside every pool — draining, ejected, gone — frees nothing a
-// head can use).
+// wakeFreed records that worker id's load fell (a report after a release, a heartbeat). The
+// queue is woken for it once per run of such reports — by an admWake sent to the router
+// itself, or earlier by the next message of another kind (flush) — so a burst of completions
+// asks each held head once, not once per completion; and then only the heads that could be
+// sent to a worker that freed (a worker outside every pool — draining, ejected, gone — frees
+// nothing a head can use).
 func (a *admitter) wakeFreed(id string, fx effects) {
 	if a == nil || a.q.Len() == 0 {
 		return
 	}
-	s := a.view.slots[id]
-	if s == nil || s.pool == nil {
-		return
+	if !slices.Contains(a.pending, id) {
+		a.pending = append(a.pending, id)
 	}
-	a.freed = s
-	a.q.WakeCapacityFor(a.host(fx), a.serves)
-	a.freed = nil
-	a.gauges()
+	if !a.wakeSent {
+		a.wakeSent = true
+		fx.later(admWake{})
+	}
 }
 
-// servesFreed reports whether head e could be sent to the worker whose load fell: a member of
+// woken handles the admWake wakeFreed sent.
+func (a *admitter) woken(fx effects) {
+	if a == nil {
+		return
+	}
+	a.wakeSent = false
+	a.flush(fx)
+}
+
+// flush wakes the queue for the workers whose load fell since it was last woken (wakeFreed).
+func (a *admitter) flush(fx effects) {
+	if a == nil || len(a.pending) == 0 {
+		return
+	}
+	for _, id := range a.pending {
+		if s := a.view.slots[id]; s != nil && s.pool != nil {
+			a.freed = append(a.freed, s)
+		}
+	}
+	a.pending = a.pending[:0]
+	if len(a.freed) > 0 && a.q.Len() > 0 {
+		a.q.WakeCapacityFor(a.host(fx), a.serves)
+		a.gauges()
+	}
+	clear(a.freed)
+	a.freed = a.freed[:0]
+}
+
+// servesFreed reports whether head e could be sent to a worker whose load fell: a member of
 // its pool within its allowed set, or (a disaggregated route) of its model's prefill pool. Its
 // pick's exclusions are not read (see admission.Queue.WakeCapacityFor).
 func (a *admitter) servesFreed(e *admission.Entry) bool {
-	ad, p := e.Payload.(*admitted), a.freed.pool
-	if p.key == ad.target.key {
-		return e.Req.Allowed == nil || slices.Contains(e.Req.Allowed, a.freed.info.ID)
+	ad := e.Payload.(*admitted)
+	for _, s := range a.freed {
+		if s.pool.key == ad.target.key {
+			if e.Req.Allowed == nil || slices.Contains(e.Req.Allowed, s.info.ID) {
+				return true
+			}
+		} else if ad.target.disagg && s.pool.key == (poolKey{model: ad.target.key.model, role: RolePrefill}) {
+			return true
+		}
 	}
-	return ad.target.disagg && p.key == poolKey{model: ad.target.key.model, role: RolePrefill}
+	return false
 }
 
-// wakeAll tells the queue that workers came, went or changed.
+// wakeAll tells the queue that workers came, went or changed: every held head is asked again,
+// which covers the capacity frees not yet woken for.
 func (a *admitter) wakeAll(fx effects) {
+	if a != nil {
+		a.pending = a.pending[:0]
+	}
 	if a != nil && a.q.Len() > 0 {
 		a.q.Wake(a.host(fx))
 		a.gauges()

@@ -90,6 +90,8 @@ func (r *rig) send(to *actor.PID, msg any) {
 
 func (r *rig) watch(pid *actor.PID) { r.watched[pid.Id] = true }
 
+func (r *rig) later(msg any) { r.due = append(r.due, msg) }
+
 func (r *rig) after(d time.Duration, msg any) clock.Timer {
 	return r.clk.AfterFunc(d, func() { r.due = append(r.due, msg) })
 }

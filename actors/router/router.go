@@ -102,6 +102,7 @@ type effects interface {
 	send(to *actor.PID, msg any)                // to any actor
 	watch(pid *actor.PID)                       // *actor.Terminated arrives when pid stops
 	after(d time.Duration, msg any) clock.Timer // msg arrives at the router after d on the clock
+	later(msg any)                              // msg arrives at the router after the messages already in its mailbox
 }
 
 type routerActor struct {
@@ -118,6 +119,7 @@ type ctxEffects struct {
 func (e ctxEffects) respond(msg any)             { e.c.Respond(msg) }
 func (e ctxEffects) send(to *actor.PID, msg any) { e.c.Send(to, msg) }
 func (e ctxEffects) watch(pid *actor.PID)        { e.c.Watch(pid) }
+func (e ctxEffects) later(msg any)             { e.c.Send(e.c.Self(), msg) }
 func (e ctxEffects) after(d time.Duration, msg any) clock.Timer {
 	self, root := e.c.Self(), e.c.ActorSystem().Root
 	return e.clock.AfterFunc(d, func() { root.Send(self, msg) })
@@ -154,6 +156,13 @@ func (st *state) afterMessage() {
 
 // handle is the router's one dispatch: every message to the matching concern.
 func (st *state) handle(msg any, fx effects) {
+	switch msg.(type) {
+	case *LoadReport, *WorkerState, admWake:
+	default:
+		// Capacity frees are woken together, once per run of reports (admit.go), and never
+		// after a message that is not one: no pick or end overtakes them.
+		st.adm.flush(fx)
+	}
 	switch m := msg.(type) {
 	case *Pick:
 		if st.adm != nil && m.Admit != nil {
@@ -211,6 +220,8 @@ func (st *state) handle(msg any, fx effects) {
 		st.adm.wakeCapacity(fx) // a model changed: a request waiting for its objective may go
 	case admTick:
 		st.adm.tick(fx)
+	case admWake:
+		st.adm.woken(fx)
 	case *GetQueue:
 		fx.respond(st.adm.queueView())
 	case *GetPrograms:

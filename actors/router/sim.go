@@ -253,6 +253,8 @@ func (s *Sim) send(to *actor.PID, msg any) {
 
 func (s *Sim) watch(*actor.PID) {}
 
+func (s *Sim) later(msg any) { s.due = append(s.due, msg) }
+
 func (s *Sim) after(d time.Duration, msg any) clock.Timer {
 	return s.clk.AfterFunc(d, func() { s.due = append(s.due, msg) })
 }

@@ -71,3 +71,69 @@ func TestFreedWorkerWakesOnlyTheHeadsItCanServe(t *testing.T) {
 		q.silent()
 	}
 }
+
+// TestBurstOfFreesWakesOnce (issue 34, review finding 7): reports that arrive one after
+// another (a burst of completions, and their workers' heartbeats) wake the queue once for all
+// of them — each held head is asked once, not once per report — and no later than the next
+// message of another kind (a pick never overtakes a free).
+func TestBurstOfFreesWakesOnce(t *testing.T) {
+	g := &holdGate{asks: map[uint64]int{}}
+	r := newRig(t, Config{Admission: admissionCfg(g, 1)})
+	r.join("a1", "a", 0)
+	r.join("a2", "a", 0)
+	var held []*requester
+	for _, s := range []string{"hold1", "hold2", "hold3"} {
+		q := r.newRequester()
+		q.pick(s, "a", s)
+		q.queued()
+		held = append(held, q)
+	}
+	asks := func() (n int) {
+		for _, q := range held {
+			n += g.asks[q.key]
+		}
+		return n
+	}
+	busy := []*requester{r.newRequester(), r.newRequester()}
+	for _, q := range busy {
+		q.pick("busy", "a", "")
+		q.picked()
+	}
+	// The workers let their requests go and report, and heartbeat, one message after another
+	// before the router gets to anything else.
+	before := asks()
+	for _, id := range []string{"a1", "a2"} {
+		w := r.workers[r.workerPID(id).Id]
+		clear(w.holds)
+		r.sender = w.pid
+		r.handle(&LoadReport{ID: id, InFlight: 0, AcqSeen: w.acqSeen})
+		r.handle(&WorkerState{PID: w.pid, Info: w.info, Live: true, AcqSeen: w.acqSeen})
+	}
+	if n := asks(); n != before {
+		t.Fatalf("the held heads were asked %d times before the run of reports ended", n-before)
+	}
+	r.flushDue() // the wake the router sent itself
+	if n := asks(); n != before+3 {
+		t.Fatalf("four reports asked the three held heads %d times, want once each", n-before)
+	}
+	// A free is woken for before a pick is handled.
+	w := r.workers[r.workerPID("a1").Id]
+	q := r.newRequester()
+	q.pick("next", "a", "")
+	q.picked()
+	before = asks()
+	r.sender = w.pid
+	clear(w.holds)
+	r.handle(&LoadReport{ID: "a1", InFlight: 0, AcqSeen: w.acqSeen})
+	late := r.newRequester()
+	r.sender = late.pid
+	r.handle(&Pick{Model: "a", RequestID: "late", Key: late.key, Requester: late.pid, Tag: 1, Admit: &AdmitInfo{SessionID: "hold-late"}})
+	if n := asks(); n != before+3 {
+		t.Fatalf("the free before the pick asked the held heads %d times, want once each before the pick", n-before)
+	}
+	late.queued()
+	r.flushDue()
+	if n := asks(); n != before+3 {
+		t.Fatalf("the free was woken for twice (%d asks)", n-before)
+	}
+}
