@@ -119,7 +119,7 @@ type ctxEffects struct {
 func (e ctxEffects) respond(msg any)             { e.c.Respond(msg) }
 func (e ctxEffects) send(to *actor.PID, msg any) { e.c.Send(to, msg) }
 func (e ctxEffects) watch(pid *actor.PID)        { e.c.Watch(pid) }
-func (e ctxEffects) later(msg any)             { e.c.Send(e.c.Self(), msg) }
+func (e ctxEffects) later(msg any)               { e.c.Send(e.c.Self(), msg) }
 func (e ctxEffects) after(d time.Duration, msg any) clock.Timer {
 	self, root := e.c.Self(), e.c.ActorSystem().Root
 	return e.clock.AfterFunc(d, func() { root.Send(self, msg) })
