@@ -1,11 +1,14 @@
 package router
 
 import (
+	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/tlgw/tlgw/actors/router/admission"
+	"github.com/tlgw/tlgw/actors/router/admission/thunderagent"
 )
 
 // holdGate holds every head whose session starts with "hold" (asked again on every capacity
@@ -135,5 +138,67 @@ func TestBurstOfFreesWakesOnce(t *testing.T) {
 	r.flushDue()
 	if n := asks(); n != before+3 {
 		t.Fatalf("the free was woken for twice (%d asks)", n-before)
+	}
+}
+
+// TestPausedProgramsAreAskedOncePerFree (issue 34, review finding 7): under thunderagent, a
+// capacity free asks one of the heads of paused programs (of a candidate set), not all of
+// them: its ask settles the ledger, and the programs it resumes have their turns asked at
+// once, in the same wake. A paused program still goes when room comes back.
+func TestPausedProgramsAreAskedOncePerFree(t *testing.T) {
+	var r *rig
+	ta := thunderagent.New(thunderagent.DefaultConfig(), func() time.Time { return r.clk.Now() })
+	cfg := admissionCfg(ta, 0)
+	cfg.Queue.Recheck = 0 // no periodic wake: only frees ask
+	r = newRig(t, Config{Admission: cfg})
+	kv := func(w *WorkerInfo) { w.KVTotalBlocks, w.KVFreeBlocks, w.BlockSize = 1000, 1000, 1 }
+	r.joinWith("w1", "m", RoleUnified, 0, kv)
+	r.joinWith("w2", "m", RoleUnified, 0, kv)
+	var running []*requester
+	var picks []*Picked
+	for i := range 2 {
+		q := r.newRequester()
+		q.pickWith(fmt.Sprint("run", i), "m", AdmitInfo{SessionID: fmt.Sprint("run", i), PromptTokens: 800})
+		running, picks = append(running, q), append(picks, q.picked())
+	}
+	var paused []*requester
+	for i := range 10 {
+		q := r.newRequester()
+		q.pickWith(fmt.Sprint("new", i), "m", AdmitInfo{SessionID: fmt.Sprint("new", i), PromptTokens: 400})
+		q.queued()
+		paused = append(paused, q)
+	}
+	if s := ta.Stats(); s.Paused != 10 || s.Reasoning != 2 {
+		t.Fatalf("set-up: %+v", s)
+	}
+	asks := r.st.adm.q.GateAsks()
+	running[0].release(picks[0]) // w1's load falls
+	if n := r.st.adm.q.GateAsks() - asks; n != 1 {
+		t.Fatalf("a free asked %d heads of paused programs, want 1", n)
+	}
+	// The running turns end; their programs' tokens decay on the resume side, and a heartbeat
+	// (a free) lets the ledger settle: two paused programs fit, one on each worker, and go.
+	running[0].end(800, false)
+	running[1].release(picks[1])
+	running[1].end(800, false)
+	r.advance(10 * time.Second)
+	asks = r.st.adm.q.GateAsks()
+	r.joinWith("w1", "m", RoleUnified, 0, kv)
+	var went []string
+	for _, q := range paused {
+		if as := q.answers(); len(as) > 0 {
+			p, ok := as[0].(*Picked)
+			if !ok || p.Err != nil {
+				t.Fatalf("%s: %#v", q.pid.Id, as[0])
+			}
+			went = append(went, p.WorkerID)
+		}
+	}
+	slices.Sort(went)
+	if !slices.Equal(went, []string{"w1", "w2"}) {
+		t.Fatalf("went to %v, want one resumed program on each worker", went)
+	}
+	if n := r.st.adm.q.GateAsks() - asks; n > 3 {
+		t.Fatalf("%d asks to let two resumed programs go, want the probe and their turns", n)
 	}
 }

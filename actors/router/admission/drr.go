@@ -14,16 +14,10 @@ func (q *Queue) Wake(h Host) {
 // WakeCapacity is a capacity free (a request finished, a worker's load fell): capacity-blocked
 // heads are asked again, oldest first, one per candidate set until that set is full again, and
 // so are held heads — a gate may hold for room (GATE-PITFALLS 8) — except those only their
-// session can release.
+// session can release (and, of those the gate names when it lets them go, one per candidate
+// set: see WakeCapacityFor).
 func (q *Queue) WakeCapacity(h Host) {
-	for _, c := range q.classes {
-		for l := range c.held {
-			if !l.sessionOnly {
-				q.ready(l)
-			}
-		}
-	}
-	q.Pump(h)
+	q.WakeCapacityFor(h, nil)
 }
 
 // WakeCapacityFor is a capacity free that only some heads can use (one worker's load fell):
@@ -32,12 +26,29 @@ func (q *Queue) WakeCapacity(h Host) {
 // it got (a gate sees only the head's candidates, and nothing but their loads changed). The
 // lanes already ready are asked as always. serves must not depend on a request's own
 // exclusions: a capacity group's head answers for every lane of its candidate set.
+//
+// Of the heads held until the gate names them (Decision.GateWakes), only the oldest of each
+// class and candidate set is asked: its ask lets the gate settle, and the gate names every
+// head it lets go then (Waker), each asked in the same pump.
 func (q *Queue) WakeCapacityFor(h Host, serves func(*Entry) bool) {
 	for _, c := range q.classes {
 		for l := range c.held {
-			if !l.sessionOnly && serves(l.head()) {
+			switch {
+			case l.sessionOnly || serves != nil && !serves(l.head()):
+			case l.gateWakes:
+				if p := q.probes[l.head().capKey]; p == nil || c.before(l.head(), p.head()) {
+					q.probes[l.head().capKey] = l
+				}
+			default:
 				q.ready(l)
 			}
+		}
+		for _, l := range q.probes {
+			q.ready(l)
+		}
+		clear(q.probes)
+		if serves == nil {
+			continue
 		}
 		for _, g := range c.groups {
 			if !serves(g.lanes[0].head()) {

@@ -34,6 +34,7 @@ type lane struct {
 	group       *capGroup // the capacity group it waits in (inCapWait)
 	holdUntil   time.Time
 	sessionOnly bool // the gate said only the session's own completion can release it
+	gateWakes   bool // the gate said it names the head when it lets it go (Decision.GateWakes)
 }
 
 type laneWhere uint8
@@ -188,7 +189,7 @@ func (q *Queue) block(l *lane, head *Entry, h Host) {
 	}
 	l.where = inHeld
 	l.cls.held[l] = struct{}{}
-	l.holdUntil, l.sessionOnly = head.holdUntil, head.sessionOnly
+	l.holdUntil, l.sessionOnly, l.gateWakes = head.holdUntil, head.sessionOnly, head.gateWakes
 	if !head.holdUntil.IsZero() && head.holdUntil.After(q.cfg.Now()) {
 		q.arm(h, head.holdUntil)
 	}
@@ -212,6 +213,9 @@ func (q *Queue) pop(e *Entry) {
 	l.entries = l.entries[1:]
 	q.count(l, -1)
 	q.unexpire(e)
+	if q.byKey != nil {
+		delete(q.byKey, e.Req.Key)
+	}
 	if len(l.entries) == 0 {
 		q.dropIfEmpty(l)
 		return

@@ -144,6 +144,7 @@ type Entry struct {
 	wait        Wait
 	holdUntil   time.Time
 	sessionOnly bool
+	gateWakes   bool
 }
 
 // Enqueued is when the entry joined the queue (zero when it never waited).
@@ -167,18 +168,25 @@ type Queue struct {
 	cfg      Config
 	gate     Gate
 	observer QueueObserver
-	lanes    map[string]LaneLimit
-	classes  []*class // in configuration order
-	tiers    []*tier  // the classes by priority, highest first
-	byName   map[string]*class
-	seq      uint64
-	sessKey  [16]byte
-	expiry   deadlineHeap
-	armed    time.Time
-	asks     uint64   // gate Check calls, for tests of the no-spin rule
-	panics   uint64   // the policy's panics recovered (R15.3)
-	failed   []*Entry // heads the gate failed on, to be rejected after the pump
-	pump     uint64   // numbers the pumps: a capacity group found full is skipped for the pump
+	// waker is the gate as a Waker (nil: it is not one), and byKey the queued entries by
+	// request key, kept only for it (bounded by the queued requests).
+	waker Waker
+	byKey map[uint64]*Entry
+	// probes is WakeCapacity's scratch: the head asked per class and candidate set among the
+	// gate-woken holds (bounded by the candidate sets; cleared after each wake).
+	probes  map[string]*lane
+	lanes   map[string]LaneLimit
+	classes []*class // in configuration order
+	tiers   []*tier  // the classes by priority, highest first
+	byName  map[string]*class
+	seq     uint64
+	sessKey [16]byte
+	expiry  deadlineHeap
+	armed   time.Time
+	asks    uint64   // gate Check calls, for tests of the no-spin rule
+	panics  uint64   // the policy's panics recovered (R15.3)
+	failed  []*Entry // heads the gate failed on, to be rejected after the pump
+	pump    uint64   // numbers the pumps: a capacity group found full is skipped for the pump
 	// late counts the heads with an objective that could not go in pump late.pump (see
 	// MaxLateAsks).
 	late struct {
@@ -215,6 +223,9 @@ func New(cfg Config) *Queue {
 	}
 	if cfg.Policy != nil {
 		q.gate = cfg.Policy.Gate()
+		if w, ok := q.gate.(Waker); ok {
+			q.waker, q.byKey, q.probes = w, make(map[uint64]*Entry), make(map[string]*lane)
+		}
 		if o, ok := cfg.Policy.(QueueObserver); ok {
 			q.observer = o
 		}
@@ -352,6 +363,9 @@ func (q *Queue) Admit(e *Entry, h Host, cached func([]string) int) {
 	}
 	l.entries = slices.Insert(l.entries, at, e)
 	q.count(l, +1)
+	if q.byKey != nil {
+		q.byKey[r.Key] = e
+	}
 	heap.Push(&q.expiry, e)
 	if q.observer != nil {
 		q.observer.Enqueued(r)
@@ -422,17 +436,19 @@ func (q *Queue) ask(e *Entry, h Host) (Decision, bool) {
 		if d, ok = q.check(e.Req, v); !ok {
 			// The gate failed on this head: it leaves with an error once the pump is over
 			// (failHeads); until then its lane is held, so nothing asks it again.
-			e.wait, e.holdUntil, e.sessionOnly = WaitFailed, time.Time{}, false
+			e.wait, e.holdUntil, e.sessionOnly, e.gateWakes = WaitFailed, time.Time{}, false, false
 			q.failed = append(q.failed, e)
 			return d, false
 		}
 		if q.cfg.OnDecision != nil {
 			q.cfg.OnDecision(d)
 		}
+		q.drainWoken()
 	}
-	e.holdUntil, e.sessionOnly = time.Time{}, false
+	e.holdUntil, e.sessionOnly, e.gateWakes = time.Time{}, false, false
 	if !d.Go {
 		e.wait, e.holdUntil, e.sessionOnly = d.Wait, d.Until, d.SessionOnly
+		e.gateWakes = d.GateWakes && q.waker != nil
 		if e.wait == WaitNone || e.wait.blocksOnCapacity() {
 			e.wait = WaitHeld // a gate hold is never mistaken for a capacity wait
 		}
@@ -461,6 +477,7 @@ func (q *Queue) dispatched(e *Entry, worker string) {
 	e.state, e.worker, e.wait = dispatched, worker, WaitNone
 	if q.gate != nil {
 		q.gate.Dispatched(e.Req, worker)
+		q.drainWoken()
 	}
 }
 
@@ -474,6 +491,7 @@ func (q *Queue) Moved(e *Entry, worker string) {
 	e.worker = worker
 	if q.gate != nil {
 		q.gate.Moved(e.Req, from, worker)
+		q.drainWoken()
 	}
 }
 
@@ -486,6 +504,7 @@ func (q *Queue) Completed(e *Entry, h Host) {
 	e.state = left
 	if q.gate != nil {
 		q.gate.Completed(e.Req, e.worker)
+		q.drainWoken()
 	}
 	// A completion frees capacity, may end a session's turn and may change what a policy
 	// allows on that worker: the session's lanes (in every class: a session's next turn may
@@ -540,8 +559,12 @@ func (q *Queue) remove(e *Entry) {
 	q.count(l, -1)
 	e.state = left
 	q.unexpire(e)
+	if q.byKey != nil {
+		delete(q.byKey, e.Req.Key)
+	}
 	if q.observer != nil {
 		q.observer.Left(e.Req)
+		q.drainWoken()
 	}
 	if len(l.entries) == 0 {
 		q.dropIfEmpty(l)
@@ -551,6 +574,21 @@ func (q *Queue) remove(e *Entry) {
 		// The exposed head is asked at once, with its own Hold time armed (GATE-PITFALLS 5).
 		q.ready(l)
 		heap.Fix(&l.cls.ready, l.idx)
+	}
+}
+
+// drainWoken readies the lanes of the held heads the gate let go of (Waker): each is asked in
+// the pump at hand, or the next one.
+func (q *Queue) drainWoken() {
+	if q.waker != nil {
+		q.waker.Woken(q.wake)
+	}
+}
+
+// wake readies the lane of the queued request key if it heads a held lane.
+func (q *Queue) wake(key uint64) {
+	if e := q.byKey[key]; e != nil && e.lane != nil && e.lane.where == inHeld && e.lane.entries[0] == e {
+		q.ready(e.lane)
 	}
 }
 

@@ -99,6 +99,11 @@ type Decision struct {
 	// capacity free elsewhere need not ask again. By default a held head is asked again on
 	// every capacity free (GATE-PITFALLS 8).
 	SessionOnly bool
+	// GateWakes (a Waker's answer only) says the hold ends by the gate's own later decision,
+	// which names the head in Woken, at Until, or when workers come, go or change. A capacity
+	// free then asks only one such head per class and candidate set — its ask lets the gate
+	// settle, and the gate names the heads it let go — not every one of them.
+	GateWakes bool
 }
 
 // Gate is a policy's dispatch gate. Every method is called on the router actor's goroutine and
@@ -117,6 +122,15 @@ type Gate interface {
 	Completed(r *Request, worker string)
 	// Recheck is how often held heads are asked again with no other wake (0 = never).
 	Recheck() time.Duration
+}
+
+// Waker is an optional Gate interface: a gate whose holds end by its own later decisions
+// (thunderagent resumes paused programs when it settles) names the held heads to ask again.
+// The queue reads it after every call into the gate.
+type Waker interface {
+	// Woken calls wake with the key of each request the gate let go of since it was last
+	// read, and forgets them.
+	Woken(wake func(key uint64))
 }
 
 // Classifier assigns class, lane and allowed workers, and may read cached tokens.

@@ -116,12 +116,16 @@ type Policy struct {
 	forced     uint64
 	// settles counts the settlings (greedy resume, forced resume, pause until safe) so far.
 	settles uint64
+	// woken is the held heads of programs resumed since the queue last read them (Woken,
+	// after every call into the gate): bounded by the tracked requests.
+	woken []uint64
 }
 
 var (
 	_ admission.Policy        = (*Policy)(nil)
 	_ admission.Gate          = (*Policy)(nil)
 	_ admission.QueueObserver = (*Policy)(nil)
+	_ admission.Waker         = (*Policy)(nil)
 )
 
 // New returns an empty policy reading time from now.
@@ -247,6 +251,10 @@ func (p *Policy) Check(head *admission.Request, v admission.View) admission.Deci
 	}
 	if !d.Go {
 		d.Until = p.holdUntil(pr, now)
+		// A paused program's turn goes only when a settling resumes the program (which names
+		// it in Woken), at Until, or when the workers change: a capacity free need not ask
+		// every such head, one per candidate set settles for all.
+		d.GateWakes = pr.state == paused && p.programs[pr.sid] == pr
 	}
 	return d
 }
@@ -521,8 +529,20 @@ func (p *Policy) resume(pr *program, worker string, _ time.Time) {
 	pr.state, pr.worker, pr.pausedSince = pr.pausedFrom, worker, time.Time{}
 	if p.waiting(pr) {
 		pr.state = reasoning
+		if pr.priorFor != 0 && p.reqs[pr.priorFor] == pr {
+			p.woken = append(p.woken, pr.priorFor) // its held turn: asked again at once
+		}
 	}
 	p.reindex(pr)
+}
+
+// Woken implements admission.Waker: the held turns of the programs resumed since the last
+// call.
+func (p *Policy) Woken(wake func(key uint64)) {
+	for _, k := range p.woken {
+		wake(k)
+	}
+	p.woken = p.woken[:0]
 }
 
 // waiting reports whether a turn of pr waits (tracked, not running).
