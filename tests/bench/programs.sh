@@ -8,8 +8,13 @@
 # pauses and the dispatches whose thunderagent target was full.
 # The model is described at the top of programs_test.go. Deterministic (seeded).
 # Usage: tests/bench/programs.sh [all]   (all: also the variants reported in README.md)
+#        tests/bench/programs.sh loadreport   (issue 34: the router's time per LoadReport with
+#        500 paused and 2,000 tracked programs, BenchmarkProgramsLoadReport, four runs)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+if [ "${1:-}" = loadreport ]; then
+  exec go test -count=4 -run '^$' -bench 'BenchmarkProgramsLoadReport' -benchtime 1000x ./tests/bench/
+fi
 if [ "${1:-}" = all ]; then export APBENCH_VARIANTS=1; fi
 go test -count=1 -run 'TestAgentProgramsSim' ./tests/bench/
 go test -count=1 -run '^$' -bench 'BenchmarkAgentPrograms$' -benchtime 1x ./tests/bench/ |

@@ -49,6 +49,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/tlgw/tlgw/actors/router"
 	"github.com/tlgw/tlgw/actors/router/admission"
 	"github.com/tlgw/tlgw/actors/router/admission/sessionserial"
 	"github.com/tlgw/tlgw/actors/router/admission/thunderagent"
@@ -535,4 +538,87 @@ func BenchmarkAgentPrograms(b *testing.B) {
 			}
 		}
 	}
+}
+
+// BenchmarkProgramsLoadReport is the router's time for one LoadReport whose load fell while
+// thunderagent tracks 2,000 programs, 500 of them paused with their next turn held in the
+// admission queue (issue 34, review finding 7). It drives the production router through
+// router.Sim on its fake clock: 16 workers of model "m" (110,400 KV tokens each) run 1,500
+// admitted turns that are never completed (reasoning, 1,100 tokens with the buffer: ~94 per
+// worker, over the resume ceiling and under the pause threshold), then 500 new programs of
+// 20,000 tokens find no room and wait, paused. Each op is one request of another client
+// picked (untimed) and released (timed): the worker's LoadReport says its load fell, a wake
+// for the queue. Between ops the clock moves 1 ms (each report is its own instant).
+//
+// same_pool: the request ran on a worker of "m", whose held heads it could serve. other_pool:
+// on a worker of model "n" (4 workers, no admission traffic), which can serve none of them.
+func BenchmarkProgramsLoadReport(b *testing.B) {
+	for _, model := range []string{"m", "n"} {
+		name := map[string]string{"m": "same_pool", "n": "other_pool"}[model]
+		b.Run(name, func(b *testing.B) {
+			s := newLoadReportSim(b)
+			b.ReportAllocs()
+			b.ResetTimer()
+			for range b.N {
+				b.StopTimer()
+				s.Advance(time.Millisecond)
+				pk, ok := s.Pick(&router.Pick{Model: model})
+				if !ok || pk.Err != nil {
+					b.Fatalf("pick: %+v", pk)
+				}
+				b.StartTimer()
+				s.Release(pk, router.OutcomeSuccess)
+			}
+			b.StopTimer()
+			if ds := s.Deliveries(); len(ds) != 0 {
+				b.Fatalf("%d paused turns left the queue: the set-up is not steady", len(ds))
+			}
+		})
+	}
+}
+
+// newLoadReportSim builds BenchmarkProgramsLoadReport's router (see there).
+func newLoadReportSim(b *testing.B) *router.Sim {
+	b.Helper()
+	const workers, running, paused = 16, 1500, 500
+	c := thunderagent.DefaultConfig()
+	c.MaxTrackedRequests = 4000
+	var s *router.Sim
+	ta := thunderagent.New(c, func() time.Time { return s.Now() })
+	s, err := router.NewSim(router.Config{Policy: "least_outstanding", Admission: &router.AdmissionConfig{
+		Queue: admission.Config{
+			Classes:      []admission.ClassConfig{{Name: "default", Quantum: 1, QueueLimit: 10_000, MaxWait: time.Hour}},
+			DefaultClass: "default", Policy: ta,
+		},
+		PolicyName: "thunderagent",
+	}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for i := range workers {
+		s.SetWorker(router.WorkerInfo{ID: fmt.Sprintf("m%02d", i), Model: "m", KVTotalBlocks: 6_900, KVFreeBlocks: 6_900, BlockSize: 16})
+	}
+	for i := range 4 {
+		s.SetWorker(router.WorkerInfo{ID: fmt.Sprintf("n%02d", i), Model: "n", KVTotalBlocks: 6_900, KVFreeBlocks: 6_900, BlockSize: 16})
+	}
+	pick := func(i, tokens int) (*router.Picked, bool) {
+		pid := actor.NewPID("bench", fmt.Sprint("req/", i))
+		return s.Pick(&router.Pick{Model: "m", RequestID: fmt.Sprint(i), Key: uint64(i), Requester: pid, Tag: 1,
+			Admit: &router.AdmitInfo{SessionID: fmt.Sprint("prog-", i), PromptTokens: tokens}})
+	}
+	for i := 1; i <= running; i++ {
+		if pk, ok := pick(i, 1000); !ok || pk.Err != nil {
+			b.Fatalf("running turn %d: %+v %v", i, pk, ok)
+		}
+	}
+	for i := running + 1; i <= running+paused; i++ {
+		if _, ok := pick(i, 20_000); ok {
+			b.Fatalf("turn %d went: there was room for it", i)
+		}
+	}
+	if st := ta.Stats(); st.Reasoning != running || st.Paused != paused {
+		b.Fatalf("set-up: %+v", st)
+	}
+	s.Deliveries()
+	return s
 }
