@@ -41,8 +41,16 @@ type ix struct {
 	c    contrib // its contribution when last indexed
 	wpos int     // its place in its worker's progs (c.worker != "")
 	ppos int     // its place in its pool's paused (c.state == paused)
-	rpos int     // its place in the retention heap (retains(c)); -1 when not in it
+	// hpos is its places in the retention heap (retains(c)) and the idle heap (c.live == 0);
+	// -1 where it is not in one.
+	hpos [2]int
 }
+
+// The heaps of programs, by the index of their place in ix.hpos.
+const (
+	retainedHeap = iota
+	idleHeap
+)
 
 // poolLedger is one pool's programs by worker and its paused programs.
 type poolLedger struct {
@@ -120,7 +128,7 @@ func (p *Policy) index(pr *program, c contrib) {
 	}
 	pl.n++
 	pl.ver++
-	pr.ix = ix{in: true, c: c, rpos: -1}
+	pr.ix = ix{in: true, c: c, hpos: [2]int{-1, -1}}
 	p.counts[c.state]++
 	if c.worker != "" {
 		wl := pl.workers[c.worker]
@@ -151,6 +159,9 @@ func (p *Policy) index(pr *program, c contrib) {
 	}
 	if retains(&c) {
 		heap.Push(&p.retained, pr)
+	}
+	if c.live == 0 {
+		heap.Push(&p.idle, pr)
 	}
 }
 
@@ -187,8 +198,11 @@ func (p *Policy) unindex(pr *program) {
 		pl.paused[len(pl.paused)-1] = nil
 		pl.paused = pl.paused[:len(pl.paused)-1]
 	}
-	if pr.ix.rpos >= 0 {
-		heap.Remove(&p.retained, pr.ix.rpos)
+	if i := pr.ix.hpos[retainedHeap]; i >= 0 {
+		heap.Remove(&p.retained, i)
+	}
+	if i := pr.ix.hpos[idleHeap]; i >= 0 {
+		heap.Remove(&p.idle, i)
 	}
 	pr.ix.in = false
 	if pl.n--; pl.n == 0 {
@@ -267,42 +281,53 @@ func (p *Policy) nextRetention(now time.Time) (time.Time, bool) {
 	return at, found
 }
 
-// retHeap is the retained programs by acting_since (so by retention deadline), ties to the
-// older program.
-type retHeap []*program
+// progHeap is programs by acting_since (the never set first), ties to the older program: the
+// retained programs (so by retention deadline) or the idle ones (eviction order). slot is which
+// of a program's ix.hpos is its place in it.
+type progHeap struct {
+	h    []*program
+	slot int
+}
 
-func (h retHeap) Len() int { return len(h) }
-func (h retHeap) Less(i, j int) bool {
-	a, b := h[i].ix.c.actingSince, h[j].ix.c.actingSince
+func (q *progHeap) Len() int { return len(q.h) }
+func (q *progHeap) Less(i, j int) bool {
+	a, b := q.h[i].ix.c.actingSince, q.h[j].ix.c.actingSince
 	if !a.Equal(b) {
 		return a.Before(b)
 	}
-	return h[i].seq < h[j].seq
+	return q.h[i].seq < q.h[j].seq
 }
-func (h retHeap) Swap(i, j int) {
-	h[i], h[j] = h[j], h[i]
-	h[i].ix.rpos, h[j].ix.rpos = i, j
+func (q *progHeap) Swap(i, j int) {
+	q.h[i], q.h[j] = q.h[j], q.h[i]
+	q.h[i].ix.hpos[q.slot], q.h[j].ix.hpos[q.slot] = i, j
 }
-func (h *retHeap) Push(x any) {
+func (q *progHeap) Push(x any) {
 	pr := x.(*program)
-	pr.ix.rpos = len(*h)
-	*h = append(*h, pr)
+	pr.ix.hpos[q.slot] = len(q.h)
+	q.h = append(q.h, pr)
 }
-func (h *retHeap) Pop() any {
-	old := *h
-	pr := old[len(old)-1]
-	old[len(old)-1] = nil
-	*h = old[:len(old)-1]
-	pr.ix.rpos = -1
+func (q *progHeap) Pop() any {
+	pr := q.h[len(q.h)-1]
+	q.h[len(q.h)-1] = nil
+	q.h = q.h[:len(q.h)-1]
+	pr.ix.hpos[q.slot] = -1
 	return pr
+}
+
+// top is the first program (nil when none).
+func (q *progHeap) top() *program {
+	if len(q.h) == 0 {
+		return nil
+	}
+	return q.h[0]
 }
 
 // each visits the heap from its top; where visit returns false, the entries below that one
 // are not visited (they come later in its order).
-func (h retHeap) each(visit func(*program) bool) {
+func (q *progHeap) each(visit func(*program) bool) {
 	var walk func(i int)
 	walk = func(i int) {
-		if i >= len(h) || !visit(h[i]) {
+		if i >= len(q.h) || !visit(q.h[i]) {
 			return
 		}
 		walk(2*i + 1)

@@ -16,8 +16,9 @@ import (
 // about with changing workers and time, dispatched, moved, completed (whole or aborted) or
 // leaving — the sums and sets kept as programs change equal what a pass over every program
 // computes: each worker's reasoning sizes and acting tokens (exactly), its decayed acting use
-// (to rounding), the paused programs, each worker's programs, the retained programs (and the
-// heap's order), the counts by state, and no index is left for a pool without programs.
+// (to rounding), the paused programs, each worker's programs, the retained and the idle
+// programs (and their heaps' order), the counts by state, and no index is left for a pool
+// without programs.
 func TestLedgerSumsMatchAFromScratchCount(t *testing.T) {
 	rapid.Check(t, func(rt *rapid.T) {
 		c := cfg()
@@ -135,7 +136,7 @@ func checkLedger(t *rapid.T, p *Policy, now time.Time) {
 	}
 	want := map[string]map[string]*sums{}
 	pausedIn := map[string][]uint64{}
-	var retained []uint64
+	var retained, idle []uint64
 	var counts [3]int
 	for _, pr := range p.programs {
 		counts[pr.state]++
@@ -144,6 +145,9 @@ func checkLedger(t *rapid.T, p *Policy, now time.Time) {
 		}
 		if (pr.state == acting || pr.state == paused && pr.pausedFrom == acting) && pr.live == 0 {
 			retained = append(retained, pr.sid)
+		}
+		if pr.live == 0 {
+			idle = append(idle, pr.sid)
 		}
 		if pr.worker == "" {
 			continue
@@ -176,16 +180,22 @@ func checkLedger(t *rapid.T, p *Policy, now time.Time) {
 		slices.Sort(out)
 		return out
 	}
-	slices.Sort(retained)
-	if got := sids(p.retained); !slices.Equal(got, retained) {
-		t.Fatalf("retained %v, from scratch %v", got, retained)
-	}
-	for i, pr := range p.retained {
-		if pr.ix.rpos != i {
-			t.Fatalf("retained[%d] says it is at %d", i, pr.ix.rpos)
+	for _, x := range []struct {
+		name string
+		h    *progHeap
+		want []uint64
+	}{{"retained", &p.retained, retained}, {"idle", &p.idle, idle}} {
+		slices.Sort(x.want)
+		if got := sids(x.h.h); !slices.Equal(got, x.want) {
+			t.Fatalf("%s %v, from scratch %v", x.name, got, x.want)
 		}
-		if i > 0 && p.retained.Less(i, (i-1)/2) {
-			t.Fatalf("the retention heap is out of order at %d", i)
+		for i, pr := range x.h.h {
+			if pr.ix.hpos[x.h.slot] != i {
+				t.Fatalf("%s[%d] says it is at %d", x.name, i, pr.ix.hpos[x.h.slot])
+			}
+			if i > 0 && x.h.Less(i, (i-1)/2) {
+				t.Fatalf("the %s heap is out of order at %d", x.name, i)
+			}
 		}
 	}
 	for name, pl := range p.pools {

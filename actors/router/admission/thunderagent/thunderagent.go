@@ -101,8 +101,9 @@ type Policy struct {
 	// program (an emptied pool's entry is dropped).
 	pools map[string]*poolLedger
 	// retained is the programs that expire when their retention ends (between turns, none
-	// tracked), by deadline: at most one entry per program.
-	retained retHeap
+	// tracked), by deadline; idle is the programs with no request tracked, in eviction order.
+	// At most one entry per program in each.
+	retained, idle progHeap
 	// counts is the programs by state (Stats), kept with the indexes.
 	counts [3]int
 	// scratch slices reused by the settling steps (bounded by the programs, cleared after use).
@@ -132,6 +133,7 @@ var (
 func New(cfg Config, now func() time.Time) *Policy {
 	p := &Policy{cfg: cfg, now: now, programs: make(map[uint64]*program), reqs: make(map[uint64]*program),
 		final: make(map[uint64]bool), pools: make(map[string]*poolLedger)}
+	p.retained.slot, p.idle.slot = retainedHeap, idleHeap
 	_, _ = rand.Read(p.key[:])
 	return p
 }
@@ -177,19 +179,10 @@ func (p *Policy) Classify(r *admission.Request, _ []string, _ func([]string) int
 }
 
 // evictOne removes the program with the oldest acting_since (never set first) that has no
-// request queued or running (ties to the older program); false when every program has one.
-// It walks the programs: it runs only for a new program at the program limit.
+// request queued or running (ties to the older program): the idle heap's first; false when
+// every program has one.
 func (p *Policy) evictOne() bool {
-	var victim *program
-	for _, pr := range p.programs {
-		if pr.live > 0 {
-			continue
-		}
-		if victim == nil || pr.actingSince.Before(victim.actingSince) ||
-			(pr.actingSince.Equal(victim.actingSince) && pr.seq < victim.seq) {
-			victim = pr
-		}
-	}
+	victim := p.idle.top()
 	if victim == nil {
 		return false
 	}
@@ -376,8 +369,8 @@ func (p *Policy) holdUntil(pr *program, now time.Time) time.Time {
 // expire forgets acting programs idle past their retention (rule 9.1), on read: the first
 // ones of the retention heap, one step each.
 func (p *Policy) expire(now time.Time) {
-	for len(p.retained) > 0 && p.expired(p.retained[0], now) {
-		p.forget(p.retained[0])
+	for pr := p.retained.top(); pr != nil && p.expired(pr, now); pr = p.retained.top() {
+		p.forget(pr)
 	}
 }
 

@@ -583,7 +583,8 @@ func TestLedgerEmptiesWhenEverythingEnds(t *testing.T) {
 		}
 		g.run(fin, "w1", 10)
 	}
-	if g.p.Tracked() != 0 || len(g.p.pools) != 0 || len(g.p.retained) != 0 {
-		t.Fatalf("tracked %d: programs %d, requests %d, finals %d; pools %d, retained %d", g.p.Tracked(), len(g.p.programs), len(g.p.reqs), len(g.p.final), len(g.p.pools), len(g.p.retained))
+	if g.p.Tracked() != 0 || len(g.p.pools) != 0 || g.p.retained.Len() != 0 || g.p.idle.Len() != 0 {
+		t.Fatalf("tracked %d: programs %d, requests %d, finals %d; pools %d, retained %d, idle %d", g.p.Tracked(), len(g.p.programs),
+			len(g.p.reqs), len(g.p.final), len(g.p.pools), g.p.retained.Len(), g.p.idle.Len())
 	}
 }
