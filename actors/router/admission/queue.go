@@ -172,6 +172,7 @@ type Queue struct {
 	// request key, kept only for it (bounded by the queued requests).
 	waker Waker
 	byKey map[uint64]*Entry
+	wakeF func(uint64) // q.wake, made once: reading the gate's wakes allocates nothing
 	// probes is WakeCapacity's scratch: the head asked per class and candidate set among the
 	// gate-woken holds (bounded by the candidate sets; cleared after each wake).
 	probes  map[string]*lane
@@ -225,6 +226,7 @@ func New(cfg Config) *Queue {
 		q.gate = cfg.Policy.Gate()
 		if w, ok := q.gate.(Waker); ok {
 			q.waker, q.byKey, q.probes = w, make(map[uint64]*Entry), make(map[string]*lane)
+			q.wakeF = q.wake
 		}
 		if o, ok := cfg.Policy.(QueueObserver); ok {
 			q.observer = o
@@ -581,7 +583,7 @@ func (q *Queue) remove(e *Entry) {
 // the pump at hand, or the next one.
 func (q *Queue) drainWoken() {
 	if q.waker != nil {
-		q.waker.Woken(q.wake)
+		q.waker.Woken(q.wakeF)
 	}
 }
 
