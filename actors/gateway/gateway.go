@@ -50,6 +50,9 @@ type Config struct {
 	// OnEvict, when set, is told each worker the registry evicts (on the registry's goroutine;
 	// it must return at once).
 	OnEvict func(router.WorkerInfo)
+	// OnMoved, when set, is told a live worker's old and new info when a heartbeat changes its
+	// gRPC or KV address (registry.Config.OnMoved).
+	OnMoved func(old, cur router.WorkerInfo)
 	// Outlier is [gateway.outlier] (R14.2): the workers count failure streaks, the router ejects.
 	// The zero value turns ejection off.
 	Outlier config.Outlier
@@ -124,7 +127,7 @@ func Start(cfg Config) (*Gateway, error) {
 				Clock: cfg.Clock, Router: rt,
 				TTL:           time.Duration(cfg.MissLimit) * cfg.HeartbeatInterval,
 				Logger:        cfg.Logger.With("actor", "registry"),
-				WorkerOptions: opts("worker"), MaxWorkers: cfg.MaxWorkers, OnEvict: cfg.OnEvict,
+				WorkerOptions: opts("worker"), MaxWorkers: cfg.MaxWorkers, OnEvict: cfg.OnEvict, OnMoved: cfg.OnMoved,
 				ConsecutiveFailures: cfg.Outlier.ConsecutiveFailures,
 			}, opts("registry")...), "registry")
 			regPID = reg

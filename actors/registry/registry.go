@@ -94,6 +94,11 @@ type Config struct {
 	// OnEvict, when set, is told each worker evicted (its deadline passed, or its actor was
 	// stopped by its supervisor), on the registry's goroutine; it must return at once.
 	OnEvict func(router.WorkerInfo)
+	// OnMoved, when set, is told a live worker's previous info and its new one when a heartbeat
+	// changes its grpc_address or kv_address (on the registry's goroutine; it must return at
+	// once): nothing dials the addresses it left any more, and their connections must close
+	// as an evicted worker's do, or each move of a live engine would keep one for good.
+	OnMoved func(old, cur router.WorkerInfo)
 	// MaxWorkers caps the registered workers ([registry] max_workers); a heartbeat of a new id
 	// beyond it is refused, an existing id still heartbeats. 0 = no cap.
 	MaxWorkers int
@@ -155,9 +160,15 @@ func drainEcho(e *entry, info router.WorkerInfo) (echo bool, left int) {
 }
 
 type state struct {
-	cfg     Config
-	epoch   uint64
+	cfg   Config
+	epoch uint64
+	// entries: one per registered worker (live, or evicted and not yet deleted: an entry goes
+	// with its Expired or its actor's Terminated), so at most [registry] max_workers.
 	entries map[string]*entry
+	// drained: the models an operator drained (POST /admin/v1/models/{m}:drain, each naming a
+	// model a worker served then) or the cluster store's set (SyncDrains, at most
+	// cluster.MaxDrained); an undrain deletes. It outlives the model's workers on purpose: a
+	// drained model stays drained for workers that register later.
 	drained map[string]bool
 	// spawned numbers the worker actors this registry has spawned: each gets a name of its
 	// own, so the Terminated of an id's stopped actor never matches the actor of its next
@@ -169,10 +180,18 @@ type state struct {
 // at the top level with an always-restart guardian, not as the registry's children, so a
 // restart of the registry (which stops an actor's children) never takes the workers with it.
 func Props(cfg Config, opts ...actor.PropsOption) *actor.Props {
+	return propsOf(newState(cfg), opts...)
+}
+
+func newState(cfg Config) *state {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	st := &state{cfg: cfg, epoch: 1, entries: make(map[string]*entry), drained: make(map[string]bool)}
+	return &state{cfg: cfg, epoch: 1, entries: make(map[string]*entry), drained: make(map[string]bool)}
+}
+
+// propsOf is the props of a registry actor over st (Props; tests keep st to read its tables).
+func propsOf(st *state, opts ...actor.PropsOption) *actor.Props {
 	return actor.PropsFromProducer(func() actor.Actor { return &registryActor{st: st} }, opts...)
 }
 
@@ -278,8 +297,13 @@ func (st *state) heartbeat(c actor.Context, m *Heartbeat) *Ack {
 				"worker", info.ID, "old_http", e.info.HTTPAddress, "new_http", info.HTTPAddress,
 				"old_model", e.info.Model, "new_model", info.Model)
 		}
+		moved := e.info.GRPCAddress != info.GRPCAddress || e.info.KVAddress != info.KVAddress
+		old := e.info
 		e.info = info
 		e.sent++
+		if moved && st.cfg.OnMoved != nil {
+			st.cfg.OnMoved(old, info)
+		}
 		c.Send(e.pid, &worker.Status{Info: info, Seq: e.sent, TTL: ttl})
 	}
 	e.echo, e.echoLeft = echo, echoLeft

@@ -30,6 +30,7 @@ type fixture struct {
 	states  chan *router.WorkerState
 	evicted chan router.WorkerInfo
 	pids    map[string]*actor.PID // the last worker actor seen per id
+	st      *state                // the registry's tables: read only after settle
 }
 
 func newFixture(t *testing.T, tune func(*Config)) *fixture {
@@ -48,7 +49,8 @@ func newFixture(t *testing.T, tune func(*Config)) *fixture {
 	if tune != nil {
 		tune(&cfg)
 	}
-	f.reg = f.sys.Root.Spawn(Props(cfg))
+	f.st = newState(cfg)
+	f.reg = f.sys.Root.Spawn(propsOf(f.st))
 	t.Cleanup(func() {
 		_ = f.sys.Root.StopFuture(f.reg).Wait()
 		_ = f.sys.Root.StopFuture(f.probe).Wait()

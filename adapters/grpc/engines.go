@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/tlgw/tlgw/actors/request"
+	"github.com/tlgw/tlgw/actors/router"
 	enginev1 "github.com/tlgw/tlgw/contracts/tl/engine/v1"
 	kvv1 "github.com/tlgw/tlgw/contracts/tl/kv/v1"
 )
@@ -17,7 +18,11 @@ import (
 // Engines is the gateway's client of the engines' EngineControl and KvTransferService (R8),
 // with one lazily dialled connection per address, kept for reuse.
 type Engines struct {
-	mu    sync.Mutex
+	mu sync.Mutex
+	// conns: one per gRPC or KV address a pick named (only registered workers' addresses reach
+	// here). An address goes when its worker is evicted (Forget) or moves away from it
+	// (Moved), so the pool is bounded by the addresses live workers advertise, two per worker
+	// at most ([registry] max_workers).
 	conns map[string]*grpc.ClientConn
 }
 
@@ -51,6 +56,19 @@ func (e *Engines) Forget(addrs ...string) {
 			delete(e.conns, addr)
 		}
 	}
+}
+
+// Moved closes the connections to the addresses a live engine left (a heartbeat changed its
+// grpc_address or kv_address, old to cur): nothing dials them for it any more. An address it
+// still uses, in either role, stays.
+func (e *Engines) Moved(old, cur router.WorkerInfo) {
+	var left []string
+	for _, addr := range [...]string{old.GRPCAddress, old.KVAddress} {
+		if addr != cur.GRPCAddress && addr != cur.KVAddress {
+			left = append(left, addr)
+		}
+	}
+	e.Forget(left...)
 }
 
 // Len is the number of open connections.

@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"google.golang.org/grpc/connectivity"
+
+	"github.com/tlgw/tlgw/actors/router"
 )
 
 // TestForgetClosesEvictedConnections (R13.4): Forget closes and drops the connections to an
@@ -43,5 +45,28 @@ func TestConnectionBoundsDefaults(t *testing.T) {
 	}
 	if hs, idle := (Options{HandshakeTimeout: -1, MaxConnectionIdle: -1}).bounds(); hs != DefaultHandshakeTimeout || idle != DefaultMaxConnectionIdle {
 		t.Fatalf("negative: handshake %v, idle %v", hs, idle)
+	}
+}
+
+// TestMovedClosesLeftAddresses (R19): a live engine that moves its gRPC or KV address loses
+// the connection to the address it left; an address it still uses, in either role, stays.
+func TestMovedClosesLeftAddresses(t *testing.T) {
+	e := NewEngines()
+	defer e.Close()
+	a, b, c := "127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"
+	ca, _ := e.conn(a)
+	cb, _ := e.conn(b)
+	if e.Len() != 2 {
+		t.Fatalf("%d conns", e.Len())
+	}
+	// The KV address moves to the gRPC one: b is left, a stays.
+	e.Moved(router.WorkerInfo{GRPCAddress: a, KVAddress: b}, router.WorkerInfo{GRPCAddress: a, KVAddress: a})
+	if e.Len() != 1 || cb.GetState() != connectivity.Shutdown || ca.GetState() == connectivity.Shutdown {
+		t.Fatalf("after the KV move: %d conns, b %v, a %v", e.Len(), cb.GetState(), ca.GetState())
+	}
+	// Both move: a is left.
+	e.Moved(router.WorkerInfo{GRPCAddress: a, KVAddress: a}, router.WorkerInfo{GRPCAddress: c, KVAddress: c})
+	if e.Len() != 0 || ca.GetState() != connectivity.Shutdown {
+		t.Fatalf("after the move: %d conns, a %v", e.Len(), ca.GetState())
 	}
 }

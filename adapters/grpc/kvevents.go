@@ -91,7 +91,10 @@ type KVSubscriber struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
-	mu     sync.Mutex
+	mu sync.Mutex
+	// subs: one subscription (and its goroutine) per registered worker that reports kv_events
+	// on a grpc_address; Watch replaces or stops it as heartbeats say, Forget drops it at
+	// eviction, so it is bounded by the live workers ([registry] max_workers).
 	subs   map[string]*kvSub // by worker id
 	closed bool
 }

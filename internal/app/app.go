@@ -107,6 +107,14 @@ func Start(cfg *config.Config, o Options) (*App, error) {
 			}
 			engines.Forget(info.GRPCAddress, info.KVAddress)
 		},
+		// So are the addresses a live engine moved away from: the connections are bounded by
+		// the addresses live workers advertise.
+		OnMoved: func(old, cur router.WorkerInfo) {
+			if kvs != nil && old.GRPCAddress != cur.GRPCAddress {
+				kvs.Forget(old.ID) // before its connection closes under it; this heartbeat's Watch subscribes anew
+			}
+			engines.Moved(old, cur)
+		},
 		Clock: o.Clock, Policy: g.RoutePolicy, LoadFactor: g.AffinityLoadFactor, Routes: g.Routes,
 		WarmupMinBytes:    g.PrefixWarmupMinBytes,
 		HeartbeatInterval: g.HeartbeatInterval, MissLimit: g.HeartbeatMissLimit,
