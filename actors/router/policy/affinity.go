@@ -26,6 +26,10 @@ import (
 type Affinity struct {
 	c       float64
 	vnodes  int
+	// Bounds: ring holds the points of the members at the last pick plus stale ones, compacted
+	// once they are a quarter of it (under 4/3 of those members' points); pending holds the
+	// points added since the last pick, its stale ones dropped once they are half of it (at most
+	// twice the live members' points).
 	ring    []point // sorted by (hash, id); may hold stale points
 	pending []point // points of members added since the last pick
 	stale   int     // points in ring that belong to removed members
@@ -89,6 +93,13 @@ func (p *Affinity) Add(m *Member, load, weight int64) {
 	}
 	p.n++
 	p.total += load
+	if len(p.pending) > 2*p.vnodes*p.n {
+		// More than half the pending points are stale (members that rejoined before any
+		// pick): drop those now, so a pool that sees no picks does not keep every rejoin's.
+		kept := slices.DeleteFunc(p.pending, func(pt point) bool { return !pt.live() })
+		p.stale = max(0, p.stale-(len(p.pending)-len(kept)))
+		p.pending = kept
+	}
 }
 
 // Remove implements Policy.

@@ -79,6 +79,11 @@ func (m *Member) Load() int64 { return m.load }
 func (m *Member) Weight() int64 { return m.weight }
 
 // Policy picks one member of a pool.
+//
+// Bounds: a policy's tables (heaps, rows, byID maps, weight classes, the affinity ring) hold
+// its pool's members, added and removed by the router as workers become routable and leave, and
+// the request of the pick at hand (hashes, the last prefix for Warm) until the next; nothing is
+// kept per request served. The router drops a pool's policy when its last member leaves.
 type Policy interface {
 	// Add makes m pickable with the given load and weight. m must not already be in.
 	Add(m *Member, load, weight int64)
