@@ -36,7 +36,10 @@ type admitter struct {
 	q         *admission.Queue
 	view      *workerView
 	threshold int64
-	entries   map[uint64]*admitted // by request key
+	// entries: one per admitted request from its first pick until its Finished (sent from its
+	// actor's finish, or its stop after a crash) or its rejection: bounded by the live admitted
+	// requests, and empty once they have all ended (TestRouterTablesEmptyAfterRequests).
+	entries map[uint64]*admitted // by request key
 	clock     clock.Clock
 	armed     time.Time   // when the one queue timer fires (zero: none)
 	timer     clock.Timer // that timer, stopped when an earlier time is asked
@@ -48,7 +51,8 @@ type admitter struct {
 	hv view
 	// decided counts the gate's decisions (go, hold) for the policy, resolved once.
 	decided [2]prometheus.Counter
-	// lengthGauges are the queue-length gauges in the order the queue reports them (gauges).
+	// lengthGauges are the queue-length gauges in the order the queue reports them (gauges):
+	// at most configured classes × lane kinds.
 	lengthGauges []lengthGauge
 	// progs is the policy's programs and their metrics; nil when the policy keeps none.
 	progs *programTracker
@@ -499,7 +503,10 @@ func (h host) ArmTimer(at time.Time) {
 	a.timer = h.fx.after(at.Sub(now), admTick{})
 }
 
-// admissionMetrics are the queue's series (R11).
+// admissionMetrics are the queue's series (R11). Their labels are bounded sets: class is a
+// configured class (the HTTP adapter refuses an X-TL-Class naming none, and the queue puts an
+// unknown one in the default class), lane_kind, decision and reason are fixed, policy is the
+// configured classifier's name.
 type admissionMetrics struct {
 	queueLength     *prometheus.GaugeVec
 	queueWait       *prometheus.HistogramVec

@@ -6,7 +6,11 @@ import (
 	"github.com/tlgw/tlgw/actors/router/policy"
 )
 
-// Metrics are the router's Prometheus series (R11).
+// Metrics are the router's Prometheus series (R11). Every label is a bounded set: the
+// configured policy, decision reasons, worker states and ejection reasons are fixed; route ids
+// are the route table's (routeGauges deletes the series of a route that leaves it); the
+// admission series are by configured class (admissionMetrics). No worker id, model or client
+// string labels a router series.
 type Metrics struct {
 	decisions *prometheus.CounterVec
 	workers   *prometheus.GaugeVec

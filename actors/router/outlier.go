@@ -30,7 +30,7 @@ type ejection struct {
 	seq    uint64      // the ejection in force (ejectionOver names it)
 	runs   int         // ejections in the current run
 	ended  time.Time   // when the last ejection ended (zero: never ejected)
-	timer  clock.Timer // ends the ejection in force
+	timer  clock.Timer // ends the ejection in force; stopped when the worker leaves (remove)
 }
 
 func (e *ejection) stop() {

@@ -10,7 +10,7 @@ import (
 // table; a route that leaves the table loses its series.
 type routeGauges struct {
 	vec   *prometheus.GaugeVec
-	shown map[string]bool
+	shown map[string]bool // the route ids published last: the table's
 	dirty bool // the table or a pool's membership changed since the last publish
 }
 

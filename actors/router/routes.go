@@ -14,8 +14,8 @@ import (
 // routeTable is the route table (R5) and its epoch; PUT /admin/v1/routes replaces it whole.
 type routeTable struct {
 	epoch  uint64
-	routes []config.Route
-	byName map[string]*route
+	routes []config.Route    // the operator's table, replaced whole
+	byName map[string]*route // its routes by model and alias, rebuilt with it
 }
 
 func newRouteTable(routes []config.Route) *routeTable {

@@ -68,7 +68,7 @@ type pool struct {
 	key     poolKey
 	name    string // key.String(), made once: the admission queue names lanes by it
 	p       policy.Policy
-	members map[string]*slot // by worker id
+	members map[string]*slot // by worker id: its routable workers (a pool goes with its last)
 	ids     []string         // member ids in order, rebuilt after a membership change
 	// kvMembers counts the members that report kv_events (slot.kvIn): predicted_latency reads
 	// the exact index only when every member does.
@@ -101,6 +101,13 @@ func (pl *pool) memberIDs() []string {
 
 // workerView is the router's view of the workers, pushed to it by the worker actors: slots,
 // the routable pools with their policies, and the reservations of the router's picks.
+//
+// Bounds (R19): slots and byPID hold one entry per registered worker actor (live, or evicted
+// until its actor's Terminated: remove), so at most [registry] max_workers plus the evicted
+// ones still stopping; pools one per (model, role) with a routable worker, deleted with their
+// last member; models one per model a live worker serves (dropModel deletes at zero). The
+// prefix indexes hold registered workers only (remove forgets), each within its per-worker
+// bound; warming is a fixed array. Nothing here is kept per request.
 type workerView struct {
 	policy     string
 	loadFactor float64
@@ -112,7 +119,7 @@ type workerView struct {
 	poolsMoved bool   // a pool's membership changed (read and cleared by the route gauges)
 	ticket     uint64 // the last ticket handed out
 	decisions  [maxReasons]prometheus.Counter
-	gauges     map[string]prometheus.Gauge
+	gauges     map[string]prometheus.Gauge // the fixed worker states of tlgw_workers
 	// The approximate prefix index (nil when off), which prefix_aware pools pick from.
 	pidx *prefixindex.Index
 	// The exact prefix index (nil unless precise_prefix), fed by the engines' KvEvents and

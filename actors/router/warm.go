@@ -48,7 +48,8 @@ const (
 )
 
 // warmClaim is one pending warm-up: the prefix's chunk hash, the worker it went to, and when
-// the claim lapses.
+// the claim lapses. The claims are a fixed array (MaxWarmPending): a lapsed one, even of a
+// worker gone since, is cleared by the next claim, so at most that many slots stay referenced.
 type warmClaim struct {
 	id     uint64
 	target *slot
