@@ -40,11 +40,11 @@ type admitter struct {
 	// actor's finish, or its stop after a crash) or its rejection: bounded by the live admitted
 	// requests, and empty once they have all ended (TestRouterTablesEmptyAfterRequests).
 	entries map[uint64]*admitted // by request key
-	clock     clock.Clock
-	armed     time.Time   // when the one queue timer fires (zero: none)
-	timer     clock.Timer // that timer, stopped when an earlier time is asked
-	metrics   admissionMetrics
-	policy    string
+	clock   clock.Clock
+	armed   time.Time   // when the one queue timer fires (zero: none)
+	timer   clock.Timer // that timer, stopped when an earlier time is asked
+	metrics admissionMetrics
+	policy  string
 	// The queue's Host and a head's View, reused: the router handles one message at a time
 	// and the queue keeps neither past the call, so they need no allocation per request.
 	h  host

@@ -11,7 +11,7 @@ import (
 type routeGauges struct {
 	vec   *prometheus.GaugeVec
 	shown map[string]bool // the route ids published last: the table's
-	dirty bool // the table or a pool's membership changed since the last publish
+	dirty bool            // the table or a pool's membership changed since the last publish
 }
 
 func newRouteGaugeVec() *prometheus.GaugeVec {

@@ -24,8 +24,8 @@ import (
 // stale ones once they are a quarter of the ring. So a fleet of 10,000 registering at start-up
 // costs one sort, not 10,000 ring rebuilds.
 type Affinity struct {
-	c       float64
-	vnodes  int
+	c      float64
+	vnodes int
 	// Bounds: ring holds the points of the members at the last pick plus stale ones, compacted
 	// once they are a quarter of it (under 4/3 of those members' points); pending holds the
 	// points added since the last pick, its stale ones dropped once they are half of it (at most
