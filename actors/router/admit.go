@@ -32,19 +32,21 @@ type AdmissionConfig struct {
 // it still waits, or completes its turn for the gate, with what its answer cost. So a request
 // that ends in any way — answered, crashed, client gone — ends its turn exactly once, without
 // a watch per request.
+//
+// Bounds (R19): entries holds one admitted request from its first pick until its Finished or
+// its rejection, so it is bounded by the live admitted requests and empty once they have all
+// ended (TestRouterTablesEmptyAfterRequests); the queue's own tables follow its queued
+// requests (admission.Queue).
 type admitter struct {
 	q         *admission.Queue
 	view      *workerView
 	threshold int64
-	// entries: one per admitted request from its first pick until its Finished (sent from its
-	// actor's finish, or its stop after a crash) or its rejection: bounded by the live admitted
-	// requests, and empty once they have all ended (TestRouterTablesEmptyAfterRequests).
-	entries map[uint64]*admitted // by request key
-	clock   clock.Clock
-	armed   time.Time   // when the one queue timer fires (zero: none)
-	timer   clock.Timer // that timer, stopped when an earlier time is asked
-	metrics admissionMetrics
-	policy  string
+	entries   map[uint64]*admitted // by request key: the live admitted requests (see above)
+	clock     clock.Clock
+	armed     time.Time   // when the one queue timer fires (zero: none)
+	timer     clock.Timer // that timer, stopped when an earlier time is asked
+	metrics   admissionMetrics
+	policy    string
 	// The queue's Host and a head's View, reused: the router handles one message at a time
 	// and the queue keeps neither past the call, so they need no allocation per request.
 	h  host

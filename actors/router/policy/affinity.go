@@ -23,13 +23,14 @@ import (
 // generation moves on); the next pick merges the pending points in place and compacts the
 // stale ones once they are a quarter of the ring. So a fleet of 10,000 registering at start-up
 // costs one sort, not 10,000 ring rebuilds.
+//
+// Bounds: the ring holds the points of the members at the last pick plus stale ones, compacted
+// once they are a quarter of it (under 4/3 of those members' points); pending holds the points
+// added since the last pick, its stale ones dropped once they are half of it (at most twice
+// the live members' points), so no membership churn grows either.
 type Affinity struct {
-	c      float64
-	vnodes int
-	// Bounds: ring holds the points of the members at the last pick plus stale ones, compacted
-	// once they are a quarter of it (under 4/3 of those members' points); pending holds the
-	// points added since the last pick, its stale ones dropped once they are half of it (at most
-	// twice the live members' points).
+	c       float64
+	vnodes  int
 	ring    []point // sorted by (hash, id); may hold stale points
 	pending []point // points of members added since the last pick
 	stale   int     // points in ring that belong to removed members
