@@ -164,6 +164,13 @@ func (e *Entry) Waiting() Wait { return e.wait }
 
 // Queue is the admission queue. It is not safe for concurrent use: its owner (the router
 // actor) calls it from one goroutine.
+//
+// Bounds (R19): every table follows the queued requests, each limited by its class's
+// queue_limit (or its named lane's): a lane exists only while it holds one (dropIfEmpty), a
+// capacity group while one of its lanes waits in it, held and named while a lane is held or a
+// named lane counts one; expiry holds each queued request once and failed only during a pump.
+// classes, tiers and lanes-by-name are the configuration's. Empty once nothing is queued
+// (TestQueueTablesEmptyAfterRequests).
 type Queue struct {
 	cfg      Config
 	gate     Gate

@@ -142,6 +142,11 @@ type Policy struct {
 	cfg Config
 	now func() time.Time
 
+	// Bounds: cold holds the Cold requests queued or about to be (the lane's queue_limit),
+	// plus those turned away after Classify until a sweep (at most coldRecordTTL old, once the
+	// records have doubled); active one per dispatched request not yet completed; the
+	// per-worker counts are deleted at zero (coldDec). All are empty when nothing is queued
+	// or in flight (Tracked).
 	cold    map[uint64]*coldRecord // Cold requests classified, not yet dispatched nor gone
 	sweepAt int                    // len(cold) that triggers the next sweep
 

@@ -24,6 +24,8 @@ var WaitBusy = admission.NewWait("session_busy")
 //
 // Like every gate, it is used from the router actor's goroutine only.
 type Policy struct {
+	// Bounds: both follow the dispatched requests with a session not yet completed (an entry
+	// goes with its last completion), so they are empty when no turn runs.
 	inFlight map[string]int    // session id → dispatched, not yet completed
 	bySID    map[uint64]string // request key → session id, for the requests counted above
 }
