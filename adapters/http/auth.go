@@ -54,7 +54,7 @@ type keyMatch struct {
 // subtle.ConstantTimeCompare against every configured key, so neither the position of the
 // first differing byte nor which key matched shows in the timing.
 type keyring struct {
-	keys []apiKey
+	keys []apiKey // the configured [[auth.keys]], fixed for the server's life
 }
 
 func newKeyring(keys []config.Key) *keyring {

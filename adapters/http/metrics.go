@@ -8,7 +8,7 @@ import (
 
 // httpMetrics are the adapter's own series; the request-level ones belong to actors/request.
 type httpMetrics struct {
-	rejected *prometheus.CounterVec
+	rejected *prometheus.CounterVec // by code: the statuses the gateway answers itself, a fixed set
 }
 
 func newHTTPMetrics(reg prometheus.Registerer) *httpMetrics {

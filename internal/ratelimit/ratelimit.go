@@ -54,7 +54,7 @@ type Status struct {
 type Limiter struct {
 	now  func() time.Time
 	mu   sync.Mutex
-	keys map[int]*window
+	keys map[int]*window // by configured key index: at most one per [[auth.keys]] entry with a limit
 }
 
 // window is one key's buckets: requests and tokens counted in the second sec of each slot.
@@ -138,6 +138,13 @@ func (l *Limiter) Allow(key int, lim Limits) (Status, bool) {
 	w.requests[w.slot(s)]++
 	st.RemainingRequests, st.RemainingTokens = max(lim.RPM-reqs-1, 0), max(lim.TPM-toks, 0)
 	return st, true
+}
+
+// Len is the number of keys with a window.
+func (l *Limiter) Len() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.keys)
 }
 
 // Spend counts tokens of key now (a request's usage.total_tokens once known; negative counts
