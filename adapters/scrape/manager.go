@@ -79,7 +79,10 @@ type Manager struct {
 	transport *http.Transport
 	client    *http.Client
 
-	mu       sync.Mutex
+	mu sync.Mutex
+	// scrapers: one per target of the current set (the static workers' table), each with one
+	// goroutine, one timer and its series (forgotten at stop): bounded by the table. The
+	// transport keeps at most one idle connection per target's host, closed after 90 s idle.
 	scrapers map[string]*scraper // by target id
 	closed   bool
 	wg       sync.WaitGroup
