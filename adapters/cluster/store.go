@@ -129,7 +129,10 @@ type Store struct {
 	static  table[config.StaticWorker]
 	drained map[string]int64 // model → revision it was last seen at; < 0 = undrained at -rev
 	live    int              // entries of drained that are drained (> 0)
-	// The bounds on what etcd may list (MaxDrained, MaxReplicas; tests lower them).
+	// The bounds on what etcd may list (MaxDrained, MaxReplicas; tests lower them): drained
+	// holds at most maxDrained drained models, and its undrained ones (tombstones) only until a
+	// newer watched revision (compactDrainsLocked); replicas at most maxReplicas, each deleted
+	// with its key (its lease ends with its replica).
 	maxDrained, maxReplicas int
 	replicas                map[string]Replica
 	lease                   clientv3.LeaseID
