@@ -166,6 +166,14 @@ type Deps struct {
 }
 
 // requestActor is one request's state machine.
+//
+// Bounds (R19): everything here lives as long as the one request. Its slices grow with its
+// own picks only: exclude and watchers by the workers it tried (at most max_attempts per
+// cascade step, and the prefill workers of a disaggregated route), held by the tickets it
+// holds now (two at most: a worker and a prefill worker), hashes by its prompt (the body
+// limit / 64). Its timers (pick, first byte, request) are stopped in finish and stopping, its
+// I/O goroutine ends with its context (ioDone), and the workers stop watching it when it
+// finishes holding nothing (unwatchWorkers) or get its Terminated.
 type requestActor struct {
 	d *Deps
 	x *Exchange

@@ -60,8 +60,8 @@ type state struct {
 	acqSeen uint64
 	streak  int // failed attempts in a row (R14.2); a success or an ejection request resets it
 	gen     uint64
-	timer   clock.Timer
-	due     time.Time // when timer fires
+	timer   clock.Timer // the one heartbeat deadline, stopped at Stopping and re-armed, never added
+	due     time.Time   // when timer fires
 }
 
 // Props returns the props of a worker actor whose first status is first.

@@ -41,8 +41,8 @@ type Metrics struct {
 	mailboxDesc, actorsDesc *prometheus.Desc
 
 	mu    sync.Mutex
-	kinds map[string]*kind
-	order []*kind // collection order: first use
+	kinds map[string]*kind // by actor kind: the composition root's fixed set
+	order []*kind          // collection order: first use
 }
 
 // directiveLabels are the values of the directive label, indexed by
@@ -145,13 +145,15 @@ type kind struct {
 	handle *prometheus.HistogramVec
 
 	// The live mailboxes: an intrusive ring through head, so registering
-	// and removing are O(1) and allocate nothing.
+	// and removing are O(1) and allocate nothing. A mailbox leaves it at its
+	// actor's *actor.Stop, so it holds the live actors of the kind.
 	mu   sync.Mutex
 	head probe
 	live int
 
 	// observers maps a message's dynamic type to its histogram child. It is
 	// copied on write: a handful of types per kind, read on every message.
+	// Bounded by the message types in the code (so is the message label).
 	observers atomic.Pointer[map[reflect.Type]prometheus.Observer]
 	obsMu     sync.Mutex
 }
