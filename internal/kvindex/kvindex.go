@@ -51,6 +51,11 @@ const MaxBlocksPerWorker = 1 << 20
 const shared = 1 << 63
 
 // Index is the exact prefix index over all workers. The zero value is not usable; call New.
+//
+// Bounds: workers holds the workers that hold at least one id (Remove or Forget of the last
+// drops one; the router forgets a worker that leaves); slots and free never outgrow the most
+// workers held at once (free slots are reused); holders one per distinct id held, rebuilt
+// smaller after a fall (shrink); lists and unused at most the shared ids at their peak.
 type Index[W comparable] struct {
 	limit   int
 	workers map[W]*worker[W]

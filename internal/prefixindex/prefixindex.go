@@ -73,6 +73,10 @@ func Hashes(dst []uint64, rendered []byte) []uint64 {
 
 // Index is the approximate prefix index over all workers. The zero value is not usable; call
 // New.
+//
+// Bounds: workers holds the workers that recorded something and were not forgotten (the router
+// forgets a worker that leaves), each at most its limit of hashes; byNum and free never outgrow
+// the most workers known at once; holders one slot per distinct hash held, halved as it empties.
 type Index struct {
 	limit   int
 	seed    uint64
