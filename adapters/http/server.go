@@ -154,7 +154,9 @@ func New(o Options) *Server {
 
 // NewTransport is the engine-facing transport: HTTP/1.1 keep-alive with a pool deep enough for
 // a fleet, no compression (bodies are relayed as the engine wrote them) and a dial timeout so
-// a black-holed engine fails over instead of hanging.
+// a black-holed engine fails over instead of hanging. Its idle connections are bounded by
+// MaxIdleConns in all (and per engine host) and each closes after IdleConnTimeout: those to an
+// engine that left go within 90 s, without an eviction closing every engine's idle pool.
 func NewTransport() *http.Transport {
 	return &http.Transport{
 		DialContext:         (&net.Dialer{Timeout: 3 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
