@@ -95,8 +95,8 @@ type program struct {
 // Policy is the thunderagent classifier and gate.
 //
 // Bounds (R19): programs holds at most max_tracked_requests programs (a new one beyond it
-// evicts the oldest idle one or is refused), each forgotten session_retention after its last
-// turn or at its final turn; list holds them and the forgotten ones until those are half of it
+// evicts the oldest idle one or is refused), each forgotten at its final turn or, once
+// session_retention has passed since its last turn, at the next ask or event; list holds them and the forgotten ones until those are half of it
 // (then compacted); reqs and final hold the tracked requests, at most max_tracked_requests
 // (Classify refuses beyond). Tracked counts them all: 0 once every request ended and every
 // program expired.
