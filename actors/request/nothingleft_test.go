@@ -6,20 +6,24 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"runtime"
 	"strings"
 	"testing"
 
+	"github.com/tlgw/tlgw/actors/request"
+	httpapi "github.com/tlgw/tlgw/adapters/http"
 	"github.com/tlgw/tlgw/internal/gwtest"
 )
 
 // TestNothingLeftAfterRequests (R19): after n requests — JSON and streamed, each failing over
 // from a worker that answers 503 and from one that refuses connections, and some whose client
 // leaves while the engine works — every timer the request actors armed on their clock is
-// stopped (pick, first byte, request, stream idle), no worker counts anything in flight, and
-// no request actor is left running.
+// stopped (pick, first byte, request, stream idle), no worker counts anything in flight, no
+// request actor is left running and no goroutine a request started is left.
 func TestNothingLeftAfterRequests(t *testing.T) {
 	clk := requestClock()
-	r := newRig(t, rigOpt{deps: onClock(clk)})
+	tr := httpapi.NewTransport() // its idle connections are closed at the end
+	r := newRig(t, rigOpt{deps: func(d *request.Deps, _ *gwtest.Harness) { d.Clock, d.Transport = clk, tr }})
 	ok := r.engine(t, "a-ok", func(w http.ResponseWriter, req *http.Request, body string) {
 		if strings.Contains(body, `"stream":true`) {
 			w.Header().Set("Content-Type", "text/event-stream")
@@ -48,8 +52,8 @@ func TestNothingLeftAfterRequests(t *testing.T) {
 	r.beat("c-refused", "smol", refused, 0)
 	r.beat("d-slow", "slow", slow.URL, 0)
 	// The live processes now, and the request actors' guardian (made at the first spawn, one
-	// for all of them).
-	base := processes(r) + 1
+	// for all of them); the goroutines now.
+	base, goroutines := processes(r)+1, runtime.NumGoroutine()
 	const n = 120
 	for i := range n {
 		stream := ""
@@ -68,6 +72,11 @@ func TestNothingLeftAfterRequests(t *testing.T) {
 	gwtest.Idle(t, r.GW)
 	gwtest.Eventually(t, "every request timer stopped", func() bool { return clk.Pending() == 0 })
 	gwtest.Eventually(t, "no request actor left", func() bool { return processes(r) == base })
+	// Every goroutine a request started has returned, once the keep-alive connections (the
+	// client's to the gateway, the gateway's to the engines) are closed.
+	r.srv.Client().CloseIdleConnections()
+	tr.CloseIdleConnections()
+	gwtest.Eventually(t, "the requests' goroutines gone", func() bool { return runtime.NumGoroutine() <= goroutines })
 }
 
 // processes counts the actor system's live processes (actors and futures).
