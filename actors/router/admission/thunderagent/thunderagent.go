@@ -96,10 +96,10 @@ type program struct {
 //
 // Bounds (R19): programs holds at most max_tracked_requests programs (a new one beyond it
 // evicts the oldest idle one or is refused), each forgotten at its final turn or, once
-// session_retention has passed since its last turn, at the next ask or event; list holds them and the forgotten ones until those are half of it
-// (then compacted); reqs and final hold the tracked requests, at most max_tracked_requests
-// (Classify refuses beyond). Tracked counts them all: 0 once every request ended and every
-// program expired.
+// session_retention has passed since its last turn, at the next ask or event; the indexes
+// below hold each program at most once. reqs and final hold the tracked requests, at most
+// max_tracked_requests (Classify refuses beyond). Tracked counts them all: 0 once every
+// request ended and every program expired.
 type Policy struct {
 	cfg      Config
 	now      func() time.Time
