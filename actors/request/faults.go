@@ -10,10 +10,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -61,9 +63,18 @@ func (r *requestActor) controlTimeout() time.Duration {
 }
 
 // RetryBudget caps the failovers running at once (R14.3): at most max(3, percent% of the
-// in-flight requests). A request takes one slot at its first failover and holds it until it
-// ends; a failure beyond the budget is answered 503 no_capacity instead of retried. Shared by
-// every request actor of a gateway.
+// in-flight requests); a failure beyond the budget is answered 503 no_capacity instead of
+// retried. Shared by every request actor of a gateway.
+//
+// A slot counts a request that is being retried (R19, the "active retries" of Envoy's retry
+// budget), not one that was retried once:
+//   - a failover whose failed attempt sent nothing to an engine (the connection was refused or
+//     never made: a DNS failure, a connect timeout) takes no slot: it cost the fleet nothing,
+//     and max_attempts bounds it;
+//   - a failover whose attempt reached an engine takes one, unless the request holds one
+//     already (a second failure of the same retry keeps it);
+//   - the slot is given back once a retried attempt gets its first byte (the retry worked:
+//     what follows is an ordinary answer), or when the request ends.
 type RetryBudget struct {
 	percent  float64
 	inFlight atomic.Int64
@@ -96,6 +107,39 @@ func (b *RetryBudget) tryAcquire() bool {
 	}
 }
 
+// failover decides whether a request may retry after a failed attempt, given whether it holds
+// a slot (*held, updated) and whether the attempt sent nothing to an engine; see RetryBudget.
+func (b *RetryBudget) failover(held *bool, sentNothing bool) bool {
+	if *held || sentNothing {
+		return true
+	}
+	if b.tryAcquire() {
+		*held = true
+		return true
+	}
+	return false
+}
+
+// giveBack returns the request's slot, if it holds one (*held, updated).
+func (b *RetryBudget) giveBack(held *bool) {
+	if *held {
+		b.retries.Add(-1)
+		*held = false
+	}
+}
+
+// sentNothing reports whether a failed attempt's error shows that nothing reached an engine:
+// the connection was never made (refused, a DNS failure, a connect timeout: a dial error).
+func sentNothing(err error) bool {
+	var op *net.OpError
+	return errors.Is(err, syscall.ECONNREFUSED) || errors.As(err, &op) && op.Op == "dial"
+}
+
+// refused reports whether a failed attempt's connection was refused: nothing listens on the
+// engine's address, so it is provably down (R19). A DNS failure or a connect timeout proves
+// nothing of the engine.
+func refused(err error) bool { return errors.Is(err, syscall.ECONNREFUSED) }
+
 // budgetStart counts the request in flight; budgetEnd (idempotent) gives back what it holds.
 func (r *requestActor) budgetStart() {
 	if b := r.d.RetryBudget; b != nil && !r.counted {
@@ -113,23 +157,21 @@ func (r *requestActor) budgetEnd() {
 		b.inFlight.Add(-1)
 		r.counted = false
 	}
-	if r.retrySlot {
-		b.retries.Add(-1)
-		r.retrySlot = false
-	}
+	b.giveBack(&r.retrySlot)
 }
 
-// retryAllowed takes the request's failover slot (once) or reports the budget spent.
-func (r *requestActor) retryAllowed() bool {
+// retryAllowed decides a failover after the attempt that failed with err: the request's slot
+// is taken (or kept), or none is needed, or the budget is spent.
+func (r *requestActor) retryAllowed(err error) bool {
 	b := r.d.RetryBudget
-	if b == nil || r.retrySlot {
-		return true
+	return b == nil || b.failover(&r.retrySlot, sentNothing(err))
+}
+
+// retried gives back the request's slot once a retried attempt got its first byte.
+func (r *requestActor) retried() {
+	if b := r.d.RetryBudget; b != nil {
+		b.giveBack(&r.retrySlot)
 	}
-	if b.tryAcquire() {
-		r.retrySlot = true
-		return true
-	}
-	return false
 }
 
 // Timer messages. The tag ties a firing to the timer that is current.

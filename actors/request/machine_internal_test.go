@@ -32,9 +32,10 @@ const waitFor = 5 * time.Second
 
 // released is one Release a worker got.
 type released struct {
-	worker  string
-	ticket  uint64
-	outcome router.Outcome
+	worker      string
+	ticket      uint64
+	outcome     router.Outcome
+	unreachable bool
 }
 
 // upstreamFunc is an Upstream answering from a function.
@@ -188,7 +189,7 @@ func (m *mrig) worker(id string) *actor.PID {
 	}
 	pid := m.sys.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
 		if r, ok := c.Message().(*router.Release); ok {
-			m.releases <- released{worker: id, ticket: r.Ticket, outcome: r.Outcome}
+			m.releases <- released{worker: id, ticket: r.Ticket, outcome: r.Outcome, unreachable: r.Unreachable}
 		}
 	}))
 	m.workers[id] = pid

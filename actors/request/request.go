@@ -553,9 +553,15 @@ func (r *requestActor) unwatchWorkers(c actor.Context) {
 // releaseWorker ends the in-flight count held on one worker with the verdict on its part
 // (R14.2).
 func (r *requestActor) releaseWorker(c actor.Context, pid *actor.PID, o router.Outcome) {
+	r.releaseVerdict(c, pid, router.Release{Outcome: o})
+}
+
+// releaseVerdict is releaseWorker with the whole verdict (rel without its ticket).
+func (r *requestActor) releaseVerdict(c actor.Context, pid *actor.PID, rel router.Release) {
 	for i, h := range r.held {
 		if h.worker == pid {
-			c.Send(pid, &router.Release{Ticket: h.ticket, Outcome: o})
+			rel.Ticket = h.ticket
+			c.Send(pid, &rel)
 			r.held = append(r.held[:i], r.held[i+1:]...)
 			return
 		}

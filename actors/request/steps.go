@@ -223,7 +223,7 @@ func (r *requestActor) failover(c actor.Context, err error) {
 	o := outcome(err, 0)
 	r.stopFirstByteTimer()
 	r.endIO()
-	r.releaseWorker(c, worker, o)
+	r.releaseVerdict(c, worker, router.Release{Outcome: o, Unreachable: refused(err)})
 	r.releaseAll(c.Send)
 	r.logger().Info("attempt failed before the first byte", "worker", id, "outcome", o.String(), "err", err)
 	r.d.Metrics.failovers.WithLabelValues(r.route).Inc()
@@ -248,7 +248,7 @@ func (r *requestActor) retry(c actor.Context) {
 		r.fail(c, fmt.Errorf("%d workers tried, none answered: %w", r.attempts, errs.ErrNoCapacity))
 		return
 	}
-	if !r.retryAllowed() {
+	if !r.retryAllowed(r.lastErr) {
 		// R14.3: the failovers running at once are at the retry budget; this failure is
 		// answered instead of retried.
 		r.logger().Info("retry budget spent; not failing over", "limit", r.d.RetryBudget.Limit())
@@ -314,6 +314,7 @@ func (r *requestActor) tooLate(c actor.Context, msg any) bool {
 // firstByte records the answer's first byte (R11 time to first byte, R17.3 upstream stage)
 // and starts the relay's clock: measurements on the wall clock, not timing rules.
 func (r *requestActor) firstByte() {
+	r.retried()
 	now := time.Now()
 	r.d.Metrics.ttfb(r.route, now.Sub(r.x.Start))
 	r.d.Metrics.stage(stageUpstream, now.Sub(r.attemptAt))

@@ -89,6 +89,13 @@ type WorkerState struct {
 	// processed (the router's reservations not yet seen are acqSent − AcqSeen).
 	InFlight int64
 	AcqSeen  uint64
+	// FailLoad is the load the worker's recent failures add (R19): load-based policies read
+	// in flight + queue depth + FailLoad. It decays on the worker's clock.
+	FailLoad int64
+	// Unreachable: an attempt's connection to the worker's HTTP address was refused (nothing
+	// listens there, R19) and no heartbeat has arrived since. The worker is out of routing,
+	// outside the outlier ejection's max_ejected_percent.
+	Unreachable bool
 }
 
 // Acquire counts one in-flight request on a worker (the worker actor owns the count, SPEC A).
@@ -106,6 +113,10 @@ type Acquire struct {
 type Release struct {
 	Ticket  uint64
 	Outcome Outcome
+	// Unreachable: the attempt's connection was refused (ECONNREFUSED: nothing listens on the
+	// worker's HTTP address), so the engine is provably down (R19). The worker leaves routing
+	// until a heartbeat (or a good scrape) arrives after this Release.
+	Unreachable bool
 }
 
 // Outcome is the requester's verdict on one worker's part of a request (R14.2 outlier
@@ -160,6 +171,9 @@ type LoadReport struct {
 	InFlight int64
 	AcqSeen  uint64
 	Eject    Outcome
+	// FailLoad is the load the worker's recent failures add (R19; WorkerState.FailLoad). A
+	// worker sends a LoadReport each time it decays too.
+	FailLoad int64
 }
 
 // LastStep asks for a cascade route's last step (streams go straight there, R7).
@@ -324,6 +338,10 @@ type WorkerView struct {
 	// "" when the worker is not ejected. The reason is an Outcome's name.
 	EjectedUntil   time.Time
 	EjectionReason string
+	// Unreachable: its address refused a connection and it has not heartbeaten since (R19).
+	Unreachable bool
+	// FailLoad is the load its recent failures add (R19), decaying; not part of InFlight.
+	FailLoad int64
 	// TTFT is the worker's predicted_latency model (R18.2), nil before its first observation.
 	TTFT *TTFTModelView
 }

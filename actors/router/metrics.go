@@ -67,6 +67,8 @@ const (
 	stateDraining = "draining"
 	stateDrained  = "drained"
 	stateEjected  = "ejected"
+	// stateUnreachable: its address refused a connection since its last heartbeat (R19).
+	stateUnreachable = "unreachable"
 )
 
 // decisionCounters caches the counter of every reason for one policy, so a pick does no label
@@ -86,9 +88,10 @@ const maxReasons = 8
 
 func (m *Metrics) workerGauges() map[string]prometheus.Gauge {
 	return map[string]prometheus.Gauge{
-		stateRoutable: m.workers.WithLabelValues(stateRoutable),
-		stateDraining: m.workers.WithLabelValues(stateDraining),
-		stateDrained:  m.workers.WithLabelValues(stateDrained),
-		stateEjected:  m.workers.WithLabelValues(stateEjected),
+		stateRoutable:    m.workers.WithLabelValues(stateRoutable),
+		stateDraining:    m.workers.WithLabelValues(stateDraining),
+		stateDrained:     m.workers.WithLabelValues(stateDrained),
+		stateEjected:     m.workers.WithLabelValues(stateEjected),
+		stateUnreachable: m.workers.WithLabelValues(stateUnreachable),
 	}
 }

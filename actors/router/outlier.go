@@ -21,6 +21,10 @@ import (
 //     next full streak asks again.
 //   - The ejection belongs to the worker's registration: a worker evicted and registered again
 //     starts afresh.
+//   - A worker whose address refused a connection (unreachable, R19) is out of routing by
+//     that alone and counts on neither side of max_ejected_percent: the cap is over the
+//     model's live workers that are not unreachable, and only those of them ejected count.
+//     So provably dead engines leave the cap to the ones that fail while they answer.
 
 // ejection is one slot's outlier state.
 type ejection struct {
@@ -63,7 +67,7 @@ func (v *workerView) eject(id string, reason Outcome, fx effects) bool {
 	}
 	live, ejected, others := 0, 0, 0
 	for _, o := range v.slots {
-		if !o.live || o.info.Model != s.info.Model {
+		if !o.live || o.info.Model != s.info.Model || (o.unreachable && o != s) {
 			continue
 		}
 		live++

@@ -33,20 +33,27 @@ type slot struct {
 	kvIn     bool  // counted in its pool's kvMembers
 	state    string
 	ej       ejection // R14.2 (outlier.go)
+	// R19: the load the worker's recent failures add, as it last reported it (it decays on the
+	// worker's clock), and whether its address refused a connection since its last heartbeat.
+	failLoad    int64
+	unreachable bool
 }
 
 func (s *slot) inFlight() int64 { return s.reported + int64(s.acqSent-s.acqSeen) }
 
-func (s *slot) load() int64 { return s.inFlight() + s.info.QueueDepth }
+// load is what load-based policies read: in flight, the engine's queue, and recent failures.
+func (s *slot) load() int64 { return s.inFlight() + s.info.QueueDepth + s.failLoad }
 
 func (s *slot) routable() bool {
-	return s.live && !s.info.SelfDraining() && !s.info.AdminDrained && !s.ej.on
+	return s.live && !s.info.SelfDraining() && !s.info.AdminDrained && !s.ej.on && !s.unreachable
 }
 
 func (s *slot) stateName() string {
 	switch {
 	case !s.live:
 		return stateNone
+	case s.unreachable:
+		return stateUnreachable
 	case s.ej.on:
 		return stateEjected
 	case s.info.AdminDrained:
@@ -295,7 +302,7 @@ func (v *workerView) loadReport(m *LoadReport) bool {
 		return false // stale: a newer report has been applied
 	}
 	before := s.load()
-	s.reported, s.acqSeen = m.InFlight, m.AcqSeen
+	s.reported, s.acqSeen, s.failLoad = m.InFlight, m.AcqSeen, m.FailLoad
 	if s.pool != nil {
 		s.pool.p.SetLoad(&s.member, s.load())
 	}
@@ -332,9 +339,9 @@ func (v *workerView) workerState(m *WorkerState, fx effects) bool {
 		// is (kvEvents), so what it holds is unknown until its subscriber's next snapshot.
 		v.kidx.Forget(&s.member)
 	}
-	s.info, s.live = m.Info, m.Live
+	s.info, s.live, s.unreachable = m.Info, m.Live, m.Unreachable
 	if m.AcqSeen >= s.acqSeen {
-		s.reported, s.acqSeen = m.InFlight, m.AcqSeen
+		s.reported, s.acqSeen, s.failLoad = m.InFlight, m.AcqSeen, m.FailLoad
 	}
 	if s.live {
 		v.models[s.info.Model]++
@@ -453,7 +460,8 @@ func (v *workerView) list(epoch uint64) *WorkerList {
 		if !s.live {
 			continue // evicted (R1): no longer listed
 		}
-		wv := WorkerView{Info: s.info, InFlight: s.inFlight(), Routable: s.routable()}
+		wv := WorkerView{Info: s.info, InFlight: s.inFlight(), Routable: s.routable(), Unreachable: s.unreachable,
+			FailLoad: s.failLoad}
 		if s.ej.on {
 			wv.EjectedUntil, wv.EjectionReason = s.ej.until, s.ej.reason.String()
 		}

@@ -37,6 +37,9 @@ type Expired struct {
 // deadline is the worker's own heartbeat timer firing; gen discards stale timers.
 type deadline struct{ gen uint64 }
 
+// failDecay is a half-life of the failure load passing (failload.go); gen discards stale timers.
+type failDecay struct{ gen uint64 }
+
 // Config is what every worker actor needs.
 type Config struct {
 	Clock    clock.Clock
@@ -62,6 +65,16 @@ type state struct {
 	gen     uint64
 	timer   clock.Timer // the one heartbeat deadline, stopped at Stopping and re-armed, never added
 	due     time.Time   // when timer fires
+	// R19: recent failures as load (failload.go), and its decay timer (running only while
+	// the load is above 0).
+	fails     failLoad
+	failGen   uint64
+	failTimer clock.Timer
+	// R19: a Release said the engine refused a connection (nothing listens on its HTTP
+	// address) at unreachableAt; the worker is out of routing until a status that arrived
+	// after that (a heartbeat, or a successful scrape of a static worker).
+	unreachable   bool
+	unreachableAt time.Time
 }
 
 // Props returns the props of a worker actor whose first status is first.
@@ -87,6 +100,12 @@ func (w *workerActor) Receive(c actor.Context) {
 			st.cfg.TTL = m.TTL
 		}
 		st.live = true
+		if st.unreachable && m.Info.LastHeartbeat.After(st.unreachableAt) {
+			// The engine spoke after its address refused us: it (or its successor at a new
+			// address) is up again. A status that arrived before the refusal and was behind it
+			// in the mailbox proves nothing.
+			st.unreachable = false
+		}
 		w.armBy(c, st.info.LastHeartbeat.Add(st.cfg.TTL))
 		w.report(c)
 	case *router.Acquire:
@@ -100,7 +119,19 @@ func (w *workerActor) Receive(c actor.Context) {
 		// The verdict counts even when the hold is gone already: a requester sends its last
 		// Release and stops, and its Terminated (a system message) may overtake the Release.
 		eject := st.judge(m.Outcome)
-		if st.holds.release(m.Ticket) || eject != router.OutcomeNone {
+		failed := m.Outcome.Failed()
+		if st.fails.add(m.Outcome) {
+			w.armDecay(c)
+		}
+		released := st.holds.release(m.Ticket)
+		if m.Unreachable && !st.unreachable {
+			// R19: provably down. The full report takes it out of routing at once (and carries
+			// the in-flight count and the failure load); an ejection asked for still follows.
+			st.unreachable, st.unreachableAt = true, st.cfg.Clock.Now()
+			w.report(c)
+			released, failed = false, false
+		}
+		if released || failed || eject != router.OutcomeNone {
 			w.loadReport(c, eject)
 		}
 	case *actor.Terminated:
@@ -136,11 +167,35 @@ func (w *workerActor) Receive(c actor.Context) {
 		st.live = false
 		w.report(c)
 		c.Send(st.cfg.Registry, &Expired{ID: st.info.ID, Seq: st.seq})
+	case failDecay:
+		if m.gen != st.failGen {
+			return
+		}
+		st.failTimer = nil
+		if st.fails.halve() {
+			w.armDecay(c)
+		}
+		w.loadReport(c, router.OutcomeNone)
 	case *actor.Stopping:
 		if st.timer != nil {
 			st.timer.Stop()
 		}
+		if st.failTimer != nil {
+			st.failTimer.Stop()
+		}
 	}
+}
+
+// armDecay schedules the failure load's next halving, a half-life from now on the injected
+// clock (failload.go).
+func (w *workerActor) armDecay(c actor.Context) {
+	st := w.st
+	if st.failTimer != nil {
+		st.failTimer.Stop()
+	}
+	st.failGen++
+	gen, self, root := st.failGen, c.Self(), c.ActorSystem().Root
+	st.failTimer = st.cfg.Clock.AfterFunc(FailureHalfLife, func() { root.Send(self, failDecay{gen: gen}) })
 }
 
 // arm schedules the deadline at last heartbeat + TTL on the injected clock. The callback only
@@ -170,12 +225,14 @@ func (w *workerActor) report(c actor.Context) {
 	st := w.st
 	c.Send(st.cfg.Router, &router.WorkerState{
 		PID: c.Self(), Info: st.info, Live: st.live, InFlight: st.holds.count(), AcqSeen: st.acqSeen,
+		FailLoad: st.fails.load(), Unreachable: st.unreachable,
 	})
 }
 
 func (w *workerActor) loadReport(c actor.Context, eject router.Outcome) {
 	st := w.st
-	c.Send(st.cfg.Router, &router.LoadReport{ID: st.info.ID, PID: c.Self(), InFlight: st.holds.count(), AcqSeen: st.acqSeen, Eject: eject})
+	c.Send(st.cfg.Router, &router.LoadReport{ID: st.info.ID, PID: c.Self(), InFlight: st.holds.count(), AcqSeen: st.acqSeen,
+		Eject: eject, FailLoad: st.fails.load()})
 }
 
 // judge counts one attempt's outcome in the failure streak (R14.2). When the streak reaches

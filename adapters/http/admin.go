@@ -36,6 +36,11 @@ type workerJSON struct {
 	LastHeartbeat  time.Time  `json:"last_heartbeat"`
 	Static         bool       `json:"static,omitempty"`
 	ScrapeError    string     `json:"scrape_error,omitempty"`
+	// R19: its address refused a connection and it has not heartbeaten (or been scraped)
+	// since; it is out of routing until it does.
+	Unreachable bool `json:"unreachable,omitempty"`
+	// R19: the load its recent failures add to in_flight for load-based policies (decaying).
+	FailureLoad int64 `json:"failure_load,omitempty"`
 	// R18.2: predicted_latency's model of this worker, once it has learnt from a streamed request.
 	TTFTModel *ttftModelJSON `json:"ttft_model,omitempty"`
 }
@@ -78,6 +83,7 @@ func (s *Server) listWorkers(w http.ResponseWriter, _ *http.Request) {
 		out.Workers = append(out.Workers, workerJSON{
 			TTFTModel:    model,
 			EjectedUntil: until, EjectionReason: v.EjectionReason,
+			Unreachable: v.Unreachable, FailureLoad: v.FailLoad,
 			ID: in.ID, Role: in.Role.String(), Model: in.Model,
 			Addresses:  addressesJSON{HTTP: in.HTTPAddress, GRPC: in.GRPCAddress, KV: in.KVAddress},
 			QueueDepth: in.QueueDepth, Running: in.Running, InFlight: v.InFlight,

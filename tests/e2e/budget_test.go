@@ -37,10 +37,11 @@ type budgetAnswer struct {
 // other failure is answered 503 no_capacity and counted as budget spent. With 100 big requests
 // parked on a SIGSTOPped c-big, a burst of 20 (budget max(3, 4% of 101..120) = 4) gets exactly
 // 4. (100 parked, not more: a stopped engine accepts no connection, so every parked request
-// sits in its listener's accept queue, which a host may cap at 128.) A request can only avoid a-503 when the router sees more in flight on a-503 than on b-ok,
-// which takes as many requests sent to a-503, so at least half of each burst fails: always
-// more failures than the budget. After SIGCONT the parked requests get b-ok's 200, and every in-flight count
-// returns to 0.
+// sits in its listener's accept queue, which a host may cap at 128.) A request can only avoid
+// a-503 when the router sees more load on a-503 than on b-ok (its failures count as load, R19,
+// as b-ok's parked requests do), which takes as many requests sent to a-503, so at least half
+// of each burst fails: always more failures than the budget. After SIGCONT the parked requests
+// get b-ok's 200, and every in-flight count returns to 0.
 func TestRetryBudgetCapsFailovers(t *testing.T) {
 	f := startFleetWithKey(t, "sk-ops", `
 [gateway]
@@ -121,30 +122,35 @@ scopes = ["inference", "admin", "debug"]
 		return out
 	}
 	admin := &http.Client{Timeout: 10 * time.Second}
-	inFlight := func() map[string]int64 {
+	// loads returns each worker's in-flight count and failure load (R19).
+	loads := func() (map[string]int64, map[string]int64) {
 		req, _ := http.NewRequest("GET", f.base+"/admin/v1/workers", nil)
 		req.Header.Set("Authorization", "Bearer sk-ops")
 		var out struct {
 			Workers []struct {
-				ID       string `json:"id"`
-				InFlight int64  `json:"in_flight"`
+				ID          string `json:"id"`
+				InFlight    int64  `json:"in_flight"`
+				FailureLoad int64  `json:"failure_load"`
 			} `json:"workers"`
 		}
 		gwtest.DoJSON(t, admin, req, &out)
-		m := map[string]int64{}
+		m, fails := map[string]int64{}, map[string]int64{}
 		for _, w := range out.Workers {
-			m[w.ID] = w.InFlight
+			m[w.ID], fails[w.ID] = w.InFlight, w.FailureLoad
 		}
-		return m
+		return m, fails
 	}
+	inFlight := func() map[string]int64 { m, _ := loads(); return m }
 	// idle waits for the router's view (which GET /admin/v1/workers shows) to have nothing in
-	// flight. A request gives its failover slot back before its in-flight counts, so then no
-	// slot is held either.
+	// flight and no failure load (R19: a-503's failures count as load for a few seconds, and
+	// the test wants an idle fleet to pick a-503 first). A request gives its failover slot
+	// back before its in-flight counts, so then no slot is held either.
 	idle := func() {
 		t.Helper()
-		eventually(t, "every in-flight count back to 0", 10*time.Second, func() bool {
-			for _, n := range inFlight() {
-				if n != 0 {
+		eventually(t, "every in-flight count and failure load back to 0", 15*time.Second, func() bool {
+			m, fails := loads()
+			for id, n := range m {
+				if n != 0 || fails[id] != 0 {
 					return false
 				}
 			}

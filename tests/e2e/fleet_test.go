@@ -66,6 +66,8 @@ type workerRow struct {
 	// R14.2: an outlier ejection in force (nil and "" when none).
 	EjectedUntil   *time.Time `json:"ejected_until"`
 	EjectionReason string     `json:"ejection_reason"`
+	// R19: the load the worker's recent failures add (0 when none).
+	FailureLoad int64 `json:"failure_load"`
 }
 
 func (f *fleet) workers(t *testing.T) []workerRow {

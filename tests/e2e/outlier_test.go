@@ -63,6 +63,9 @@ func TestOutlierEjectsAnAlways503Engine(t *testing.T) {
 	const bound = 60
 	i := 0
 	for ; i < bound && failures() < 3; i++ {
+		// R19: each failure counts as load on f-503 for a second, over the bounded-load cap of
+		// an idle pool: wait for it to decay, so f-503 gets the requests it owns again.
+		eventually(t, "f-503's failure load decayed", 5*time.Second, func() bool { return f.ejections(t)["f-503"].FailureLoad == 0 })
 		if code, w := f.complete(t, fmt.Sprintf("outlier %d", i)); code != 200 || w != "f-ok" {
 			t.Fatalf("request %d: %d from %q, want 200 from f-ok", i, code, w)
 		}
