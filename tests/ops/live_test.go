@@ -324,6 +324,31 @@ func (g *gateway) workerCount(t *testing.T) int {
 	return len(out.Workers)
 }
 
+// failureLoad is worker id's failure load in /admin/v1/workers (R19; 0 when not listed).
+func (g *gateway) failureLoad(t *testing.T, id string) int64 {
+	t.Helper()
+	resp, err := client.Get(g.base + "/admin/v1/workers")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var out struct {
+		Workers []struct {
+			ID          string `json:"id"`
+			FailureLoad int64  `json:"failure_load"`
+		} `json:"workers"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		t.Fatalf("/admin/v1/workers: %v", err)
+	}
+	for _, w := range out.Workers {
+		if w.ID == id {
+			return w.FailureLoad
+		}
+	}
+	return 0
+}
+
 // post sends one inference request and returns its status once the answer is read whole.
 func (g *gateway) post(path, body string, header ...string) (int, string, error) {
 	req, _ := http.NewRequest("POST", g.base+path, strings.NewReader(body))
@@ -381,6 +406,9 @@ func (g *gateway) drive(t *testing.T) {
 	// Completions and streams that succeed, on a route with a 503 engine: failovers, then the
 	// 503 engine's ejection (5xx) after consecutive_failures.
 	for i := 0; i < 60 && (g.metric(t, "tlgw_failovers_total") == 0 || g.metric(t, "tlgw_outlier_ejections_total") == 0); i++ {
+		// R19: each failure counts as load on s-503 for a second, over the bounded-load cap of
+		// an idle pool: wait for it to decay, so s-503 gets the requests it owns again.
+		eventually(t, "s-503's failure load decayed", 5*time.Second, func() bool { return g.failureLoad(t, "s-503") == 0 })
 		if code := g.complete(t, "chat", fmt.Sprintf("chat prompt %d", i), 4); code != 200 {
 			t.Fatalf("chat %d: %d", i, code)
 		}
