@@ -55,8 +55,8 @@ func TestLedgerSumsMatchAFromScratchCount(t *testing.T) {
 			return rapid.SampledFrom(xs).Draw(rt, "request")
 		}
 		drop := func(l *live) { reqs = slices.DeleteFunc(reqs, func(x *live) bool { return x == l }) }
-		for range rapid.IntRange(1, 80).Draw(rt, "steps") {
-			switch rapid.IntRange(0, 6).Draw(rt, "event") {
+		for range rapid.IntRange(1, 200).Draw(rt, "steps") {
+			switch rapid.IntRange(0, 7).Draw(rt, "event") {
 			case 0: // a request of a session
 				key++
 				pool := rapid.SampledFrom([]string{"p", "q"}).Draw(rt, "pool")
@@ -77,7 +77,7 @@ func TestLedgerSumsMatchAFromScratchCount(t *testing.T) {
 				}
 				var ws []admission.Worker
 				for _, w := range pools[l.r.Pool] {
-					if rapid.IntRange(0, 5).Draw(rt, "absent") > 0 {
+					if rapid.IntRange(0, 2).Draw(rt, "absent") > 0 {
 						ws = append(ws, w)
 					}
 				}
@@ -121,10 +121,67 @@ func TestLedgerSumsMatchAFromScratchCount(t *testing.T) {
 				drop(l)
 			case 6:
 				now = now.Add(time.Duration(rapid.IntRange(0, 5000).Draw(rt, "advance_ms")) * time.Millisecond)
+			case 7: // the waiting turn of a paused program leaves (the client gone, its wait over)
+				l := pick(func(l *live) bool {
+					pr := p.reqs[l.r.Key]
+					return !l.dispatched && pr != nil && pr.state == paused
+				})
+				if l == nil {
+					continue
+				}
+				p.Left(l.r)
+				drop(l)
 			}
 			checkLedger(rt, p, now)
+			checkBetweenTurns(rt, p)
+		}
+		// Every turn ends (the queued ones leave, the running ones complete) and the clock
+		// passes every retention and forced resume: a probe asked in each pool (which settles
+		// it and expires on read) and leaving finds an empty ledger.
+		for _, l := range reqs {
+			if l.dispatched {
+				l.r.Aborted = rapid.Bool().Draw(rt, "end_aborted")
+				p.Completed(l.r, l.worker)
+			} else {
+				p.Left(l.r)
+			}
+			checkLedger(rt, p, now)
+			checkBetweenTurns(rt, p)
+		}
+		now = now.Add(c.SessionRetention + c.ResumeTimeout)
+		for pool, ws := range pools {
+			key++
+			probe := &admission.Request{Key: key, Pool: pool, SessionID: "probe-" + pool, PromptTokens: 1}
+			p.Classify(probe, nil, nil)
+			p.Check(probe, view{ws: ws, now: now})
+			p.Left(probe)
+			checkLedger(rt, p, now)
+		}
+		if len(p.programs) != 0 || p.Tracked() != 0 {
+			for _, pr := range p.programs {
+				rt.Logf("left: state %s (from %s) worker %q live %d running %d steps %d", stateNames[pr.state], stateNames[pr.pausedFrom], pr.worker, pr.live, pr.running, pr.steps)
+			}
+			rt.Fatalf("every turn ended and retention passed: %d programs, %d entries left", len(p.programs), p.Tracked())
 		}
 	})
+}
+
+// checkBetweenTurns: a program none of whose turns is tracked is between turns — acting, or
+// paused from acting — and waits in the retention heap, so it expires when its retention ends
+// (a program with no turn that charged a reasoning size, or paused as if a turn waited, would
+// never expire); nothing it does not run is marked to pause at a completion.
+func checkBetweenTurns(t *rapid.T, p *Policy) {
+	for _, pr := range p.programs {
+		if pr.live > 0 || pr.running != 0 {
+			continue
+		}
+		if !(pr.state == acting || pr.state == paused && pr.pausedFrom == acting) || pr.ix.hpos[retainedHeap] < 0 {
+			t.Fatalf("a program with no turn is %s (from %s), retained at %d", stateNames[pr.state], stateNames[pr.pausedFrom], pr.ix.hpos[retainedHeap])
+		}
+		if pr.markPause {
+			t.Fatalf("a program with no turn is marked to pause at a completion")
+		}
+	}
 }
 
 // checkLedger compares the policy's indexes with a pass over its programs.

@@ -706,10 +706,14 @@ func (p *Policy) untrack(r *admission.Request) *program {
 }
 
 // rollback undoes an aborted turn: the program as it was before it, or gone if it was new
-// (and nothing else of it waits).
+// and nothing else of it waits. A new program another turn of which waits is left as that
+// turn would find a new one: nothing of the turn that left stays (its deferral time, which
+// would bring the waiting turn's forced resume forward; its prompt as the program's size,
+// which would charge its worker for a turn that is gone; a mark to pause).
 func (p *Policy) rollback(pr *program) {
 	if pr.prior == nil {
-		pr.state, pr.worker, pr.turnTokens, pr.priorFor = reasoning, "", 0, 0
+		pr.state, pr.worker, pr.tokens, pr.turnTokens, pr.priorFor = reasoning, "", 0, 0, 0
+		pr.pausedSince, pr.markPause = time.Time{}, false
 		p.reindex(pr)
 		p.settleIdle(pr)
 		return
