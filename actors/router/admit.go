@@ -412,13 +412,17 @@ type host struct {
 
 var _ admission.Host = (*host)(nil)
 
-// view is a head's candidate workers with their loads.
+// view is a head's candidate workers with their loads, and its pool's routable workers.
 type view struct {
 	workers []admission.Worker
+	pool    []string // the pool's memberIDs (shared, read only; nil: no routable worker)
 	now     time.Time
 }
 
+var _ admission.PoolView = (*view)(nil)
+
 func (v *view) Workers() []admission.Worker { return v.workers }
+func (v *view) PoolWorkers() []string       { return v.pool }
 func (v *view) Now() time.Time              { return v.now }
 
 // View implements admission.Host: the head's allowed members of its pool now, none when its
@@ -426,11 +430,14 @@ func (v *view) Now() time.Time              { return v.now }
 func (h host) View(e *admission.Entry) admission.View {
 	a, ad := h.a, e.Payload.(*admitted)
 	v := &a.hv // the queue reads it during the call only
-	v.workers, v.now = v.workers[:0], a.now
+	v.workers, v.pool, v.now = v.workers[:0], nil, a.now
+	pl := a.view.pools[ad.target.key]
+	if pl != nil {
+		v.pool = pl.memberIDs() // also when the route is not servable: its workers are not gone
+	}
 	if !a.view.servable(ad.target.key, ad.target.disagg) {
 		return v
 	}
-	pl := a.view.pools[ad.target.key]
 	for _, id := range a.allowedIn(ad, ad.target.key) {
 		if s := pl.members[id]; s != nil && !slices.Contains(ad.pick.Exclude, id) {
 			v.workers = append(v.workers, admission.Worker{ID: id, Load: s.load(), Full: a.full(s),

@@ -318,19 +318,58 @@ func TestClassifierPanicAnswersInternalError(t *testing.T) {
 
 // viewRecorder is a policy whose gate lets every head go and records each head it was asked
 // about with the workers of its view.
+// With allow set, every request may use those workers only; pools records each view's pool
+// workers (admission.PoolView).
 type viewRecorder struct {
+	allow   []string
 	heads   []admission.Request
 	workers [][]admission.Worker
+	pools   [][]string
 }
 
 var _ admission.Policy = (*viewRecorder)(nil)
 
-func (p *viewRecorder) Classify(*admission.Request, []string, func([]string) int) {}
-func (p *viewRecorder) Gate() admission.Gate                                      { return p }
+func (p *viewRecorder) Classify(r *admission.Request, _ []string, _ func([]string) int) {
+	if p.allow != nil {
+		r.Allowed = p.allow
+	}
+}
+func (p *viewRecorder) Gate() admission.Gate { return p }
 func (p *viewRecorder) Check(head *admission.Request, v admission.View) admission.Decision {
 	p.heads = append(p.heads, *head)
 	p.workers = append(p.workers, slices.Clone(v.Workers())) // the view is valid during the call only
+	var pool []string
+	if pv, ok := v.(admission.PoolView); ok {
+		pool = slices.Clone(pv.PoolWorkers())
+	}
+	p.pools = append(p.pools, pool)
 	return admission.Decision{Go: true}
+}
+
+// TestGateSeesThePoolBeyondTheHeadsWorkers: the gate's view of a head allowed on one worker
+// lists that worker as its candidates and every routable worker of the pool as the pool's
+// (admission.PoolView), so a gate tells a worker gone from one the head may not use.
+func TestGateSeesThePoolBeyondTheHeadsWorkers(t *testing.T) {
+	pol := &viewRecorder{allow: []string{"w2"}}
+	r := newRig(t, Config{Admission: admissionCfg(pol, 0)})
+	for _, id := range []string{"w3", "w1", "w2"} {
+		r.join(id, "smol", 0)
+	}
+	q := r.newRequester()
+	runBounded(t, "pick", func() { q.pick("pinned", "smol", "") })
+	if p := q.picked(); p.Err != nil || p.WorkerID != "w2" {
+		t.Fatalf("%+v", p)
+	}
+	q.stop()
+	if len(pol.heads) != 1 {
+		t.Fatalf("the gate was asked %d times, want 1", len(pol.heads))
+	}
+	if diff := cmp.Diff([]admission.Worker{{ID: "w2"}}, pol.workers[0]); diff != "" {
+		t.Fatalf("the head's workers (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff([]string{"w1", "w2", "w3"}, pol.pools[0]); diff != "" {
+		t.Fatalf("the pool's workers (-want +got):\n%s", diff)
+	}
 }
 func (p *viewRecorder) Dispatched(*admission.Request, string)    {}
 func (p *viewRecorder) Moved(*admission.Request, string, string) {}

@@ -82,6 +82,14 @@ type View interface {
 	Now() time.Time
 }
 
+// PoolView is an optional View interface: the ids of every routable worker of the head's
+// pool, in id order, whatever the head's allowed set and exclusions (Workers lists only those
+// this head may use). A gate that keeps work per worker tells by it a worker gone from one
+// this head may not use. nil means the host does not tell (the gate then has Workers only).
+type PoolView interface {
+	PoolWorkers() []string
+}
+
 // Decision is a gate's answer about a lane head.
 type Decision struct {
 	// Go dispatches the head; Target, when set and allowed and not full, is where it goes

@@ -3,6 +3,7 @@ package thunderagent
 import (
 	"container/heap"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/tlgw/tlgw/actors/router/admission"
@@ -58,13 +59,15 @@ type poolLedger struct {
 	workers map[string]*workerLedger // workers with a program assigned (bounded by the pool's workers)
 	paused  []*program               // its paused programs, in no order (every reader sorts)
 	// ver counts the changes of its programs' contributions; settledAt and settledVer are the
-	// instant and version of its last settling, clearedVer the version of its last clearGone,
-	// both with the candidate workers ws (IDs and capacities) they ran with.
+	// instant and version of its last settling, with the candidate workers ws (IDs and
+	// capacities) it ran with; clearedVer the version of its last clearGone, with the live
+	// workers it ran with.
 	ver        uint64
 	settledAt  time.Time
 	settledVer uint64
 	clearedVer uint64
 	ws         []admission.Worker // a copy, bounded by the pool's workers
+	live       []string           // a copy, bounded by the pool's workers
 }
 
 // workerLedger is one worker's programs of one pool and their usage.
@@ -245,8 +248,12 @@ func (p *Policy) resumeUse(pl *poolLedger, worker string, now time.Time) float64
 	return u
 }
 
-// sameWorkers reports whether ws are the workers (IDs and capacities) pl last settled or
-// cleared with.
+// sameLive reports whether live are the live workers pl last cleared with.
+func (pl *poolLedger) sameLive(live []string) bool {
+	return pl != nil && slices.Equal(pl.live, live)
+}
+
+// sameWorkers reports whether ws are the workers (IDs and capacities) pl last settled with.
 func (pl *poolLedger) sameWorkers(ws []admission.Worker) bool {
 	if pl == nil || len(pl.ws) != len(ws) {
 		return false

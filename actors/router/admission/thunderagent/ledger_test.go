@@ -75,13 +75,25 @@ func TestLedgerSumsMatchAFromScratchCount(t *testing.T) {
 				if l == nil {
 					continue
 				}
+				// Each worker is gone, live but not the head's to use, or a candidate; the
+				// view tells the pool's live workers or not.
 				var ws []admission.Worker
+				var live []string
 				for _, w := range pools[l.r.Pool] {
-					if rapid.IntRange(0, 2).Draw(rt, "absent") > 0 {
+					switch rapid.IntRange(0, 5).Draw(rt, "worker_state") {
+					case 0, 1:
+					case 2:
+						live = append(live, w.ID)
+					default:
+						live = append(live, w.ID)
 						ws = append(ws, w)
 					}
 				}
-				d := p.Check(l.r, view{ws: ws, now: now})
+				v := view{ws: ws, now: now}
+				if rapid.Bool().Draw(rt, "pool_told") {
+					v.pool = append([]string{}, live...)
+				}
+				d := p.Check(l.r, v)
 				if d.Go {
 					l.target = d.Target
 					if l.target == "" {

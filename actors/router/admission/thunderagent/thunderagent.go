@@ -116,6 +116,7 @@ type Policy struct {
 	// scratch slices reused by the settling steps (bounded by the programs, cleared after use).
 	cands, set []*program
 	lefts      []float64
+	ids        []string            // liveWorkers' scratch (bounded by a pool's workers)
 	reqs       map[uint64]*program // tracked requests (request key) → their program
 	final      map[uint64]bool     // tracked final turns, whose program is already gone
 	seq        uint64
@@ -214,8 +215,8 @@ func (p *Policy) Check(head *admission.Request, v admission.View) admission.Deci
 	ws := v.Workers()
 	p.expire(now)
 	pl := p.pools[pr.pool]
-	same := pl.sameWorkers(ws)
-	p.clearGone(pl, ws, same)
+	live := p.liveWorkers(v, ws)
+	p.clearGone(pl, live)
 	if turn := p.turnOf(pr); turn != 0 && turn != head.Key {
 		return admission.Decision{Wait: WaitTurn, SessionOnly: true} // rule 4
 	}
@@ -229,7 +230,7 @@ func (p *Policy) Check(head *admission.Request, v admission.View) admission.Deci
 		}
 	}
 	d, decided := p.admit(head, pr, ws, now)
-	if !same || !pl.settledAt.Equal(now) || pl.settledVer != pl.ver {
+	if !pl.sameWorkers(ws) || !pl.settledAt.Equal(now) || pl.settledVer != pl.ver {
 		p.greedyResume(pr.pool, ws, now)
 		p.forceTimedOut(pr.pool, ws, now)
 		p.pauseUntilSafe(pr.pool, ws, now)
@@ -239,10 +240,10 @@ func (p *Policy) Check(head *admission.Request, v admission.View) admission.Deci
 			pl.remember(ws)
 		}
 	}
-	if pl = p.pools[pr.pool]; pl != nil && pl.sameWorkers(ws) {
-		// Nothing in this ask assigned a program to a worker outside ws (every step places
-		// programs on ws's workers only): the next clearGone with these workers has nothing
-		// to drop until something else changes the pool.
+	if pl = p.pools[pr.pool]; pl != nil && pl.sameLive(live) {
+		// Nothing in this ask assigned a program to a worker outside ws, which are among the
+		// live workers (every step places programs on ws's workers only): the next clearGone
+		// with these live workers has nothing to drop until something else changes the pool.
 		pl.clearedVer = pl.ver
 	}
 	if !decided && pr.state != paused && p.programs[pr.sid] == pr {
@@ -381,16 +382,37 @@ func (p *Policy) expire(now time.Time) {
 	}
 }
 
-// clearGone drops the assignments of pool's programs to workers not among ws (rule 9.2). With
-// the same workers as at its last run and nothing changed in the pool since (same), there is
+// liveWorkers is the ids of the pool's live workers, in id order: the view's pool
+// (admission.PoolView) when it tells, else the head's candidates ws (a host that cannot tell
+// a worker gone from one the head may not use; with no routable worker in the pool both are
+// empty). The slice is scratch, valid until the next ask.
+func (p *Policy) liveWorkers(v admission.View, ws []admission.Worker) []string {
+	if pv, ok := v.(admission.PoolView); ok {
+		if ids := pv.PoolWorkers(); ids != nil {
+			return ids
+		}
+	}
+	ids := p.ids[:0]
+	for _, w := range ws {
+		ids = append(ids, w.ID)
+	}
+	p.ids = ids
+	return ids
+}
+
+// clearGone drops the assignments of the pool's programs to workers gone (rule 9.2: dead
+// ranks), that is not among live (liveWorkers), their turns in flight excepted. A worker the
+// asking head may not use (its hard pin elsewhere, an allowed set, a pick's exclusions) is
+// not gone: the programs on it keep their place, and their use of it keeps counting. With the
+// same live workers as at its last run and nothing changed in the pool since, there is
 // nothing to drop.
-func (p *Policy) clearGone(pl *poolLedger, ws []admission.Worker, same bool) {
-	if pl == nil || (same && pl.clearedVer == pl.ver) {
+func (p *Policy) clearGone(pl *poolLedger, live []string) {
+	if pl == nil || (pl.sameLive(live) && pl.clearedVer == pl.ver) {
 		return
 	}
 	drop := p.set[:0]
 	for id, wl := range pl.workers {
-		if slices.ContainsFunc(ws, func(w admission.Worker) bool { return w.ID == id }) {
+		if slices.Contains(live, id) {
 			continue
 		}
 		for _, pr := range wl.progs {
@@ -406,7 +428,7 @@ func (p *Policy) clearGone(pl *poolLedger, ws []admission.Worker, same bool) {
 	clear(drop)
 	p.set = drop[:0]
 	pl.clearedVer = pl.ver
-	pl.remember(ws)
+	pl.live = append(pl.live[:0], live...)
 }
 
 func (p *Policy) anyPaused(pool string) bool {

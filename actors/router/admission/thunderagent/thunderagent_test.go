@@ -20,11 +20,13 @@ type rig struct {
 }
 
 type view struct {
-	ws  []admission.Worker
-	now time.Time
+	ws   []admission.Worker
+	now  time.Time
+	pool []string // the pool's live workers (admission.PoolView); nil: not told
 }
 
 func (v view) Workers() []admission.Worker { return v.ws }
+func (v view) PoolWorkers() []string       { return v.pool }
 func (v view) Now() time.Time              { return v.now }
 
 func newRig(t *testing.T, cfg Config, caps ...int64) *rig {

@@ -86,3 +86,34 @@ func TestFirstTurnLeavingLeavesAFreshProgram(t *testing.T) {
 		}
 	})
 }
+
+// TestHeadNarrowedViewClearsOnlyGoneWorkers (rule 9.2: assignments are cleared on dead
+// workers): a head that may use only some of its pool's workers (a hard pin elsewhere, an
+// allowed set, a pick's exclusions) leaves the other programs on the workers it may not use
+// where they are, charging them; a worker that left the pool is cleared.
+func TestHeadNarrowedViewClearsOnlyGoneWorkers(t *testing.T) {
+	g := newRig(t, cfg(), 1000, 1000)
+	if w := g.turn("a", 300, 300); w != "w1" {
+		t.Fatalf("a went to %s", w)
+	}
+	w2 := []admission.Worker{g.ws[1]}
+	pinned := g.req("b", 100, "w2")
+	if d := g.p.Check(pinned, view{ws: w2, now: g.now, pool: []string{"w1", "w2"}}); !d.Go || d.Target != "w2" {
+		t.Fatalf("the pinned head: %+v", d)
+	}
+	pl := g.p.pools["p"]
+	if pr := g.prog("a"); pr.worker != "w1" || g.p.pauseUse(pl, "w1") != 300 {
+		t.Fatalf("a pinned head elsewhere unassigned a: worker %q, w1's use %v", pr.worker, g.p.pauseUse(pl, "w1"))
+	}
+	if w := g.turn("a", 10, 310); w != "w1" {
+		t.Fatalf("a's next turn went to %s, want w1 where it is", w)
+	}
+	// w1 leaves the pool: the next head (whatever it may use) clears a's place there.
+	g.now = g.now.Add(time.Millisecond)
+	if d := g.p.Check(g.req("c", 10, "w2"), view{ws: w2, now: g.now, pool: []string{"w2"}}); !d.Go {
+		t.Fatalf("c: %+v", d)
+	}
+	if pr := g.prog("a"); pr.worker != "" || g.p.pauseUse(pl, "w1") != 0 {
+		t.Fatalf("a kept its place on a worker gone: worker %q, w1's use %v", pr.worker, g.p.pauseUse(pl, "w1"))
+	}
+}
