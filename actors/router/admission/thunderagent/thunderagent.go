@@ -84,8 +84,9 @@ type program struct {
 	prior    *program
 	priorFor uint64
 	gone     bool // forgotten: out of the ledger (a tracked request may still point to it)
-	// pin is the one worker its turns may go to (a request allowed on one worker only: a hard
-	// pin, never rerouted), "" when none.
+	// pin is the one worker its current turn may go to (a request allowed on one worker only:
+	// a hard pin, never rerouted), "" when none. It is the turn's, set when the turn is first
+	// decided and gone with it: a later turn free to go anywhere is resumed anywhere.
 	pin string
 	// ix is its place in the ledger's indexes (ledger.go); a rollback, which copies a whole
 	// earlier program over it, keeps it.
@@ -178,9 +179,6 @@ func (p *Policy) Classify(r *admission.Request, _ []string, _ func([]string) int
 		pr = &program{sid: sid, pool: r.Pool, seq: p.seq, state: reasoning, tokens: r.PromptTokens}
 		p.programs[sid] = pr
 	}
-	if len(r.Allowed) == 1 {
-		pr.pin = r.Allowed[0]
-	}
 	pr.live++
 	p.reqs[r.Key] = pr
 	p.reindex(pr)
@@ -227,6 +225,10 @@ func (p *Policy) Check(head *admission.Request, v admission.View) admission.Deci
 			snap := *pr
 			snap.prior = nil
 			pr.prior = &snap
+		}
+		pr.pin = ""
+		if len(head.Allowed) == 1 {
+			pr.pin = head.Allowed[0]
 		}
 	}
 	d, decided := p.admit(head, pr, ws, now)
@@ -690,7 +692,7 @@ func (p *Policy) Completed(r *admission.Request, _ string) {
 		p.rollback(pr)
 		return
 	}
-	pr.prior, pr.priorFor = nil, 0
+	pr.prior, pr.priorFor, pr.pin = nil, 0, ""
 	pr.state, pr.actingSince = acting, now
 	if r.ContextTokens > 0 {
 		pr.tokens = r.ContextTokens
@@ -735,7 +737,7 @@ func (p *Policy) untrack(r *admission.Request) *program {
 func (p *Policy) rollback(pr *program) {
 	if pr.prior == nil {
 		pr.state, pr.worker, pr.tokens, pr.turnTokens, pr.priorFor = reasoning, "", 0, 0, 0
-		pr.pausedSince, pr.markPause = time.Time{}, false
+		pr.pausedSince, pr.markPause, pr.pin = time.Time{}, false, ""
 		p.reindex(pr)
 		p.settleIdle(pr)
 		return

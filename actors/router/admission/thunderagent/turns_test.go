@@ -117,3 +117,30 @@ func TestHeadNarrowedViewClearsOnlyGoneWorkers(t *testing.T) {
 		t.Fatalf("a kept its place on a worker gone: worker %q, w1's use %v", pr.worker, g.p.pauseUse(pl, "w1"))
 	}
 }
+
+// TestPinIsTheTurns: a hard pin is a turn's (its request allowed on one worker only), not its
+// program's for ever: a later turn that may go anywhere is resumed wherever room comes back,
+// also when the worker an earlier turn was pinned to is gone (it waited for that worker, held
+// until its queue's max wait, turn after turn).
+func TestPinIsTheTurns(t *testing.T) {
+	c := cfg()
+	c.SessionRetention, c.ResumeTimeout = time.Minute, time.Hour
+	g := newRig(t, c, 1000, 1000)
+	first := g.req("s", 100, "w1")
+	if d := g.check(first); !d.Go || d.Target != "w1" {
+		t.Fatalf("the pinned turn: %+v", d)
+	}
+	g.run(first, "w1", 100)
+	if w := g.turn("big", 900, 900); w != "w2" {
+		t.Fatalf("big went to %s", w)
+	}
+	g.ws = g.ws[1:] // w1 leaves
+	next := g.req("s", 200)
+	if d := g.check(next); d.Go {
+		t.Fatalf("s's next turn went with no room: %+v", d)
+	}
+	g.now = g.now.Add(time.Minute) // big's retention ends: w2 has room
+	if d := g.check(next); !d.Go || d.Target != "w2" {
+		t.Fatalf("s's next turn, free to go anywhere, was held: %+v (program pinned to %q)", d, g.prog("s").pin)
+	}
+}
