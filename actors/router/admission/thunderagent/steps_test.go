@@ -12,6 +12,7 @@ import (
 // pool's live workers are the ones the last clearing saw.
 func TestTurnEndedOnAWorkerGoneIsCleared(t *testing.T) {
 	g := newRig(t, cfg(), 1000, 1000)
+	g.turn("keep", 10, 10) // the pool keeps a program throughout, so its ledger (and memo) stays
 	live := []string{"w1", "w2"}
 	ask := func(sid string) {
 		t.Helper()
