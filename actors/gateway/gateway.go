@@ -54,6 +54,10 @@ type Config struct {
 	// OnMoved, when set, is told a live worker's old and new info when a heartbeat changes its
 	// gRPC or KV address (registry.Config.OnMoved).
 	OnMoved func(old, cur router.WorkerInfo)
+	// OnAccepted, when set, is told each heartbeat the registry accepts, with its registration
+	// (WorkerInfo.Reg), on the registry's goroutine, in order with OnEvict (registry.Config);
+	// it must return at once.
+	OnAccepted func(router.WorkerInfo)
 	// Outlier is [gateway.outlier] (R14.2): the workers count failure streaks, the router ejects.
 	// The zero value turns ejection off.
 	Outlier config.Outlier
@@ -130,6 +134,7 @@ func Start(cfg Config) (*Gateway, error) {
 				TTL:           time.Duration(cfg.MissLimit) * cfg.HeartbeatInterval,
 				Logger:        cfg.Logger.With("actor", "registry"),
 				WorkerOptions: opts("worker"), MaxWorkers: cfg.MaxWorkers, OnEvict: cfg.OnEvict, OnMoved: cfg.OnMoved,
+				OnAccepted:          cfg.OnAccepted,
 				ConsecutiveFailures: cfg.Outlier.ConsecutiveFailures,
 			}, opts("registry")...), "registry")
 			regPID = reg

@@ -99,6 +99,12 @@ type Config struct {
 	// once): nothing dials the addresses it left any more, and their connections must close
 	// as an evicted worker's do, or each move of a live engine would keep one for good.
 	OnMoved func(old, cur router.WorkerInfo)
+	// OnAccepted, when set, is told each heartbeat the registry accepted, as forwarded to the
+	// worker (Reg, the drains and the arrival time stamped), on the registry's goroutine; it
+	// must return at once. Being on that goroutine, it is told of a registration after the
+	// OnEvict of the one before and before the OnEvict of its own: the KvEvents subscriber
+	// (R18.3) follows registrations in the order the registry made them.
+	OnAccepted func(router.WorkerInfo)
 	// MaxWorkers caps the registered workers ([registry] max_workers); a heartbeat of a new id
 	// beyond it is refused, an existing id still heartbeats. 0 = no cap.
 	MaxWorkers int
@@ -108,9 +114,9 @@ type Config struct {
 
 type entry struct {
 	pid  *actor.PID
-	info router.WorkerInfo
-	sent uint64 // statuses forwarded to the worker
-	cred string // the credential that registered the id
+	info router.WorkerInfo // info.Reg numbers the registration (router.WorkerInfo.Reg)
+	sent uint64            // statuses forwarded to the worker
+	cred string            // the credential that registered the id
 	// echo: the engine's draining is presumed the echo of the gateway's drain; echoLeft: after
 	// an undrain, how many more heartbeats reporting draining are still that echo (drainEcho).
 	echo     bool
@@ -170,9 +176,11 @@ type state struct {
 	// cluster.MaxDrained); an undrain deletes. It outlives the model's workers on purpose: a
 	// drained model stays drained for workers that register later.
 	drained map[string]bool
-	// spawned numbers the worker actors this registry has spawned: each gets a name of its
-	// own, so the Terminated of an id's stopped actor never matches the actor of its next
-	// registration (a name reused at once would give both the same PID).
+	// spawned numbers the worker actors this registry has spawned, one per registration: each
+	// gets a name of its own, so the Terminated of an id's stopped actor never matches the actor
+	// of its next registration (a name reused at once would give both the same PID), and its
+	// number is the registration's (router.WorkerInfo.Reg), which every message about the
+	// worker names.
 	spawned uint64
 }
 
@@ -272,6 +280,8 @@ func (st *state) heartbeat(c actor.Context, m *Heartbeat) *Ack {
 	echo, echoLeft := drainEcho(e, info)
 	info.DrainEcho = info.Draining && echo
 	if e == nil {
+		st.spawned++
+		info.Reg = st.spawned
 		e = &entry{info: info, sent: 1, cred: m.Credential}
 		props := worker.Props(worker.Config{
 			Clock: st.cfg.Clock, Router: st.cfg.Router, Registry: c.Self(), TTL: ttl,
@@ -279,7 +289,6 @@ func (st *state) heartbeat(c actor.Context, m *Heartbeat) *Ack {
 		}, worker.Status{Info: info, Seq: 1, TTL: ttl}, append([]actor.PropsOption{
 			actor.WithGuardian(actor.RestartingSupervisorStrategy()),
 		}, st.cfg.WorkerOptions...)...)
-		st.spawned++
 		pid, err := c.ActorSystem().Root.SpawnNamed(props, "worker/"+sanitize(info.ID)+"#"+strconv.FormatUint(st.spawned, 10))
 		if err != nil {
 			// Another actor of the system took the name: fall back to a generated one.
@@ -299,6 +308,7 @@ func (st *state) heartbeat(c actor.Context, m *Heartbeat) *Ack {
 		}
 		moved := e.info.GRPCAddress != info.GRPCAddress || e.info.KVAddress != info.KVAddress
 		old := e.info
+		info.Reg = e.info.Reg
 		e.info = info
 		e.sent++
 		if moved && st.cfg.OnMoved != nil {
@@ -307,6 +317,9 @@ func (st *state) heartbeat(c actor.Context, m *Heartbeat) *Ack {
 		c.Send(e.pid, &worker.Status{Info: info, Seq: e.sent, TTL: ttl})
 	}
 	e.echo, e.echoLeft = echo, echoLeft
+	if st.cfg.OnAccepted != nil {
+		st.cfg.OnAccepted(info)
+	}
 	return &Ack{Drain: info.AdminDrained, Epoch: st.epoch}
 }
 

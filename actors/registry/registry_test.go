@@ -673,3 +673,69 @@ func TestUndrainKeepsTheEcho(t *testing.T) {
 		t.Fatalf("still echoing %d heartbeats after the undrain: %+v", echoHeartbeats+1, s.Info)
 	}
 }
+
+// TestRegistrationsNumbered: each registration of an id gets a number of its own (1, 2, …),
+// kept by its heartbeats, and the worker actor's reports name it; OnAccepted is told every
+// accepted heartbeat with its number, on the registry's goroutine, so an eviction's OnEvict
+// comes between the last OnAccepted of a registration and the first of the next.
+func TestRegistrationsNumbered(t *testing.T) {
+	type told struct {
+		evict bool
+		info  router.WorkerInfo
+	}
+	log := make(chan told, 16)
+	f := newFixture(t, func(c *Config) {
+		c.OnEvict = func(w router.WorkerInfo) { log <- told{evict: true, info: w} }
+		c.OnAccepted = func(w router.WorkerInfo) { log <- told{info: w} }
+	})
+	next := func() told {
+		t.Helper()
+		select {
+		case m := <-log:
+			return m
+		case <-time.After(5 * time.Second):
+			t.Fatal("OnAccepted/OnEvict not told")
+			return told{}
+		}
+	}
+	f.beat("w1", "smol", "", 0)
+	f.beat("w2", "smol", "", 0)
+	f.beat("w1", "smol", "", 0)
+	for _, want := range []struct {
+		id  string
+		reg uint64
+	}{{"w1", 1}, {"w2", 2}, {"w1", 1}} {
+		if m := next(); m.evict || m.info.ID != want.id || m.info.Reg != want.reg {
+			t.Fatalf("told %+v, want %s's heartbeat under registration %d", m, want.id, want.reg)
+		}
+	}
+	for range 3 {
+		if s := f.state(); s.Info.Reg != map[string]uint64{"w1": 1, "w2": 2}[s.Info.ID] {
+			t.Fatalf("%s reports registration %d", s.Info.ID, s.Info.Reg)
+		}
+	}
+	f.clk.Advance(ttl)
+	for range 2 {
+		if s := f.state(); s.Live {
+			t.Fatalf("%s live after its deadline", s.Info.ID)
+		}
+	}
+	evicted := map[string]uint64{}
+	for range 2 {
+		m := next()
+		if !m.evict {
+			t.Fatalf("told %+v, want an eviction", m)
+		}
+		evicted[m.info.ID] = m.info.Reg
+	}
+	if evicted["w1"] != 1 || evicted["w2"] != 2 {
+		t.Fatalf("evicted %v", evicted)
+	}
+	f.beat("w1", "smol", "", 0)
+	if m := next(); m.evict || m.info.ID != "w1" || m.info.Reg != 3 {
+		t.Fatalf("told %+v, want w1's new registration 3", m)
+	}
+	if s := f.state(); s.Info.Reg != 3 || !s.Live {
+		t.Fatalf("w1's new actor reports %+v", s.Info)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"io"
 	"log/slog"
 	"net/http"
@@ -181,6 +182,13 @@ func newMRig(t *testing.T) *mrig {
 }
 
 // worker is the PID of worker id's actor, which records the Releases it gets.
+// regOf is the registration number the fake router names worker id's picks with.
+func regOf(id string) uint64 {
+	h := fnv.New64a()
+	h.Write([]byte(id))
+	return h.Sum64()
+}
+
 func (m *mrig) worker(id string) *actor.PID {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -231,7 +239,7 @@ func (m *mrig) answer(c actor.Context, p *router.Pick) *router.Picked {
 		if slices.Contains(p.Exclude, id) {
 			continue
 		}
-		ans.Ticket, ans.Worker, ans.WorkerID = m.nextTicket(), m.worker(id), id
+		ans.Ticket, ans.Worker, ans.WorkerID, ans.WorkerReg = m.nextTicket(), m.worker(id), id, regOf(id)
 		ans.HTTPAddress, ans.GRPCAddress, ans.KVAddress = id+".http", id+".grpc", id+".kv"
 		if prefill != "" {
 			ans.Prefill = &router.PickedWorker{Ticket: m.nextTicket(), Worker: m.worker(prefill), WorkerID: prefill,
@@ -239,7 +247,7 @@ func (m *mrig) answer(c actor.Context, p *router.Pick) *router.Picked {
 		}
 		if warm != "" {
 			ans.Warm = &router.Warmup{PickedWorker: router.PickedWorker{Ticket: m.nextTicket(), Worker: m.worker(warm),
-				WorkerID: warm, HTTPAddress: warm + ".http"}, Bytes: warmBytes}
+				WorkerID: warm, Reg: regOf(warm), HTTPAddress: warm + ".http"}, Bytes: warmBytes}
 		}
 		return ans
 	}

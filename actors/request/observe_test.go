@@ -66,8 +66,9 @@ func observeRig(t *testing.T, observe bool) (*rig, func() []*router.ObservedTTFT
 
 // TestObservedTTFTReachesRouter: with Deps.ObserveTTFT (route_policy = "predicted_latency")
 // a streamed request's attempt reports its TTFT and its pick's features for the worker that
-// answered; a non-streamed one reports nothing (its first byte is its whole answer), and
-// without the flag nothing is sent.
+// answered, naming its registration (the router learns it only for that registration); a
+// non-streamed one reports nothing (its first byte is its whole answer), and without the flag
+// nothing is sent.
 func TestObservedTTFTReachesRouter(t *testing.T) {
 	for _, observe := range []bool{true, false} {
 		r, seen := observeRig(t, observe)
@@ -97,8 +98,8 @@ func TestObservedTTFTReachesRouter(t *testing.T) {
 			}
 			continue
 		}
-		if len(got) != 1 || got[0].WorkerID != "w1" || got[0].TTFT <= 0 {
-			t.Fatalf("observations %+v, want one for w1 with a positive TTFT", got)
+		if len(got) != 1 || got[0].WorkerID != "w1" || got[0].Reg != 1 || got[0].TTFT <= 0 {
+			t.Fatalf("observations %+v, want one for w1's registration 1 with a positive TTFT", got)
 		}
 	}
 }

@@ -332,7 +332,7 @@ func (r *requestActor) stepFirstEvent(c actor.Context, m firstEvent) {
 	r.firstByte() // for a stream: its first event
 	if r.d.ObserveTTFT {
 		// The attempt's own TTFT (its start to its first event), for the picked worker's model.
-		c.Send(r.d.Router, &router.ObservedTTFT{WorkerID: r.picked.WorkerID, Features: r.picked.Features,
+		c.Send(r.d.Router, &router.ObservedTTFT{WorkerID: r.picked.WorkerID, Reg: r.picked.WorkerReg, Features: r.picked.Features,
 			TTFT: r.relayAt.Sub(r.attemptAt)})
 	}
 	r.relay(c, m.resp, m.prefix, m.buf)

@@ -94,7 +94,7 @@ func (r *requestActor) warmup(c actor.Context, p *router.Picked) {
 	}
 	// The router's approximate prefix index learns the copy now, and only for a warm-up that
 	// is sent: a skipped one leaves its target holding nothing.
-	c.Send(r.d.Router, &router.WarmupSent{Worker: w.Worker, WorkerID: w.WorkerID, Hashes: w.Hashes})
+	c.Send(r.d.Router, &router.WarmupSent{WorkerID: w.WorkerID, Reg: w.Reg, Hashes: w.Hashes})
 	url := "http://" + w.HTTPAddress + r.x.Path
 	tr, timeout, root, m, count := r.d.Transport, r.requestTimeout(), c.ActorSystem().Root, r.d.Metrics, r.d.Warmups
 	clk := r.clock()

@@ -214,7 +214,7 @@ func TestWarmupSentTellsTheRouter(t *testing.T) {
 				}
 				return
 			}
-			if len(got) != 1 || got[0].WorkerID != "w2" || !got[0].Worker.Equal(m.worker("w2")) {
+			if len(got) != 1 || got[0].WorkerID != "w2" || got[0].Reg != regOf("w2") {
 				t.Fatalf("told the router %+v, want one WarmupSent for w2", got)
 			}
 		})

@@ -27,7 +27,7 @@ type rig struct {
 	inbox   map[string][]any // messages sent to each requester (by actor id)
 	workers map[string]*fakeWorker
 	watched map[string]bool // actors the router watches
-	gens    map[string]int  // registrations of each worker id so far
+	gens    map[string]int  // registrations of each worker id ended so far
 	handled int             // messages handled
 	// onMessage runs before each message the router handles (the model's per-message budget).
 	onMessage func()
@@ -132,6 +132,10 @@ func (r *rig) workerPID(id string) *actor.PID {
 	return actor.NewPID("local", fmt.Sprintf("worker/%s#%d", id, r.gens[id]))
 }
 
+// regOf is the number of worker id's current registration (WorkerInfo.Reg): 1, then one more
+// after each leave.
+func (r *rig) regOf(id string) uint64 { return uint64(r.gens[id]) + 1 }
+
 // join registers (or updates) a live unified worker.
 func (r *rig) join(id, model string, queue int64) {
 	r.joinRole(id, model, RoleUnified, queue)
@@ -154,6 +158,7 @@ func (r *rig) joinWith(id, model string, role Role, queue int64, set func(*Worke
 	w.info = WorkerInfo{ID: id, Model: model, Role: role, HTTPAddress: "127.0.0.1:9", QueueDepth: queue,
 		KVTotalBlocks: 1024, KVFreeBlocks: 1024, LastHeartbeat: r.clk.Now()}
 	set(&w.info)
+	w.info.Reg = r.regOf(id)
 	r.report(w)
 }
 
@@ -187,7 +192,7 @@ func (r *rig) toWorker(w *fakeWorker, msg any) {
 // loadReportOf is worker w's LoadReport of its holds now, asking for an ejection for eject
 // (OutcomeNone: none).
 func (r *rig) loadReportOf(w *fakeWorker, eject Outcome) *LoadReport {
-	return &LoadReport{ID: w.info.ID, PID: w.pid, InFlight: int64(len(w.holds)), AcqSeen: w.acqSeen, Eject: eject}
+	return &LoadReport{ID: w.info.ID, Reg: w.info.Reg, InFlight: int64(len(w.holds)), AcqSeen: w.acqSeen, Eject: eject}
 }
 
 // requester is a stand-in request actor.
@@ -313,4 +318,12 @@ func routeOf(model string, backends ...string) config.Route {
 		rt.Backends = append(rt.Backends, config.Backend{Model: b, Weight: 1})
 	}
 	return rt
+}
+
+// regOf is worker id's current registration in the Sim (0: unknown).
+func (s *Sim) regOf(id string) uint64 {
+	if w := s.byID[id]; w != nil {
+		return w.reg
+	}
+	return 0
 }

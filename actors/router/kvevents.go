@@ -3,8 +3,9 @@ package router
 import "github.com/tlgw/tlgw/actors/router/policy"
 
 // kvEvents applies one worker's prefix-cache events to the exact index (R18.3) and reports
-// whether it did: only for a registered, live worker that reports kv_events, keyed by the
-// slot's own member, so an engine's events can only ever touch its own registration's entries.
+// whether it did: only for a live worker that reports kv_events, registered under the
+// registration the subscription was opened for (KVEvents.Reg), keyed by the slot's own member,
+// so an engine's events can only ever touch its own registration's entries.
 // An oversized message is dropped, and what the index knew of the worker with it.
 func (st *state) kvEvents(m *KVEvents) bool {
 	v := st.view

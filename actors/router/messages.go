@@ -36,7 +36,14 @@ func (r Role) String() string {
 
 // WorkerInfo is what a worker actor knows about its engine and tells the router.
 type WorkerInfo struct {
-	ID            string
+	ID string
+	// Reg numbers this registration of ID: the registry gives each worker actor it spawns the
+	// next number (1, 2, …; never reused while the gateway runs), and every message about a
+	// worker names the registration it is about (WorkerState, LoadReport, ObservedTTFT,
+	// WarmupSent, KVEvents). An id evicted and registered again is a new registration, whose
+	// engine may be another process on other hardware: nothing of the old one applies to it
+	// (see Registration). 0 only where no registry numbers them (tests).
+	Reg           uint64
 	Model         string
 	Role          Role
 	HTTPAddress   string
@@ -79,7 +86,9 @@ func (i WorkerInfo) KVCapacityTokens() int64 {
 }
 
 // WorkerState is a worker actor's full report: sent when it registers, on every heartbeat, on
-// a drain, on expiry and after a restart.
+// a drain, on expiry and after a restart. Info.Reg is its registration: a report of an earlier
+// registration than the router's (an old actor's last report, racing the new registration's
+// first) changes nothing (see Registration).
 type WorkerState struct {
 	PID  *actor.PID
 	Info WorkerInfo
@@ -161,13 +170,14 @@ func (Acquire) IgnoreDeadLetterLogging() {}
 // the last failure of a streak of consecutive_failures (R14.2): the worker asks the router to
 // eject it (the router decides: never more than max_ejected_percent of a model's workers).
 //
-// PID is the worker actor that sent it. The router applies a report only to the registration
-// of that actor: an id evicted and registered again has a new actor, whose counts start at 0,
-// and a report its old actor sent late (the Release of a request still running at the
-// eviction) says nothing of the new one: neither its load nor an ejection.
+// Reg is the registration of the worker actor that sent it (WorkerInfo.Reg). The router
+// applies a report only to that registration: an id evicted and registered again has a new
+// actor, whose counts start at 0, and a report its old actor sent late (the Release of a
+// request still running at the eviction) says nothing of the new one: neither its load nor an
+// ejection.
 type LoadReport struct {
 	ID       string
-	PID      *actor.PID
+	Reg      uint64
 	InFlight int64
 	AcqSeen  uint64
 	Eject    Outcome
@@ -253,6 +263,7 @@ type Picked struct {
 	Err         error // ErrModelNotFound or ErrNoCapacity (package errs)
 	Worker      *actor.PID
 	WorkerID    string
+	WorkerReg   uint64 // Worker's registration (WorkerInfo.Reg), echoed in ObservedTTFT
 	HTTPAddress string
 	GRPCAddress string
 	KVAddress   string
@@ -280,9 +291,13 @@ type Picked struct {
 // ObservedTTFT is the gateway's own measurement of one attempt's time to first token (from
 // the attempt's start to its stream's first event), sent by the request actor only under
 // route_policy = "predicted_latency", for the picked worker's model (R18.2). Features are the
-// pick's (Picked.Features). A worker the router no longer knows is ignored.
+// pick's (Picked.Features). Reg is the picked worker's registration (Picked.WorkerReg): an
+// observation of a registration the router no longer has (the id was evicted and registered
+// again: a restarted engine, maybe on other hardware) is ignored, as is one of a worker the
+// router no longer knows.
 type ObservedTTFT struct {
 	WorkerID string
+	Reg      uint64
 	Features ttftmodel.X
 	TTFT     time.Duration
 }
@@ -307,10 +322,11 @@ type Warmup struct {
 // the worker holds the prefix from it, not from the pick: a warm-up the requester skipped
 // (a prompt it cannot cut, as many warm-ups running as allowed) or never saw (a pick given
 // back) would otherwise send later picks to a worker that holds nothing, as if it were
-// cached. A worker the router no longer knows under that actor is ignored. No reply.
+// cached. A worker the router no longer knows under that registration (Warmup.Reg) is
+// ignored. No reply.
 type WarmupSent struct {
-	Worker   *actor.PID
 	WorkerID string
+	Reg      uint64
 	Hashes   []uint64
 }
 
@@ -322,6 +338,7 @@ type PickedWorker struct {
 	Ticket      uint64
 	Worker      *actor.PID
 	WorkerID    string
+	Reg         uint64 // Worker's registration (WorkerInfo.Reg)
 	HTTPAddress string
 	GRPCAddress string
 }
@@ -411,8 +428,14 @@ type Readiness struct {
 // The router applies it only to a registered, live worker that reports kv_events, and drops a
 // message with more than MaxKVEventIDs ids (forgetting what it knew of the worker: a dropped
 // REMOVED must not leave chunks the engine no longer holds).
+//
+// Reg is the registration the subscription was opened for (WorkerInfo.Reg): events of an
+// earlier registration's engine (a stream still open when the id was evicted and registered
+// again) are refused, as are those of a registration whose WorkerState the router has not
+// handled yet (the subscriber retries its handshake after a backoff).
 type KVEvents struct {
 	WorkerID string
+	Reg      uint64
 	Clear    bool
 	Stored   []uint64
 	Removed  []uint64

@@ -24,9 +24,10 @@ func (v *workerView) setLatency(ch choice) policy.LatencyScorer {
 }
 
 // observeTTFT teaches the worker's model a TTFT its request actor measured; a worker no longer
-// registered is ignored, and so is a pick the model was not asked about (the admission gate's
-// soft target: no features). The model lives on the slot's member, so a worker out of its
-// pool (draining, ejected) still learns.
+// registered under the pick's registration is ignored (an engine registered again under the
+// id may be another process on other hardware: its model starts afresh), and so is a pick the
+// model was not asked about (the admission gate's soft target: no features). The model lives
+// on the slot's member, so a worker out of its pool (draining, ejected) still learns.
 func (v *workerView) observeTTFT(m *ObservedTTFT) {
 	s := v.slots[m.WorkerID]
 	if s == nil || m.Features[ttftmodel.Bias] != 1 {

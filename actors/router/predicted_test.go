@@ -56,10 +56,10 @@ func TestPredictedLatencyLearnsFromObservations(t *testing.T) {
 	s.Release(first, OutcomeSuccess)
 	for i := range 50 {
 		x := ttftmodel.Features(int64(i%4), 128*(1+i%5))
-		s.ObserveTTFT(&Picked{WorkerID: "w0", Features: x}, time.Duration(400+100*x[ttftmodel.KTokens])*time.Millisecond)
-		s.ObserveTTFT(&Picked{WorkerID: "w1", Features: x}, time.Duration(20+10*x[ttftmodel.KTokens])*time.Millisecond)
-		s.ObserveTTFT(&Picked{WorkerID: "gone", Features: x}, time.Millisecond)
-		s.ObserveTTFT(&Picked{WorkerID: "w1"}, time.Hour) // no features: not a model's pick
+		s.ObserveTTFT(&Picked{WorkerID: "w0", WorkerReg: s.regOf("w0"), Features: x}, time.Duration(400+100*x[ttftmodel.KTokens])*time.Millisecond)
+		s.ObserveTTFT(&Picked{WorkerID: "w1", WorkerReg: s.regOf("w1"), Features: x}, time.Duration(20+10*x[ttftmodel.KTokens])*time.Millisecond)
+		s.ObserveTTFT(&Picked{WorkerID: "gone", WorkerReg: s.regOf("gone"), Features: x}, time.Millisecond)
+		s.ObserveTTFT(&Picked{WorkerID: "w1", WorkerReg: s.regOf("w1")}, time.Hour) // no features: not a model's pick
 	}
 	for _, slo := range []int64{0, 100} {
 		p := pick(slo)
@@ -111,7 +111,7 @@ func TestObjectiveWaitsForAWorkerInTime(t *testing.T) {
 		s.SetWorker(WorkerInfo{ID: id, Model: "m", HTTPAddress: id})
 		for i := range 60 { // TTFT = 20 ms + 100 ms per request in flight
 			x := ttftmodel.Features(int64(i%5), 64*(i%7))
-			s.ObserveTTFT(&Picked{WorkerID: id, Features: x}, time.Duration(20+100*x[ttftmodel.Load])*time.Millisecond)
+			s.ObserveTTFT(&Picked{WorkerID: id, WorkerReg: s.regOf(id), Features: x}, time.Duration(20+100*x[ttftmodel.Load])*time.Millisecond)
 		}
 	}
 	n := 0
@@ -182,7 +182,7 @@ func TestObjectiveWaitsForAWorkerInTime(t *testing.T) {
 	s.Advance(99*time.Millisecond + 500*time.Microsecond)
 	// A wake with less than a millisecond left: nothing is in time (an objective of 0 must not
 	// read as no objective).
-	s.ObserveTTFT(&Picked{WorkerID: "w1", Features: ttftmodel.Features(1, 0)}, 120*time.Millisecond)
+	s.ObserveTTFT(&Picked{WorkerID: "w1", WorkerReg: s.regOf("w1"), Features: ttftmodel.Features(1, 0)}, 120*time.Millisecond)
 	if ds := s.Deliveries(); len(ds) != 0 {
 		t.Fatalf("dispatched or shed before its objective passed: %v", ds)
 	}
@@ -207,7 +207,7 @@ func TestObjectiveWaitsForAWorkerInTime(t *testing.T) {
 	}
 	for i := range 60 { // TTFT = 10 ms + 50 ms per request in flight
 		x := ttftmodel.Features(int64(i%5), 64*(i%7))
-		s.ObserveTTFT(&Picked{WorkerID: "w0", Features: x}, time.Duration(10+50*x[ttftmodel.Load])*time.Millisecond)
+		s.ObserveTTFT(&Picked{WorkerID: "w0", WorkerReg: s.regOf("w0"), Features: x}, time.Duration(10+50*x[ttftmodel.Load])*time.Millisecond)
 	}
 	ds = s.Deliveries()
 	if len(ds) != 1 || !ds[0].To.Equal(learner) {

@@ -171,7 +171,7 @@ func (st *state) handle(msg any, fx effects) {
 		}
 		fx.respond(st.pick(m, fx))
 	case *LoadReport:
-		if !st.view.current(m.ID, m.PID) {
+		if st.view.registered(m.ID, m.Reg) == nil {
 			return // an earlier registration's actor: nothing of it applies to this one
 		}
 		if st.view.loadReport(m) {

@@ -3,6 +3,7 @@ package router
 import (
 	"io"
 	"log/slog"
+	"strconv"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -31,6 +32,7 @@ type Sim struct {
 	out     []Delivery            // messages to other actors (requesters), in order
 	due     []any                 // timer messages that fell due
 	kvReply chan bool             // KVEvents' reply, reused
+	regs    uint64                // registrations numbered so far (WorkerInfo.Reg), as the registry does
 }
 
 // Delivery is a message the router sent to an actor Sim does not play: an admitted request's
@@ -42,6 +44,7 @@ type Delivery struct {
 
 type simWorker struct {
 	pid     *actor.PID
+	reg     uint64 // its registration (WorkerInfo.Reg)
 	info    WorkerInfo
 	holds   map[uint64]struct{} // tickets in flight
 	acqSeen uint64
@@ -83,17 +86,22 @@ func (s *Sim) Advance(d time.Duration) {
 
 // SetWorker registers a live worker or updates it, as its worker actor does after a
 // heartbeat: info is the engine's report (queue depth, running, KV blocks …); the in-flight
-// count and Acquires seen are the Sim's own. A zero LastHeartbeat reads the clock.
+// count and Acquires seen are the Sim's own, and so is its registration number (a worker
+// removed and set again is a new registration, with a new actor). A zero LastHeartbeat reads
+// the clock.
 func (s *Sim) SetWorker(info WorkerInfo) {
 	w := s.byID[info.ID]
 	if w == nil {
-		w = &simWorker{pid: actor.NewPID("sim", "worker/"+info.ID), holds: map[uint64]struct{}{}}
+		s.regs++
+		w = &simWorker{pid: actor.NewPID("sim", "worker/"+info.ID+"#"+strconv.FormatUint(s.regs, 10)),
+			reg: s.regs, holds: map[uint64]struct{}{}}
 		s.byID[info.ID] = w
 		s.workers[w.pid.Id] = w
 	}
 	if info.LastHeartbeat.IsZero() {
 		info.LastHeartbeat = s.clk.Now()
 	}
+	info.Reg = w.reg
 	w.info = info
 	s.deliver(&WorkerState{PID: w.pid, Info: info, Live: true, InFlight: int64(len(w.holds)), AcqSeen: w.acqSeen})
 }
@@ -163,13 +171,18 @@ func (s *Sim) WarmupSent(w *Warmup) {
 	if w == nil {
 		return
 	}
-	s.deliver(&WarmupSent{Worker: w.Worker, WorkerID: w.WorkerID, Hashes: w.Hashes})
+	s.deliver(&WarmupSent{WorkerID: w.WorkerID, Reg: w.Reg, Hashes: w.Hashes})
 }
 
 // KVEvents hands the router a worker's prefix-cache events, as the gateway's KvEvents
 // subscriber does (R18.3), and reports whether they were applied (see KVEvents: a known, live
-// worker that reports kv_events, with the exact index on). Reply is the Sim's own.
+// worker that reports kv_events, with the exact index on). Reply is the Sim's own; a zero Reg
+// is the worker's current registration (the subscriber of a simulated engine is always the
+// current one's).
 func (s *Sim) KVEvents(ev *KVEvents) bool {
+	if w := s.byID[ev.WorkerID]; w != nil && ev.Reg == 0 {
+		ev.Reg = w.reg
+	}
 	if s.kvReply == nil {
 		s.kvReply = make(chan bool, 1)
 	}
@@ -190,7 +203,7 @@ func (s *Sim) ObserveTTFT(p *Picked, ttft time.Duration) {
 	if p == nil || p.Err != nil {
 		return
 	}
-	s.deliver(&ObservedTTFT{WorkerID: p.WorkerID, Features: p.Features, TTFT: ttft})
+	s.deliver(&ObservedTTFT{WorkerID: p.WorkerID, Reg: p.WorkerReg, Features: p.Features, TTFT: ttft})
 }
 
 // Finished tells the router an admitted request ended (see Finished).
@@ -269,7 +282,7 @@ func (s *Sim) toWorker(w *simWorker, msg any) {
 	case *Release:
 		if _, ok := w.holds[m.Ticket]; ok {
 			delete(w.holds, m.Ticket)
-			s.handle(&LoadReport{ID: w.info.ID, PID: w.pid, InFlight: int64(len(w.holds)), AcqSeen: w.acqSeen})
+			s.handle(&LoadReport{ID: w.info.ID, Reg: w.reg, InFlight: int64(len(w.holds)), AcqSeen: w.acqSeen})
 		}
 	}
 }

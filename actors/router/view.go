@@ -229,7 +229,7 @@ func (v *workerView) choose(ch choice, out *Picked, fx effects) bool {
 		if p, _ = v.pickIn(poolKey{model: ch.key.model, role: RolePrefill}, 0, ch.exclude); p == nil {
 			return false
 		}
-		out.Prefill = &PickedWorker{Ticket: v.reserve(p, ch.requester, fx), Worker: p.pid, WorkerID: p.info.ID,
+		out.Prefill = &PickedWorker{Ticket: v.reserve(p, ch.requester, fx), Worker: p.pid, WorkerID: p.info.ID, Reg: p.info.Reg,
 			HTTPAddress: p.info.HTTPAddress, GRPCAddress: p.info.GRPCAddress}
 	}
 	out.Ticket = v.reserve(s, ch.requester, fx)
@@ -240,7 +240,7 @@ func (v *workerView) choose(ch choice, out *Picked, fx effects) bool {
 	if v.warmMin > 0 && (reason == policy.ReasonPrefix || reason == policy.ReasonPredicted) && !ch.disagg {
 		v.warm(ch, s, out, fx)
 	}
-	out.Worker, out.WorkerID, out.HTTPAddress = s.pid, s.info.ID, s.info.HTTPAddress
+	out.Worker, out.WorkerID, out.WorkerReg, out.HTTPAddress = s.pid, s.info.ID, s.info.Reg, s.info.HTTPAddress
 	out.GRPCAddress, out.KVAddress, out.Reason = s.info.GRPCAddress, s.info.KVAddress, reason
 	return true
 }
@@ -285,13 +285,6 @@ func (v *workerView) reserve(s *slot, requester *actor.PID, fx effects) uint64 {
 		s.pool.p.SetLoad(&s.member, s.load())
 	}
 	return v.ticket
-}
-
-// current reports whether worker id's registration is the one of actor pid (a LoadReport of an
-// earlier registration's actor must not apply to a later one, see LoadReport).
-func (v *workerView) current(id string, pid *actor.PID) bool {
-	s := v.slots[id]
-	return s != nil && s.pid.Equal(pid) // nil (no actor named) is no registration's
 }
 
 // loadReport applies a worker's in-flight change; it reports whether the load fell (room may

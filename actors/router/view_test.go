@@ -31,7 +31,7 @@ func TestViewCountsPicksUntilTheWorkerReports(t *testing.T) {
 	if s.acqSeen != 1 || s.reported != 1 || r.inFlight("w1") != 1 {
 		t.Fatalf("after the report: seen %d reported %d in flight %d", s.acqSeen, s.reported, r.inFlight("w1"))
 	}
-	r.deliver(w.pid, &LoadReport{ID: "w1", PID: w.pid, InFlight: 0, AcqSeen: 0}) // stale
+	r.deliver(w.pid, &LoadReport{ID: "w1", Reg: w.info.Reg, InFlight: 0, AcqSeen: 0}) // stale
 	if r.inFlight("w1") != 1 {
 		t.Fatalf("a stale report changed the figure to %d", r.inFlight("w1"))
 	}

@@ -97,7 +97,7 @@ func (v *workerView) warm(ch choice, s *slot, out *Picked, fx effects) {
 		return
 	}
 	v.warmCredit -= warmPicks
-	out.Warm = &Warmup{PickedWorker: PickedWorker{Ticket: v.reserve(t, ch.requester, fx), Worker: t.pid,
+	out.Warm = &Warmup{PickedWorker: PickedWorker{Ticket: v.reserve(t, ch.requester, fx), Worker: t.pid, Reg: t.info.Reg,
 		WorkerID: t.info.ID, HTTPAddress: t.info.HTTPAddress, GRPCAddress: t.info.GRPCAddress},
 		Bytes: chunks * prefixindex.ChunkBytes}
 	if v.pidx != nil {
@@ -112,10 +112,10 @@ func (v *workerView) warm(ch choice, s *slot, out *Picked, fx effects) {
 // warmupSent records that the warm-up's target holds its prefix now that it has been sent
 // (WarmupSent), in the approximate index; under the worker's current registration only.
 func (v *workerView) warmupSent(m *WarmupSent) {
-	if v.pidx == nil || len(m.Hashes) == 0 || !v.current(m.WorkerID, m.Worker) {
+	if v.pidx == nil || len(m.Hashes) == 0 {
 		return
 	}
-	if s := v.slots[m.WorkerID]; s.live {
+	if s := v.registered(m.WorkerID, m.Reg); s != nil && s.live {
 		v.pidx.RecordWithin(s.info.ID, kvChunks(s.info), m.Hashes) // its engine will hold this prefix now
 	}
 }

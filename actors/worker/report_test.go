@@ -12,8 +12,8 @@ import (
 
 // TestReportsOnlyChanges: a scrape failure's reason and the admin drain reach the router once
 // per change, not once per message; a requester that stops with a hold left ends it, and the
-// router hears the lower in-flight count, from this actor (the router matches a report to the
-// registration of the actor that sent it).
+// router hears the lower in-flight count, naming this actor's registration (the router matches
+// a report to the registration it names).
 func TestReportsOnlyChanges(t *testing.T) {
 	sys := actor.NewActorSystem()
 	got := make(chan any, 16)
@@ -24,7 +24,7 @@ func TestReportsOnlyChanges(t *testing.T) {
 		}
 	}))
 	clk := clock.NewFake(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
-	info := router.WorkerInfo{ID: "w1", Model: "smol", LastHeartbeat: clk.Now()}
+	info := router.WorkerInfo{ID: "w1", Reg: 7, Model: "smol", LastHeartbeat: clk.Now()}
 	w := sys.Root.Spawn(Props(Config{Clock: clk, Router: probe, Registry: probe, TTL: time.Hour}, Status{Info: info, Seq: 1, TTL: time.Hour}))
 	defer func() { _ = sys.Root.StopFuture(w).Wait() }()
 	next := func(what string) any {
@@ -91,7 +91,7 @@ func TestReportsOnlyChanges(t *testing.T) {
 		t.Fatal(err)
 	}
 	r, ok := next("the requester's stop").(*router.LoadReport)
-	if !ok || r.InFlight != 0 || r.AcqSeen != 1 || !r.PID.Equal(w) {
+	if !ok || r.InFlight != 0 || r.AcqSeen != 1 || r.Reg != 7 {
 		t.Fatalf("after the requester stopped: %+v", r)
 	}
 	quiet("after the stop")
@@ -100,7 +100,7 @@ func TestReportsOnlyChanges(t *testing.T) {
 	done := sys.Root.Spawn(actor.PropsFromFunc(func(actor.Context) {}))
 	sys.Root.Send(w, &router.Acquire{Ticket: 8, Requester: done})
 	sys.Root.Send(w, &router.Release{Ticket: 8, Outcome: router.OutcomeSuccess})
-	if r, ok := next("the release").(*router.LoadReport); !ok || r.InFlight != 0 || r.AcqSeen != 2 || !r.PID.Equal(w) {
+	if r, ok := next("the release").(*router.LoadReport); !ok || r.InFlight != 0 || r.AcqSeen != 2 || r.Reg != 7 {
 		t.Fatalf("after the release: %+v", r)
 	}
 	if err := sys.Root.StopFuture(done).Wait(); err != nil {

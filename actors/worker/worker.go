@@ -231,7 +231,7 @@ func (w *workerActor) report(c actor.Context) {
 
 func (w *workerActor) loadReport(c actor.Context, eject router.Outcome) {
 	st := w.st
-	c.Send(st.cfg.Router, &router.LoadReport{ID: st.info.ID, PID: c.Self(), InFlight: st.holds.count(), AcqSeen: st.acqSeen,
+	c.Send(st.cfg.Router, &router.LoadReport{ID: st.info.ID, Reg: st.info.Reg, InFlight: st.holds.count(), AcqSeen: st.acqSeen,
 		Eject: eject, FailLoad: st.fails.load()})
 }
 

@@ -74,7 +74,7 @@ type KVSubscriberOptions struct {
 //     subscription has at most one message in the router's mailbox: an engine that sends faster
 //     than the router applies waits in its own stream (gRPC's flow control), not in the
 //     router's memory or in front of its picks. A message the router refuses (the worker is
-//     not live any more, or no longer registered) ends the stream, since what the engine holds
+//     not live any more, or not registered under the subscription's registration) ends the stream, since what the engine holds
 //     is unknown from then on; the router forgets a worker's holdings when it stops being live.
 //   - A sequence gap, an event with more than router.MaxKVEventIDs ids, a message over
 //     MaxKVEventBytes, an unknown kind or a stream that ends: the router is told Clear (what the
@@ -85,6 +85,13 @@ type KVSubscriberOptions struct {
 // say; Forget stops it when the worker is evicted; Close stops everything and waits. Nothing
 // is sent to the sink for a subscription once Forget, Close or a Watch that replaced it has
 // returned. Each subscription is one goroutine.
+//
+// A subscription belongs to one registration of its worker (router.WorkerInfo.Reg): every
+// message it sends names it (router.KVEvents.Reg), and a Watch of another registration of the
+// id starts a new subscription even at the same address, so the router never applies an
+// earlier registration's engine's events to a later one. Watch and Forget are called from the
+// registry's goroutine (registry.Config.OnAccepted, OnEvict), in the order it registered and
+// evicted, so no registration's Watch comes after its eviction's Forget.
 type KVSubscriber struct {
 	o      KVSubscriberOptions
 	ctx    context.Context
@@ -101,6 +108,7 @@ type KVSubscriber struct {
 
 type kvSub struct {
 	id, addr string
+	reg      uint64 // the registration it was opened for (router.WorkerInfo.Reg)
 	cancel   context.CancelFunc
 	mu       sync.Mutex // held while sending, so stop() returns after the last send
 	stopped  bool
@@ -132,8 +140,8 @@ func NewKVSubscriber(o KVSubscriberOptions) *KVSubscriber {
 }
 
 // Watch applies a worker's registration or heartbeat: it subscribes to a worker that reports
-// kv_events on a grpc_address, resubscribes when that address changed, and stops the
-// subscription of a worker that no longer reports them. It returns at once.
+// kv_events on a grpc_address, resubscribes when that address or the registration changed,
+// and stops the subscription of a worker that no longer reports them. It returns at once.
 func (s *KVSubscriber) Watch(info router.WorkerInfo) {
 	want := info.KVEvents && info.GRPCAddress != ""
 	s.mu.Lock()
@@ -142,7 +150,7 @@ func (s *KVSubscriber) Watch(info router.WorkerInfo) {
 		return
 	}
 	cur := s.subs[info.ID]
-	if cur != nil && want && cur.addr == info.GRPCAddress {
+	if cur != nil && want && cur.addr == info.GRPCAddress && cur.reg == info.Reg {
 		return // the common case: every heartbeat of a subscribed worker
 	}
 	if cur != nil {
@@ -153,7 +161,7 @@ func (s *KVSubscriber) Watch(info router.WorkerInfo) {
 		return
 	}
 	ctx, cancel := context.WithCancel(s.ctx)
-	sub := &kvSub{id: info.ID, addr: info.GRPCAddress, cancel: cancel}
+	sub := &kvSub{id: info.ID, addr: info.GRPCAddress, reg: info.Reg, cancel: cancel}
 	s.subs[info.ID] = sub
 	s.wg.Add(1)
 	go s.run(ctx, sub)
@@ -219,7 +227,7 @@ func (s *KVSubscriber) run(ctx context.Context, sub *kvSub) {
 		}
 		if synced {
 			// What the engine holds is unknown until the next snapshot (a restart empties it).
-			s.send(sub, &router.KVEvents{WorkerID: sub.id, Clear: true})
+			s.send(sub, &router.KVEvents{WorkerID: sub.id, Reg: sub.reg, Clear: true})
 			// A stream that held for MaxBackoff starts the wait afresh. One that ends sooner
 			// after its snapshot keeps doubling it, so an engine that keeps dropping its streams
 			// cannot have the router apply a snapshot every MinBackoff.
@@ -255,7 +263,7 @@ var (
 	errKVGap        = errors.New("sequence gap")
 	errKVTooMany    = errors.New("too many block ids in one event")
 	errKVKind       = errors.New("unknown event kind")
-	errKVRefused    = errors.New("the router refused the worker's events (it is not registered or not live)")
+	errKVRefused    = errors.New("the router refused the worker's events (this registration of it is not registered, or not live)")
 	errKVNoAnswer   = errors.New("no answer from the router in time")
 )
 
@@ -284,7 +292,7 @@ func (s *KVSubscriber) stream(ctx context.Context, sub *kvSub) (synced bool, err
 		return false, errKVNotCleared
 	}
 	seq := ev.GetSeq()
-	if err := a.deliver(ctx, s, sub, &router.KVEvents{WorkerID: sub.id, Clear: true}); err != nil {
+	if err := a.deliver(ctx, s, sub, &router.KVEvents{WorkerID: sub.id, Reg: sub.reg, Clear: true}); err != nil {
 		return false, err
 	}
 	for {
@@ -308,7 +316,7 @@ func (s *KVSubscriber) stream(ctx context.Context, sub *kvSub) (synced bool, err
 		case kvv1.KvEvent_STORED, kvv1.KvEvent_REMOVED:
 			for len(ids) > 0 {
 				n := min(len(ids), KVPieceIDs)
-				out := &router.KVEvents{WorkerID: sub.id}
+				out := &router.KVEvents{WorkerID: sub.id, Reg: sub.reg}
 				if kind == kvv1.KvEvent_STORED {
 					out.Stored = ids[:n:n]
 				} else {
@@ -320,7 +328,7 @@ func (s *KVSubscriber) stream(ctx context.Context, sub *kvSub) (synced bool, err
 				ids = ids[n:]
 			}
 		case kvv1.KvEvent_CLEARED:
-			if err := a.deliver(ctx, s, sub, &router.KVEvents{WorkerID: sub.id, Clear: true}); err != nil {
+			if err := a.deliver(ctx, s, sub, &router.KVEvents{WorkerID: sub.id, Reg: sub.reg, Clear: true}); err != nil {
 				return true, err
 			}
 		default:

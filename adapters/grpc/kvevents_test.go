@@ -155,7 +155,7 @@ func newTestSubscriber(t *testing.T) (*KVSubscriber, *sinkRec, *Engines) {
 
 func expect(t *testing.T, got *router.KVEvents, want router.KVEvents) {
 	t.Helper()
-	if got.WorkerID != want.WorkerID || got.Clear != want.Clear || !slices.Equal(got.Stored, want.Stored) ||
+	if got.WorkerID != want.WorkerID || got.Reg != want.Reg || got.Clear != want.Clear || !slices.Equal(got.Stored, want.Stored) ||
 		!slices.Equal(got.Removed, want.Removed) {
 		t.Fatalf("got %+v, want %+v", *got, want)
 	}
@@ -517,4 +517,43 @@ func TestKVSubscriberBacksOffAFlappingEngine(t *testing.T) {
 	backoff(time.Second)
 	sink.answer(next(), true)
 	backoff(2 * time.Second)
+}
+
+// TestKVSubscriberFollowsTheRegistration: every message of a subscription names the
+// registration it was opened for; a Watch of the id's next registration (evicted and
+// registered again, here at the same address: the engine restarted) ends the old stream and
+// subscribes afresh, so nothing the old stream reads after that Watch reaches the router, and
+// the router gets the new registration's snapshot under its own number.
+func TestKVSubscriberFollowsTheRegistration(t *testing.T) {
+	before := goleak.IgnoreCurrent()
+	t.Cleanup(func() { goleak.VerifyNone(t, before) })
+	f, addr := startFakeKV(t)
+	s, sink, engines := newTestSubscriber(t)
+	defer engines.Close()
+	defer s.Close()
+
+	more := make(chan *kvv1.KvEvent, 4)
+	f.scripts <- kvScript{events: []*kvv1.KvEvent{ev(1, kvv1.KvEvent_CLEARED), ev(2, kvv1.KvEvent_STORED, 1)}, more: more}
+	s.Watch(router.WorkerInfo{ID: "e7", Reg: 1, GRPCAddress: addr, KVEvents: true})
+	wait(t, f.subs, "the first registration's subscription")
+	if m := sink.next(t); !sink.handshake(m) || m.Reg != 1 {
+		t.Fatalf("%+v: want the handshake of registration 1", *m)
+	}
+	if m := sink.next(t); m.Reg != 1 || !slices.Equal(m.Stored, []uint64{1}) {
+		t.Fatalf("%+v: want registration 1's STORED", *m)
+	}
+	f.scripts <- kvScript{events: []*kvv1.KvEvent{ev(1, kvv1.KvEvent_CLEARED), ev(2, kvv1.KvEvent_STORED, 2)}}
+	s.Watch(router.WorkerInfo{ID: "e7", Reg: 2, GRPCAddress: addr, KVEvents: true})
+	wait(t, f.gone, "the first registration's stream to end")
+	more <- ev(3, kvv1.KvEvent_STORED, 99) // read by nobody: its stream is gone
+	wait(t, f.subs, "the second registration's subscription")
+	if m := sink.next(t); !sink.handshake(m) || m.Reg != 2 {
+		t.Fatalf("%+v: want the handshake of registration 2", *m)
+	}
+	if m := sink.next(t); m.Reg != 2 || !slices.Equal(m.Stored, []uint64{2}) {
+		t.Fatalf("%+v: want registration 2's STORED", *m)
+	}
+	if s.Len() != 1 {
+		t.Fatalf("%d subscriptions, want 1", s.Len())
+	}
 }

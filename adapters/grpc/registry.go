@@ -74,9 +74,6 @@ type Options struct {
 	Auth *Auth
 	// Addresses are the host rules for heartbeated addresses ([registry] engine_cidrs).
 	Addresses engineaddr.Rules
-	// OnAccepted, when set, is told each heartbeat the registry accepted, after its ack (the
-	// KvEvents subscriber's Watch, R18.3). It must return at once.
-	OnAccepted func(router.WorkerInfo)
 	// HandshakeTimeout bounds a new connection's TLS and HTTP/2 handshake (default
 	// DefaultHandshakeTimeout): a client that connects and sends nothing is closed then.
 	HandshakeTimeout time.Duration
@@ -158,9 +155,6 @@ func (s *Server) Heartbeat(ctx context.Context, st *controlv1.WorkerStatus) (*co
 	ack, err := s.reg.HeartbeatAs(ctx, who.credential, info)
 	if err != nil {
 		return nil, status.Error(heartbeatCode(err), err.Error())
-	}
-	if s.o.OnAccepted != nil {
-		s.o.OnAccepted(info)
 	}
 	return &controlv1.HeartbeatAck{
 		Drain:               ack.Drain,

@@ -21,7 +21,8 @@ func TestWorkersListTTFTModel(t *testing.T) {
 	for i := range 40 {
 		x := ttftmodel.Features(int64(i%5), 500*(i%7))
 		ttft := time.Duration((30 + 4*x[ttftmodel.Load] + 80*x[ttftmodel.KTokens]) * float64(time.Millisecond))
-		s.GW.System.Root.Send(s.GW.Router, &router.ObservedTTFT{WorkerID: "w1", Features: x, TTFT: ttft})
+		// w1 is the gateway's first registration (router.WorkerInfo.Reg 1).
+		s.GW.System.Root.Send(s.GW.Router, &router.ObservedTTFT{WorkerID: "w1", Reg: 1, Features: x, TTFT: ttft})
 	}
 	type model struct {
 		Observations uint64  `json:"observations"`

@@ -115,6 +115,13 @@ func Start(cfg *config.Config, o Options) (*App, error) {
 			}
 			engines.Moved(old, cur)
 		},
+		// The subscriber follows each registration from the registry's own goroutine, so a
+		// registration's subscription never outlives its eviction (KVSubscriber.Watch).
+		OnAccepted: func(info router.WorkerInfo) {
+			if kvs != nil {
+				kvs.Watch(info)
+			}
+		},
 		Clock: o.Clock, Policy: g.RoutePolicy, LoadFactor: g.AffinityLoadFactor, Routes: g.Routes,
 		WarmupMinBytes:    g.PrefixWarmupMinBytes,
 		HeartbeatInterval: g.HeartbeatInterval, MissLimit: g.HeartbeatMissLimit,
@@ -134,7 +141,6 @@ func Start(cfg *config.Config, o Options) (*App, error) {
 	if policy.ReadsOf(g.RoutePolicy).KVEvents {
 		kvs = grpcapi.NewKVSubscriber(grpcapi.KVSubscriberOptions{Sink: gw, Engines: engines, Clock: o.Clock,
 			Logger: o.Logger.With("component", "kv_events")})
-		regOpts.OnAccepted = kvs.Watch
 	}
 	a := &App{Gateway: gw, Registry: reg, cfg: cfg, log: o.Logger, serveErr: make(chan error, 2), pool: pool,
 		clock: o.Clock, kvs: kvs}

@@ -188,6 +188,15 @@ func BenchmarkPickBehindKVEvents(b *testing.B) {
 				}
 			}
 			h.Eventually("all registered", func() bool { r, _ := h.GW.Routable(); return r == n })
+			// Each worker's registration, which its subscription's events name (KVEvents.Reg).
+			list, err := h.GW.Workers()
+			if err != nil {
+				b.Fatal(err)
+			}
+			regs := make(map[string]uint64, n)
+			for _, w := range list.Workers {
+				regs[w.Info.ID] = w.Info.Reg
+			}
 			apply := func(ev *router.KVEvents) {
 				reply := make(chan bool, 1)
 				ev.Reply = reply
@@ -197,7 +206,8 @@ func BenchmarkPickBehindKVEvents(b *testing.B) {
 				}
 			}
 			for w := range n {
-				apply(&router.KVEvents{WorkerID: fmt.Sprintf("worker-%04d", w), Stored: ids(w, 0, held)})
+				id := fmt.Sprintf("worker-%04d", w)
+				apply(&router.KVEvents{WorkerID: id, Reg: regs[id], Stored: ids(w, 0, held)})
 			}
 			oldest, next := 0, held
 			var waits []time.Duration
@@ -205,7 +215,8 @@ func BenchmarkPickBehindKVEvents(b *testing.B) {
 			for range b.N {
 				replies := make(chan bool, n)
 				for w := range n {
-					h.GW.KVEvents(&router.KVEvents{WorkerID: fmt.Sprintf("worker-%04d", w), Reply: replies,
+					id := fmt.Sprintf("worker-%04d", w)
+					h.GW.KVEvents(&router.KVEvents{WorkerID: id, Reg: regs[id], Reply: replies,
 						Removed: ids(w, oldest, c.ids/2), Stored: ids(w, next, c.ids/2)})
 				}
 				t0 := time.Now()
