@@ -12,7 +12,7 @@ func (st *state) kvEvents(m *KVEvents) bool {
 	if v.kidx == nil {
 		return false
 	}
-	s := v.slots[m.WorkerID]
+	s := v.registered(m.WorkerID, m.Reg)
 	if s == nil || !s.live || !s.info.KVEvents {
 		return false
 	}

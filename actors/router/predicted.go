@@ -29,7 +29,7 @@ func (v *workerView) setLatency(ch choice) policy.LatencyScorer {
 // model was not asked about (the admission gate's soft target: no features). The model lives
 // on the slot's member, so a worker out of its pool (draining, ejected) still learns.
 func (v *workerView) observeTTFT(m *ObservedTTFT) {
-	s := v.slots[m.WorkerID]
+	s := v.registered(m.WorkerID, m.Reg)
 	if s == nil || m.Features[ttftmodel.Bias] != 1 {
 		return
 	}

@@ -307,6 +307,11 @@ func (v *workerView) loadReport(m *LoadReport) bool {
 func (v *workerView) workerState(m *WorkerState, fx effects) bool {
 	s := v.slots[m.Info.ID]
 	if s != nil && !s.pid.Equal(m.PID) {
+		if m.Info.Reg < s.info.Reg {
+			// An earlier registration's actor, late (its last report raced the new one's
+			// first): nothing of it applies to the registration the router holds.
+			return false
+		}
 		// A new actor for the same id (the old one was evicted and its Terminated is still on
 		// the way): start a fresh record.
 		v.remove(s)
