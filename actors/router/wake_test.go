@@ -109,7 +109,7 @@ func TestBurstOfFreesWakesOnce(t *testing.T) {
 		w := r.workers[r.workerPID(id).Id]
 		clear(w.holds)
 		r.sender = w.pid
-		r.handle(&LoadReport{ID: id, PID: w.pid, InFlight: 0, AcqSeen: w.acqSeen})
+		r.handle(&LoadReport{ID: id, Reg: w.info.Reg, InFlight: 0, AcqSeen: w.acqSeen})
 		r.handle(&WorkerState{PID: w.pid, Info: w.info, Live: true, AcqSeen: w.acqSeen})
 	}
 	if n := asks(); n != before {
@@ -127,7 +127,7 @@ func TestBurstOfFreesWakesOnce(t *testing.T) {
 	before = asks()
 	r.sender = w.pid
 	clear(w.holds)
-	r.handle(&LoadReport{ID: "a1", PID: w.pid, InFlight: 0, AcqSeen: w.acqSeen})
+	r.handle(&LoadReport{ID: "a1", Reg: w.info.Reg, InFlight: 0, AcqSeen: w.acqSeen})
 	late := r.newRequester()
 	r.sender = late.pid
 	r.handle(&Pick{Model: "a", RequestID: "late", Key: late.key, Requester: late.pid, Tag: 1, Admit: &AdmitInfo{SessionID: "hold-late"}})
