@@ -229,8 +229,8 @@ func (v *workerView) choose(ch choice, out *Picked, fx effects) bool {
 		if p, _ = v.pickIn(poolKey{model: ch.key.model, role: RolePrefill}, 0, ch.exclude); p == nil {
 			return false
 		}
-		out.Prefill = &PickedWorker{Ticket: v.reserve(p, ch.requester, fx), Worker: p.pid, WorkerID: p.info.ID, Reg: p.info.Reg,
-			HTTPAddress: p.info.HTTPAddress, GRPCAddress: p.info.GRPCAddress}
+		out.Prefill = &PickedWorker{Ticket: v.reserve(p, ch.requester, fx), Worker: p.pid, WorkerID: p.info.ID,
+			Reg: p.info.Reg, HTTPAddress: p.info.HTTPAddress, GRPCAddress: p.info.GRPCAddress}
 	}
 	out.Ticket = v.reserve(s, ch.requester, fx)
 	v.decisions[reason].Inc()

@@ -74,8 +74,9 @@ type KVSubscriberOptions struct {
 //     subscription has at most one message in the router's mailbox: an engine that sends faster
 //     than the router applies waits in its own stream (gRPC's flow control), not in the
 //     router's memory or in front of its picks. A message the router refuses (the worker is
-//     not live any more, or not registered under the subscription's registration) ends the stream, since what the engine holds
-//     is unknown from then on; the router forgets a worker's holdings when it stops being live.
+//     not live any more, or not registered under the subscription's registration) ends the
+//     stream, since what the engine holds is unknown from then on; the router forgets a
+//     worker's holdings when it stops being live.
 //   - A sequence gap, an event with more than router.MaxKVEventIDs ids, a message over
 //     MaxKVEventBytes, an unknown kind or a stream that ends: the router is told Clear (what the
 //     engine holds is unknown now: a restart empties it) and the subscriber subscribes again
