@@ -55,7 +55,7 @@ func testRouterTablesEmpty(t *testing.T, policyName string) {
 		ids[i] = fmt.Sprint("w", i)
 		r.joinWith(ids[i], "m", RoleUnified, 0, func(w *WorkerInfo) { w.KVEvents = true })
 		if r.st.view.kidx != nil {
-			r.deliver(nil, &KVEvents{WorkerID: ids[i], Stored: longPrompt(ids[i], 4)})
+			r.deliver(nil, &KVEvents{WorkerID: ids[i], Reg: r.regOf(ids[i]), Stored: longPrompt(ids[i], 4)})
 		}
 	}
 	var live []*requester

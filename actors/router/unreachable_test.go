@@ -89,7 +89,7 @@ func TestFailureLoadSteersLoadBasedPolicies(t *testing.T) {
 			}
 			fail := func(n int64) {
 				w := r.workers[r.workerPID("w1").Id]
-				r.deliver(w.pid, &LoadReport{ID: "w1", PID: w.pid, InFlight: int64(len(w.holds)), AcqSeen: w.acqSeen, FailLoad: n})
+				r.deliver(w.pid, &LoadReport{ID: "w1", Reg: w.info.Reg, InFlight: int64(len(w.holds)), AcqSeen: w.acqSeen, FailLoad: n})
 			}
 			fail(5)
 			if got := r.picksOf(t, "smol", 30); got["w1"] != 0 {
