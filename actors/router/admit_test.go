@@ -458,3 +458,71 @@ func TestUnknownModelWithAdmission(t *testing.T) {
 		t.Fatalf("%d queued", n)
 	}
 }
+
+// allowOnly is a classifier that narrows every request to the given workers (as Cold Pool
+// does) and has no gate.
+type allowOnly []string
+
+func (p allowOnly) Classify(r *admission.Request, _ []string, _ func([]string) int) {
+	r.Allowed = slices.Clone(p)
+}
+func (p allowOnly) Gate() admission.Gate { return nil }
+
+// TestAllowedSetIsStrictInItsPoolAndWholeElsewhere (R10.1, Cold Pool containment): an
+// admitted request narrowed to some workers goes only to those of its own pool — none of
+// them there: it waits, never spilling to the rest of the pool — while a later cascade step's
+// pool is narrowed to the allowed members it has, and taken whole when it has none.
+func TestAllowedSetIsStrictInItsPoolAndWholeElsewhere(t *testing.T) {
+	cascadeCfg := func(allowed ...string) Config {
+		return Config{
+			Routes: []config.Route{{Model: "auto", Targets: []string{config.TargetUnified},
+				Cascade: []config.CascadeStep{{Model: "smol", AcceptIf: "mean_logprob > -1"}, {Model: "big"}}}},
+			Admission: admissionCfg(allowOnly(allowed), 0),
+		}
+	}
+	join := func(r *rig) {
+		r.join("s1", "smol", 5) // the busier of smol's workers
+		r.join("s2", "smol", 0)
+		r.join("b1", "big", 5) // the busier of big's workers
+		r.join("b2", "big", 0)
+	}
+	step := func(q *requester, n int) *Picked {
+		q.tag++
+		q.r.deliver(q.pid, &Pick{Model: "auto", RequestID: "c", Key: q.key, Requester: q.pid, Tag: q.tag,
+			Step: n, Admit: &AdmitInfo{}})
+		return q.picked()
+	}
+
+	// Allowed s1 and b1: each step goes to its pool's allowed member, the busier one.
+	r := newRig(t, cascadeCfg("s1", "b1"))
+	join(r)
+	q := r.newRequester()
+	if p := step(q, 0); p.Err != nil || p.WorkerID != "s1" {
+		t.Fatalf("step 0: %+v, want s1 (the only allowed smol worker)", p)
+	}
+	if p := step(q, 1); p.Err != nil || p.WorkerID != "b1" {
+		t.Fatalf("step 1: %+v, want b1 (the only allowed big worker)", p)
+	}
+
+	// Allowed s1 only: big has none of the allowed set, so its whole pool serves step 1.
+	r = newRig(t, cascadeCfg("s1"))
+	join(r)
+	q = r.newRequester()
+	if p := step(q, 0); p.Err != nil || p.WorkerID != "s1" {
+		t.Fatalf("step 0: %+v, want s1", p)
+	}
+	if p := step(q, 1); p.Err != nil || p.WorkerID != "b2" {
+		t.Fatalf("step 1 to a pool with none of the allowed set: %+v, want the least loaded big worker b2", p)
+	}
+
+	// Allowed b1 only: smol, the pool it is admitted to, has none of it: it waits.
+	r = newRig(t, cascadeCfg("b1"))
+	join(r)
+	q = r.newRequester()
+	q.tag++
+	r.deliver(q.pid, &Pick{Model: "auto", RequestID: "c", Key: q.key, Requester: q.pid, Tag: q.tag, Admit: &AdmitInfo{}})
+	q.queued()
+	if v := r.st.adm.q.Snapshot().Classes[0].Lanes[0].Head; v.Reason != "no_worker" {
+		t.Fatalf("head waits for %q, want no_worker (no allowed member in its pool)", v.Reason)
+	}
+}

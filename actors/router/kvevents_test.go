@@ -1,7 +1,10 @@
 package router
 
 import (
+	"bytes"
 	"fmt"
+	"log/slog"
+	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -179,5 +182,26 @@ func TestPreciseIndexCountsDropped(t *testing.T) {
 	s.KVEvents(&KVEvents{WorkerID: "w0"})
 	if got, entries := testutil.ToFloat64(m.kvDropped), testutil.ToFloat64(m.kvIndex); got != 3 || entries != 4 {
 		t.Fatalf("dropped %v, entries %v; want 3 and 4", got, entries)
+	}
+}
+
+// TestOversizedKVEventsLogTheirSize: the warning for a dropped message names the worker, how
+// many ids the message carried (stored and removed together) and the bound, so an operator
+// sees by how much the engine overshot.
+func TestOversizedKVEventsLogTheirSize(t *testing.T) {
+	var buf bytes.Buffer
+	s, err := NewSim(Config{Policy: config.PolicyPrecisePrefix, LoadFactor: 1.25,
+		Logger: slog.New(slog.NewTextHandler(&buf, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.SetWorker(WorkerInfo{ID: "w0", Model: "m", HTTPAddress: "127.0.0.1:9", KVEvents: true})
+	half := MaxKVEventIDs / 2
+	if s.KVEvents(&KVEvents{WorkerID: "w0", Stored: make([]uint64, half+1), Removed: make([]uint64, MaxKVEventIDs-half)}) {
+		t.Fatal("an oversized message was applied")
+	}
+	want := fmt.Sprintf("worker=w0 ids=%d max=%d", MaxKVEventIDs+1, MaxKVEventIDs)
+	if got := buf.String(); !strings.Contains(got, "level=WARN") || !strings.Contains(got, want) {
+		t.Fatalf("log %q, want a warning with %q", got, want)
 	}
 }

@@ -260,3 +260,26 @@ func TestOutlierEjectionEndWakesTheQueue(t *testing.T) {
 		t.Fatalf("after w1's ejection ended: %+v, want w1", p)
 	}
 }
+
+// TestOutlierEjectedPercentIgnoresUnreachableWorkers (R14.2, R19): max_ejected_percent is over
+// the model's live workers that are not unreachable. At 40 % of three workers one of which is
+// unreachable, the base is two: ejecting one (50 %) is past the cap and refused; once the
+// third is reachable again (one of three, 33 %) it is allowed.
+func TestOutlierEjectedPercentIgnoresUnreachableWorkers(t *testing.T) {
+	o := testOutlier
+	o.MaxEjectedPercent = 40
+	r, _ := outlierRig(t, o)
+	for _, id := range []string{"w1", "w2", "w3"} {
+		r.join(id, "smol", 0)
+	}
+	r.unreachable("w3", true)
+	r.askEject("w1", Outcome5xx)
+	if row := r.row(t, "w1"); !row.Routable {
+		t.Fatalf("w1 ejected past max_ejected_percent 40 (one of two reachable workers): %+v", row)
+	}
+	r.unreachable("w3", false)
+	r.askEject("w1", Outcome5xx)
+	if row := r.row(t, "w1"); row.Routable {
+		t.Fatalf("w1 not ejected with one of three out (33%% ≤ 40%%): %+v", row)
+	}
+}
