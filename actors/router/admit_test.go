@@ -526,3 +526,28 @@ func TestAllowedSetIsStrictInItsPoolAndWholeElsewhere(t *testing.T) {
 		t.Fatalf("head waits for %q, want no_worker (no allowed member in its pool)", v.Reason)
 	}
 }
+
+// TestClassWaitingForCapacityEarnsNoCredit (R11, deficit round robin): with a busy threshold,
+// a class whose only head waits because every worker is full is blocked — it keeps its credit
+// and earns none, however often the queue is woken (the admin view shows its deficit at 0) —
+// and its head goes as soon as a worker has room.
+func TestClassWaitingForCapacityEarnsNoCredit(t *testing.T) {
+	r := newRig(t, Config{Admission: admissionCfg(nil, 1)})
+	r.join("w1", "smol", 1) // full at threshold 1
+	x := r.newRequester()
+	x.pick("x", "smol", "")
+	x.queued()
+	for range 3 {
+		r.join("w1", "smol", 1) // a heartbeat, still full
+		r.advance(time.Second)  // the queue's recheck
+	}
+	x.silent()
+	c := r.st.adm.q.Snapshot().Classes[0]
+	if c.Deficit != 0 || c.Lanes[0].Head.Reason != "capacity" {
+		t.Fatalf("class %+v: want deficit 0 and its head waiting for capacity", c)
+	}
+	r.join("w1", "smol", 0)
+	if p := x.picked(); p.Err != nil || p.WorkerID != "w1" {
+		t.Fatalf("after w1 had room: %+v, want w1", p)
+	}
+}

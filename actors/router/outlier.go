@@ -50,11 +50,17 @@ type ejectionOver struct {
 	seq uint64
 }
 
-// ejectionFor is the length of the n-th ejection of a run (n ≥ 1).
+// ejectionFor is the length of the n-th ejection of a run (n ≥ 1). The doubling stops at
+// limit without passing it: a max_ejection above half the longest time.Duration (a config may
+// give one) would otherwise overflow into a negative length.
 func (v *workerView) ejectionFor(n int) time.Duration {
 	d, limit := v.outlier.BaseEjection, v.outlier.MaxEjection
 	for i := 1; i < n && d < limit; i++ {
-		d *= 2
+		if d > limit-d {
+			d = limit
+		} else {
+			d *= 2
+		}
 	}
 	return min(d, limit)
 }

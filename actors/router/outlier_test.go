@@ -283,3 +283,29 @@ func TestOutlierEjectedPercentIgnoresUnreachableWorkers(t *testing.T) {
 		t.Fatalf("w1 not ejected with one of three out (33%% ≤ 40%%): %+v", row)
 	}
 }
+
+// TestOutlierEjectionLengthStaysWithinMax: the n-th ejection of a run lasts base × 2^(n−1),
+// never more than max_ejection and never less than the one before — also for a max_ejection
+// near the longest duration a configuration can give (no doubling overflows), and when base
+// and max are equal (every ejection lasts max).
+func TestOutlierEjectionLengthStaysWithinMax(t *testing.T) {
+	longest := 2562047 * time.Hour // about the longest duration time.ParseDuration accepts
+	for _, o := range []config.Outlier{
+		{BaseEjection: time.Second, MaxEjection: longest},
+		{BaseEjection: longest, MaxEjection: longest},
+		{BaseEjection: 30 * time.Second, MaxEjection: 100 * time.Second},
+	} {
+		v := &workerView{outlier: o}
+		prev := time.Duration(0)
+		for n := 1; n <= 80; n++ {
+			d := v.ejectionFor(n)
+			if d < prev || d > o.MaxEjection || (n == 1 && d != o.BaseEjection) {
+				t.Fatalf("base %v max %v: ejection %d lasts %v (the one before %v)", o.BaseEjection, o.MaxEjection, n, d, prev)
+			}
+			prev = d
+		}
+		if prev != o.MaxEjection {
+			t.Fatalf("base %v max %v: the 80th ejection lasts %v, want max", o.BaseEjection, o.MaxEjection, prev)
+		}
+	}
+}
