@@ -31,12 +31,14 @@ import (
 // forces a collection after 2 minutes without one, and the gateway's upstream connections
 // close after 90 s idle (httpapi.NewTransport's IdleConnTimeout), so by the end of the window
 // at least one collection ran (the window's collection count is printed) and no idle
-// connection is left. Heap in use and heap objects are the window's minimum (the reading right
-// after a collection: what is live); goroutines and RSS are the window's last reading.
+// connection is left. Heap in use, live heap (go_memstats_heap_alloc_bytes) and heap objects
+// are the window's minimum (the reading right after a collection); goroutines and RSS are the
+// window's last reading. Heap in use counts whole spans, the free slots in them included; the
+// live heap only the objects.
 
 // soakSample is one reading of the gateway's /metrics.
 type soakSample struct {
-	heapInuse, heapObjects, goroutines, rss, gcs float64
+	heapInuse, heapAlloc, heapObjects, goroutines, rss, gcs float64
 }
 
 func scrapeSoak(url string) (soakSample, error) {
@@ -48,7 +50,8 @@ func scrapeSoak(url string) (soakSample, error) {
 	var s soakSample
 	want := map[string]*float64{
 		"go_memstats_heap_inuse_bytes": &s.heapInuse, "go_memstats_heap_objects": &s.heapObjects,
-		"go_goroutines": &s.goroutines, "process_resident_memory_bytes": &s.rss,
+		"go_memstats_heap_alloc_bytes": &s.heapAlloc,
+		"go_goroutines":                &s.goroutines, "process_resident_memory_bytes": &s.rss,
 		"go_gc_duration_seconds_count": &s.gcs,
 	}
 	found := 0
@@ -76,8 +79,8 @@ type soakReading struct {
 }
 
 func (r soakReading) String() string {
-	return fmt.Sprintf("heap in use %.2f MiB, heap objects %.0f, goroutines %.0f, RSS %.1f MiB (%d collections in the window)",
-		r.heapInuse/(1<<20), r.heapObjects, r.goroutines, r.rss/(1<<20), r.collections)
+	return fmt.Sprintf("heap in use %.2f MiB (live %.2f MiB), heap objects %.0f, goroutines %.0f, RSS %.1f MiB (%d collections in the window)",
+		r.heapInuse/(1<<20), r.heapAlloc/(1<<20), r.heapObjects, r.goroutines, r.rss/(1<<20), r.collections)
 }
 
 // soakPhase is what one wrk run answered.
@@ -216,7 +219,7 @@ func (r *soakRig) listsBase() (bool, error) {
 func (r *soakRig) idleWindow(d time.Duration) soakReading {
 	r.b.Helper()
 	var out soakReading
-	out.heapInuse, out.heapObjects = math.Inf(1), math.Inf(1)
+	out.heapInuse, out.heapAlloc, out.heapObjects = math.Inf(1), math.Inf(1), math.Inf(1)
 	first := -1.0
 	end := time.Now().Add(d)
 	tick := time.NewTicker(2 * time.Second)
@@ -230,6 +233,7 @@ func (r *soakRig) idleWindow(d time.Duration) soakReading {
 			first = s.gcs
 		}
 		out.heapInuse, out.heapObjects = min(out.heapInuse, s.heapInuse), min(out.heapObjects, s.heapObjects)
+		out.heapAlloc = min(out.heapAlloc, s.heapAlloc)
 		out.goroutines, out.rss, out.collections = s.goroutines, s.rss, int(s.gcs-first)
 		if time.Now().After(end) {
 			return out
@@ -394,8 +398,8 @@ func BenchmarkSoak(b *testing.B) {
 	b.StopTimer()
 
 	growth := at2.heapInuse - at1.heapInuse
-	fmt.Printf("soak: heap in use %+.2f MiB (%+.1f%%), heap objects %+.0f (%+.4f per request of the second phase), goroutines %+.0f, RSS %+.1f MiB; %v in all\n",
-		growth/(1<<20), 100*growth/at1.heapInuse, at2.heapObjects-at1.heapObjects,
+	fmt.Printf("soak: heap in use %+.2f MiB (%+.1f%%), live heap %+.2f MiB, heap objects %+.0f (%+.4f per request of the second phase), goroutines %+.0f, RSS %+.1f MiB; %v in all\n",
+		growth/(1<<20), 100*growth/at1.heapInuse, (at2.heapAlloc-at1.heapAlloc)/(1<<20), at2.heapObjects-at1.heapObjects,
 		(at2.heapObjects-at1.heapObjects)/float64(total-first), at2.goroutines-at1.goroutines,
 		(at2.rss-at1.rss)/(1<<20), time.Since(start).Round(time.Second))
 	if growth > 0.10*at1.heapInuse || growth > 8<<20 {
