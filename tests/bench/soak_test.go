@@ -356,8 +356,8 @@ func TestSoakHeapObjects(t *testing.T) {
 		t.Errorf("the heap grew by %.4f objects per request (limit %.2f): something keeps state per request served", growth, soakMaxGrowth)
 	}
 	// Most requests must have been served for the figure to mean anything. Some fail by design
-	// while engines are closed and restarted under the load (503 no_capacity: 0.1% of them
-	// here without the race detector, about 8% with it, where everything is slower).
+	// while engines are closed and restarted under the load (503 no_capacity: from a handful
+	// to about 6% of them here, with or without the race detector, as the machine is loaded).
 	v, _ := statuses.Load("200")
 	if v == nil || v.(*atomic.Int64).Load() < (soakWarmup+soakRequests)*3/4 {
 		t.Errorf("fewer than 75%% of the requests succeeded: %v", outcomes)
