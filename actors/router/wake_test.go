@@ -38,19 +38,7 @@ func TestFreedWorkerWakesOnlyTheHeadsItCanServe(t *testing.T) {
 	r := newRig(t, Config{Admission: admissionCfg(g, 0)})
 	r.join("a1", "a", 0)
 	r.join("b1", "b", 0)
-	var held []*requester
-	for _, s := range []string{"hold1", "hold2", "hold3"} {
-		q := r.newRequester()
-		q.pick(s, "a", s)
-		q.queued()
-		held = append(held, q)
-	}
-	asks := func() (n int) {
-		for _, q := range held {
-			n += g.asks[q.key]
-		}
-		return n
-	}
+	held, asks := holdThree(r, g)
 	before := asks()
 	if before != 3 {
 		t.Fatalf("%d asks to queue three heads", before)
@@ -84,19 +72,7 @@ func TestBurstOfFreesWakesOnce(t *testing.T) {
 	r := newRig(t, Config{Admission: admissionCfg(g, 1)})
 	r.join("a1", "a", 0)
 	r.join("a2", "a", 0)
-	var held []*requester
-	for _, s := range []string{"hold1", "hold2", "hold3"} {
-		q := r.newRequester()
-		q.pick(s, "a", s)
-		q.queued()
-		held = append(held, q)
-	}
-	asks := func() (n int) {
-		for _, q := range held {
-			n += g.asks[q.key]
-		}
-		return n
-	}
+	_, asks := holdThree(r, g)
 	busy := []*requester{r.newRequester(), r.newRequester()}
 	for _, q := range busy {
 		q.pick("busy", "a", "")
@@ -200,5 +176,23 @@ func TestPausedProgramsAreAskedOncePerFree(t *testing.T) {
 	}
 	if n := r.st.adm.q.GateAsks() - asks; n > 3 {
 		t.Fatalf("%d asks to let two resumed programs go, want the probe and their turns", n)
+	}
+}
+
+// holdThree queues three heads of model a that g holds, and returns them with a count of the
+// gate's asks about them so far.
+func holdThree(r *rig, g *holdGate) ([]*requester, func() int) {
+	var held []*requester
+	for _, s := range []string{"hold1", "hold2", "hold3"} {
+		q := r.newRequester()
+		q.pick(s, "a", s)
+		q.queued()
+		held = append(held, q)
+	}
+	return held, func() (n int) {
+		for _, q := range held {
+			n += g.asks[q.key]
+		}
+		return n
 	}
 }
