@@ -131,11 +131,10 @@ func (r *requestActor) tokenize(c actor.Context) {
 
 // tokenizeCall is POST /v1/tokenize on the prefill worker.
 func tokenizeCall(ctx context.Context, tr Upstream, url string, body []byte) tokenized {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+	req, err := upstreamRequest(ctx, url, body, http.Header{"Content-Type": jsonContentType})
 	if err != nil {
 		return tokenized{err: err}
 	}
-	req.Header.Set("Content-Type", "application/json")
 	resp, err := tr.RoundTrip(req)
 	if err != nil {
 		return tokenized{err: err}

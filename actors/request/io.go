@@ -94,14 +94,9 @@ func (r *requestActor) attempt(c actor.Context) {
 	// client before it, R14.1), so a stream costs the actor one result, not two.
 	firstEventToo := r.x.Req.Stream && !r.nonFinalStep()
 	r.runIO(c, func(ctx context.Context, gen int) any {
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
-		if err != nil {
-			return attemptResult{gen: gen, err: err}
-		}
-		req.ContentLength = int64(len(body))
 		// Canonical keys set directly; the constant values are shared (the transport only
 		// reads a request's headers).
-		h := make(http.Header, 4)
+		h := make(http.Header, 5)
 		h["Content-Type"] = jsonContentType
 		if stream {
 			h["Accept"] = sseAccept
@@ -110,7 +105,10 @@ func (r *requestActor) attempt(c actor.Context) {
 		if handle != "" {
 			h["X-Tl-Kv-Handle"] = []string{handle}
 		}
-		req.Header = h
+		req, err := upstreamRequest(ctx, url, body, h)
+		if err != nil {
+			return attemptResult{gen: gen, err: err}
+		}
 		resp, err := tr.RoundTrip(req)
 		if err == nil && firstEventToo && resp.StatusCode == http.StatusOK && isSSE(resp) {
 			return readFirstEvent(gen, resp)
@@ -429,4 +427,26 @@ func (t *doneTail) add(p []byte) {
 
 func (t *doneTail) done() bool {
 	return bytes.HasSuffix(bytes.TrimRight(t.b[:t.n], "\r\n"), []byte("data: [DONE]"))
+}
+
+// upstreamRequest is a POST of body to url with the headers h, to an engine.
+//
+// It may be sent twice on the engine's address, never to another: when the engine closes a
+// kept-alive connection without a byte of answer to the request just written on it (it died,
+// or it closed the idle connection as the request arrived: vLLM's and SGLang's HTTP servers
+// close idle connections after 5 s), net/http sends the request again on a new connection.
+// The engine did not serve it, so nothing is done twice; a live engine answers the second
+// copy, and a dead one's address refuses it, which proves the engine down (R19) and takes no
+// retry slot. Without this, each such race was a failover holding a retry slot and an outlier
+// failure against a healthy engine. net/http resends only requests it may treat as
+// idempotent: a nil "Idempotency-Key" entry says so and puts nothing on the wire.
+func upstreamRequest(ctx context.Context, url string, body []byte, h http.Header) (*http.Request, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	req.ContentLength = int64(len(body))
+	h["Idempotency-Key"] = nil
+	req.Header = h
+	return req, nil
 }

@@ -1,7 +1,6 @@
 package request
 
 import (
-	"bytes"
 	"context"
 	"io"
 	"net/http"
@@ -119,12 +118,10 @@ func (r *requestActor) warmup(c actor.Context, p *router.Picked) {
 
 // sendWarmup posts body to url and reads (a bounded part of) the answer.
 func sendWarmup(ctx context.Context, tr Upstream, url string, body []byte) int {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+	req, err := upstreamRequest(ctx, url, body, http.Header{"Content-Type": jsonContentType})
 	if err != nil {
 		return warmFailed
 	}
-	req.ContentLength = int64(len(body))
-	req.Header = http.Header{"Content-Type": jsonContentType}
 	resp, err := tr.RoundTrip(req)
 	if err != nil {
 		return warmFailed

@@ -72,6 +72,23 @@ func (p *Proc) Exited() <-chan struct{} { return p.exited }
 // Err is the process's exit error (nil for exit code 0), valid once Exited is closed.
 func (p *Proc) Err() error { return p.exitErr }
 
+// maxLogs bounds the stderr a Proc keeps: past it the older half is dropped.
+const maxLogs = 16 << 20
+
+// Write keeps what the process writes to stderr (its last maxLogs bytes at most).
+func (p *Proc) Write(b []byte) (int, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.stderr.Len()+len(b) > maxLogs {
+		keep := p.stderr.String()
+		keep = keep[min(len(keep), len(keep)/2+len(b)):]
+		p.stderr.Reset()
+		p.stderr.WriteString(keep)
+	}
+	p.stderr.Write(b)
+	return len(b), nil
+}
+
 // Logs returns what the process wrote to stderr so far.
 func (p *Proc) Logs() string {
 	p.mu.Lock()
@@ -118,12 +135,7 @@ func Start(t testing.TB, bin string, args []string) *Proc {
 	if err := p.Cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	go func() {
-		b, _ := io.ReadAll(stderr)
-		p.mu.Lock()
-		p.stderr.Write(b)
-		p.mu.Unlock()
-	}()
+	go func() { _, _ = io.Copy(p, stderr) }() // ends when the process's stderr closes
 	addrs := make(chan []string, 1)
 	go func() {
 		sc := bufio.NewScanner(stdout)

@@ -41,7 +41,7 @@ func (c chaosCounts) String() string {
 // chaosLoad runs clients streaming clients against base until stop is closed (each request
 // bounded by the client's timeout), and returns their counts once every client has returned.
 // phase, read at each answer, names the counts the answer goes to.
-func chaosLoad(t *testing.T, base string, clients int, stop <-chan struct{}, phase func() int, phases int) []chaosCounts {
+func chaosLoad(t *testing.T, base string, clients int, ramp time.Duration, stop <-chan struct{}, phase func() int, phases int) []chaosCounts {
 	t.Helper()
 	tr := &http.Transport{MaxIdleConnsPerHost: clients}
 	defer tr.CloseIdleConnections()
@@ -59,7 +59,7 @@ func chaosLoad(t *testing.T, base string, clients int, stop <-chan struct{}, pha
 			select {
 			case <-stop:
 				return
-			case <-time.After(time.Duration(c) * chaosRamp):
+			case <-time.After(time.Duration(c) * ramp):
 			}
 			for i := 0; ; i++ {
 				select {
@@ -139,6 +139,29 @@ func chaosSeconds(t *testing.T, def int) time.Duration {
 // retries, and the budget answers the rest 503, as it is meant to.)
 const chaosRamp = 5 * time.Millisecond
 
+// chaosKnobs are the engines' time per token and the clients' ramp: TLGW_CHAOS_TOKEN and
+// TLGW_CHAOS_RAMP (Go durations) override the defaults, 2ms and chaosRamp. TLGW_CHAOS_TOKEN=0
+// is the issue's engines (tlengine's default: no time per token); TLGW_CHAOS_RAMP=0 starts
+// every client in the same millisecond (see chaosRamp for what R14.3 does with that burst).
+func chaosKnobs(t *testing.T) (token string, ramp time.Duration) {
+	t.Helper()
+	token, ramp = "2ms", chaosRamp
+	if s := os.Getenv("TLGW_CHAOS_TOKEN"); s != "" {
+		if d, err := time.ParseDuration(s); err != nil || d < 0 || d > time.Second {
+			t.Fatalf("TLGW_CHAOS_TOKEN=%q: want a duration from 0 to 1s", s)
+		}
+		token = s
+	}
+	if s := os.Getenv("TLGW_CHAOS_RAMP"); s != "" {
+		d, err := time.ParseDuration(s)
+		if err != nil || d < 0 || d > time.Second {
+			t.Fatalf("TLGW_CHAOS_RAMP=%q: want a duration from 0 to 1s", s)
+		}
+		ramp = d
+	}
+	return token, ramp
+}
+
 const chaosConfig = `
 [gateway]
 http_listen = "127.0.0.1:0"
@@ -166,24 +189,28 @@ max_attempts = 4
 //
 // Phase 2: six healthy engines; after a while three of them are SIGKILLed at once under load.
 // No request fails before its first byte. (Counts go to the phase a request started in: the
-// streams the kill cut are counted before it.)
+// streams the kill cut are counted before it.) Most requests a kill catches before their first
+// byte were just written on a kept-alive connection the dead engine's kernel closed: they are
+// sent again on a new connection, refused, and fail over with no retry slot (upstreamRequest).
 func TestChaosNoFailureBeforeFirstByte(t *testing.T) {
 	d := chaosSeconds(t, 4)
+	token, ramp := chaosKnobs(t)
 	const clients = 32
 
 	t.Run("faulty fleet", func(t *testing.T) {
 		f := startFleet(t, chaosConfig,
-			[]string{"a-refuse", "--model", "smol", "--fault", "refuse", "--decode-per-token", "2ms", "--log-level", "error"},
-			[]string{"b-503", "--model", "smol", "--fault", "503", "--decode-per-token", "2ms", "--log-level", "error"},
-			[]string{"c-cut", "--model", "smol", "--fault", "cut-after=3", "--decode-per-token", "2ms", "--log-level", "error"},
-			[]string{"d-crash", "--model", "smol", "--fault", "crash-after=5", "--decode-per-token", "2ms", "--log-level", "error"},
-			[]string{"e-ok", "--model", "smol", "--decode-per-token", "2ms", "--log-level", "error"},
-			[]string{"f-ok", "--model", "smol", "--decode-per-token", "2ms", "--log-level", "error"})
+			[]string{"a-refuse", "--model", "smol", "--fault", "refuse", "--decode-per-token", token, "--log-level", "error"},
+			[]string{"b-503", "--model", "smol", "--fault", "503", "--decode-per-token", token, "--log-level", "error"},
+			[]string{"c-cut", "--model", "smol", "--fault", "cut-after=3", "--decode-per-token", token, "--log-level", "error"},
+			[]string{"d-crash", "--model", "smol", "--fault", "crash-after=5", "--decode-per-token", token, "--log-level", "error"},
+			[]string{"e-ok", "--model", "smol", "--decode-per-token", token, "--log-level", "error"},
+			[]string{"f-ok", "--model", "smol", "--decode-per-token", token, "--log-level", "error"})
 		stop := make(chan struct{})
 		time.AfterFunc(d, func() { close(stop) })
-		got := chaosLoad(t, f.base, clients, stop, func() int { return 0 }, 1)[0]
+		got := chaosLoad(t, f.base, clients, ramp, stop, func() int { return 0 }, 1)[0]
 		t.Logf("faulty fleet, %v: %v", d, got)
 		if got.requests == 0 || got.early != 0 {
+			logFailures(t, f)
 			t.Fatalf("faulty fleet: %v; want requests and none failed before its first byte", got)
 		}
 		// No black hole: the cut engine (and the crash engine's last streams) interrupt a
@@ -196,7 +223,7 @@ func TestChaosNoFailureBeforeFirstByte(t *testing.T) {
 	t.Run("three of six killed", func(t *testing.T) {
 		var engines [][]string
 		for i := range 6 {
-			engines = append(engines, []string{fmt.Sprintf("h%d", i), "--model", "smol", "--decode-per-token", "2ms", "--log-level", "error"})
+			engines = append(engines, []string{fmt.Sprintf("h%d", i), "--model", "smol", "--decode-per-token", token, "--log-level", "error"})
 		}
 		f := startFleet(t, chaosConfig, engines...)
 		var mu sync.Mutex
@@ -204,7 +231,7 @@ func TestChaosNoFailureBeforeFirstByte(t *testing.T) {
 		stop := make(chan struct{})
 		done := make(chan []chaosCounts, 1)
 		go func() {
-			done <- chaosLoad(t, f.base, clients, stop, func() int { mu.Lock(); defer mu.Unlock(); return phase }, 2)
+			done <- chaosLoad(t, f.base, clients, ramp, stop, func() int { mu.Lock(); defer mu.Unlock(); return phase }, 2)
 		}()
 		// Under load for a while, then three engines die at once.
 		<-time.After(d / 2)
@@ -223,8 +250,32 @@ func TestChaosNoFailureBeforeFirstByte(t *testing.T) {
 		t.Logf("three of six SIGKILLed, %v after: %v", d, got[1])
 		for i, what := range []string{"before the kill", "after the kill"} {
 			if got[i].requests == 0 || got[i].early != 0 {
+				logFailures(t, f)
 				t.Fatalf("%s: %v; want requests and none failed before its first byte", what, got[i])
 			}
 		}
 	})
+}
+
+// logFailures logs the gateway's lines on the failovers it answered instead of retrying, with
+// the failed attempts before each (at most 40 lines).
+func logFailures(t *testing.T, f *fleet) {
+	t.Helper()
+	var keep []string
+	for _, line := range strings.Split(f.gw.Logs(), "\n") {
+		if strings.Contains(line, "retry budget spent") || strings.Contains(line, "attempt failed") ||
+			strings.Contains(line, "tried, none answered") {
+			keep = append(keep, line)
+		}
+	}
+	var out []string
+	for i, line := range keep {
+		if strings.Contains(line, "retry budget spent") || strings.Contains(line, "none answered") {
+			out = append(out, keep[max(0, i-3):i+1]...)
+		}
+		if len(out) >= 40 {
+			break
+		}
+	}
+	t.Logf("the gateway on its failures:\n%s", strings.Join(out, "\n"))
 }
