@@ -71,9 +71,12 @@ func (v *workerView) eject(id string, reason Outcome, fx effects) bool {
 	if s == nil || !s.live || s.ej.on || !reason.Failed() || v.outlier.BaseEjection <= 0 {
 		return false
 	}
+	// The caps count the workers that can stand in for s: the model's workers of its role (a
+	// decode worker cannot prefill, so a disaggregated model keeps a routable prefill worker
+	// however many decode and unified workers it has).
 	live, ejected, others := 0, 0, 0
 	for _, o := range v.slots {
-		if !o.live || o.info.Model != s.info.Model || (o.unreachable && o != s) {
+		if !o.live || o.info.Model != s.info.Model || o.info.Role != s.info.Role || (o.unreachable && o != s) {
 			continue
 		}
 		live++

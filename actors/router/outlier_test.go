@@ -309,3 +309,40 @@ func TestOutlierEjectionLengthStaysWithinMax(t *testing.T) {
 		}
 	}
 }
+
+// TestOutlierCapsCountTheWorkersOfOneRole (R14.2, R8): the ejection caps count a model's
+// workers that can stand in for each other — those of the same role. A disaggregated model's
+// two prefill workers, beside its decode and unified workers, keep one routable whatever their
+// failures (a decode worker cannot prefill: ejecting both would take the disaggregated route
+// down though "half the model's workers" are still routable); a role's lone worker is never
+// ejected.
+func TestOutlierCapsCountTheWorkersOfOneRole(t *testing.T) {
+	r, _ := outlierRig(t, testOutlier)
+	r.joinRole("p1", "smol", RolePrefill, 0)
+	r.joinRole("p2", "smol", RolePrefill, 0)
+	r.joinRole("d1", "smol", RoleDecode, 0)
+	for _, id := range []string{"d2", "u1", "u2", "u3", "u4"} {
+		role := RoleUnified
+		if id == "d2" {
+			role = RoleDecode
+		}
+		r.joinRole(id, "smol", role, 0)
+	}
+	r.askEject("p1", OutcomeReset)
+	r.askEject("p2", OutcomeReset)
+	if r.row(t, "p1").Routable || !r.row(t, "p2").Routable {
+		t.Fatalf("p1 %+v\np2 %+v: want p1 ejected and p2, the last prefill worker, routable", r.row(t, "p1"), r.row(t, "p2"))
+	}
+	r.askEject("d1", Outcome5xx)
+	r.askEject("d2", Outcome5xx)
+	if r.row(t, "d1").Routable || !r.row(t, "d2").Routable {
+		t.Fatalf("d1 %+v\nd2 %+v: want d1 ejected and d2 routable", r.row(t, "d1"), r.row(t, "d2"))
+	}
+	// The unified workers' cap is theirs: two of four may go.
+	for _, id := range []string{"u1", "u2", "u3"} {
+		r.askEject(id, Outcome5xx)
+	}
+	if r.row(t, "u1").Routable || r.row(t, "u2").Routable || !r.row(t, "u3").Routable {
+		t.Fatalf("u1 %+v\nu2 %+v\nu3 %+v: want two of the four unified workers ejected", r.row(t, "u1"), r.row(t, "u2"), r.row(t, "u3"))
+	}
+}

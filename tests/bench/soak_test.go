@@ -11,6 +11,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"runtime/debug"
 	"runtime/pprof"
@@ -151,6 +152,7 @@ type soakWriter struct {
 	h    http.Header
 	code int
 	tail []byte // the body's last bytes, at most 32
+	head []byte // the body's first bytes, at most 256 (an error's message)
 }
 
 func (w *soakWriter) Header() http.Header { return w.h }
@@ -163,6 +165,9 @@ func (w *soakWriter) WriteHeader(code int) {
 
 func (w *soakWriter) Write(b []byte) (int, error) {
 	w.WriteHeader(200)
+	if len(w.head) < 256 {
+		w.head = append(w.head, b[:min(len(b), 256-len(w.head))]...)
+	}
 	w.tail = append(w.tail, b[max(0, len(b)-32):]...)
 	w.tail = w.tail[max(0, len(w.tail)-32):]
 	return len(b), nil
@@ -171,6 +176,23 @@ func (w *soakWriter) Write(b []byte) (int, error) {
 func (w *soakWriter) Flush()                           {}
 func (w *soakWriter) SetWriteDeadline(time.Time) error { return nil }
 func (w *soakWriter) SetReadDeadline(time.Time) error  { return nil }
+
+// errorMessage is an error answer's message without its numbers (so that the outcomes name a
+// few kinds of failure).
+func errorMessage(body []byte) string {
+	m := errorMessageRE.FindSubmatch(body)
+	if m == nil {
+		return ""
+	}
+	return strings.Map(func(r rune) rune {
+		if r >= '0' && r <= '9' {
+			return 'N'
+		}
+		return r
+	}, string(m[1]))
+}
+
+var errorMessageRE = regexp.MustCompile(`"message":"([^"]{0,120})`)
 
 // liveHeapObjects is the floor of the process's heap objects over soakSamples readings, each
 // after two full collections (the second frees what the first's finalizers and sync.Pool victim
@@ -280,6 +302,8 @@ func TestSoakHeapObjects(t *testing.T) {
 					switch {
 					case w.code == 200 && kind.stream && !bytes.Contains(w.tail, []byte("data: [DONE]")):
 						count("200-interrupted")
+					case w.code != 200:
+						count(fmt.Sprint(w.code, " ", errorMessage(w.head)))
 					default:
 						count(fmt.Sprint(w.code))
 					}
