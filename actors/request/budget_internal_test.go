@@ -134,7 +134,8 @@ func TestRetryBudgetSlotsProperty(t *testing.T) {
 }
 
 // TestRefusedAttemptTellsTheWorker (R19): the Release of an attempt whose connection was
-// refused says the worker is unreachable; a DNS failure, a reset and a 503 do not.
+// refused says the worker is unreachable; a DNS failure, a reset and a 503 do not. Each
+// failure's verdict names the worker's address the attempt went to.
 func TestRefusedAttemptTellsTheWorker(t *testing.T) {
 	m := newMRig(t)
 	m.d.MaxAttempts = 5
@@ -160,6 +161,11 @@ func TestRefusedAttemptTellsTheWorker(t *testing.T) {
 		case r := <-m.releases:
 			if r.unreachable != (r.worker == "a") {
 				t.Fatalf("worker %s released with unreachable = %v", r.worker, r.unreachable)
+			}
+			// A failed attempt's verdict names the address it went to (the worker ignores
+			// it once it is elsewhere).
+			if r.outcome.Failed() && r.addr != r.worker+".http" {
+				t.Fatalf("worker %s's verdict %v names the address %q, want %q", r.worker, r.outcome, r.addr, r.worker+".http")
 			}
 		case <-time.After(waitFor):
 			t.Fatal("a Release is missing")

@@ -70,3 +70,42 @@ func TestDecodeFailsAfterThePush(t *testing.T) {
 		})
 	}
 }
+
+// TestPrefillBlamesADeadDecodeTarget (R8, R14.2, R19): a Prefill that fails because P could not
+// push the KV to D (D's KV address refuses: D died) is D's failure, not P's. D takes the failure
+// load and the failover tries another decode worker (D2, through the same P), so the client
+// gets its answer; P, which did its part, is not charged. Charging P made every prefill worker
+// an outlier when one decode worker restarted, and the disaggregated route answered 503 until
+// their ejections ended.
+func TestPrefillBlamesADeadDecodeTarget(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadKV := lis.Addr().String()
+	lis.Close()
+	clients := grpcapi.NewEngines()
+	t.Cleanup(clients.Close)
+	r := newRig(t, rigOpt{engines: clients, routes: []config.Route{
+		{Model: "smol-pd", Backends: []config.Backend{{Model: "smol", Weight: 1}}, Targets: []string{config.TargetDisaggregated}},
+	}})
+	pe := startEngine(t, engine.Config{ID: "p", Model: "smol", Role: engine.RolePrefill})
+	d2 := startEngine(t, engine.Config{ID: "d2", Model: "smol", Role: engine.RoleDecode})
+	r.beatRole("p", "smol", router.RolePrefill, pe.HTTPAddr, pe.GRPCAddr, pe.KVAddr)
+	// "d1" sorts first: least_outstanding's tie goes to it, so the first attempt pushes to its
+	// dead KV address.
+	r.beatRole("d1", "smol", router.RoleDecode, d2.HTTPAddr, d2.GRPCAddr, deadKV)
+	r.beatRole("d2", "smol", router.RoleDecode, d2.HTTPAddr, d2.GRPCAddr, d2.KVAddr)
+	resp, body := r.post(t, "/v1/completions", "", `{"model":"smol-pd","prompt":"a prompt for a dead decode target","max_tokens":4}`)
+	if resp.StatusCode != 200 {
+		t.Fatalf("%d %s", resp.StatusCode, body)
+	}
+	r.InFlight("p", 0)
+	r.InFlight("d1", 0)
+	r.InFlight("d2", 0)
+	d1, _ := r.View("d1")
+	p, _ := r.View("p")
+	if d1.FailLoad == 0 || p.FailLoad != 0 {
+		t.Fatalf("failure load: d1 %d, p %d; want d1's failure and none on p", d1.FailLoad, p.FailLoad)
+	}
+}

@@ -324,7 +324,7 @@ func (r *requestActor) faultStep(c actor.Context, msg any) bool {
 // Releasing.
 func (r *requestActor) answerTimeout(c actor.Context) {
 	r.endIO()
-	worker, _ := r.blame()
+	worker, _, _ := r.blame(nil)
 	r.releaseWorker(c, worker, router.OutcomeTimeout)
 	r.releaseAll(c.Send)
 	h := r.x.W.Header()

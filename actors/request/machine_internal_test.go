@@ -37,6 +37,7 @@ type released struct {
 	ticket      uint64
 	outcome     router.Outcome
 	unreachable bool
+	addr        string // the address the verdict is about ("": not said)
 }
 
 // upstreamFunc is an Upstream answering from a function.
@@ -197,7 +198,7 @@ func (m *mrig) worker(id string) *actor.PID {
 	}
 	pid := m.sys.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
 		if r, ok := c.Message().(*router.Release); ok {
-			m.releases <- released{worker: id, ticket: r.Ticket, outcome: r.Outcome, unreachable: r.Unreachable}
+			m.releases <- released{worker: id, ticket: r.Ticket, outcome: r.Outcome, unreachable: r.Unreachable, addr: r.Addr}
 		}
 	}))
 	m.workers[id] = pid

@@ -8,6 +8,7 @@ package request
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -83,9 +84,16 @@ type Upstream interface {
 
 // Engines is what the actor needs of the engines' gRPC surfaces (adapters/grpc implements it).
 type Engines interface {
+	// Prefill's error wraps ErrDecodeTarget when the prefill worker says the decode target
+	// failed (it could not push the KV there).
 	Prefill(ctx context.Context, grpcAddr string, call PrefillCall) (PrefillResult, error)
 	Release(ctx context.Context, kvAddr, handleID string) error
 }
+
+// ErrDecodeTarget: a Prefill failed because of its decode target (unreachable, the push
+// failed, or no room there). The decode worker is blamed for the attempt, not the prefill
+// worker, which did its part and holds nothing for the request.
+var ErrDecodeTarget = errors.New("the decode target failed")
 
 // Sampling is every sampling field of a Prefill call, defaults filled in (R8.3).
 type Sampling struct {
@@ -577,17 +585,18 @@ func (r *requestActor) releaseAll(send func(*actor.PID, any)) {
 	r.held = nil
 }
 
-// blame is the worker whose part is under way: the prefill worker while tokenizing or
-// prefilling, else the picked (unified or decode) worker; nil while routing.
-func (r *requestActor) blame() (*actor.PID, string) {
+// blame is the worker whose part failed with err, and the HTTP address it was picked at: the
+// prefill worker while tokenizing or prefilling (unless the prefill worker says its push to
+// the decode worker failed), else the picked (unified or decode) worker; nil while routing.
+func (r *requestActor) blame(err error) (*actor.PID, string, string) {
 	p := r.picked
 	switch {
 	case p == nil:
-		return nil, ""
-	case r.state == Tokenizing || r.state == Prefilling:
-		return p.Prefill.Worker, p.Prefill.WorkerID
+		return nil, "", ""
+	case r.state == Tokenizing || r.state == Prefilling && !errors.Is(err, ErrDecodeTarget):
+		return p.Prefill.Worker, p.Prefill.WorkerID, p.Prefill.HTTPAddress
 	}
-	return p.Worker, p.WorkerID
+	return p.Worker, p.WorkerID, p.HTTPAddress
 }
 
 // finish ends the request with its terminal outcome already written (code is its status).

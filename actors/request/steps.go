@@ -219,11 +219,11 @@ func (r *requestActor) failover(c actor.Context, err error) {
 	if cause := r.ioCause(); cause != nil {
 		err = fmt.Errorf("%w: %v", cause, err)
 	}
-	worker, id := r.blame()
+	worker, id, addr := r.blame(err)
 	o := outcome(err, 0)
 	r.stopFirstByteTimer()
 	r.endIO()
-	r.releaseVerdict(c, worker, router.Release{Outcome: o, Unreachable: refused(err)})
+	r.releaseVerdict(c, worker, router.Release{Outcome: o, Unreachable: refused(err), Addr: addr})
 	r.releaseAll(c.Send)
 	r.logger().Info("attempt failed before the first byte", "worker", id, "outcome", o.String(), "err", err)
 	r.d.Metrics.failovers.WithLabelValues(r.route).Inc()

@@ -126,6 +126,10 @@ type Release struct {
 	// worker's HTTP address), so the engine is provably down (R19). The worker leaves routing
 	// until a heartbeat (or a good scrape) arrives after this Release.
 	Unreachable bool
+	// Addr is the worker's HTTP address the attempt went to ("": not said). A verdict whose
+	// address the worker has left (its engine moved: a restart at a new address under the same
+	// id) is about the engine that was there: the worker takes it as OutcomeNone.
+	Addr string
 }
 
 // Outcome is the requester's verdict on one worker's part of a request (R14.2 outlier

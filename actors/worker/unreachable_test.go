@@ -114,12 +114,12 @@ func (r *workerRig) attempt(ticket uint64, rel router.Release) {
 func TestRefusedWorkerIsUnreachableUntilItsNextHeartbeat(t *testing.T) {
 	r := newWorkerRig(t, false)
 	r.sys.Root.Send(r.w, &router.Acquire{Ticket: 1})
-	r.attempt(2, router.Release{Outcome: router.OutcomeRefused, Unreachable: true})
+	r.attempt(2, router.Release{Outcome: router.OutcomeRefused, Unreachable: true, Addr: r.info.HTTPAddress})
 	if s := r.state(); !s.Unreachable || !s.Live || s.InFlight != 1 || s.AcqSeen != 2 || s.FailLoad != 1 {
 		t.Fatalf("after the refusal: %+v, want unreachable with 1 in flight and a failure load of 1", s)
 	}
 	r.quiet("after the refusal's report")
-	r.attempt(3, router.Release{Outcome: router.OutcomeRefused, Unreachable: true})
+	r.attempt(3, router.Release{Outcome: router.OutcomeRefused, Unreachable: true, Addr: r.info.HTTPAddress})
 	if m := r.report(); m.FailLoad != 2 || m.InFlight != 1 {
 		t.Fatalf("a second refusal: %+v", m)
 	}
@@ -143,7 +143,7 @@ func TestRefusedWorkerIsUnreachableUntilItsNextHeartbeat(t *testing.T) {
 // a connection stays unreachable through failed scrapes and comes back with a good one.
 func TestUnreachableStaticWorkerWaitsForAGoodScrape(t *testing.T) {
 	r := newWorkerRig(t, true)
-	r.attempt(1, router.Release{Outcome: router.OutcomeRefused, Unreachable: true})
+	r.attempt(1, router.Release{Outcome: router.OutcomeRefused, Unreachable: true, Addr: r.info.HTTPAddress})
 	if s := r.state(); !s.Unreachable {
 		t.Fatalf("after the refusal: %+v", s)
 	}
@@ -228,5 +228,32 @@ func TestFailLoadBounds(t *testing.T) {
 	}
 	if halvings+1 != 11 || f.load() != 0 {
 		t.Fatalf("%d half-lives to forget %d, want 11", halvings+1, MaxFailLoad)
+	}
+}
+
+// TestVerdictOnALeftAddressIsNotTheWorkers (R19, R14.2): an engine restarted at a new address
+// under the same id moves its worker; attempts that went to the old address fail (refused,
+// reset) after the move. Those verdicts are about the engine that is gone: the worker stays
+// reachable, takes no failure load and no step towards an ejection, and only gives the hold
+// back. A refusal of the address it is at still takes it out.
+func TestVerdictOnALeftAddressIsNotTheWorkers(t *testing.T) {
+	r := newWorkerRig(t, false)
+	old := r.info.HTTPAddress
+	r.info.HTTPAddress = "127.0.0.1:10"
+	r.clk.Advance(time.Millisecond)
+	r.beat() // the engine's successor, at its new address
+	r.sys.Root.Send(r.w, &router.Acquire{Ticket: 1})
+	r.attempt(2, router.Release{Outcome: router.OutcomeRefused, Unreachable: true, Addr: old})
+	if m := r.report(); m.FailLoad != 0 || m.InFlight != 1 {
+		t.Fatalf("a refusal at the old address: %+v, want the hold given back and no failure load", m)
+	}
+	r.attempt(3, router.Release{Outcome: router.OutcomeReset, Addr: old})
+	if m := r.report(); m.FailLoad != 0 || m.Eject != router.OutcomeNone {
+		t.Fatalf("a reset at the old address: %+v, want no failure load", m)
+	}
+	r.quiet("after verdicts on the old address")
+	r.attempt(4, router.Release{Outcome: router.OutcomeRefused, Unreachable: true, Addr: r.info.HTTPAddress})
+	if s := r.state(); !s.Unreachable || s.FailLoad != 1 {
+		t.Fatalf("a refusal at the current address: %+v, want unreachable", s)
 	}
 }

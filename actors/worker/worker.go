@@ -116,6 +116,11 @@ func (w *workerActor) Receive(c actor.Context) {
 			c.Watch(m.Requester)
 		}
 	case *router.Release:
+		if m.Addr != "" && m.Addr != st.info.HTTPAddress {
+			// The attempt went to an address this worker has left (its engine was restarted
+			// elsewhere under the same id): the verdict is about the engine that was there.
+			m = &router.Release{Ticket: m.Ticket, Outcome: router.OutcomeNone}
+		}
 		// The verdict counts even when the hold is gone already: a requester sends its last
 		// Release and stops, and its Terminated (a system message) may overtake the Release.
 		eject := st.judge(m.Outcome)

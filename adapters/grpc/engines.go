@@ -127,6 +127,9 @@ func (e *Engines) Prefill(ctx context.Context, grpcAddr string, call request.Pre
 		},
 	}, grpc.MaxCallRecvMsgSize(MaxControlAnswer))
 	if err != nil {
+		if enginev1.IsDecodeTarget(err) {
+			return request.PrefillResult{}, fmt.Errorf("%w: %w", request.ErrDecodeTarget, err)
+		}
 		return request.PrefillResult{}, err
 	}
 	h := resp.GetHandle()

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"time"
 
@@ -116,17 +117,19 @@ func (e *Engine) prefillParams(req *enginev1.PrefillRequest) (sampler.Params, er
 
 // push streams the prompt's KV to target's KvTransferService, one block per KV block, the first
 // carrying first's fields, and returns the handle target answers. A target that cannot be
-// reached or fails the push is Unavailable (ResourceExhausted when it has no room); the caller's
-// own cancellation or deadline passes through.
+// reached or fails the push is Unavailable (ResourceExhausted when it has no room), with the
+// DECODE_TARGET detail (enginev1.DecodeTargetError: the gateway blames the decode worker); the
+// caller's own cancellation or deadline passes through.
 func (e *Engine) push(ctx context.Context, target, requestID string, prompt []uint32, first *kvv1.KvBlock) (*kvv1.KvHandle, error) {
 	fail := func(err error) (*kvv1.KvHandle, error) {
 		if ctx.Err() != nil {
 			return nil, status.FromContextError(ctx.Err()).Err()
 		}
+		code := codes.Unavailable
 		if status.Code(err) == codes.ResourceExhausted {
-			return nil, status.Errorf(codes.ResourceExhausted, "decode target %s: %s", target, status.Convert(err).Message())
+			code = codes.ResourceExhausted
 		}
-		return nil, status.Errorf(codes.Unavailable, "decode target %s: %s", target, status.Convert(err).Message())
+		return nil, enginev1.DecodeTargetError(code, fmt.Sprintf("decode target %s: %s", target, status.Convert(err).Message()))
 	}
 	conn, err := grpc.NewClient(target, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {

@@ -37,7 +37,10 @@ type EngineControlClient interface {
 	// worker's handle with the first token. InvalidArgument: a bad field
 	// (wrong model, empty prompt, out-of-range sampling value, no
 	// decode_target). Unavailable: decode_target could not be reached or
-	// failed the push; the prefill worker then holds nothing for the request.
+	// failed the push (ResourceExhausted: it had no room); the prefill worker
+	// then holds nothing for the request, and the status carries a
+	// google.rpc.ErrorInfo with domain "tl.engine.v1" and reason
+	// "DECODE_TARGET" (the decode worker failed, not the prefill worker).
 	Prefill(ctx context.Context, in *PrefillRequest, opts ...grpc.CallOption) (*PrefillResponse, error)
 }
 
@@ -71,7 +74,10 @@ type EngineControlServer interface {
 	// worker's handle with the first token. InvalidArgument: a bad field
 	// (wrong model, empty prompt, out-of-range sampling value, no
 	// decode_target). Unavailable: decode_target could not be reached or
-	// failed the push; the prefill worker then holds nothing for the request.
+	// failed the push (ResourceExhausted: it had no room); the prefill worker
+	// then holds nothing for the request, and the status carries a
+	// google.rpc.ErrorInfo with domain "tl.engine.v1" and reason
+	// "DECODE_TARGET" (the decode worker failed, not the prefill worker).
 	Prefill(context.Context, *PrefillRequest) (*PrefillResponse, error)
 	mustEmbedUnimplementedEngineControlServer()
 }
