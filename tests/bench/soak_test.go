@@ -379,11 +379,12 @@ func TestSoakHeapObjects(t *testing.T) {
 	if growth > soakMaxGrowth {
 		t.Errorf("the heap grew by %.4f objects per request (limit %.2f): something keeps state per request served", growth, soakMaxGrowth)
 	}
-	// Most requests must have been served for the figure to mean anything. Some fail by design
-	// while engines are closed and restarted under the load (503 no_capacity: from a handful
-	// to about 6% of them here, with or without the race detector, as the machine is loaded).
+	// The fleet's churn is routed around (R19): a few requests may fail while an engine is
+	// closed under them with its retries at the budget (503 no_capacity: 3 of 60,000 in a run
+	// on a loaded 2-core VM); before the decode-target and moved-address fixes, the
+	// disaggregated route went down for 30 s at each decode restart (5,430 of 60,000).
 	v, _ := statuses.Load("200")
-	if v == nil || v.(*atomic.Int64).Load() < (soakWarmup+soakRequests)*3/4 {
-		t.Errorf("fewer than 75%% of the requests succeeded: %v", outcomes)
+	if v == nil || v.(*atomic.Int64).Load() < (soakWarmup+soakRequests)*99/100 {
+		t.Errorf("fewer than 99%% of the requests succeeded: %v", outcomes)
 	}
 }
