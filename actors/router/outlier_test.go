@@ -1,6 +1,8 @@
 package router
 
 import (
+	"math"
+	"math/big"
 	"testing"
 	"time"
 
@@ -344,5 +346,29 @@ func TestOutlierCapsCountTheWorkersOfOneRole(t *testing.T) {
 	}
 	if r.row(t, "u1").Routable || r.row(t, "u2").Routable || !r.row(t, "u3").Routable {
 		t.Fatalf("u1 %+v\nu2 %+v\nu3 %+v: want two of the four unified workers ejected", r.row(t, "u1"), r.row(t, "u2"), r.row(t, "u3"))
+	}
+}
+
+// TestOutlierEjectionLengthDoublesExactly (R14.2): the n-th ejection of a run lasts exactly
+// base × 2^(n−1) until that passes max_ejection, then max_ejection — also for a max_ejection
+// above half the longest duration, where doubling base once more would overflow.
+func TestOutlierEjectionLengthDoublesExactly(t *testing.T) {
+	maxDur := big.NewInt(math.MaxInt64)
+	for _, o := range []config.Outlier{
+		{BaseEjection: time.Second, MaxEjection: time.Duration(math.MaxInt64 / 4 * 3)},
+		// 3 s × 2^30 ≈ 0.35 × the longest duration: doubled, it stays under this max.
+		{BaseEjection: 3 * time.Second, MaxEjection: time.Duration(math.MaxInt64 / 4 * 3)},
+		{BaseEjection: 30 * time.Second, MaxEjection: 100 * time.Second},
+	} {
+		v := &workerView{outlier: o}
+		for n := 1; n <= 70; n++ {
+			want := new(big.Int).Lsh(big.NewInt(int64(o.BaseEjection)), uint(n-1))
+			if want.Cmp(big.NewInt(int64(o.MaxEjection))) > 0 || want.Cmp(maxDur) > 0 {
+				want.SetInt64(int64(o.MaxEjection))
+			}
+			if got := v.ejectionFor(n); int64(got) != want.Int64() {
+				t.Fatalf("base %v max %v: ejection %d lasts %v, want %v", o.BaseEjection, o.MaxEjection, n, got, time.Duration(want.Int64()))
+			}
+		}
 	}
 }
