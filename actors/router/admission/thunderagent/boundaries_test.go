@@ -520,3 +520,26 @@ func TestForcedResumeTiesInAnyOrder(t *testing.T) {
 		t.Fatalf("resumed on %q, want w2 (w2 and w3 tie, w1 has less room)", w)
 	}
 }
+
+// TestGreedyResumeTakesAPrefixThenPacksIt (rule 10): the programs resumed are the longest
+// prefix of the resume order (fewer tokens first among equals) that fits the total headroom —
+// not whatever packs: with room for 450 and programs of 100, 200 and 300, the 100 and the 200
+// are resumed and the 300 stays paused, although 300 and 100 would pack too.
+func TestGreedyResumeTakesAPrefixThenPacksIt(t *testing.T) {
+	g := newRig(t, cfg(), 530) // 0.85 × 530 = 450.5
+	for _, x := range []struct {
+		sid    string
+		tokens int
+	}{{"a300", 300}, {"b200", 200}, {"c100", 100}} {
+		g.turn(x.sid, x.tokens, x.tokens)
+		g.p.pause(g.prog(x.sid), acting, g.now)
+	}
+	g.p.greedyResume("p", g.ws, g.now)
+	got := map[string]string{}
+	for _, sid := range []string{"a300", "b200", "c100"} {
+		got[sid] = stateNames[g.prog(sid).state]
+	}
+	if want := map[string]string{"a300": StatePaused, "b200": StateActing, "c100": StateActing}; fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("states %v, want %v", got, want)
+	}
+}
