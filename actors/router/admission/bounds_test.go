@@ -7,9 +7,10 @@ import (
 )
 
 // size counts every entry of the queue's tables: its lanes (and their entries), capacity
-// groups, held lanes, named-lane counts, ready heaps, the deadline heap and the failed heads.
+// groups, held lanes, named-lane counts, ready heaps, the deadline heap, the failed heads and,
+// with a gate that wakes heads, the queued requests by key and the wake probes.
 func (q *Queue) size() int {
-	n := len(q.expiry) + len(q.failed)
+	n := len(q.expiry) + len(q.failed) + len(q.byKey) + len(q.probes)
 	for _, c := range q.classes {
 		n += len(c.lanes) + len(c.groups) + len(c.groupBy) + len(c.held) + len(c.named) + len(c.ready) + c.queued
 		for _, l := range c.lanes {
@@ -20,7 +21,8 @@ func (q *Queue) size() int {
 }
 
 // churnPolicy names a lane for every fourth request and holds every fifth head until a second
-// from now, once: the queue's named lanes, held lanes and hold timers all come and go.
+// from now, once: the queue's named lanes, held lanes and hold timers all come and go. It is a
+// Waker that names no head, so the queue keeps its requests by key too.
 type churnPolicy struct{ held map[uint64]bool }
 
 func (p *churnPolicy) Classify(r *Request, _ []string, _ func([]string) int) {
@@ -40,11 +42,12 @@ func (p *churnPolicy) Dispatched(*Request, string)    {}
 func (p *churnPolicy) Moved(*Request, string, string) {}
 func (p *churnPolicy) Completed(r *Request, _ string) { delete(p.held, r.Key) }
 func (p *churnPolicy) Recheck() time.Duration         { return 0 }
+func (p *churnPolicy) Woken(func(uint64))             {}
 func (p *churnPolicy) forget(r *Request)              { delete(p.held, r.Key) }
 
 // TestQueueTablesEmptyAfterRequests (R19): after n requests of two classes — sessions, named
 // lanes, held heads, objectives, capacity waits — have been dispatched and completed, cancelled
-// or expired, the queue keeps no lane, group, count, deadline or failed head.
+// or expired, the queue keeps no lane, group, count, deadline, failed head or request by key.
 func TestQueueTablesEmptyAfterRequests(t *testing.T) {
 	h := newHost("a", "b", "c")
 	h.threshold = 2

@@ -91,3 +91,42 @@ func TestGateWokenHeads(t *testing.T) {
 		t.Fatalf("workers changing asked %d of the 3 held heads", n)
 	}
 }
+
+// viewCounter is a host that counts the views taken of each request (one per ask).
+type viewCounter struct {
+	*fakeHost
+	views map[string]int
+}
+
+func (h *viewCounter) View(e *Entry) View {
+	h.views[e.Req.ID]++
+	return h.fakeHost.View(e)
+}
+
+// TestCapacityFreeSkipsGroupsItDoesNotServe (WakeCapacityFor): a capacity free that only some
+// heads can use asks the capacity groups whose head it serves, and not one head of the others
+// — they would find their workers as full as before — in the pump it runs.
+func TestCapacityFreeSkipsGroupsItDoesNotServe(t *testing.T) {
+	h := &viewCounter{fakeHost: newHost("w1", "w2"), views: map[string]int{}}
+	h.threshold = 1
+	h.loads["w1"], h.loads["w2"] = 1, 1
+	q := newQueue(h.fakeHost, nil)
+	a := entry("a", "", "", "w1", "w2")
+	a.Req.Allowed = []string{"w1"}
+	b := entry("b", "", "", "w1", "w2")
+	b.Req.Allowed = []string{"w2"}
+	q.Admit(a, h, nil)
+	q.Admit(b, h, nil)
+	if q.Len() != 2 {
+		t.Fatalf("%d queued, want both waiting for capacity", q.Len())
+	}
+	clear(h.views)
+	h.loads["w2"] = 0
+	q.WakeCapacityFor(h, func(e *Entry) bool { return slices.Contains(e.Req.Allowed, "w2") })
+	if got := ids(h.dispatched); !slices.Equal(got, []string{"b"}) {
+		t.Fatalf("dispatched %v, want b", got)
+	}
+	if h.views["a"] != 0 {
+		t.Fatalf("a, waiting for w1, was asked %d times on a free of w2", h.views["a"])
+	}
+}
