@@ -666,3 +666,38 @@ func TestTracked(t *testing.T) {
 	}
 	h.empty()
 }
+
+// TestColdSweepRunsOnceTheRecordsDouble: Classify sweeps the records of Cold requests turned
+// away only once there are coldSweepMin records, and after a sweep that kept n, not before
+// there are 2n — so a Classify costs O(1) amortized however many Cold requests are queued —
+// and the sweep then drops every stale record.
+func TestColdSweepRunsOnceTheRecordsDouble(t *testing.T) {
+	h := cpNew(t, Config{Workers: 1, SoftDrainTimeout: time.Hour}, cpRoute(3)...)
+	n := 0
+	fill := func(records int) { // queued Cold requests until the next Classify finds records
+		t.Helper()
+		for len(h.p.cold) < records {
+			h.cold(fmt.Sprint("q", n))
+			n++
+		}
+	}
+	staleUntilTheSweep := func(stale *admission.Request, at int) {
+		t.Helper()
+		fill(at)
+		if h.p.cold[stale.Key] == nil {
+			t.Fatalf("%s swept before the records reached %d", stale.ID, at)
+		}
+		h.cold(fmt.Sprint("q", n))
+		n++
+		if h.p.cold[stale.Key] != nil {
+			t.Fatalf("%s not swept at %d records", stale.ID, at)
+		}
+	}
+	away := h.req("away", 2*cpThreshold, 0) // turned away: never enqueued
+	h.now = h.now.Add(coldRecordTTL)
+	staleUntilTheSweep(away, coldSweepMin)
+	kept := len(h.p.cold) - 1 // what the sweep kept, before the Classify that ran it
+	away2 := h.req("away2", 2*cpThreshold, 0)
+	h.now = h.now.Add(coldRecordTTL)
+	staleUntilTheSweep(away2, 2*kept)
+}
