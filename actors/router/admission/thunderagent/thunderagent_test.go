@@ -130,6 +130,27 @@ func TestParseConfig(t *testing.T) {
 	}
 }
 
+// TestFactory: the registry's factory builds the policy from the validated options, on the
+// injected clock (a turn's completion and its retention read it), and refuses what
+// ParseConfig refuses.
+func TestFactory(t *testing.T) {
+	at := time.Unix(10000, 0)
+	pol, err := Factory(map[string]any{"session_retention": "1m"}, admission.Env{Now: func() time.Time { return at }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, ok := pol.(*Policy)
+	if !ok || p.cfg.SessionRetention != time.Minute || !p.now().Equal(at) {
+		t.Fatalf("Factory built %T", pol)
+	}
+	if _, err := Factory(map[string]any{"pause_threshold": 1.5}, admission.Env{}); err == nil {
+		t.Fatal("Factory accepted a pause_threshold above 1")
+	}
+	if pol, err := Factory(nil, admission.Env{}); err != nil || pol.(*Policy).now().IsZero() {
+		t.Fatalf("with no clock injected: %v", err)
+	}
+}
+
 // TestSessionlessPassesThrough (rule 1): no session, no state, always Go.
 func TestSessionlessPassesThrough(t *testing.T) {
 	g := newRig(t, cfg(), 100)
