@@ -69,3 +69,22 @@ func TestDecayResetWithTheLastActingProgram(t *testing.T) {
 		t.Fatalf("resume-side use %v, want exactly the running turn's 1", got)
 	}
 }
+
+// TestExpiredPausedProgramIsNotCounted (rule 9.1, on read): a program paused between turns
+// (paused while acting) expires with its retention like an acting one: Stats and the admin
+// view stop counting it then, before any ask removes it.
+func TestExpiredPausedProgramIsNotCounted(t *testing.T) {
+	c := cfg()
+	c.SessionRetention = time.Minute
+	g := newRig(t, c, 1000)
+	g.turn("idle", 100, 100)
+	g.p.pause(g.prog("idle"), acting, g.now)
+	g.now = g.now.Add(time.Minute - time.Nanosecond)
+	if s := g.p.Stats(); s.Paused != 1 || s.Acting != 0 || len(g.p.Programs()) != 1 {
+		t.Fatalf("within its retention: %+v, %d listed", s, len(g.p.Programs()))
+	}
+	g.now = g.now.Add(time.Nanosecond)
+	if s := g.p.Stats(); s.Paused != 0 || s.Acting != 0 || s.Reasoning != 0 || len(g.p.Programs()) != 0 {
+		t.Fatalf("past its retention: %+v, %d listed", s, len(g.p.Programs()))
+	}
+}
