@@ -88,3 +88,29 @@ func TestExpiredPausedProgramIsNotCounted(t *testing.T) {
 		t.Fatalf("past its retention: %+v, %d listed", s, len(g.p.Programs()))
 	}
 }
+
+// TestResumedForATurnThatLeftIsActingAgain: a program paused between turns and resumed for a
+// turn that then leaves before it was ever asked about is acting again, as its last completed
+// turn left it — not a reasoning program with no turn, which would be charged its size and
+// never expire — and expires with its retention.
+func TestResumedForATurnThatLeftIsActingAgain(t *testing.T) {
+	c := cfg()
+	c.SessionRetention = time.Minute
+	g := newRig(t, c, 1000)
+	g.turn("a", 100, 100)
+	completed := g.prog("a").actingSince
+	g.p.pause(g.prog("a"), acting, g.now)
+	next := g.req("a", 300) // queued, not asked yet
+	g.check(g.req("probe", 1))
+	if pr := g.prog("a"); pr.state != reasoning || pr.worker != "w1" {
+		t.Fatalf("a after the settling: %s on %q, want resumed for its waiting turn", stateNames[pr.state], pr.worker)
+	}
+	g.p.Left(next)
+	if pr := g.prog("a"); pr.state != acting || pr.tokens != 100 || !pr.actingSince.Equal(completed) {
+		t.Fatalf("a after its turn left: %s, %d tokens, acting since %v", stateNames[pr.state], pr.tokens, pr.actingSince)
+	}
+	g.now = completed.Add(time.Minute)
+	if s := g.p.Stats(); s.Acting != 0 {
+		t.Fatalf("past its retention: %+v", s)
+	}
+}
