@@ -35,9 +35,10 @@ func TestTurnEndedOnAWorkerGoneIsCleared(t *testing.T) {
 // TestDecayRebase: an acting program that completes long after its worker's other acting
 // ones (more than decayRebase τ) moves the worker's reference time: the decayed use stays
 // what a pass over the programs computes, exactly enough to be compared, and finite however
-// long the gap (2^(gap/τ) overflows past ~1024 τ).
+// long the gap (2^(gap/τ) overflows past ~1024 τ). One that completes within decayRebase τ
+// is a term against the older reference, and the sum is the same.
 func TestDecayRebase(t *testing.T) {
-	for _, gap := range []time.Duration{20 * time.Millisecond, 3 * time.Second} {
+	for _, gap := range []time.Duration{5 * time.Millisecond, 20 * time.Millisecond, 3 * time.Second} {
 		c := cfg()
 		c.ActingDecayTau = time.Millisecond
 		g := newRig(t, c, 1_000_000)
