@@ -26,8 +26,8 @@ import (
 //
 // Bounds: the ring holds the points of the members at the last pick plus stale ones, compacted
 // once they are a quarter of it (under 4/3 of those members' points); pending holds the points
-// added since the last pick, its stale ones dropped once they are half of it (at most twice
-// the live members' points), so no membership churn grows either.
+// added since the last pick, its stale ones dropped once they are more than half of it (at most
+// twice the live members' points), so no membership churn grows either.
 type Affinity struct {
 	c       float64
 	vnodes  int
