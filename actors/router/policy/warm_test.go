@@ -343,3 +343,49 @@ func checkWarmDefinition(t *rapid.T, p warmPolicy) {
 		t.Fatalf("Warm = %v, %d, %x; want %v, %d, %x", got, gotChunks, gotID, want, wantChunks, wantID)
 	}
 }
+
+// TestWarmHolderBoundary: wideHolders holders of the prefix, all but the picked one over the
+// cap, are few enough to warm (the least loaded non-holder gets a copy); one more is widely
+// held and never warmed. The picked member m00 starts idle and is picked until its load
+// reaches the cap; the other holders sit at 20, far over it.
+func TestWarmHolderBoundary(t *testing.T) {
+	hashes := promptHashes(7, 8, 10, 10)
+	for name, mk := range warmPolicies() {
+		for _, holders := range []int{wideHolders, wideHolders + 1} {
+			t.Run(fmt.Sprint(name, "/", holders), func(t *testing.T) {
+				p := mk()
+				var ms []*Member
+				for i := range 100 {
+					m := &Member{ID: fmt.Sprintf("m%02d", i)}
+					load := int64(0)
+					if i > 0 && i < holders {
+						load = 20
+					}
+					p.Add(m, load, 1)
+					if i < holders {
+						p.hold(m, hashes)
+					}
+					ms = append(ms, m)
+				}
+				for range 100 {
+					if m, r := pickCounted(p, hashes, nil); m != ms[0] || !prefixPick(r, 10) {
+						t.Fatalf("picked %v (%v), want m00 for its prefix", m.ID, r)
+					}
+					if ms[0].load >= p.Cap() {
+						break
+					}
+				}
+				if ms[0].load != p.Cap() {
+					t.Fatalf("m00 at %d, cap %d", ms[0].load, p.Cap())
+				}
+				var want *Member
+				if holders <= wideHolders {
+					want = ms[holders] // the first idle non-holder
+				}
+				if got, _, _ := p.Warm(1, 0, nil); got != want {
+					t.Fatalf("%d holders: warm-up to %v, want %v", holders, got, want)
+				}
+			})
+		}
+	}
+}
