@@ -62,3 +62,33 @@ func TestPredictedLatencyForeignMember(t *testing.T) {
 		t.Fatalf("picked %v, want a", m)
 	}
 }
+
+// TestPredictedLatencyWorkerNumberCacheBound (Bounds): the cache of rows by the prefix index's
+// worker number grows to the largest number a pick met, no further, so it stays within the
+// index's own table of workers. Five members hold the whole prompt (numbers 1 to 5 in an index
+// that never forgot a worker); a sixth worker outside the pool holds it too.
+func TestPredictedLatencyWorkerNumberCacheBound(t *testing.T) {
+	p := NewPredictedLatency(10)
+	x := prefixindex.New(0)
+	prompt := chunks(1, 8)
+	var ms []*Member
+	for i := range 5 {
+		m := &Member{ID: string(rune('a' + i))}
+		ms = append(ms, m)
+		p.Add(m, int64(i), 1)
+		x.Record(m.ID, chunks(2, 1)) // a is number 1, b 2, …
+	}
+	x.Record("outsider", prompt)
+	for i := len(ms) - 1; i >= 0; i-- { // last to first: a walk may meet them by number, in steps
+		x.Record(ms[i].ID, prompt)
+	}
+	for range 3 {
+		p.SetLatencyRequest(x, prompt, 0)
+		if m, _ := p.Pick(0, nil); m != ms[0] {
+			t.Fatalf("picked %v, want a (a holder, the least loaded)", m)
+		}
+	}
+	if len(p.nums) > 5+1 {
+		t.Fatalf("worker number cache of %d entries for the numbers 1 to 5", len(p.nums))
+	}
+}
