@@ -81,6 +81,11 @@ func (s *Server) enter() (release func(), err error) {
 // loopback origin. A page on another site (a cross-site POST of :drain) or a DNS-rebound name
 // (Host: evil.example resolving to 127.0.0.1) gets 403 forbidden_origin.
 func checkLocalAdmin(r *http.Request) error {
+	if !loopbackPeer(r.RemoteAddr) {
+		// The Host header is the client's to write: only the peer's address says that the
+		// request came from this machine (R20).
+		return fmt.Errorf("without API keys the admin API answers only clients on this machine (a loopback peer address): %w", errs.ErrForbiddenOrigin)
+	}
 	if !loopbackHost(r.Host) {
 		return fmt.Errorf("without API keys the admin API answers only requests to a loopback host, not %s: %w", errs.Echo(r.Host), errs.ErrForbiddenOrigin)
 	}
@@ -93,6 +98,23 @@ func checkLocalAdmin(r *http.Request) error {
 		return fmt.Errorf("without API keys the admin API answers no cross-origin request (Origin %s): %w", errs.Echo(origin), errs.ErrForbiddenOrigin)
 	}
 	return nil
+}
+
+// loopbackPeer reports whether a RemoteAddr (ip:port) is a loopback address.
+func loopbackPeer(remoteAddr string) bool {
+	ap, err := netip.ParseAddrPort(remoteAddr)
+	return err == nil && ap.Addr().Unmap().IsLoopback()
+}
+
+// loopbackListener reports whether the connection r arrived on was accepted on a loopback
+// address (false when unknown: a request not from a listener).
+func loopbackListener(r *http.Request) bool {
+	a, ok := r.Context().Value(http.LocalAddrContextKey).(net.Addr)
+	if !ok {
+		return false
+	}
+	ap, err := netip.ParseAddrPort(a.String())
+	return err == nil && ap.Addr().Unmap().IsLoopback()
 }
 
 // loopbackHost reports whether a Host value (host or host:port) names loopback: localhost,

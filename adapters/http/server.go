@@ -222,6 +222,13 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		notFound(w, r)
 		return
 	}
+	if s.keys.open() && !loopbackHost(r.Host) && loopbackListener(r) {
+		// R20: with no keys, a loopback listener trusts that its clients are this machine's
+		// own; a request addressed to another name (a web page whose DNS name was rebound to
+		// 127.0.0.1) is refused on every path: inference, metrics and admin alike.
+		writeError(w, fmt.Errorf("without API keys a gateway listening on loopback answers only requests to a loopback host, not %s: %w", errs.Echo(r.Host), errs.ErrForbiddenOrigin))
+		return
+	}
 	s.mux.ServeHTTP(w, r)
 }
 

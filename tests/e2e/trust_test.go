@@ -1,0 +1,109 @@
+package e2e
+
+import (
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+)
+
+// machineAddr is a non-loopback IPv4 address of this machine (the tests must be able to
+// reach the gateway from an address that is not loopback, as another host would).
+func machineAddr(t *testing.T) net.IP {
+	t.Helper()
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range addrs {
+		if n, ok := a.(*net.IPNet); ok && n.IP.To4() != nil && !n.IP.IsLoopback() && !n.IP.IsLinkLocalUnicast() {
+			return n.IP
+		}
+	}
+	t.Fatalf("this machine has no non-loopback IPv4 address to reach the gateway from: %v", addrs)
+	return nil
+}
+
+// fetch sends method path to addr (host:port) from the local address from (nil: any) with the
+// Host header host, and returns the status and body.
+func fetch(t *testing.T, from net.IP, addr, method, path, host, body string) (int, string) {
+	t.Helper()
+	d := &net.Dialer{Timeout: 5 * time.Second}
+	if from != nil {
+		d.LocalAddr = &net.TCPAddr{IP: from}
+	}
+	tr := &http.Transport{DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
+		return d.DialContext(ctx, network, addr)
+	}}
+	defer tr.CloseIdleConnections()
+	req, err := http.NewRequest(method, "http://"+addr+path, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Host = host
+	resp, err := (&http.Client{Transport: tr, Timeout: 10 * time.Second}).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	return resp.StatusCode, string(b)
+}
+
+// TestOpenAdminAnswersOnlyLoopbackPeers (R20, issue 35's reproduction): a gateway listening on
+// every address with no API keys (allow_unauthenticated) serves /admin only to a loopback peer.
+// Another host that spoofs "Host: localhost" gets 403 for reads and for a route table write;
+// the same requests from loopback are served.
+func TestOpenAdminAnswersOnlyLoopbackPeers(t *testing.T) {
+	from := machineAddr(t)
+	gw := startTLGW(t, `
+[gateway]
+http_listen = "0.0.0.0:0"
+registry_listen = "127.0.0.1:0"
+allow_unauthenticated = true
+`)
+	_, port, err := net.SplitHostPort(gw.HTTPAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	remote := net.JoinHostPort(from.String(), port)
+	local := net.JoinHostPort("127.0.0.1", port)
+	for _, host := range []string{"localhost", "127.0.0.1:" + port, "localhost:" + port} {
+		if code, body := fetch(t, from, remote, "GET", "/admin/v1/workers", host, ""); code != 403 {
+			t.Fatalf("GET /admin/v1/workers from %s with Host %s: %d %s, want 403", from, host, code, body)
+		}
+		if code, body := fetch(t, from, remote, "PUT", "/admin/v1/routes", host, `{"routes":[]}`); code != 403 {
+			t.Fatalf("PUT /admin/v1/routes from %s with Host %s: %d %s, want 403", from, host, code, body)
+		}
+	}
+	if code, body := fetch(t, nil, local, "GET", "/admin/v1/workers", "localhost", ""); code != 200 {
+		t.Fatalf("GET /admin/v1/workers from loopback: %d %s, want 200", code, body)
+	}
+}
+
+// TestLoopbackOpenGatewayChecksTheHostEverywhere (R20): a gateway on a loopback listener with
+// no API keys answers only requests addressed to a loopback host, on every path — a web page
+// that rebinds its DNS name to 127.0.0.1 reaches neither inference, nor metrics, nor admin.
+func TestLoopbackOpenGatewayChecksTheHostEverywhere(t *testing.T) {
+	gw := startTLGW(t, `
+[gateway]
+http_listen = "127.0.0.1:0"
+registry_listen = "127.0.0.1:0"
+`)
+	for _, c := range []struct{ method, path, body string }{
+		{"GET", "/v1/models", ""},
+		{"POST", "/v1/completions", `{"model":"m","prompt":"hi"}`},
+		{"GET", "/metrics", ""},
+		{"GET", "/admin/v1/workers", ""},
+	} {
+		if code, body := fetch(t, nil, gw.HTTPAddr, c.method, c.path, "rebound.example:80", c.body); code != 403 {
+			t.Fatalf("%s %s with Host rebound.example: %d %s, want 403", c.method, c.path, code, body)
+		}
+	}
+	if code, body := fetch(t, nil, gw.HTTPAddr, "GET", "/v1/models", "localhost", ""); code != 200 {
+		t.Fatalf("GET /v1/models with Host localhost: %d %s, want 200", code, body)
+	}
+}
