@@ -156,7 +156,7 @@ func (s *Server) putRoutes(w http.ResponseWriter, r *http.Request) {
 // invalid, naming what). It reports whether the handler may go on.
 func (s *Server) readPut(w http.ResponseWriter, r *http.Request, what string, invalid error, dst any) bool {
 	if strings.TrimSpace(r.Header.Get("If-Match")) == "" {
-		writeError(w, fmt.Errorf("PUT %s needs If-Match with the ETag from GET: %w", r.URL.Path, errs.ErrIfMatchRequired))
+		writeError(w, fmt.Errorf("PUT %s needs If-Match with the ETag from GET: %w", errs.Echo(r.URL.Path), errs.ErrIfMatchRequired))
 		return false
 	}
 	body, err := s.readBody(w, r)
@@ -167,7 +167,8 @@ func (s *Server) readPut(w http.ResponseWriter, r *http.Request, what string, in
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(dst); err != nil {
-		writeError(w, fmt.Errorf("%s: %v: %w", what, err, invalid))
+		// The decoder's message may repeat the client's input (an unknown field's name).
+		writeError(w, fmt.Errorf("%s: %s: %w", what, errs.Echo(err.Error()), invalid))
 		return false
 	}
 	if _, err := dec.Token(); err != io.EOF {
@@ -182,7 +183,7 @@ func (s *Server) ifMatch(w http.ResponseWriter, r *http.Request) (uint64, bool) 
 	v := strings.TrimSpace(r.Header.Get("If-Match"))
 	epoch, ok := parseETag(v)
 	if !ok {
-		writeError(w, fmt.Errorf("If-Match %s is not an ETag of this table: %w", v, errs.ErrEtagMismatch))
+		writeError(w, fmt.Errorf("If-Match %s is not an ETag of this table: %w", errs.Echo(v), errs.ErrEtagMismatch))
 	}
 	return epoch, ok
 }
@@ -212,7 +213,7 @@ func (s *Server) drainModel(w http.ResponseWriter, r *http.Request) {
 	case strings.HasSuffix(rest, ":undrain"):
 		model = strings.TrimSuffix(rest, ":undrain")
 	default:
-		writeError(w, fmt.Errorf("no route for %s (want …/{model}:drain or :undrain): %w", r.URL.Path, errs.ErrNotFound))
+		writeError(w, fmt.Errorf("no route for %s (want …/{model}:drain or :undrain): %w", errs.Echo(r.URL.Path), errs.ErrNotFound))
 		return
 	}
 	if model == "" {

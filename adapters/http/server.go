@@ -314,7 +314,7 @@ func route(m *http.ServeMux, guard func(http.HandlerFunc) http.HandlerFunc, path
 	allowed := strings.Join(allow, ", ")
 	m.HandleFunc(path, guard(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Allow", allowed)
-		writeError(w, fmt.Errorf("%s %s: %w", r.Method, r.URL.Path, errs.ErrMethodNotAllowed))
+		writeError(w, fmt.Errorf("%s %s: %w", errs.Echo(r.Method), errs.Echo(r.URL.Path), errs.ErrMethodNotAllowed))
 	}))
 }
 
@@ -350,7 +350,7 @@ func (s *Server) adminAPI(h http.HandlerFunc) http.HandlerFunc {
 }
 
 func notFound(w http.ResponseWriter, r *http.Request) {
-	writeError(w, fmt.Errorf("no route for %s: %w", r.URL.Path, errs.ErrNotFound))
+	writeError(w, fmt.Errorf("no route for %s: %w", errs.Echo(r.URL.Path), errs.ErrNotFound))
 }
 
 func (s *Server) healthz(w http.ResponseWriter, _ *http.Request) {

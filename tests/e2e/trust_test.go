@@ -107,3 +107,48 @@ registry_listen = "127.0.0.1:0"
 		t.Fatalf("GET /v1/models with Host localhost: %d %s, want 200", code, body)
 	}
 }
+
+// TestErrorsEchoAtMost64BytesOfInput (R20): an error answer repeats at most 64 bytes of what
+// the client sent — a 404's path, a 405's method and path, an If-Match that is no ETag, an
+// unknown field's name — so a 60 KB input is not mirrored back (the answers stay under 1 KiB).
+func TestErrorsEchoAtMost64BytesOfInput(t *testing.T) {
+	gw := startTLGW(t, `
+[gateway]
+http_listen = "127.0.0.1:0"
+registry_listen = "127.0.0.1:0"
+`)
+	long := strings.Repeat("a", 60<<10)
+	send := func(method, path, ifMatch, body string) (int, string) {
+		t.Helper()
+		req, err := http.NewRequest(method, "http://"+gw.HTTPAddr+path, strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ifMatch != "" {
+			req.Header.Set("If-Match", ifMatch)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 256<<10))
+		return resp.StatusCode, string(b)
+	}
+	for _, c := range []struct {
+		name                        string
+		method, path, ifMatch, body string
+		code                        int
+	}{
+		{"a long path", "GET", "/" + long, "", "", 404},
+		{"a long path under admin", "GET", "/admin/v1/models/" + long + ":drain", "", "", 405},
+		{"a long method", strings.ToUpper(long[:8<<10]), "/v1/models", "", "", 405},
+		{"a long If-Match", "PUT", "/admin/v1/routes", `"` + long + `"`, `{"routes":[]}`, 412},
+		{"a long unknown field", "PUT", "/admin/v1/routes", `"1"`, `{"` + long + `":1}`, 400},
+	} {
+		code, body := send(c.method, c.path, c.ifMatch, c.body)
+		if code != c.code || len(body) > 1<<10 {
+			t.Errorf("%s: %d, a %d-byte answer %.200q…; want %d and under 1 KiB", c.name, code, len(body), body, c.code)
+		}
+	}
+}
