@@ -329,7 +329,7 @@ func (r *requestActor) answerTimeout(c actor.Context) {
 	r.releaseAll(c.Send)
 	h := r.x.W.Header()
 	for k := range h {
-		if k != "X-Request-Id" {
+		if !gatewayHeader(k) {
 			h.Del(k) // engine headers copied for an answer that never came
 		}
 	}

@@ -162,11 +162,23 @@ func readBounded(r io.Reader, length int64, limit int) ([]byte, error) {
 // forwardHeaders is the allow-list of engine response headers that reach the client (R13.4).
 // Everything else an engine sends stays behind: hop-by-hop and framing headers, cookies,
 // redirects, and X-TL-* (X-TL-Route is the gateway's own, for debug keys only).
-var forwardHeaders = [...]string{"Content-Type", "Cache-Control", "Retry-After"}
+// The Content-Type is the gateway's own (R20): application/json, or text/event-stream for an
+// engine's stream, whatever the engine labelled it (an engine's text/html answer to a
+// cross-site form POST would run script in the gateway's origin).
+var forwardHeaders = [...]string{"Cache-Control", "Retry-After"}
 
-// writeHeaders copies the allowed engine headers and adds the debug ones (SPEC B2, R7).
+// eventStreamType is the Content-Type of a relayed stream.
+var eventStreamType = []string{"text/event-stream"}
+
+// writeHeaders sets the answer's Content-Type, copies the allowed engine headers and adds the
+// debug ones (SPEC B2, R7, R20).
 func (r *requestActor) writeHeaders(from http.Header) {
 	h := r.x.W.Header()
+	if strings.HasPrefix(from.Get("Content-Type"), "text/event-stream") {
+		h["Content-Type"] = eventStreamType
+	} else {
+		h["Content-Type"] = jsonContentType
+	}
 	for _, k := range forwardHeaders {
 		if vs := from.Values(k); len(vs) > 0 {
 			h[k] = vs
@@ -239,7 +251,7 @@ func (rl relayer) json(gen int, tc *tokenCounter) relayResult {
 			return relayResult{gen: gen, code: statusClientGone}
 		}
 		for k := range rl.w.Header() {
-			if k != "X-Request-Id" {
+			if !gatewayHeader(k) {
 				rl.w.Header().Del(k)
 			}
 		}
@@ -450,3 +462,7 @@ func upstreamRequest(ctx context.Context, url string, body []byte, h http.Header
 	req.Header = h
 	return req, nil
 }
+
+// gatewayHeader reports whether an answer's header k is the gateway's own (set before the
+// request reached the actor), which survives when the engine's headers are dropped.
+func gatewayHeader(k string) bool { return k == "X-Request-Id" || k == "X-Content-Type-Options" }

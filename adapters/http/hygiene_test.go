@@ -240,3 +240,33 @@ func TestErrorsEchoLittle(t *testing.T) {
 		}
 	}
 }
+
+// TestAnswersCarryTheGatewaysContentType (R20): the client's Content-Type is the gateway's
+// choice — application/json, or text/event-stream for a stream — whatever the engine labelled
+// its answer, and every answer says X-Content-Type-Options: nosniff. An engine answering
+// text/html to a cross-site form POST would otherwise run script in the gateway's origin.
+func TestAnswersCarryTheGatewaysContentType(t *testing.T) {
+	s := newStack(t, stackOpt{})
+	s.beat("w1", "smol", newEngine(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		if strings.Contains(string(body), `"stream":true`) {
+			w.Header().Set("Content-Type", "text/event-stream; charset=utf-8; x=<script>")
+			fmt.Fprint(w, "data: {\"choices\":[{\"text\":\"a\"}]}\n\ndata: [DONE]\n\n")
+			return
+		}
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		fmt.Fprint(w, `{"choices":[{"index":0,"text":"<script>alert(1)</script>","finish_reason":"stop"}]}`)
+	}))
+	for _, tc := range []struct{ method, path, body, ct string }{
+		{"POST", "/v1/completions", `{"model":"smol","prompt":"x"}`, "application/json"},
+		{"POST", "/v1/completions", `{"model":"smol","prompt":"x","stream":true}`, "text/event-stream"},
+		{"GET", "/no/such/path", "", "application/json"},
+	} {
+		resp, body := s.do(t, tc.method, tc.path, "", tc.body)
+		if got := resp.Header.Get("Content-Type"); got != tc.ct {
+			t.Errorf("%s %s: Content-Type %q, want %q (%d %s)", tc.method, tc.body, got, tc.ct, resp.StatusCode, body)
+		}
+		if got := resp.Header.Get("X-Content-Type-Options"); got != "nosniff" {
+			t.Errorf("%s %s: X-Content-Type-Options %q, want nosniff", tc.method, tc.body, got)
+		}
+	}
+}

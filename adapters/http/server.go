@@ -212,6 +212,8 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		id = newRequestID()
 	}
 	w.Header()["X-Request-Id"] = []string{id} // the canonical key, set directly
+	// R20: no answer is sniffed into another type (an engine's, or the gateway's own).
+	w.Header()["X-Content-Type-Options"] = nosniff
 	if idErr != nil {
 		writeError(w, idErr)
 		return
@@ -231,6 +233,8 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	s.mux.ServeHTTP(w, r)
 }
+
+var nosniff = []string{"nosniff"}
 
 // cleanPath reports whether p is a path the mux serves as it is: rooted, without empty, "." or
 // ".." segments.
