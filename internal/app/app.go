@@ -73,6 +73,9 @@ func Start(cfg *config.Config, o Options) (*App, error) {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
+	for _, w := range cfg.PlaintextCredentials() {
+		o.Logger.Warn(w) // once, at start (R20)
+	}
 	g := cfg.Gateway
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

@@ -152,3 +152,23 @@ registry_listen = "127.0.0.1:0"
 		}
 	}
 }
+
+// TestPlaintextRegistryTokensWarnOnce (R20): a registry that takes tokens over plaintext gRPC
+// on every address says so once at start.
+func TestPlaintextRegistryTokensWarnOnce(t *testing.T) {
+	gw := startTLGW(t, `
+[gateway]
+http_listen = "127.0.0.1:0"
+registry_listen = "0.0.0.0:0"
+
+[registry]
+tokens = [{ token = "engine-secret" }]
+`)
+	_, _ = fetch(t, nil, gw.HTTPAddr, "GET", "/healthz", "localhost", "") // the log has its start lines
+	if n := strings.Count(gw.Logs(), "registry tokens are accepted over plaintext"); n != 1 {
+		t.Fatalf("the plaintext warning appears %d times, want once:\n%s", n, gw.Logs())
+	}
+	if strings.Contains(gw.Logs(), "engine-secret") {
+		t.Fatal("the log repeats the token")
+	}
+}
