@@ -213,17 +213,18 @@ func (g *Gateway) HeartbeatContext(ctx context.Context, info router.WorkerInfo) 
 	return g.HeartbeatAs(ctx, "", info)
 }
 
-// HeartbeatAs is HeartbeatContext for a worker that presented credential (R13.1). A refusal
+// HeartbeatAs is HeartbeatContext for a worker that presented credential (R13.1), counted
+// against quotas (R20: a new id beyond one is refused). A refusal
 // (registry.ErrIDTaken, registry.ErrTooManyWorkers) is returned as the error. The ack comes
 // back on a channel rather than a future: heartbeats are the gateway's most frequent ask, so
 // the wait allocates nothing in the steady state (a pooled reply channel and timer, the ack by
 // value) and is bounded by ctx and the ask timeout.
-func (g *Gateway) HeartbeatAs(ctx context.Context, credential string, info router.WorkerInfo) (*registry.Ack, error) {
+func (g *Gateway) HeartbeatAs(ctx context.Context, credential string, info router.WorkerInfo, quotas ...registry.Quota) (*registry.Ack, error) {
 	reply := replyPool.Get().(chan registry.Ack)
 	t := timerPool.Get().(*time.Timer)
 	t.Reset(g.timeout)
 	defer func() { t.Stop(); timerPool.Put(t) }()
-	g.System.Root.Send(g.Registry, &registry.Heartbeat{Info: info, Reply: reply, Credential: credential})
+	g.System.Root.Send(g.Registry, &registry.Heartbeat{Info: info, Reply: reply, Credential: credential, Quotas: quotas})
 	select {
 	case ack := <-reply:
 		replyPool.Put(reply) // drained: no late ack can land in it

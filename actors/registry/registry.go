@@ -32,6 +32,19 @@ type Heartbeat struct {
 	// scrape, else the adapter's name for a token or a client certificate. A live worker's id
 	// is bound to the credential that registered it.
 	Credential string
+	// Quotas are the caps the credential's workers count against (R20); a new id beyond any
+	// of them is refused with ErrTooManyWorkers.
+	Quotas []Quota
+}
+
+// Quota caps the workers registered at once under one key (R20: a registry token's
+// max_workers, certificate_max_workers for a client-certificate identity).
+type Quota struct {
+	// Key names what is counted ("token:0", "cert:engine-a"); keys are the adapter's, built
+	// from verified credentials only.
+	Key string
+	// Max is the most workers at once under Key; 0 = no cap.
+	Max int
 }
 
 // CredentialStatic is the credential of a static worker's scrapes: no engine presents it, so
@@ -117,6 +130,8 @@ type entry struct {
 	info router.WorkerInfo // info.Reg numbers the registration (router.WorkerInfo.Reg)
 	sent uint64            // statuses forwarded to the worker
 	cred string            // the credential that registered the id
+	// quotas: the Quota keys the worker counts under (at most one per credential layer).
+	quotas []string
 	// echo: the engine's draining is presumed the echo of the gateway's drain; echoLeft: after
 	// an undrain, how many more heartbeats reporting draining are still that echo (drainEcho).
 	echo     bool
@@ -176,6 +191,9 @@ type state struct {
 	// cluster.MaxDrained); an undrain deletes. It outlives the model's workers on purpose: a
 	// drained model stays drained for workers that register later.
 	drained map[string]bool
+	// quota: the workers registered under each Quota key; a key goes with its last worker, so
+	// at most one per quota layer of each entry.
+	quota map[string]int
 	// spawned numbers the worker actors this registry has spawned, one per registration: each
 	// gets a name of its own, so the Terminated of an id's stopped actor never matches the actor
 	// of its next registration (a name reused at once would give both the same PID), and its
@@ -195,7 +213,7 @@ func newState(cfg Config) *state {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	return &state{cfg: cfg, epoch: 1, entries: make(map[string]*entry), drained: make(map[string]bool)}
+	return &state{cfg: cfg, epoch: 1, entries: make(map[string]*entry), drained: make(map[string]bool), quota: make(map[string]int)}
 }
 
 // propsOf is the props of a registry actor over st (Props; tests keep st to read its tables).
@@ -254,8 +272,15 @@ func (r *registryActor) Receive(c actor.Context) {
 	}
 }
 
-// evicted tells OnEvict about a worker that left the registry.
+// evicted takes a worker that left the registry off its quotas and tells OnEvict.
 func (st *state) evicted(e *entry) {
+	for _, k := range e.quotas {
+		if n := st.quota[k] - 1; n > 0 {
+			st.quota[k] = n
+		} else {
+			delete(st.quota, k)
+		}
+	}
 	if st.cfg.OnEvict != nil {
 		st.cfg.OnEvict(e.info)
 	}
@@ -276,6 +301,12 @@ func (st *state) heartbeat(c actor.Context, m *Heartbeat) *Ack {
 		return &Ack{Err: fmt.Errorf("worker id %q is registered by a live worker with another credential: %w", info.ID, ErrIDTaken)}
 	case e == nil && st.cfg.MaxWorkers > 0 && len(st.entries) >= st.cfg.MaxWorkers:
 		return &Ack{Err: fmt.Errorf("%d workers are registered, the most max_workers allows: %w", len(st.entries), ErrTooManyWorkers)}
+	case e == nil:
+		for _, q := range m.Quotas {
+			if q.Max > 0 && st.quota[q.Key] >= q.Max {
+				return &Ack{Err: fmt.Errorf("%d workers are registered with this credential, the most its max_workers allows: %w", st.quota[q.Key], ErrTooManyWorkers)}
+			}
+		}
 	}
 	echo, echoLeft := drainEcho(e, info)
 	info.DrainEcho = info.Draining && echo
@@ -283,6 +314,12 @@ func (st *state) heartbeat(c actor.Context, m *Heartbeat) *Ack {
 		st.spawned++
 		info.Reg = st.spawned
 		e = &entry{info: info, sent: 1, cred: m.Credential}
+		for _, q := range m.Quotas {
+			if q.Max > 0 {
+				st.quota[q.Key]++
+				e.quotas = append(e.quotas, q.Key)
+			}
+		}
 		props := worker.Props(worker.Config{
 			Clock: st.cfg.Clock, Router: st.cfg.Router, Registry: c.Self(), TTL: ttl,
 			ConsecutiveFailures: st.cfg.ConsecutiveFailures,

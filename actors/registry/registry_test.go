@@ -739,3 +739,70 @@ func TestRegistrationsNumbered(t *testing.T) {
 		t.Fatalf("w1's new actor reports %+v", s.Info)
 	}
 }
+
+// beatAs sends one heartbeat of id with cred counted against quotas and returns its ack.
+func (f *fixture) beatAs(id, cred string, quotas ...Quota) Ack {
+	f.t.Helper()
+	reply := make(chan Ack, 1)
+	f.sys.Root.Send(f.reg, &Heartbeat{Info: router.WorkerInfo{ID: id, Model: "smol", HTTPAddress: "127.0.0.1:1"},
+		Credential: cred, Quotas: quotas, Reply: reply})
+	select {
+	case a := <-reply:
+		return a
+	case <-time.After(5 * time.Second):
+		f.t.Fatalf("no ack for %s's heartbeat", id)
+		return Ack{}
+	}
+}
+
+// TestCredentialQuotas (R20, issue 35: one token could take every max_workers slot): a new id
+// beyond a credential's quota is refused with ErrTooManyWorkers and registers nothing; the
+// credential's registered ids keep heartbeating, other credentials still register, a worker
+// counts against each of its quotas (a token's and a certificate's), a zero Max caps nothing,
+// and an eviction gives the place back. The quota table is empty once every worker went.
+func TestCredentialQuotas(t *testing.T) {
+	f := newFixture(t, nil)
+	tokA := Quota{Key: "token:0", Max: 2}
+	cert := Quota{Key: "cert:pool-b", Max: 1}
+	for _, id := range []string{"a1", "a2"} {
+		if a := f.beatAs(id, "token:0", tokA); a.Err != nil {
+			t.Fatalf("%s within the quota: %v", id, a.Err)
+		}
+		f.state()
+	}
+	a := f.beatAs("a3", "token:0", tokA)
+	if !errors.Is(a.Err, ErrTooManyWorkers) || a.Epoch != 0 || !strings.Contains(a.Err.Error(), "this credential") {
+		t.Fatalf("a third id for a quota of 2: %+v, want ErrTooManyWorkers naming the credential's quota", a)
+	}
+	f.quiet("after the id over the quota")
+	if a := f.beatAs("a2", "token:0", tokA); a.Err != nil {
+		t.Fatalf("a registered id at its quota: %v", a.Err)
+	}
+	f.state()
+	if a := f.beatAs("b1", "token:1 cert:pool-b", Quota{Key: "token:1"}, cert); a.Err != nil {
+		t.Fatalf("another credential: %v", a.Err)
+	}
+	f.state()
+	if a := f.beatAs("b2", "token:1 cert:pool-b", Quota{Key: "token:1"}, cert); !errors.Is(a.Err, ErrTooManyWorkers) {
+		t.Fatalf("a second id for a certificate quota of 1 (the token has none): %+v", a)
+	}
+	f.quiet("after the id over the certificate's quota")
+	if a := f.beatAs("b2", "token:1 cert:pool-c", Quota{Key: "token:1"}, Quota{Key: "cert:pool-c", Max: 1}); a.Err != nil {
+		t.Fatalf("the same token with another certificate: %v", a.Err)
+	}
+	f.state()
+	if got := f.st.quota; len(got) != 3 || got["token:0"] != 2 || got["cert:pool-b"] != 1 || got["cert:pool-c"] != 1 {
+		t.Fatalf("quota counts %v, want token:0=2 and one per certificate (no Max, no count)", got)
+	}
+	f.clk.Advance(ttl)
+	for range 4 {
+		f.evict()
+	}
+	f.settle()
+	if len(f.st.quota) != 0 {
+		t.Fatalf("quota counts %v after every worker went", f.st.quota)
+	}
+	if a := f.beatAs("a3", "token:0", tokA); a.Err != nil {
+		t.Fatalf("an id after the evictions: %v", a.Err)
+	}
+}

@@ -14,6 +14,8 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
+
+	"github.com/tlgw/tlgw/actors/registry"
 )
 
 // Token is one registry token ([[registry.tokens]], R13.1): the secret engines send as
@@ -24,6 +26,9 @@ type Token struct {
 	Models []string
 	// IDPrefix is what the worker id must start with.
 	IDPrefix string
+	// MaxWorkers caps the workers registered with the token at once (0 = only the registry's
+	// max_workers).
+	MaxWorkers int
 }
 
 // Auth is the registry's authentication: tokens, client certificates, or neither (open).
@@ -33,15 +38,31 @@ type Auth struct {
 	// certs: the listener verifies client certificates (client_ca); the verified
 	// certificate's identity is a credential.
 	certs bool
+	// quotas[i] is token i's quota (nil when it has none); certMax caps the workers of one
+	// certificate identity (0 = none).
+	quotas  [][]registry.Quota
+	certMax int
 }
 
 // NewAuth builds the registry's authentication. With no tokens and certs false the registry
 // is open: every heartbeat has the empty credential.
 func NewAuth(tokens []Token, certs bool) *Auth {
 	a := &Auth{certs: certs, grants: tokens}
-	for _, t := range tokens {
+	for i, t := range tokens {
 		a.tokens = append(a.tokens, sha256.Sum256([]byte(t.Secret)))
+		var q []registry.Quota
+		if t.MaxWorkers > 0 {
+			q = []registry.Quota{{Key: "token:" + strconv.Itoa(i), Max: t.MaxWorkers}}
+		}
+		a.quotas = append(a.quotas, q)
 	}
+	return a
+}
+
+// WithCertificateQuota caps the workers each client-certificate identity registers at once at
+// n (0 = no cap; [registry] certificate_max_workers) and returns a.
+func (a *Auth) WithCertificateQuota(n int) *Auth {
+	a.certMax = n
 	return a
 }
 
@@ -59,6 +80,8 @@ var (
 type caller struct {
 	credential string
 	grant      *Token
+	// quotas are the caps the caller's workers count against (R20).
+	quotas []registry.Quota
 }
 
 // authenticate names the caller of ctx. With tokens configured, a known bearer token is
@@ -76,6 +99,7 @@ func (a *Auth) authenticate(ctx context.Context) (caller, error) {
 			return caller{}, err
 		}
 		c.grant = &a.grants[i]
+		c.quotas = a.quotas[i]
 		parts = append(parts, "token:"+strconv.Itoa(i))
 	}
 	if a.certs {
@@ -84,6 +108,9 @@ func (a *Auth) authenticate(ctx context.Context) (caller, error) {
 			return caller{}, err
 		}
 		parts = append(parts, "cert:"+id)
+		if a.certMax > 0 {
+			c.quotas = append(c.quotas[:len(c.quotas):len(c.quotas)], registry.Quota{Key: "cert:" + id, Max: a.certMax})
+		}
 	}
 	c.credential = strings.Join(parts, " ")
 	return c, nil

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"runtime"
 	"time"
 
@@ -20,11 +21,11 @@ import (
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
-	"google.golang.org/grpc/tap"
 
 	"github.com/tlgw/tlgw/actors/registry"
 	"github.com/tlgw/tlgw/actors/router"
 	controlv1 "github.com/tlgw/tlgw/contracts/tl/control/v1"
+	"github.com/tlgw/tlgw/internal/clock"
 	"github.com/tlgw/tlgw/internal/engineaddr"
 )
 
@@ -32,7 +33,7 @@ import (
 type Registry interface {
 	// HeartbeatAs registers or refreshes a worker for credential; a refusal wraps
 	// registry.ErrIDTaken or registry.ErrTooManyWorkers.
-	HeartbeatAs(ctx context.Context, credential string, info router.WorkerInfo) (*registry.Ack, error)
+	HeartbeatAs(ctx context.Context, credential string, info router.WorkerInfo, quotas ...registry.Quota) (*registry.Ack, error)
 	HeartbeatInterval() time.Duration
 }
 
@@ -88,15 +89,40 @@ type Options struct {
 	// more than the bound. The handshake and idle bounds free a slot that a peer holds without
 	// calling anything.
 	MaxConnections int
-	// MaxCalls bounds the calls the listener runs at once, across its connections (0: no
-	// bound; the gateway uses CallLimit(max_workers)); one more is ResourceExhausted before a
-	// byte of its message is read. A call holds its place from its headers to its end, also
-	// while its message has not arrived: gRPC reads a request before any interceptor runs and
-	// sets it no deadline of its own, so without the bound a peer could stall 100 calls on each
-	// connection, each a goroutine and its buffers, and grow the gateway until it ran out of
-	// memory. With it a peer can keep engines' heartbeats waiting, but not take the process down.
+	// MaxCalls bounds the Heartbeat calls the listener runs at once, across its connections
+	// (0: no bound; the gateway uses CallLimit(max_workers)); one more is ResourceExhausted
+	// before a byte of its message is read. A call holds its place from its headers to its
+	// end, also while its message has not arrived: gRPC reads a request before any
+	// interceptor runs, so without the bound a peer could stall 100 calls on each connection,
+	// each a goroutine and its buffers. A heartbeat takes a place only once its credential is
+	// checked (see gate), and its message must come within RecvTimeout.
 	MaxCalls int
+	// MaxProbeCalls bounds every other call at once (health, reflection, an unknown method; 0:
+	// no bound; the gateway uses ProbeLimit): they need no credential, and have places of
+	// their own so that they cannot take the heartbeats'.
+	MaxProbeCalls int
+	// MaxCallsPerPeer bounds the calls of one peer address at once, of either kind (0: no
+	// bound; the gateway uses [registry] max_calls_per_peer).
+	MaxCallsPerPeer int
+	// MaxConnectionsPerPeer bounds the connections held from one peer address (0: no bound;
+	// the gateway uses [registry] max_connections_per_peer); one more is closed as it is
+	// accepted.
+	MaxConnectionsPerPeer int
+	// RecvTimeout is how long after its headers a call's first message may arrive (default
+	// DefaultRecvTimeout); a call whose message has not come by then is ended (Canceled).
+	RecvTimeout time.Duration
+	// Clock times RecvTimeout (default clock.Real).
+	Clock clock.Clock
 }
+
+// DefaultRecvTimeout: a heartbeat is under 1 KiB, sent at once after its headers; a second is
+// room for a congested link, and bounds how long a peer can hold a place with a call whose
+// message it never sends.
+const DefaultRecvTimeout = time.Second
+
+// ProbeLimit is the calls other than heartbeats the gateway's registry listener runs at once
+// (Options.MaxProbeCalls): health probes, grpcurl, reflection.
+const ProbeLimit = probeRoom
 
 // The listener's connection bounds (R13.3) when Options leaves them zero. gRPC's own defaults
 // are a 120 s handshake and no idle limit: a peer could hold connections that do nothing for
@@ -141,9 +167,12 @@ func NewServer(reg Registry, o Options) *Server { return &Server{reg: reg, o: o}
 // actor, which refuses an id bound to another credential (PermissionDenied) or a new id
 // beyond max_workers (ResourceExhausted). A refused heartbeat changes nothing.
 func (s *Server) Heartbeat(ctx context.Context, st *controlv1.WorkerStatus) (*controlv1.HeartbeatAck, error) {
-	who, err := s.o.Auth.authenticate(ctx)
-	if err != nil {
-		return nil, status.Error(codes.Unauthenticated, err.Error())
+	who, ok := ctx.Value(callerKey{}).(caller) // the listener's tap checked it
+	if !ok {
+		var err error
+		if who, err = s.o.Auth.authenticate(ctx); err != nil {
+			return nil, status.Error(codes.Unauthenticated, err.Error())
+		}
 	}
 	info, err := ValidateWorkerStatus(st, s.o.Addresses)
 	if err != nil {
@@ -152,7 +181,7 @@ func (s *Server) Heartbeat(ctx context.Context, st *controlv1.WorkerStatus) (*co
 	if err := who.permit(info.ID, info.Model); err != nil {
 		return nil, status.Error(codes.PermissionDenied, err.Error())
 	}
-	ack, err := s.reg.HeartbeatAs(ctx, who.credential, info)
+	ack, err := s.reg.HeartbeatAs(ctx, who.credential, info, who.quotas...)
 	if err != nil {
 		return nil, status.Error(heartbeatCode(err), err.Error())
 	}
@@ -259,7 +288,10 @@ type Listener struct {
 	Server  *grpc.Server
 	Health  *health.Server
 	conns   int // Options.MaxConnections
+	perPeer int // Options.MaxConnectionsPerPeer
 	streams *streams
+	gate    *gate
+	peers   *peerListener // set by Serve when perPeer > 0
 }
 
 // NewListener builds the gRPC server with the three services registered and health SERVING,
@@ -272,11 +304,9 @@ type Listener struct {
 // 8% of the gateway's CPU.
 func NewListener(reg Registry, o Options, opts ...grpc.ServerOption) *Listener {
 	st := newStreams(MaxOpenStreams)
-	bounds := append(o.connectionBounds(), grpc.ChainStreamInterceptor(st.intercept))
-	if o.MaxCalls > 0 {
-		c := &calls{open: make(chan struct{}, o.MaxCalls)}
-		bounds = append(bounds, grpc.InTapHandle(c.tap), grpc.ChainUnaryInterceptor(c.unary), grpc.ChainStreamInterceptor(c.stream))
-	}
+	g := newGate(o)
+	bounds := append(o.connectionBounds(), grpc.InTapHandle(g.tap),
+		grpc.ChainUnaryInterceptor(g.unary), grpc.ChainStreamInterceptor(g.stream, st.intercept))
 	opts = append(append([]grpc.ServerOption{
 		grpc.MaxRecvMsgSize(MaxRecvMsgSize), grpc.MaxConcurrentStreams(MaxConcurrentStreams),
 		grpc.NumStreamWorkers(uint32(max(8, 4*runtime.GOMAXPROCS(0)))),
@@ -288,49 +318,7 @@ func NewListener(reg Registry, o Options, opts ...grpc.ServerOption) *Listener {
 	hs.SetServingStatus(controlv1.WorkerRegistry_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
 	healthpb.RegisterHealthServer(gs, hs)
 	reflection.Register(gs)
-	return &Listener{Server: gs, Health: hs, conns: o.MaxConnections, streams: st}
-}
-
-// calls bounds the calls the listener runs at once (Options.MaxCalls).
-type calls struct {
-	open chan struct{}
-}
-
-// callStop is the context key of a call's AfterFunc stop function (see calls.tap).
-type callStop struct{}
-
-func (c *calls) release() { <-c.open }
-
-// tap admits a new call while fewer than cap(c.open) run, before a byte of its message is read.
-// The call gives its place back in done when it returns through the interceptors (the common
-// case: the AfterFunc is stopped, and no goroutine runs), else when its context ends: gRPC ends
-// it on every way a stream ends (finished, reset, its connection closed, or aborted right after
-// this tap), which covers a call whose message never came, an unknown method and a malformed
-// message. The tap runs under the transport's lock, so it does nothing that can wait.
-func (c *calls) tap(ctx context.Context, _ *tap.Info) (context.Context, error) {
-	select {
-	case c.open <- struct{}{}:
-	default:
-		return nil, status.Errorf(codes.ResourceExhausted, "too many calls: at most %d at once", cap(c.open))
-	}
-	return context.WithValue(ctx, callStop{}, context.AfterFunc(ctx, c.release)), nil
-}
-
-// done gives back the place of the call with context ctx, unless its context's end did.
-func (c *calls) done(ctx context.Context) {
-	if stop, ok := ctx.Value(callStop{}).(func() bool); ok && stop() {
-		c.release()
-	}
-}
-
-func (c *calls) unary(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
-	defer c.done(ctx)
-	return h(ctx, req)
-}
-
-func (c *calls) stream(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
-	defer c.done(ss.Context())
-	return h(srv, ss)
+	return &Listener{Server: gs, Health: hs, conns: o.MaxConnections, perPeer: o.MaxConnectionsPerPeer, streams: st, gate: g}
 }
 
 // streams are the listener's streaming calls: at most n open at once, and ended when it stops.
@@ -369,8 +357,13 @@ type ctxStream struct {
 
 func (s ctxStream) Context() context.Context { return s.ctx }
 
-// Serve serves on lis until Stop, holding at most Options.MaxConnections connections at once.
+// Serve serves on lis until Stop, holding at most Options.MaxConnections connections at once,
+// and Options.MaxConnectionsPerPeer of them from one address.
 func (l *Listener) Serve(lis net.Listener) error {
+	if l.perPeer > 0 {
+		l.peers = &peerListener{Listener: lis, max: l.perPeer, conns: map[netip.Addr]int{}}
+		lis = l.peers
+	}
 	if l.conns > 0 {
 		lis = netutil.LimitListener(lis, l.conns)
 	}

@@ -24,13 +24,16 @@ func registryOptions(cfg *config.Config) (grpcapi.Options, []grpc.ServerOption, 
 	}
 	tokens := make([]grpcapi.Token, 0, len(r.Tokens))
 	for _, t := range r.Tokens {
-		tokens = append(tokens, grpcapi.Token{Secret: t.Token, Models: t.Models, IDPrefix: t.IDPrefix})
+		tokens = append(tokens, grpcapi.Token{Secret: t.Token, Models: t.Models, IDPrefix: t.IDPrefix, MaxWorkers: t.MaxWorkers})
 	}
 	o := grpcapi.Options{
-		Auth:           grpcapi.NewAuth(tokens, r.ClientCA != ""),
-		Addresses:      engineaddr.Rules{CIDRs: r.EngineCIDRs},
-		MaxConnections: grpcapi.ConnectionLimit(r.MaxWorkers),
-		MaxCalls:       grpcapi.CallLimit(r.MaxWorkers),
+		Auth:                  grpcapi.NewAuth(tokens, r.ClientCA != "").WithCertificateQuota(r.CertificateMaxWorkers),
+		Addresses:             engineaddr.Rules{CIDRs: r.EngineCIDRs},
+		MaxConnections:        grpcapi.ConnectionLimit(r.MaxWorkers),
+		MaxCalls:              grpcapi.CallLimit(r.MaxWorkers),
+		MaxProbeCalls:         grpcapi.ProbeLimit,
+		MaxCallsPerPeer:       r.MaxCallsPerPeer,
+		MaxConnectionsPerPeer: r.MaxConnectionsPerPeer,
 	}
 	if r.TLSCert == "" && r.TLSKey == "" {
 		if r.ClientCA != "" {

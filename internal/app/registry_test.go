@@ -326,3 +326,68 @@ func TestShutdownWithRegistryStreams(t *testing.T) {
 		t.Fatal("shutdown has not returned 10 s after a 200 ms grace period")
 	}
 }
+
+// TestRegistryQuotas (R20, issue 35: one token could take every max_workers slot, and every
+// other pool's restarting engines were refused): [registry] tokens[].max_workers caps the
+// workers registered with a token and certificate_max_workers those of one client-certificate
+// identity; a new id beyond either is ResourceExhausted while other credentials still
+// register.
+func TestRegistryQuotas(t *testing.T) {
+	p := newPKI(t)
+	srvCert, srvKey := p.issue("server", "tlgw", x509.ExtKeyUsageServerAuth, net.ParseIP("127.0.0.1"))
+	aCert, aKey := p.issue("engine-a", "engine-a", x509.ExtKeyUsageClientAuth)
+	bCert, bKey := p.issue("engine-b", "engine-b", x509.ExtKeyUsageClientAuth)
+	caFile := filepath.Join(p.dir, "ca.pem")
+
+	cfg := config.Default()
+	cfg.Gateway.HTTPListen, cfg.Gateway.RegistryListen = "127.0.0.1:0", "127.0.0.1:0"
+	cfg.Registry.TLSCert, cfg.Registry.TLSKey, cfg.Registry.ClientCA = srvCert, srvKey, caFile
+	cfg.Registry.Tokens = []config.RegistryToken{{Token: "pool-a", MaxWorkers: 3}, {Token: "pool-b"}}
+	cfg.Registry.CertificateMaxWorkers = 2
+	a, err := app.Start(cfg, app.Options{Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = a.Shutdown(context.Background()) })
+
+	pool := x509.NewCertPool()
+	pool.AddCert(p.ca)
+	call := func(certFile, keyFile, token, id string) error {
+		c, err := tls.LoadX509KeyPair(certFile, keyFile)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conn, err := grpc.NewClient(a.GRPCAddr, grpc.WithTransportCredentials(credentials.NewTLS(
+			&tls.Config{RootCAs: pool, Certificates: []tls.Certificate{c}})))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+token)
+		_, err = controlv1.NewWorkerRegistryClient(conn).Heartbeat(ctx, heartbeatStatus(id))
+		return err
+	}
+	for _, c := range []struct {
+		cert, key, token, id string
+		want                 codes.Code
+	}{
+		{aCert, aKey, "pool-a", "a1", codes.OK},
+		{aCert, aKey, "pool-a", "a2", codes.OK},
+		{aCert, aKey, "pool-a", "a3", codes.ResourceExhausted}, // engine-a's certificate: 2
+		{aCert, aKey, "pool-a", "a2", codes.OK},                // a registered id at the quota
+		{bCert, bKey, "pool-a", "b1", codes.OK},
+		{bCert, bKey, "pool-a", "b2", codes.ResourceExhausted}, // pool-a's token: 3
+		{bCert, bKey, "pool-b", "c1", codes.OK},
+		{bCert, bKey, "pool-b", "c2", codes.ResourceExhausted}, // engine-b's certificate: 2
+	} {
+		if err := call(c.cert, c.key, c.token, c.id); status.Code(err) != c.want {
+			t.Fatalf("%s with %s: %v, want %v", c.id, c.token, err, c.want)
+		}
+	}
+	list, err := a.Gateway.Workers()
+	if err != nil || len(list.Workers) != 4 {
+		t.Fatalf("workers %+v %v, want a1, a2, b1, c1", list, err)
+	}
+}

@@ -24,6 +24,12 @@ type Registry struct {
 	EngineCIDRs []netip.Prefix
 	// MaxWorkers caps the registered workers (default 10000).
 	MaxWorkers int
+	// CertificateMaxWorkers caps the workers one client-certificate identity registers (0 =
+	// only MaxWorkers), as RegistryToken.MaxWorkers does for a token (R20).
+	CertificateMaxWorkers int
+	// MaxConnectionsPerPeer and MaxCallsPerPeer bound the connections held from, and the calls
+	// run at once for, one peer address on registry_listen (0 = no bound; defaults 64, 256).
+	MaxConnectionsPerPeer, MaxCallsPerPeer int
 }
 
 // RegistryToken is one [[registry.tokens]] entry.
@@ -35,6 +41,9 @@ type RegistryToken struct {
 	Models []string
 	// IDPrefix is what every worker id sent with this token must start with.
 	IDPrefix string
+	// MaxWorkers caps the workers registered with this token at once (0 = only the
+	// registry's max_workers).
+	MaxWorkers int
 }
 
 // String describes the token without its secret.
@@ -43,13 +52,15 @@ func (t RegistryToken) String() string {
 	if t.TokenEnv != "" {
 		src = "$" + t.TokenEnv
 	}
-	return fmt.Sprintf("{token: <redacted, %s> models: %v id_prefix: %q}", src, t.Models, t.IDPrefix)
+	return fmt.Sprintf("{token: <redacted, %s> models: %v id_prefix: %q max_workers: %d}", src, t.Models, t.IDPrefix, t.MaxWorkers)
 }
 
 // Open reports whether the registry takes heartbeats from anyone (no tokens, no client CA).
 func (r *Registry) Open() bool { return len(r.Tokens) == 0 && r.ClientCA == "" }
 
-func defaultRegistry() Registry { return Registry{MaxWorkers: 10000} }
+func defaultRegistry() Registry {
+	return Registry{MaxWorkers: 10000, MaxConnectionsPerPeer: 64, MaxCallsPerPeer: 256}
+}
 
 type fileRegistry struct {
 	Tokens        []fileRegistryToken `json:"tokens"`
@@ -59,6 +70,9 @@ type fileRegistry struct {
 	AllowInsecure *bool               `json:"allow_insecure"`
 	EngineCIDRs   []string            `json:"engine_cidrs"`
 	MaxWorkers    *int                `json:"max_workers"`
+	CertMax       *int                `json:"certificate_max_workers"`
+	ConnsPerPeer  *int                `json:"max_connections_per_peer"`
+	CallsPerPeer  *int                `json:"max_calls_per_peer"`
 }
 
 type fileRegistryToken struct {
@@ -66,6 +80,7 @@ type fileRegistryToken struct {
 	TokenEnv *string  `json:"token_env"`
 	Models   []string `json:"models"`
 	IDPrefix *string  `json:"id_prefix"`
+	MaxWork  *int     `json:"max_workers"`
 }
 
 func (fr *fileRegistry) apply(r *Registry, getenv func(string) string, ps *problems) {
@@ -78,6 +93,9 @@ func (fr *fileRegistry) apply(r *Registry, getenv func(string) string, ps *probl
 	setIf(&r.ClientCA, fr.ClientCA)
 	setIf(&r.AllowInsecure, fr.AllowInsecure)
 	setIf(&r.MaxWorkers, fr.MaxWorkers)
+	setIf(&r.CertificateMaxWorkers, fr.CertMax)
+	setIf(&r.MaxConnectionsPerPeer, fr.ConnsPerPeer)
+	setIf(&r.MaxCallsPerPeer, fr.CallsPerPeer)
 	if (r.TLSCert == "") != (r.TLSKey == "") {
 		ps.add(base.with(key("tls_key")), "tls_cert and tls_key go together; give both or neither")
 	}
@@ -113,6 +131,7 @@ func (fr *fileRegistry) apply(r *Registry, getenv func(string) string, ps *probl
 		}
 		t.Models = append([]string(nil), ft.Models...)
 		setIf(&t.IDPrefix, ft.IDPrefix)
+		setIf(&t.MaxWorkers, ft.MaxWork)
 		r.Tokens = append(r.Tokens, t)
 	}
 }

@@ -17,10 +17,13 @@ registry_listen = "0.0.0.0:9090"
 [registry]
 tokens = [
   { token_env = "ENGINE_TOKEN", models = ["smol*", "big"], id_prefix = "pool-a-" },
-  { token = "inline-token" },
+  { token = "inline-token", max_workers = 7 },
 ]
 engine_cidrs = ["10.0.0.0/8", "fd00::/8"]
 max_workers = 50
+certificate_max_workers = 5
+max_connections_per_peer = 0
+max_calls_per_peer = 9
 `), func(k string) string { return env[k] })
 	if err != nil {
 		t.Fatal(err)
@@ -28,10 +31,12 @@ max_workers = 50
 	want := Registry{
 		Tokens: []RegistryToken{
 			{Token: "s3cret-from-env", TokenEnv: "ENGINE_TOKEN", Models: []string{"smol*", "big"}, IDPrefix: "pool-a-"},
-			{Token: "inline-token", Models: nil},
+			{Token: "inline-token", Models: nil, MaxWorkers: 7},
 		},
-		EngineCIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("fd00::/8")},
-		MaxWorkers:  50,
+		EngineCIDRs:           []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("fd00::/8")},
+		MaxWorkers:            50,
+		CertificateMaxWorkers: 5,
+		MaxCallsPerPeer:       9,
 	}
 	if d := cmp.Diff(want, cfg.Registry, cmp.Comparer(func(a, b netip.Prefix) bool { return a == b })); d != "" {
 		t.Fatalf("registry (-want +got):\n%s", d)
@@ -39,7 +44,7 @@ max_workers = 50
 	if s := cfg.Registry.Tokens[0].String(); strings.Contains(s, "s3cret") {
 		t.Fatalf("String leaks the token: %s", s)
 	}
-	if d := Default().Registry; d.MaxWorkers != 10000 || !d.Open() {
+	if d := Default().Registry; d.MaxWorkers != 10000 || !d.Open() || d.MaxConnectionsPerPeer != 64 || d.MaxCallsPerPeer != 256 || d.CertificateMaxWorkers != 0 {
 		t.Fatalf("default registry %+v", d)
 	}
 }
@@ -57,6 +62,10 @@ func TestRegistryProblems(t *testing.T) {
 		"unknown key":    {"[registry]\ntokens = [{ token = 'a', scopes = ['x'] }]", "config: registry.tokens[0].scopes: unknown key"},
 		"bad cidr":       {"[registry]\nengine_cidrs = ['10.0.0.0/8', '10.0.0.0/99']", "config: registry.engine_cidrs[1]: \"10.0.0.0/99\" is not a CIDR"},
 		"max_workers 0":  {"[registry]\nmax_workers = 0", "config: registry.max_workers: must be >= 1"},
+		"token quota":    {"[registry]\ntokens = [{ token = 'a', max_workers = -1 }]", "config: registry.tokens[0].max_workers: must be >= 0"},
+		"cert quota":     {"[registry]\ncertificate_max_workers = -2", "config: registry.certificate_max_workers: must be >= 0"},
+		"peer conns":     {"[registry]\nmax_connections_per_peer = -1", "config: registry.max_connections_per_peer: must be >= 0"},
+		"peer calls":     {"[registry]\nmax_calls_per_peer = -1", "config: registry.max_calls_per_peer: must be >= 0"},
 		"cert no key":    {"[registry]\ntls_cert = 'c.pem'", "config: registry.tls_key: tls_cert and tls_key go together"},
 		"ca no cert":     {"[registry]\nclient_ca = 'ca.pem'", "config: registry.client_ca: needs tls_cert and tls_key"},
 		"insecure type":  {"[registry]\nallow_insecure = 'yes'", "config: registry.allow_insecure: must be a boolean"},
