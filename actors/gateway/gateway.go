@@ -24,10 +24,12 @@ import (
 
 // Config is what the actor tree needs.
 type Config struct {
-	Clock             clock.Clock
-	Policy            string
-	LoadFactor        float64
-	Routes            []config.Route
+	Clock      clock.Clock
+	Policy     string
+	LoadFactor float64
+	Routes     []config.Route
+	// CanaryKey is the canary draw's key (R20); nil = a random one for this process.
+	CanaryKey         *router.CanaryKey
 	HeartbeatInterval time.Duration // T
 	MissLimit         int           // k
 	Logger            *slog.Logger
@@ -103,7 +105,7 @@ func Start(cfg Config) (*Gateway, error) {
 		cfg.RouterMetrics = router.NewMetrics(nil)
 	}
 	routerProps, err := router.Props(router.Config{
-		Policy: cfg.Policy, LoadFactor: cfg.LoadFactor, Routes: cfg.Routes,
+		Policy: cfg.Policy, LoadFactor: cfg.LoadFactor, Routes: cfg.Routes, CanaryKey: cfg.CanaryKey,
 		Metrics: cfg.RouterMetrics, Logger: cfg.Logger.With("actor", "router"),
 		Admission: cfg.Admission, Clock: cfg.Clock, PrefixIndexBlocks: cfg.PrefixIndexBlocks,
 		KVIndexBlocks: cfg.KVIndexBlocks, WarmupMinBytes: cfg.WarmupMinBytes,
@@ -286,6 +288,11 @@ func (g *Gateway) PutRoutes(ifMatch uint64, routes []config.Route) (*router.Rout
 // InstallRoutes sets the route table and its epoch as the cluster's store read them (R16).
 func (g *Gateway) InstallRoutes(epoch uint64, routes []config.Route) {
 	g.System.Root.Send(g.Router, &router.SetRoutes{Epoch: epoch, Routes: routes})
+}
+
+// SetCanaryKey replaces the canary draw's key with the cluster's shared one (R20, R16).
+func (g *Gateway) SetCanaryKey(key [32]byte) {
+	g.System.Root.Send(g.Router, &router.SetCanaryKey{Key: key})
 }
 
 // SyncDrains sets the drained models to exactly models, as the cluster's store read them.

@@ -243,10 +243,6 @@ func TestCanarySplit(t *testing.T) {
 	if err != nil || res.ServedModel != "plain" {
 		t.Fatalf("route without backends served %v (%v)", res, err)
 	}
-	// The draw is the top 53 bits of xxHash64 over 2^53.
-	if u := router.CanaryDraw("req-1"); u != float64(xxhash.Sum64String("req-1")>>11)/(1<<53) || u < 0 || u >= 1 {
-		t.Fatalf("CanaryDraw = %v", u)
-	}
 }
 
 // crash is a test-only message that makes the receiving actor panic.
@@ -418,5 +414,56 @@ func TestOnEvictTold(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("OnEvict was not told")
+	}
+}
+
+// TestCanaryKeyShared (R20, R16): two gateways draw each request id's backend from their
+// canary keys: with their own random keys they disagree on about half the ids of a 50/50 split,
+// with one key (Config.CanaryKey, or SetCanaryKey as a cluster's store installs it) they agree
+// on every id, as replicas sharing a key must.
+func TestCanaryKeyShared(t *testing.T) {
+	routes := gwtest.WithRoutes(config.Route{Model: "smol", Targets: []string{"unified"},
+		Backends: []config.Backend{{Model: "a", Weight: 1}, {Model: "b", Weight: 1}}})
+	shared := router.CanaryKey{7}
+	gws := []*gwtest.Harness{
+		gwtest.New(t, routes),
+		gwtest.New(t, routes),
+		gwtest.New(t, routes, func(c *gateway.Config) { c.CanaryKey = &shared }),
+	}
+	for _, h := range gws {
+		h.Beat(gwtest.Worker("wa", "a", 0))
+		h.Beat(gwtest.Worker("wb", "b", 0))
+	}
+	served := func(h *gwtest.Harness, id string) string {
+		res, err := h.GW.Pick(&router.Pick{Model: "smol", RequestID: id})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res.ServedModel
+	}
+	disagree := func() int {
+		n := 0
+		for i := range 400 {
+			id := fmt.Sprintf("req-%d", i)
+			want := "a"
+			if router.CanaryDraw(shared, id) >= 0.5 {
+				want = "b"
+			}
+			if got := served(gws[2], id); got != want {
+				t.Fatalf("%s: the gateway with the shared key served %s, the key draws %s", id, got, want)
+			}
+			if served(gws[0], id) != served(gws[1], id) {
+				n++
+			}
+		}
+		return n
+	}
+	if n := disagree(); n < 140 || n > 260 {
+		t.Fatalf("two random keys disagree on %d of 400 ids, want about 200", n)
+	}
+	gws[0].GW.SetCanaryKey(shared)
+	gws[1].GW.SetCanaryKey(shared)
+	if n := disagree(); n != 0 { // SetCanaryKey is a Send; Pick, an ask after it, sees it
+		t.Fatalf("with one key, %d of 400 ids drew different backends", n)
 	}
 }

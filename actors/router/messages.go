@@ -400,6 +400,12 @@ type PutRoutes struct {
 	Routes  []config.Route
 }
 
+// SetCanaryKey replaces the canary draw's key with the one the cluster's replicas share (R20,
+// R16): from then on a request id draws the same backend on every replica. No reply.
+type SetCanaryKey struct {
+	Key CanaryKey
+}
+
 // SetRoutes installs a route table the cluster's store read from etcd (R16): Epoch is the
 // key's mod revision, the ETag every replica shows. It is applied as sent (the store orders
 // its calls by revision); no reply.

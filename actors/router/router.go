@@ -23,8 +23,10 @@ type Config struct {
 	Policy     string  // route_policy
 	LoadFactor float64 // affinity_load_factor
 	Routes     []config.Route
-	Metrics    *Metrics
-	Logger     *slog.Logger
+	// CanaryKey is the canary draw's key (R20); nil = a random one for this process.
+	CanaryKey *CanaryKey
+	Metrics   *Metrics
+	Logger    *slog.Logger
 	// Admission turns the admission queue on (nil: every pick is answered at once).
 	Admission *AdmissionConfig
 	// Clock times the queue (default the real clock).
@@ -73,7 +75,7 @@ func newState(cfg Config) *state {
 	if clk == nil {
 		clk = clock.Real{}
 	}
-	st := &state{log: cfg.Logger, table: newRouteTable(cfg.Routes), view: newWorkerView(cfg, clk),
+	st := &state{log: cfg.Logger, table: newRouteTable(cfg.Routes, canaryKey(cfg.CanaryKey)), view: newWorkerView(cfg, clk),
 		gauges: routeGauges{vec: cfg.Metrics.routes, dirty: true}, kvSize: cfg.Metrics.kvIndex,
 		kvDropped: cfg.Metrics.kvDropped}
 	if cfg.Admission != nil {
@@ -249,6 +251,9 @@ func (st *state) handle(msg any, fx effects) {
 		if st.parent != nil {
 			fx.send(st.parent, &EpochChanged{Epoch: m.Epoch})
 		}
+	case *SetCanaryKey:
+		st.table.canary = newCanaryDraw(m.Key)
+		st.log.Info("canary key installed from the cluster store")
 	case *ListModels:
 		fx.respond(st.listModels())
 	case *Ready:

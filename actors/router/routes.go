@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"slices"
 
-	"github.com/cespare/xxhash/v2"
-
 	"github.com/tlgw/tlgw/internal/cascade"
 	"github.com/tlgw/tlgw/internal/config"
 	"github.com/tlgw/tlgw/internal/errs"
@@ -16,10 +14,11 @@ type routeTable struct {
 	epoch  uint64
 	routes []config.Route    // the operator's table, replaced whole
 	byName map[string]*route // its routes by model and alias, rebuilt with it
+	canary *canaryDraw       // the canary draw under the process's or the cluster's key (R20)
 }
 
-func newRouteTable(routes []config.Route) *routeTable {
-	t := &routeTable{epoch: 1}
+func newRouteTable(routes []config.Route, key CanaryKey) *routeTable {
+	t := &routeTable{epoch: 1, canary: newCanaryDraw(key)}
 	t.set(routes)
 	return t
 }
@@ -65,7 +64,7 @@ func (t *routeTable) resolve(m *Pick, served func(model string) bool) target {
 	disagg := false
 	if rt := t.byName[m.Model]; rt != nil {
 		routeID = rt.id
-		model, stepIdx, steps, accept = rt.target(m.RequestID, m.Step)
+		model, stepIdx, steps, accept = rt.target(t.canary, m.RequestID, m.Step)
 		disagg = rt.disaggregated
 	} else if served(m.Model) {
 		model, routeID = m.Model, m.Model
@@ -138,17 +137,11 @@ func compileRoutes(routes []config.Route) map[string]*route {
 	return byName
 }
 
-// CanaryDraw maps a request id to u in [0, 1): the top 53 bits of Hash64(id) over 2^53 (R3.4,
-// R5). One id always gives the same u, and u is uniform over ids.
-func CanaryDraw(requestID string) float64 {
-	return float64(xxhash.Sum64String(requestID)>>11) / (1 << 53)
-}
-
 // target resolves a cascade step: the model served, the step index, the number of steps and
 // the step's accept rule (nil on the last step). Other routes have one step.
-func (r *route) target(requestID string, stepAsked int) (served string, stepIdx, steps int, accept *cascade.Accept) {
+func (r *route) target(canary *canaryDraw, requestID string, stepAsked int) (served string, stepIdx, steps int, accept *cascade.Accept) {
 	if len(r.steps) == 0 {
-		return r.servedModel(requestID), 0, 1, nil
+		return r.servedModel(canary, requestID), 0, 1, nil
 	}
 	i := stepAsked
 	if i < 0 || i >= len(r.steps) {
@@ -158,10 +151,10 @@ func (r *route) target(requestID string, stepAsked int) (served string, stepIdx,
 }
 
 // servedModel is the model id an attempt of a non-cascade route sends to the engine: a
-// backend drawn by the request id, or the route's own id.
-func (r *route) servedModel(requestID string) string {
+// backend drawn by the request id under the canary key, or the route's own id.
+func (r *route) servedModel(canary *canaryDraw, requestID string) string {
 	if len(r.backends) > 0 {
-		x := CanaryDraw(requestID) * r.total
+		x := canary.draw(requestID) * r.total
 		for _, b := range r.backends {
 			if x < b.cum {
 				return b.model

@@ -1,6 +1,9 @@
 package router
 
 import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/binary"
 	"fmt"
 	"testing"
 
@@ -22,30 +25,32 @@ func TestRouteSplitMatchesTheDraw(t *testing.T) {
 	}
 	const n = 20000
 	v4 := 0
+	key := CanaryKey{1, 2, 3}
+	d := newCanaryDraw(key)
 	for i := range n {
 		id := fmt.Sprintf("req-%d", i)
 		want := "v3"
-		if CanaryDraw(id)*1.0 >= 0.9 {
+		if CanaryDraw(key, id)*1.0 >= 0.9 {
 			want = "v4"
 		}
-		got := routes["smol"].servedModel(id)
+		got := routes["smol"].servedModel(d, id)
 		if got != want {
-			t.Fatalf("%s (u = %v): served %s, want %s", id, CanaryDraw(id), got, want)
+			t.Fatalf("%s (u = %v): served %s, want %s", id, CanaryDraw(key, id), got, want)
 		}
 		if got == "v4" {
 			v4++
 		}
 		wantHeavy := "three"
-		if CanaryDraw(id)*4 >= 3 {
+		if CanaryDraw(key, id)*4 >= 3 {
 			wantHeavy = "one"
 		}
-		if got := routes["heavy"].servedModel(id); got != wantHeavy {
-			t.Fatalf("%s (u = %v): served %s from weights 3:1, want %s", id, CanaryDraw(id), got, wantHeavy)
+		if got := routes["heavy"].servedModel(d, id); got != wantHeavy {
+			t.Fatalf("%s (u = %v): served %s from weights 3:1, want %s", id, CanaryDraw(key, id), got, wantHeavy)
 		}
-		if got := routes["edge"].servedModel(id); got != "one" {
+		if got := routes["edge"].servedModel(d, id); got != "one" {
 			t.Fatalf("%s: served %s from a split whose only weight is on one", id, got)
 		}
-		if got, step, steps, accept := routes["plain"].target(id, 0); got != "plain" || step != 0 || steps != 1 || accept != nil {
+		if got, step, steps, accept := routes["plain"].target(d, id, 0); got != "plain" || step != 0 || steps != 1 || accept != nil {
 			t.Fatalf("plain route: %s %d/%d %v", got, step, steps, accept)
 		}
 	}
@@ -68,7 +73,7 @@ func TestRouteCascadeSteps(t *testing.T) {
 		model       string
 		accept      bool
 	}{{0, 0, "smol", true}, {1, 1, "mid", true}, {2, 2, "big", false}, {3, 2, "big", false}, {-1, 2, "big", false}} {
-		got, step, steps, accept := r.target("id", tc.asked)
+		got, step, steps, accept := r.target(nil, "id", tc.asked)
 		if got != tc.model || step != tc.step || steps != 3 || (accept != nil) != tc.accept {
 			t.Errorf("step %d asked: %s %d/%d accept %v, want %s %d/3 accept %v", tc.asked, got, step, steps, accept != nil, tc.model, tc.step, tc.accept)
 		}
@@ -100,5 +105,49 @@ func TestKVCapacityTokens(t *testing.T) {
 		if got := (WorkerInfo{KVTotalBlocks: tc.blocks, BlockSize: tc.size}).KVCapacityTokens(); got != tc.want {
 			t.Errorf("%d blocks of %d: %d tokens, want %d", tc.blocks, tc.size, got, tc.want)
 		}
+	}
+}
+
+// TestCanaryDrawIsKeyed (R20, issue 35: a client choosing X-Request-ID chose its backend): the
+// draw of an id is the top 53 bits of HMAC-SHA256(key, id) over 2^53; one key gives one id one
+// u (a request id sent twice lands on one backend), two keys give the same ids unrelated
+// draws (about half of 1,000 ids fall on the other side of 0.5), and the MAC reused across
+// draws gives what a fresh one does.
+func TestCanaryDrawIsKeyed(t *testing.T) {
+	k1, k2 := CanaryKey{1}, CanaryKey{2}
+	mac := hmac.New(sha256.New, k1[:])
+	mac.Write([]byte("req-1"))
+	if want := float64(binary.BigEndian.Uint64(mac.Sum(nil))>>11) / (1 << 53); CanaryDraw(k1, "req-1") != want {
+		t.Fatalf("CanaryDraw = %v, want %v", CanaryDraw(k1, "req-1"), want)
+	}
+	d1, d2 := newCanaryDraw(k1), newCanaryDraw(k2)
+	flipped := 0
+	for i := range 1000 {
+		id := fmt.Sprintf("req-%d", i)
+		u := d1.draw(id)
+		if u < 0 || u >= 1 || u != CanaryDraw(k1, id) || u != d1.draw(id) {
+			t.Fatalf("%s: u = %v, fresh %v", id, u, CanaryDraw(k1, id))
+		}
+		if (u < 0.5) != (d2.draw(id) < 0.5) {
+			flipped++
+		}
+	}
+	if flipped < 400 || flipped > 600 {
+		t.Fatalf("%d of 1,000 ids changed sides of 0.5 with another key, want about 500", flipped)
+	}
+	if a, b := NewCanaryKey(), NewCanaryKey(); a == b || a == (CanaryKey{}) {
+		t.Fatal("NewCanaryKey drew the same key twice, or zeros")
+	}
+	if canaryKey(&k2) != k2 || canaryKey(nil) == (CanaryKey{}) {
+		t.Fatal("canaryKey: a given key is not kept, or nil gives zeros")
+	}
+}
+
+// BenchmarkCanaryDraw: one keyed draw of a typical request id (the router's reused MAC).
+func BenchmarkCanaryDraw(b *testing.B) {
+	d := newCanaryDraw(NewCanaryKey())
+	b.ReportAllocs()
+	for i := 0; i < b.N; i++ {
+		d.draw("req-0123456789abcdef0123456789")
 	}
 }

@@ -107,7 +107,7 @@ func TestRouteTable(t *testing.T) {
 	rt := newRouteTable([]config.Route{
 		{Model: "smol", Aliases: []string{"small"}, Backends: []config.Backend{{Model: "smol-v3", Weight: 1}}},
 		{Model: "auto", Cascade: []config.CascadeStep{{Model: "smol", AcceptIf: "mean_logprob > -1"}, {Model: "big"}}},
-	})
+	}, NewCanaryKey())
 	served := func(m string) bool { return m == "raw" }
 	cases := []struct {
 		model, route, served string

@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"slices"
@@ -151,7 +152,7 @@ func (s *Store) session(parent context.Context) (time.Time, error) {
 }
 
 // readDirs names read's ranges, in order.
-var readDirs = [...]string{KeyRoutes, KeyStaticWorkers, DirReplicas, DirDrained}
+var readDirs = [...]string{KeyRoutes, KeyStaticWorkers, DirReplicas, DirDrained, KeyCanary}
 
 // read takes what the store follows under the prefix, at one revision: the two tables,
 // replicas/ and the keys of drained/ (a drain's value says nothing). Each directory is read
@@ -165,6 +166,7 @@ func (s *Store) read(ctx context.Context) (int64, []*mvccpb.KeyValue, error) {
 		clientv3.OpGet(s.key(KeyStaticWorkers)),
 		clientv3.OpGet(s.key(DirReplicas), clientv3.WithPrefix(), clientv3.WithLimit(int64(s.maxReplicas)+1)),
 		clientv3.OpGet(s.key(DirDrained), clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithLimit(int64(s.maxDrained)+1)),
+		clientv3.OpGet(s.key(KeyCanary)),
 	).Commit()
 	if err != nil {
 		return 0, nil, s.overBound(err)
@@ -178,7 +180,7 @@ func (s *Store) read(ctx context.Context) (int64, []*mvccpb.KeyValue, error) {
 		if rr == nil {
 			return 0, nil, fmt.Errorf("etcd's answer %d is not a range", i)
 		}
-		if bound := [...]int{1, 1, s.maxReplicas, s.maxDrained}[i]; len(rr.Kvs) > bound {
+		if bound := [...]int{1, 1, s.maxReplicas, s.maxDrained, 1}[i]; len(rr.Kvs) > bound {
 			s.log.Error("more entries under a directory than the store's bound: the first are kept", "directory", readDirs[i], "bound", bound, "listed", rr.Count)
 		}
 		kvs = append(kvs, rr.Kvs...)
@@ -208,8 +210,9 @@ func (s *Store) probe(ctx context.Context) error {
 	return nil
 }
 
-// seed stores this replica's configured tables where etcd has none yet (the first replica
-// of a fleet brings the fleet's tables; later ones take what is stored).
+// seed stores this replica's configured tables and its canary key where etcd has none yet
+// (the first replica of a fleet brings the fleet's tables and key; later ones take what is
+// stored).
 func (s *Store) seed(ctx context.Context) error {
 	s.mu.Lock()
 	routes, static := s.cfg.SeedRoutes, s.cfg.SeedStatic
@@ -217,10 +220,13 @@ func (s *Store) seed(ctx context.Context) error {
 	for _, t := range []struct {
 		name string
 		doc  any
-	}{{KeyRoutes, routesDoc{Routes: nonNil(routes)}}, {KeyStaticWorkers, staticDoc{StaticWorkers: nonNil(static)}}} {
-		val, err := marshal(t.doc)
-		if err != nil {
-			return err
+	}{{KeyRoutes, routesDoc{Routes: nonNil(routes)}}, {KeyStaticWorkers, staticDoc{StaticWorkers: nonNil(static)}}, {KeyCanary, nil}} {
+		val := hex.EncodeToString(s.cfg.CanaryKey[:])
+		if t.doc != nil {
+			var err error
+			if val, err = marshal(t.doc); err != nil {
+				return err
+			}
 		}
 		k := s.key(t.name)
 		octx, cancel := s.op(ctx)
@@ -290,6 +296,8 @@ func (s *Store) applySnapshot(rev int64, kvs []*mvccpb.KeyValue) {
 			s.putRoutesKV(kv)
 		case name == KeyStaticWorkers:
 			s.putStaticKV(kv)
+		case name == KeyCanary:
+			s.putCanaryLocked(kv.Value)
 		case strings.HasPrefix(name, DirDrained):
 			if m, ok := s.modelOf(name); ok && len(drains) < s.maxDrained {
 				drains[m] = true
@@ -333,11 +341,14 @@ func (s *Store) applyEvents(evs []*clientv3.Event) {
 		name := strings.TrimPrefix(string(ev.Kv.Key), s.prefix)
 		put := ev.Type == clientv3.EventTypePut
 		switch {
-		case name == KeyRoutes || name == KeyStaticWorkers:
+		case name == KeyRoutes || name == KeyStaticWorkers || name == KeyCanary:
 			if !put {
 				// A deleted table is put back as this replica last applied it (a table always
-				// exists, so its ETag is always a revision).
+				// exists, so its ETag is always a revision); a deleted canary key, by the
+				// first replica to put its own back (every replica then takes that one).
 				reseed = true
+			} else if name == KeyCanary {
+				s.putCanaryLocked(ev.Kv.Value)
 			} else if name == KeyRoutes {
 				routes = s.nextRoutes(routes, ev.Kv)
 			} else {
@@ -406,6 +417,27 @@ func (s *Store) modelOf(name string) (string, bool) {
 		return "", false
 	}
 	return m, true
+}
+
+// putCanaryLocked applies a stored canary key: exactly 64 hex digits, else it is logged and the
+// last one applied is kept.
+func (s *Store) putCanaryLocked(val []byte) {
+	var k [32]byte
+	if len(val) != hex.EncodedLen(len(k)) {
+		s.log.Error("ignored a stored canary key that is not 64 hex digits; the last one applied stays", "bytes", len(val))
+		return
+	}
+	if _, err := hex.Decode(k[:], val); err != nil {
+		s.log.Error("ignored a stored canary key that is not 64 hex digits; the last one applied stays", "bytes", len(val))
+		return
+	}
+	if s.canary != nil && *s.canary == k {
+		return
+	}
+	s.canary = &k
+	if s.cfg.Apply.CanaryKey != nil {
+		s.cfg.Apply.CanaryKey(k)
+	}
 }
 
 func (s *Store) putRoutesKV(kv *mvccpb.KeyValue) {

@@ -7,6 +7,8 @@
 //	P routes           {"routes":[…]}: the route table; its mod revision is the ETag and the epoch
 //	P static_workers   {"static_workers":[…]}: the static worker table; its mod revision is the ETag
 //	P drained/<model>  a drained model (the key exists while it is drained; model path-escaped)
+//	P canary_key       the canary draw's key, 64 hex digits (R20): the first replica stores its
+//	                   own, every replica draws with the stored one
 //	P replicas/<id>    a live replica (leased): {"id","http_address","grpc_address","started_at"}
 //
 // etcd is the one owner of these facts. A replica's router, registry and scrapers hold the
@@ -47,6 +49,7 @@ import (
 const (
 	KeyRoutes        = "routes"
 	KeyStaticWorkers = "static_workers"
+	KeyCanary        = "canary_key"
 	DirDrained       = "drained/"
 	DirReplicas      = "replicas/"
 )
@@ -83,6 +86,8 @@ type Applier struct {
 	Drains func(models []string)
 	// Replicas tells the live replica count (≥ 1: this replica counts itself).
 	Replicas func(n int)
+	// CanaryKey installs the canary draw's key the replicas share (R20); nil = not followed.
+	CanaryKey func(key [32]byte)
 }
 
 // Replica is one entry of replicas/ (GET /admin/v1/replicas).
@@ -102,6 +107,8 @@ type Config struct {
 	// Seed is what this replica's configuration holds: stored only where etcd has no table yet.
 	SeedRoutes []config.Route
 	SeedStatic []config.StaticWorker
+	// CanaryKey is this replica's own canary key: stored where etcd has none yet.
+	CanaryKey  [32]byte
 	Apply      Applier
 	Clock      clock.Clock
 	Logger     *slog.Logger
@@ -136,6 +143,7 @@ type Store struct {
 	maxDrained, maxReplicas int
 	replicas                map[string]Replica
 	lease                   clientv3.LeaseID
+	canary                  *[32]byte // the canary key last applied (nil: none yet)
 
 	cancel context.CancelFunc
 	done   chan struct{}

@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -35,6 +36,8 @@ type applied struct {
 	replicas     int
 	pushes       int // calls into the applier, of every kind
 	drainsPushed int
+	canary       [32]byte
+	canaries     int // CanaryKey calls
 	changed      chan struct{}
 }
 
@@ -78,7 +81,22 @@ func (a *applied) applier() Applier {
 			a.mu.Unlock()
 			a.poke()
 		},
+		CanaryKey: func(k [32]byte) {
+			a.mu.Lock()
+			a.canary = k
+			a.canaries++
+			a.pushes++
+			a.mu.Unlock()
+			a.poke()
+		},
 	}
+}
+
+// keyOf is the canary key a test replica brings: its id's bytes.
+func keyOf(id string) [32]byte {
+	var k [32]byte
+	copy(k[:], id)
+	return k
 }
 
 // await polls cond (under the lock) until it holds or d passes.
@@ -132,7 +150,7 @@ func startReplicaOp(t *testing.T, cc config.Cluster, id string, seed []config.Ro
 	s, err := Start(Config{
 		Cluster:    cc,
 		Self:       Replica{ID: id, HTTPAddress: "127.0.0.1:1", GRPCAddress: "127.0.0.1:2", StartedAt: time.Unix(1700000000, 0).UTC()},
-		SeedRoutes: config.NormalizeRoutes(seed), Apply: got.applier(), Registerer: reg,
+		SeedRoutes: config.NormalizeRoutes(seed), Apply: got.applier(), Registerer: reg, CanaryKey: keyOf(id),
 		OpTimeout: op, ProbeInterval: 100 * time.Millisecond,
 	})
 	if err != nil {
@@ -850,4 +868,55 @@ func TestReadAtTheBoundsFits(t *testing.T) {
 	got.await(t, 5*time.Second, "everything read", func(x *applied) bool {
 		return slices.Equal(x.drains, want) && x.replicas == MaxReplicas+1 && slices.Equal(routeModels(x.routes), []string{"big"})
 	})
+}
+
+// TestCanaryKeyShared (R20): the first replica stores its canary key and every replica draws
+// with it; a deleted key is put back by a replica and all take that one; a stored value that
+// is not 64 hex digits is ignored and the last key applied stays.
+func TestCanaryKeyShared(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	a := startReplica(t, etcd.Endpoint(), "a", nil)
+	a.got.await(t, 5*time.Second, "a applies its own key", func(x *applied) bool { return x.canary == keyOf("a") })
+	b := startReplica(t, etcd.Endpoint(), "b", nil)
+	b.got.await(t, 5*time.Second, "b applies a's stored key", func(x *applied) bool { return x.canary == keyOf("a") })
+
+	cli := rawClient(t, etcd.Endpoint())
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := cli.Delete(ctx, "/test/"+KeyCanary); err != nil {
+		t.Fatal(err)
+	}
+	var k [32]byte
+	a.got.await(t, 5*time.Second, "a replica puts a key back", func(*applied) bool {
+		resp, err := cli.Get(ctx, "/test/"+KeyCanary)
+		if err != nil || len(resp.Kvs) != 1 {
+			return false
+		}
+		_, err = hex.Decode(k[:], resp.Kvs[0].Value)
+		return err == nil
+	})
+	if k != keyOf("a") && k != keyOf("b") {
+		t.Fatalf("the key put back is %x, neither replica's", k)
+	}
+	for _, r := range []replica{a, b} {
+		r.got.await(t, 5*time.Second, "both replicas apply the key put back", func(x *applied) bool { return x.canary == k })
+	}
+
+	a.got.mu.Lock()
+	n := a.got.canaries
+	a.got.mu.Unlock()
+	for _, bad := range []string{"zz", strings.Repeat("g", 64), strings.Repeat("0", 66)} {
+		if _, err := cli.Put(ctx, "/test/"+KeyCanary, bad); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := cli.Put(ctx, "/test/routes", `{"routes":[]}`); err != nil { // a later event to wait on
+		t.Fatal(err)
+	}
+	a.got.await(t, 5*time.Second, "a applies the later table", func(x *applied) bool { return len(x.routes) == 0 && x.routeRev > 0 })
+	a.got.mu.Lock()
+	defer a.got.mu.Unlock()
+	if a.got.canaries != n || a.got.canary != k {
+		t.Fatalf("invalid stored keys were applied: %d pushes (was %d), key %x", a.got.canaries, n, a.got.canary)
+	}
 }

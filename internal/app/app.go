@@ -52,6 +52,7 @@ type App struct {
 
 	cfg      *config.Config
 	log      *slog.Logger
+	canary   router.CanaryKey // this process's canary key (R20); a cluster's stored one replaces it
 	httpSrv  *http.Server
 	grpcLis  *grpcapi.Listener
 	engines  *grpcapi.Engines
@@ -98,7 +99,9 @@ func Start(cfg *config.Config, o Options) (*App, error) {
 	var kvs *grpcapi.KVSubscriber
 	// Every actor's mailbox and every request's I/O run on pooled goroutines (internal/gopool).
 	pool := gopool.New(0)
+	canary := router.NewCanaryKey()
 	gw, err := gateway.Start(gateway.Config{
+		CanaryKey: &canary,
 		Admission: admCfg, PrefixIndexBlocks: prefixBlocks, MaxWorkers: cfg.Registry.MaxWorkers,
 		// precise_prefix's exact index keeps as many chunk ids per worker as the approximate one.
 		KVIndexBlocks: cfg.Admission.PrefixIndex.BlocksPerWorker,
@@ -145,7 +148,7 @@ func Start(cfg *config.Config, o Options) (*App, error) {
 		kvs = grpcapi.NewKVSubscriber(grpcapi.KVSubscriberOptions{Sink: gw, Engines: engines, Clock: o.Clock,
 			Logger: o.Logger.With("component", "kv_events")})
 	}
-	a := &App{Gateway: gw, Registry: reg, cfg: cfg, log: o.Logger, serveErr: make(chan error, 2), pool: pool,
+	a := &App{Gateway: gw, Registry: reg, cfg: cfg, canary: canary, log: o.Logger, serveErr: make(chan error, 2), pool: pool,
 		clock: o.Clock, kvs: kvs}
 	a.unwatch = am.WatchSystem(gw.System)
 

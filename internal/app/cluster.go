@@ -39,11 +39,13 @@ func (a *App) startCluster(self cluster.Replica) error {
 	s, err := cluster.Start(cluster.Config{
 		Cluster: a.cfg.Cluster, Self: self,
 		SeedRoutes: a.cfg.Gateway.Routes, SeedStatic: a.cfg.Gateway.StaticWorkers,
+		CanaryKey: a.canary,
 		Apply: cluster.Applier{
-			Routes:   gw.InstallRoutes,
-			Static:   static.install,
-			Drains:   gw.SyncDrains,
-			Replicas: api.SetReplicas,
+			Routes:    gw.InstallRoutes,
+			Static:    static.install,
+			Drains:    gw.SyncDrains,
+			Replicas:  api.SetReplicas,
+			CanaryKey: gw.SetCanaryKey,
 		},
 		Clock: a.clock, Logger: a.log, Registerer: a.Registry,
 	})

@@ -316,6 +316,48 @@ func TestClusterOfThreeReplicas(t *testing.T) {
 		}
 	})
 
+	t.Run("a request id draws the same canary backend through every replica", func(t *testing.T) {
+		// R20: the draw is keyed, and the replicas share the key through etcd, so an id
+		// lands on one backend whichever replica serves it (smol on s1..s3, big on b1).
+		etag := c.etag(t, 0)
+		table := `{"routes":[{"model":"chat","backends":[{"model":"smol","weight":1}]},{"model":"split","backends":[{"model":"smol","weight":1},{"model":"big","weight":1}]}]}`
+		if resp, body := c.do(t, 0, "PUT", "/admin/v1/routes", etag, table); resp.StatusCode != 200 {
+			t.Fatalf("PUT: %d %s", resp.StatusCode, body)
+		} else {
+			next := resp.Header.Get("ETag")
+			for _, i := range []int{1, 2} {
+				eventually(t, fmt.Sprintf("replica %d has the split", i+1), time.Second, func() bool { return c.etag(t, i) == next })
+			}
+		}
+		bigs := 0
+		for n := range 40 {
+			var got [3]bool
+			for i := range 3 {
+				req, _ := http.NewRequest("POST", c.base(i)+"/v1/completions", strings.NewReader(`{"model":"split","prompt":"x","max_tokens":1}`))
+				req.Header.Set("Authorization", "Bearer "+clusterKey)
+				req.Header.Set("X-Request-ID", fmt.Sprintf("same-id-%d", n))
+				resp, err := http.DefaultClient.Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				resp.Body.Close()
+				if resp.StatusCode != 200 {
+					t.Fatalf("id %d on replica %d: %d", n, i+1, resp.StatusCode)
+				}
+				got[i] = strings.Contains(resp.Header.Get("X-TL-Route"), "b1")
+			}
+			if got[0] != got[1] || got[1] != got[2] {
+				t.Fatalf("id same-id-%d went to big on replicas %v", n, got)
+			}
+			if got[0] {
+				bigs++
+			}
+		}
+		if bigs == 0 || bigs == 40 {
+			t.Fatalf("%d of 40 ids drew big from a 50/50 split", bigs)
+		}
+	})
+
 	t.Run("the static worker table is shared too", func(t *testing.T) {
 		resp, body := c.do(t, 0, "GET", "/admin/v1/static-workers", "", "")
 		if resp.StatusCode != 200 {
