@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"bytes"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -124,4 +125,16 @@ func printable(s string) bool {
 		}
 	}
 	return true
+}
+
+// decodeCanaryKey reads a stored canary key: exactly 64 hex digits (R20).
+func decodeCanaryKey(val []byte) ([32]byte, error) {
+	var k [32]byte
+	if len(val) != hex.EncodedLen(len(k)) {
+		return k, fmt.Errorf("cluster: a canary key is 64 hex digits, not %d bytes", len(val))
+	}
+	if _, err := hex.Decode(k[:], val); err != nil {
+		return [32]byte{}, fmt.Errorf("cluster: a canary key is 64 hex digits: %w", err)
+	}
+	return k, nil
 }

@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"encoding/hex"
 	"strings"
 	"testing"
 	"time"
@@ -82,6 +83,7 @@ func FuzzDecode(f *testing.F) {
 	f.Add([]byte(`{"static_workers":[]}`), "x")
 	f.Add([]byte(`{"id":"gw","http_address":"h:1"}`), "gw")
 	f.Add([]byte(`a%2Fb`), "a%2Fb")
+	f.Add([]byte(strings.Repeat("ab", 32)), "k")
 	f.Fuzz(func(t *testing.T, b []byte, s string) {
 		if rs, err := decodeRoutes(b); err == nil {
 			if len(b) > MaxTableBytes {
@@ -102,7 +104,28 @@ func FuzzDecode(f *testing.F) {
 		if m, err := unescapeModel(s); err == nil && (len(m) > MaxModelIDLen || m == "") {
 			t.Fatalf("model %q", m)
 		}
+		if k, err := decodeCanaryKey(b); err == nil {
+			if hex.EncodeToString(k[:]) != strings.ToLower(string(b)) {
+				t.Fatalf("canary key %x from %q", k, b)
+			}
+		} else if k != ([32]byte{}) {
+			t.Fatalf("a refused canary key gave %x", k)
+		}
 	})
+}
+
+// TestDecodeCanaryKey: exactly 64 hex digits (either case) are a key; 63, 65, or a non-hex
+// digit are refused with nothing decoded.
+func TestDecodeCanaryKey(t *testing.T) {
+	good := strings.Repeat("0f", 32)
+	if k, err := decodeCanaryKey([]byte(strings.ToUpper(good))); err != nil || k[0] != 0x0f || k[31] != 0x0f {
+		t.Fatalf("%x %v", k, err)
+	}
+	for _, bad := range []string{good[:63], good + "0", good[:62] + "0g", ""} {
+		if k, err := decodeCanaryKey([]byte(bad)); err == nil || k != ([32]byte{}) {
+			t.Fatalf("%q: %x %v, want refused", bad, k, err)
+		}
+	}
 }
 
 // TestDecodeBoundaries: every bound admits exactly its limit.

@@ -422,13 +422,9 @@ func (s *Store) modelOf(name string) (string, bool) {
 // putCanaryLocked applies a stored canary key: exactly 64 hex digits, else it is logged and the
 // last one applied is kept.
 func (s *Store) putCanaryLocked(val []byte) {
-	var k [32]byte
-	if len(val) != hex.EncodedLen(len(k)) {
-		s.log.Error("ignored a stored canary key that is not 64 hex digits; the last one applied stays", "bytes", len(val))
-		return
-	}
-	if _, err := hex.Decode(k[:], val); err != nil {
-		s.log.Error("ignored a stored canary key that is not 64 hex digits; the last one applied stays", "bytes", len(val))
+	k, err := decodeCanaryKey(val)
+	if err != nil {
+		s.log.Error("ignored a stored canary key; the last one applied stays", "err", err)
 		return
 	}
 	if s.canary != nil && *s.canary == k {
