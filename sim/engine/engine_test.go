@@ -370,7 +370,8 @@ func TestFaultSwitches(t *testing.T) {
 		for _, b := range []string{body, strings.Replace(body, `"seed":3`, `"seed":3,"stream":true`, 1)} {
 			resp, out := post(t, e, "/v1/completions", b)
 			h := resp.Header
-			if resp.StatusCode != 200 || h.Get("Set-Cookie") == "" || h.Get("X-TL-Route") != "spoofed" || h.Get("Location") == "" {
+			if resp.StatusCode != 200 || h.Get("Set-Cookie") == "" || h.Get("X-TL-Route") != "spoofed" || h.Get("Location") == "" ||
+				!strings.HasPrefix(h.Get("Content-Type"), "text/html") {
 				t.Fatalf("%d %v %s", resp.StatusCode, h, out)
 			}
 		}

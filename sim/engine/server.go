@@ -104,6 +104,16 @@ func badHeaders(h http.Header) {
 	h.Set("Location", "http://169.254.169.254/latest/meta-data/")
 }
 
+// contentType labels the answer ct, or text/html under the bad-headers fault (R20: an engine's
+// label must not reach the client, or a browser would run its answer as a page of the
+// gateway's origin).
+func (x *run) contentType(ct string) {
+	if x.e.cfg.Fault.Kind == faults.BadHeaders {
+		ct = "text/html; charset=utf-8"
+	}
+	x.w.Header().Set("Content-Type", ct)
+}
+
 func randomSeed() uint64 {
 	var b [8]byte
 	_, _ = rand.Read(b[:])
@@ -317,7 +327,7 @@ func (x *run) cut() {
 // partialJSON starts a JSON answer that will not be finished: its headers (a Content-Length it
 // will not reach) and the first bytes of its body.
 func (x *run) partialJSON() {
-	x.w.Header().Set("Content-Type", "application/json")
+	x.contentType("application/json")
 	x.w.Header().Set("Content-Length", "4096")
 	x.w.WriteHeader(http.StatusOK)
 	_, _ = x.w.Write([]byte(`{"id":"` + x.id + `","choices":[`))
@@ -346,7 +356,7 @@ func (x *run) stall() error {
 func (x *run) endless() error {
 	head := `data: {"id":"` + x.id + `","choices":[{"index":0,"text":"`
 	if !x.req.stream {
-		x.w.Header().Set("Content-Type", "application/json")
+		x.contentType("application/json")
 		x.w.WriteHeader(http.StatusOK)
 		head = `{"id":"` + x.id + `","choices":[{"index":0,"text":"`
 	}
@@ -386,7 +396,7 @@ func (x *run) text() string {
 
 func (x *run) startStream() {
 	h := x.w.Header()
-	h.Set("Content-Type", "text/event-stream")
+	x.contentType("text/event-stream")
 	h.Set("Cache-Control", "no-cache")
 	x.w.WriteHeader(http.StatusOK)
 	if x.req.chat {
@@ -502,7 +512,7 @@ func (x *run) writeJSON() error {
 	if err != nil {
 		return err
 	}
-	x.w.Header().Set("Content-Type", "application/json")
+	x.contentType("application/json")
 	x.w.Header().Set("Content-Length", strconv.Itoa(len(b)))
 	x.w.WriteHeader(http.StatusOK)
 	_, err = x.w.Write(b)

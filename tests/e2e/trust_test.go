@@ -172,3 +172,37 @@ tokens = [{ token = "engine-secret" }]
 		t.Fatal("the log repeats the token")
 	}
 }
+
+// TestEngineHeadersStayBehind (R13.4, R20, issue 35: the engine's Content-Type was passed as
+// is, so an engine answering text/html to a cross-site form POST ran script in the gateway's
+// origin): a tlengine with --fault bad-headers labels every answer text/html and adds
+// Set-Cookie, Location and X-TL-Route: spoofed. Through the gateway every answer is labelled
+// by the gateway (application/json; a stream the engine mislabelled is relayed as a JSON
+// answer, the engine's label deciding how its answer is read), with nosniff, and none of the
+// engine's other headers.
+func TestEngineHeadersStayBehind(t *testing.T) {
+	f := startFleet(t, fastHeartbeats, []string{"e-bad", "--model", "smol", "--fault", "bad-headers"})
+	for _, tc := range []struct{ body, want string }{
+		{`{"model":"smol","prompt":"<script>alert(1)</script>","max_tokens":2}`, "application/json"},
+		{`{"model":"smol","prompt":"<script>alert(1)</script>","max_tokens":2,"stream":true}`, "application/json"},
+	} {
+		req, _ := http.NewRequest("POST", f.base+"/v1/completions", strings.NewReader(tc.body))
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded") // as a cross-site form sends it
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		h := resp.Header
+		if resp.StatusCode != 200 || !strings.HasPrefix(h.Get("Content-Type"), tc.want) || h.Get("X-Content-Type-Options") != "nosniff" {
+			t.Fatalf("%s: %d, Content-Type %q, X-Content-Type-Options %q; want 200, %s, nosniff",
+				tc.body, resp.StatusCode, h.Get("Content-Type"), h.Get("X-Content-Type-Options"), tc.want)
+		}
+		for _, k := range []string{"Set-Cookie", "Location", "X-TL-Route"} {
+			if v := h.Get(k); v != "" {
+				t.Fatalf("%s: the engine's %s: %q reached the client", tc.body, k, v)
+			}
+		}
+	}
+}
