@@ -183,7 +183,7 @@ tokens = [{ token = "token-a", id_prefix = "e-" }, { token = "token-b", id_prefi
 `, hb, k), []string{"e-1", "--model", "smol"}, []string{"e-2", "--model", "smol"})
 
 			ctx, cancel := context.WithCancel(context.Background())
-			fl := flood(ctx, net.IPv4(127, 0, 0, 2), f.gw.GRPCAddr, attackerToken, 100, 100, 250*time.Millisecond)
+			fl := flood(ctx, net.IPv4(127, 0, 0, 2), f.gw.GRPCAddr, attackerToken, 100, 100, 500*time.Millisecond)
 			defer func() { cancel(); fl.wg.Wait() }()
 			eventually(t, "the flood sent 10,000 streams", 20*time.Second, func() bool { return fl.sent.Load() >= 10000 })
 
