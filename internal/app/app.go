@@ -190,7 +190,7 @@ func Start(cfg *config.Config, o Options) (*App, error) {
 	if o.ActorOptions != nil {
 		reqOpts = append(reqOpts, o.ActorOptions("request")...)
 	}
-	a.static = &staticWorkers{mgr: scrape.NewManager(scrapeSink{gw: gw}, o.Clock, reg)}
+	a.static = &staticWorkers{mgr: scrape.NewManager(scrapeSink{gw: gw}, o.Clock, reg), rules: cfg.EngineRules()}
 	a.static.start(g.StaticWorkers)
 	var core httpapi.Core = gw
 	var static httpapi.StaticWorkers = a.static

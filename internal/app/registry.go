@@ -11,7 +11,6 @@ import (
 
 	grpcapi "github.com/tlgw/tlgw/adapters/grpc"
 	"github.com/tlgw/tlgw/internal/config"
-	"github.com/tlgw/tlgw/internal/engineaddr"
 )
 
 // registryOptions turns [registry] into the WorkerRegistry's options and the gRPC server's
@@ -28,7 +27,7 @@ func registryOptions(cfg *config.Config) (grpcapi.Options, []grpc.ServerOption, 
 	}
 	o := grpcapi.Options{
 		Auth:                  grpcapi.NewAuth(tokens, r.ClientCA != "").WithCertificateQuota(r.CertificateMaxWorkers),
-		Addresses:             engineaddr.Rules{CIDRs: r.EngineCIDRs},
+		Addresses:             cfg.EngineRules(),
 		MaxConnections:        grpcapi.ConnectionLimit(r.MaxWorkers),
 		MaxCalls:              grpcapi.CallLimit(r.MaxWorkers),
 		MaxProbeCalls:         grpcapi.ProbeLimit,

@@ -9,6 +9,7 @@ import (
 	"github.com/tlgw/tlgw/actors/router"
 	"github.com/tlgw/tlgw/adapters/scrape"
 	"github.com/tlgw/tlgw/internal/config"
+	"github.com/tlgw/tlgw/internal/engineaddr"
 	"github.com/tlgw/tlgw/internal/errs"
 )
 
@@ -21,6 +22,7 @@ type staticWorkers struct {
 	epoch uint64
 	ws    []config.StaticWorker
 	mgr   *scrape.Manager
+	rules engineaddr.Rules // the configuration's engine rules, which a PUT table follows (R20)
 }
 
 // start installs the configured table as epoch 1.
@@ -46,6 +48,9 @@ func (s *staticWorkers) StaticWorkers() (uint64, []config.StaticWorker) {
 }
 
 func (s *staticWorkers) PutStaticWorkers(ifMatch uint64, ws []config.StaticWorker) (uint64, error) {
+	if err := config.StaticWorkerAddresses(ws, s.rules); err != nil {
+		return 0, fmt.Errorf("%v: %w", err, errs.ErrInvalidStaticWorker)
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if ifMatch != s.epoch {

@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
@@ -30,6 +31,7 @@ func TestStaticWorkersAdmin(t *testing.T) {
 	// Engines' heartbeats are not what a static worker lives by: its deadline is k scrape
 	// intervals (150 ms here), not k·T (3 min).
 	cfg.Gateway.HeartbeatInterval = time.Minute
+	cfg.Registry.EngineCIDRs = []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}
 	a, err := app.Start(cfg, app.Options{Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
@@ -60,15 +62,18 @@ func TestStaticWorkersAdmin(t *testing.T) {
 	if resp, _ := do("PUT", table, "If-Match", `"7"`); resp.StatusCode != 412 {
 		t.Fatalf("stale: %d", resp.StatusCode)
 	}
-	for _, bad := range []string{
-		`{"static_workers":[{"id":"x","model":"m","http_address":"h:1","metrics":"nope"}]}`,
-		`{"static_workers":[{"id":"x","model":"m","http_address":"h:1","metrics":"vllm","colour":1}]}`,
-		`{"static_workers":[{"id":"x","model":"m","http_address":"h:1","metrics":"vllm","scrape_interval":"soon"}]}`,
-		`{}`,
+	for _, bad := range []struct{ table, key string }{
+		{`{"static_workers":[{"id":"x","model":"m","http_address":"h:1","metrics":"nope"}]}`, "static_workers[0].metrics"},
+		{`{"static_workers":[{"id":"x","model":"m","http_address":"h:1","metrics":"vllm","colour":1}]}`, "colour"},
+		{`{"static_workers":[{"id":"x","model":"m","http_address":"h:1","metrics":"vllm","scrape_interval":"soon"}]}`, "is not a duration"},
+		{`{}`, "static_workers"},
+		// R20: the address rules of a heartbeat, the configuration's engine_cidrs included.
+		{`{"static_workers":[{"id":"x","model":"m","http_address":"h:1/v1/admin?x=","metrics":"vllm"}]}`, "static_workers[0].http_address"},
+		{`{"static_workers":[{"id":"x","model":"m","http_address":"10.0.0.5:8000","metrics":"vllm"}]}`, "static_workers[0].http_address"},
 	} {
-		resp, body := do("PUT", bad, "If-Match", `"1"`)
-		if resp.StatusCode != 400 || !strings.Contains(body, "invalid_static_worker") {
-			t.Fatalf("%s: %d %s", bad, resp.StatusCode, body)
+		resp, body := do("PUT", bad.table, "If-Match", `"1"`)
+		if resp.StatusCode != 400 || !strings.Contains(body, "invalid_static_worker") || !strings.Contains(body, bad.key) {
+			t.Fatalf("%s: %d %s, want 400 invalid_static_worker naming %s", bad.table, resp.StatusCode, body, bad.key)
 		}
 	}
 	resp, body = do("PUT", table, "If-Match", `"1"`)

@@ -356,6 +356,7 @@ func Parse(data []byte, getenv func(string) string) (*Config, error) {
 	if ps.empty() {
 		checkRegistryExposure(cfg, &ps)
 		checkHTTPExposure(cfg, &ps)
+		staticWorkerAddresses(cfg.Gateway.StaticWorkers, path{key("gateway")}, cfg.EngineRules(), &ps)
 	}
 	if !ps.empty() {
 		return fail(ps.sorted())

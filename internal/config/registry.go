@@ -30,6 +30,9 @@ type Registry struct {
 	// MaxConnectionsPerPeer and MaxCallsPerPeer bound the connections held from, and the calls
 	// run at once for, one peer address on registry_listen (0 = no bound; defaults 64, 256).
 	MaxConnectionsPerPeer, MaxCallsPerPeer int
+	// AllowLoopbackEngines lets a registry that listens off loopback take engines at loopback
+	// addresses (R20); a registry on loopback always does.
+	AllowLoopbackEngines bool
 }
 
 // RegistryToken is one [[registry.tokens]] entry.
@@ -73,6 +76,8 @@ type fileRegistry struct {
 	CertMax       *int                `json:"certificate_max_workers"`
 	ConnsPerPeer  *int                `json:"max_connections_per_peer"`
 	CallsPerPeer  *int                `json:"max_calls_per_peer"`
+	// AllowLoopbackEngines: see Registry.
+	AllowLoopbackEngines *bool `json:"allow_loopback_engines"`
 }
 
 type fileRegistryToken struct {
@@ -96,6 +101,7 @@ func (fr *fileRegistry) apply(r *Registry, getenv func(string) string, ps *probl
 	setIf(&r.CertificateMaxWorkers, fr.CertMax)
 	setIf(&r.MaxConnectionsPerPeer, fr.ConnsPerPeer)
 	setIf(&r.MaxCallsPerPeer, fr.CallsPerPeer)
+	setIf(&r.AllowLoopbackEngines, fr.AllowLoopbackEngines)
 	if (r.TLSCert == "") != (r.TLSKey == "") {
 		ps.add(base.with(key("tls_key")), "tls_cert and tls_key go together; give both or neither")
 	}
@@ -152,6 +158,17 @@ func RegistryExposure(cfg *Config) error {
 		return nil
 	}
 	return fmt.Errorf("gateway.registry_listen %q is not a loopback address and the registry has neither tokens nor client_ca; anyone who reaches it could register workers (set registry.allow_insecure = true to serve it anyway)", cfg.Gateway.RegistryListen)
+}
+
+// EngineRules are the address rules engines are held to (R13.2, R20): [registry] engine_cidrs,
+// and loopback refused when gateway.registry_listen is off loopback unless
+// [registry] allow_loopback_engines. Heartbeats are checked against them as written, static
+// workers when their table is set, and every connection to an engine at dial time.
+func (c *Config) EngineRules() engineaddr.Rules {
+	return engineaddr.Rules{
+		CIDRs:          c.Registry.EngineCIDRs,
+		RefuseLoopback: !c.Registry.AllowLoopbackEngines && !LoopbackListen(c.Gateway.RegistryListen),
+	}
 }
 
 // LoopbackListen reports whether a listen address binds only loopback: localhost or a

@@ -24,6 +24,7 @@ max_workers = 50
 certificate_max_workers = 5
 max_connections_per_peer = 0
 max_calls_per_peer = 9
+allow_loopback_engines = true
 `), func(k string) string { return env[k] })
 	if err != nil {
 		t.Fatal(err)
@@ -37,6 +38,7 @@ max_calls_per_peer = 9
 		MaxWorkers:            50,
 		CertificateMaxWorkers: 5,
 		MaxCallsPerPeer:       9,
+		AllowLoopbackEngines:  true,
 	}
 	if d := cmp.Diff(want, cfg.Registry, cmp.Comparer(func(a, b netip.Prefix) bool { return a == b })); d != "" {
 		t.Fatalf("registry (-want +got):\n%s", d)
@@ -44,7 +46,7 @@ max_calls_per_peer = 9
 	if s := cfg.Registry.Tokens[0].String(); strings.Contains(s, "s3cret") {
 		t.Fatalf("String leaks the token: %s", s)
 	}
-	if d := Default().Registry; d.MaxWorkers != 10000 || !d.Open() || d.MaxConnectionsPerPeer != 64 || d.MaxCallsPerPeer != 256 || d.CertificateMaxWorkers != 0 {
+	if d := Default().Registry; d.MaxWorkers != 10000 || !d.Open() || d.MaxConnectionsPerPeer != 64 || d.MaxCallsPerPeer != 256 || d.CertificateMaxWorkers != 0 || d.AllowLoopbackEngines {
 		t.Fatalf("default registry %+v", d)
 	}
 }
@@ -69,6 +71,7 @@ func TestRegistryProblems(t *testing.T) {
 		"cert no key":    {"[registry]\ntls_cert = 'c.pem'", "config: registry.tls_key: tls_cert and tls_key go together"},
 		"ca no cert":     {"[registry]\nclient_ca = 'ca.pem'", "config: registry.client_ca: needs tls_cert and tls_key"},
 		"insecure type":  {"[registry]\nallow_insecure = 'yes'", "config: registry.allow_insecure: must be a boolean"},
+		"loopback type":  {"[registry]\nallow_loopback_engines = 1", "config: registry.allow_loopback_engines: must be a boolean"},
 		"open off loopback": {"[gateway]\nregistry_listen = '0.0.0.0:9090'",
 			"config: registry.allow_insecure: gateway.registry_listen \"0.0.0.0:9090\" is not a loopback address"},
 		"open all interfaces": {"[gateway]\nregistry_listen = ':9090'", "config: registry.allow_insecure:"},
@@ -96,6 +99,32 @@ func TestRegistryExposure(t *testing.T) {
 		_, err := Parse([]byte(toml), func(string) string { return "" })
 		if (err == nil) != ok {
 			t.Errorf("%q: %v, want ok=%v", toml, err, ok)
+		}
+	}
+}
+
+// TestEngineRules (R20): loopback engines are refused exactly when the registry listens off
+// loopback and allow_loopback_engines is not set; engine_cidrs are carried either way.
+func TestEngineRules(t *testing.T) {
+	for _, c := range []struct {
+		listen         string
+		allow, refused bool
+	}{
+		{"127.0.0.1:9090", false, false},
+		{"[::1]:9090", false, false},
+		{"localhost:9090", false, false},
+		{"0.0.0.0:9090", false, true},
+		{":9090", false, true},
+		{"10.0.0.2:9090", false, true},
+		{"10.0.0.2:9090", true, false},
+		{"0.0.0.0:9090", true, false},
+	} {
+		cfg := Default()
+		cfg.Gateway.RegistryListen, cfg.Registry.AllowLoopbackEngines = c.listen, c.allow
+		cfg.Registry.EngineCIDRs = []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}
+		r := cfg.EngineRules()
+		if r.RefuseLoopback != c.refused || len(r.CIDRs) != 1 || r.CIDRs[0] != cfg.Registry.EngineCIDRs[0] {
+			t.Errorf("registry_listen %s, allow_loopback_engines %v: %+v, want loopback refused %v", c.listen, c.allow, r, c.refused)
 		}
 	}
 }

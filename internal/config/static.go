@@ -3,9 +3,7 @@ package config
 import (
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/url"
-	"strconv"
 	"time"
 
 	"github.com/tlgw/tlgw/internal/engineaddr"
@@ -72,9 +70,11 @@ func NormalizeStaticWorkers(ws []StaticWorker) []StaticWorker {
 }
 
 // ValidateStaticWorkers checks a static worker table: ids present and unique, a model, an
-// HTTP address host:port, a known role and metrics kind, an http(s) metrics URL, a positive
-// scrape interval, no negative capacity. Its messages name fields like
-// "static_workers[1].metrics".
+// HTTP address that follows the engine address rules (a plain host:port: no scheme, path,
+// query or userinfo, no link-local or unspecified IP), a known role and metrics kind, an
+// http(s) metrics URL, a positive scrape interval, no negative capacity. Its messages name
+// fields like "static_workers[1].metrics". The rules of one configuration (engine_cidrs,
+// loopback) are StaticWorkerAddresses'.
 func ValidateStaticWorkers(ws []StaticWorker) error {
 	var ps problems
 	validateStaticWorkers(ws, nil, &ps)
@@ -101,10 +101,10 @@ func validateStaticWorkers(ws []StaticWorker, base path, ps *problems) {
 		if w.Model == "" {
 			ps.add(at("model"), "is required")
 		}
-		if _, port, err := net.SplitHostPort(w.HTTPAddress); err != nil || port == "" {
-			ps.add(at("http_address"), "%q is not host:port", w.HTTPAddress)
-		} else if n, err := strconv.Atoi(port); err != nil || n <= 0 || n > 65535 {
-			ps.add(at("http_address"), "%q has no valid port", w.HTTPAddress)
+		// The address becomes http://<http_address>/v1/…: a path or query here would reach
+		// the engine's URLs, a scheme or userinfo another host.
+		if err := (engineaddr.Rules{}).HostPort(w.HTTPAddress); err != nil {
+			ps.add(at("http_address"), "%v", err)
 		}
 		switch w.Role {
 		case "", "unified", "prefill", "decode":
@@ -117,7 +117,7 @@ func validateStaticWorkers(ws []StaticWorker, base path, ps *problems) {
 			ps.add(at("metrics"), "%q is not vllm, sglang or tlengine", w.Metrics)
 		}
 		if w.MetricsURL != "" {
-			if err := checkMetricsURL(w.MetricsURL); err != nil {
+			if err := checkMetricsURL(w.MetricsURL, engineaddr.Rules{}); err != nil {
 				ps.add(at("metrics_url"), "%v", err)
 			}
 		}
@@ -130,10 +130,37 @@ func validateStaticWorkers(ws []StaticWorker, base path, ps *problems) {
 	}
 }
 
+// StaticWorkerAddresses checks a valid static worker table's addresses against one
+// configuration's engine rules (Config.EngineRules: engine_cidrs, loopback off a registry off
+// loopback), as heartbeated addresses are: the start-up configuration and every table PUT or
+// read from the cluster's store. Its messages name fields like "static_workers[1].http_address".
+func StaticWorkerAddresses(ws []StaticWorker, rules engineaddr.Rules) error {
+	var ps problems
+	staticWorkerAddresses(ws, nil, rules, &ps)
+	if ps.empty() {
+		return nil
+	}
+	return &Error{Problems: ps.sorted()}
+}
+
+func staticWorkerAddresses(ws []StaticWorker, base path, rules engineaddr.Rules, ps *problems) {
+	for i, w := range ws {
+		at := func(field string) path { return base.with(key("static_workers"), index(i), key(field)) }
+		if err := rules.HostPort(w.HTTPAddress); err != nil {
+			ps.add(at("http_address"), "%v", err)
+		}
+		if w.MetricsURL != "" {
+			if err := checkMetricsURL(w.MetricsURL, rules); err != nil {
+				ps.add(at("metrics_url"), "%v", err)
+			}
+		}
+	}
+}
+
 // checkMetricsURL: an http(s) URL without userinfo whose host follows the engine address
 // rules of R13.2 (engineaddr), so a static worker cannot point the scraper at link-local
 // metadata services or at an unspecified address.
-func checkMetricsURL(s string) error {
+func checkMetricsURL(s string, rules engineaddr.Rules) error {
 	u, err := url.Parse(s)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.Opaque != "" {
 		return fmt.Errorf("%q is not an http(s) URL", s)
@@ -141,9 +168,9 @@ func checkMetricsURL(s string) error {
 	if u.User != nil {
 		return fmt.Errorf("%q carries userinfo", s)
 	}
-	check := func() error { return engineaddr.Rules{}.Host(u.Hostname()) }
+	check := func() error { return rules.Host(u.Hostname()) }
 	if u.Port() != "" {
-		check = func() error { return engineaddr.Rules{}.HostPort(u.Host) }
+		check = func() error { return rules.HostPort(u.Host) }
 	}
 	if err := check(); err != nil {
 		return fmt.Errorf("%q: %w", s, err)

@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tlgw/tlgw/internal/engineaddr"
 )
 
 func TestStaticWorkers(t *testing.T) {
@@ -38,6 +40,7 @@ kv_total_blocks = 2048
 		"bad kind":      {"[[gateway.static_workers]]\nid='a'\nmodel='m'\nhttp_address='h:1'\nmetrics='triton'\n", "gateway.static_workers[0].metrics"},
 		"no id":         {"[[gateway.static_workers]]\nmodel='m'\nhttp_address='h:1'\nmetrics='vllm'\n", "gateway.static_workers[0]"},
 		"bad address":   {"[[gateway.static_workers]]\nid='a'\nmodel='m'\nhttp_address='nohost'\nmetrics='vllm'\n", "gateway.static_workers[0].http_address"},
+		"bad port":      {"[[gateway.static_workers]]\nid='a'\nmodel='m'\nhttp_address='h:0'\nmetrics='vllm'\n", "gateway.static_workers[0].http_address"},
 		"duplicate id":  {"[[gateway.static_workers]]\nid='a'\nmodel='m'\nhttp_address='h:1'\nmetrics='vllm'\n[[gateway.static_workers]]\nid='a'\nmodel='m'\nhttp_address='h:2'\nmetrics='vllm'\n", "gateway.static_workers[1].id"},
 		"bad interval":  {"[[gateway.static_workers]]\nid='a'\nmodel='m'\nhttp_address='h:1'\nmetrics='vllm'\nscrape_interval='often'\n", "gateway.static_workers[0].scrape_interval"},
 		"bad url":       {"[[gateway.static_workers]]\nid='a'\nmodel='m'\nhttp_address='h:1'\nmetrics='vllm'\nmetrics_url='ftp://x/m'\n", "gateway.static_workers[0].metrics_url"},
@@ -77,5 +80,81 @@ func TestStaticMetricsURLHostRules(t *testing.T) {
 		if err != nil && !strings.Contains(err.Error(), "gateway.static_workers[0].metrics_url") {
 			t.Errorf("%s: %v does not name the key", u, err)
 		}
+	}
+}
+
+// TestStaticHTTPAddressRules (R20): a static worker's http_address follows the address rules
+// of a heartbeat's — it becomes http://<http_address>/v1/…, so a scheme, path, query or
+// userinfo would reach other URLs or hosts — and start-up stops naming the key.
+func TestStaticHTTPAddressRules(t *testing.T) {
+	for addr, ok := range map[string]bool{
+		"10.0.0.5:8000":           true,
+		"engine-0.internal:8000":  true,
+		"[2001:db8::1]:8000":      true,
+		"10.0.0.5:8000/v1/admin?": false,
+		"10.0.0.5:8000?x=1":       false,
+		"10.0.0.5:8000#frag":      false,
+		"http://10.0.0.5:8000":    false,
+		"u@10.0.0.5:8000":         false,
+		"unix:8000":               false,
+		"169.254.169.254:80":      false,
+		"[fe80::1]:80":            false,
+		"0.0.0.0:8000":            false,
+		"10.0.0.5:65536":          false,
+		"10.0.0.5":                false,
+	} {
+		toml := "[[gateway.static_workers]]\nid='a'\nmodel='m'\nhttp_address='" + addr + "'\nmetrics='vllm'\n"
+		_, err := Parse([]byte(toml), func(string) string { return "" })
+		if ok != (err == nil) {
+			t.Errorf("%s: %v, want ok=%v", addr, err, ok)
+		}
+		if err != nil && !strings.Contains(err.Error(), "config: gateway.static_workers[0].http_address:") {
+			t.Errorf("%s: %v does not name the key", addr, err)
+		}
+		if ws := []StaticWorker{{ID: "a", Model: "m", HTTPAddress: addr, Metrics: "vllm"}}; ok != (ValidateStaticWorkers(ws) == nil) {
+			t.Errorf("%s: ValidateStaticWorkers (the admin API's) disagrees with the file: %v", addr, ValidateStaticWorkers(ws))
+		}
+	}
+}
+
+// TestStaticAddressesFollowEngineRules (R20): a static worker's addresses follow the same
+// configuration's engine rules as heartbeats: engine_cidrs, and no loopback on a registry off
+// loopback unless allow_loopback_engines — the http_address and the metrics_url, each named.
+func TestStaticAddressesFollowEngineRules(t *testing.T) {
+	const off = "[gateway]\nregistry_listen = '0.0.0.0:9090'\n"
+	static := func(addr, metricsURL string) string {
+		s := "[[gateway.static_workers]]\nid='a'\nmodel='m'\nhttp_address='" + addr + "'\nmetrics='vllm'\n"
+		if metricsURL != "" {
+			s += "metrics_url='" + metricsURL + "'\n"
+		}
+		return s
+	}
+	for _, c := range []struct {
+		name, toml, key string // key "": accepted
+	}{
+		{"loopback on a loopback registry", static("127.0.0.1:8000", ""), ""},
+		{"loopback off loopback", off + "[registry]\nallow_insecure = true\n" + static("127.0.0.1:8000", ""), "gateway.static_workers[0].http_address"},
+		{"loopback metrics off loopback", off + "[registry]\nallow_insecure = true\n" + static("10.0.0.5:8000", "http://[::1]:9000/metrics"), "gateway.static_workers[0].metrics_url"},
+		{"allowed loopback", off + "[registry]\nallow_insecure = true\nallow_loopback_engines = true\n" + static("127.0.0.1:8000", ""), ""},
+		{"a name off loopback", off + "[registry]\nallow_insecure = true\n" + static("localhost:8000", ""), ""}, // checked at dial time
+		{"outside engine_cidrs", "[registry]\nengine_cidrs = ['10.0.0.0/8']\n" + static("192.168.1.5:8000", ""), "gateway.static_workers[0].http_address"},
+		{"metrics outside engine_cidrs", "[registry]\nengine_cidrs = ['10.0.0.0/8']\n" + static("10.0.0.5:8000", "http://192.168.1.5:9000/m"), "gateway.static_workers[0].metrics_url"},
+		{"inside engine_cidrs", "[registry]\nengine_cidrs = ['10.0.0.0/8']\n" + static("10.0.0.5:8000", ""), ""},
+	} {
+		_, err := Parse([]byte(c.toml), func(string) string { return "" })
+		switch {
+		case c.key == "" && err != nil:
+			t.Errorf("%s: %v, want it accepted", c.name, err)
+		case c.key != "" && (err == nil || !strings.Contains(err.Error(), "config: "+c.key+":")):
+			t.Errorf("%s: %v, want an error naming %s", c.name, err, c.key)
+		}
+	}
+	rules := engineaddr.Rules{RefuseLoopback: true}
+	err := StaticWorkerAddresses([]StaticWorker{{ID: "a", HTTPAddress: "10.0.0.5:1"}, {ID: "b", HTTPAddress: "127.0.0.1:1"}}, rules)
+	if err == nil || !strings.Contains(err.Error(), "static_workers[1].http_address:") || strings.Contains(err.Error(), "[0]") {
+		t.Fatalf("StaticWorkerAddresses: %v, want static_workers[1].http_address alone", err)
+	}
+	if err := StaticWorkerAddresses([]StaticWorker{{ID: "a", HTTPAddress: "10.0.0.5:1"}}, rules); err != nil {
+		t.Fatal(err)
 	}
 }
