@@ -193,12 +193,12 @@ func (r *requestActor) stepTokenizing(c actor.Context, msg any) {
 	r.become(Prefilling)
 	call := PrefillCall{RequestID: r.x.ID, Model: p.ServedModel, PromptIDs: m.ids, Sampling: r.sampling,
 		DecodeTarget: p.KVAddress}
-	addr, engines := p.Prefill.GRPCAddress, r.d.Engines
+	at, engines := Endpoint{WorkerID: p.Prefill.WorkerID, Reg: p.Prefill.Reg, Addr: p.Prefill.GRPCAddress}, r.d.Engines
 	clk, timeout := r.clock(), r.controlTimeout()
 	r.runIO(c, func(ctx context.Context, gen int) any {
 		ctx, cancel := withClockTimeout(ctx, clk, timeout, errControlTimeout)
 		defer cancel()
-		res, err := engines.Prefill(ctx, addr, call)
+		res, err := engines.Prefill(ctx, at, call)
 		return prefilled{gen: gen, res: res, err: controlErr(ctx, err)}
 	})
 }
@@ -212,7 +212,7 @@ func (r *requestActor) stepPrefilling(c actor.Context, msg any) {
 	}
 	p := r.picked
 	if m.err == nil {
-		r.kvHandle, r.kvAddr = m.res.HandleID, p.KVAddress
+		r.kvHandle, r.kvAt = m.res.HandleID, kvEndpoint(p)
 	}
 	if r.gone {
 		r.endIO() // the client left while the Prefill ran (leave waited for its answer)
@@ -226,4 +226,10 @@ func (r *requestActor) stepPrefilling(c actor.Context, msg any) {
 	r.releaseWorker(c, p.Prefill.Worker, router.OutcomeSuccess) // the prefill worker's part is done
 	r.become(Attempting)
 	r.startAttempt(c)
+}
+
+// kvEndpoint is where the KV handle pushed for pick p is released: its decode worker's KV
+// address, as that worker's registration advertised it.
+func kvEndpoint(p *router.Picked) Endpoint {
+	return Endpoint{WorkerID: p.WorkerID, Reg: p.WorkerReg, Addr: p.KVAddress}
 }

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tlgw/tlgw/actors/request"
 	"github.com/tlgw/tlgw/actors/router"
 	grpcapi "github.com/tlgw/tlgw/adapters/grpc"
 	"github.com/tlgw/tlgw/internal/clock"
@@ -41,7 +42,7 @@ func TestDecodeFailsAfterThePush(t *testing.T) {
 		{"D answers 503", strings.TrimPrefix(busy.URL, "http://")},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			clients := grpcapi.NewEngines()
+			clients := grpcapi.NewEngines(grpcapi.EnginesOptions{})
 			t.Cleanup(clients.Close)
 			r := newRig(t, rigOpt{engines: clients, routes: []config.Route{
 				{Model: "smol-pd", Backends: []config.Backend{{Model: "smol", Weight: 1}}, Targets: []string{config.TargetDisaggregated}},
@@ -56,10 +57,14 @@ func TestDecodeFailsAfterThePush(t *testing.T) {
 				t.Fatalf("%d %s", resp.StatusCode, body)
 			}
 			r.engines.mu.Lock()
-			handles, releases, addrs := slices.Clone(r.engines.handles), slices.Clone(r.engines.releases), slices.Clone(r.engines.kvAddrs)
+			handles, releases, at := slices.Clone(r.engines.handles), slices.Clone(r.engines.releases), slices.Clone(r.engines.kvAt)
 			r.engines.mu.Unlock()
-			if len(handles) != 1 || !slices.Equal(releases, handles) || !slices.Equal(addrs, []string{de.KVAddr}) {
-				t.Fatalf("handles %v, releases %v at %v (D's KV address %s)", handles, releases, addrs, de.KVAddr)
+			// The Release goes to D's KV address as D's registration advertised it (R20).
+			dView, _ := r.View("d")
+			dReg := dView.Info.Reg
+			if len(handles) != 1 || !slices.Equal(releases, handles) ||
+				!slices.Equal(at, []request.Endpoint{{WorkerID: "d", Reg: dReg, Addr: de.KVAddr}}) {
+				t.Fatalf("handles %v, releases %v at %v (D's KV address %s, registration %d)", handles, releases, at, de.KVAddr, dReg)
 			}
 			r.Eventually("D holds no KV handle", func() bool {
 				st := de.Status()
@@ -84,7 +89,7 @@ func TestPrefillBlamesADeadDecodeTarget(t *testing.T) {
 	}
 	deadKV := lis.Addr().String()
 	lis.Close()
-	clients := grpcapi.NewEngines()
+	clients := grpcapi.NewEngines(grpcapi.EnginesOptions{})
 	t.Cleanup(clients.Close)
 	r := newRig(t, rigOpt{engines: clients, routes: []config.Route{
 		{Model: "smol-pd", Backends: []config.Backend{{Model: "smol", Weight: 1}}, Targets: []string{config.TargetDisaggregated}},

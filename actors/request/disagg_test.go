@@ -39,7 +39,7 @@ func startEngine(t *testing.T, cfg engine.Config) *engine.Engine {
 
 func newPDRig(t *testing.T, decodeFault faults.Fault) *pdRig {
 	t.Helper()
-	clients := grpcapi.NewEngines()
+	clients := grpcapi.NewEngines(grpcapi.EnginesOptions{})
 	t.Cleanup(clients.Close)
 	r := newRig(t, rigOpt{engines: clients, routes: []config.Route{
 		{Model: "smol-pd", Backends: []config.Backend{{Model: "smol", Weight: 1}}, Targets: []string{config.TargetDisaggregated}},
@@ -170,7 +170,7 @@ func TestDisaggregatedReleaseOnAbort(t *testing.T) {
 // TestDisaggregatedClientLeaves: a client that leaves mid-stream cancels the decode request
 // at once; the handle is released and D holds nothing.
 func TestDisaggregatedClientLeaves(t *testing.T) {
-	clients := grpcapi.NewEngines()
+	clients := grpcapi.NewEngines(grpcapi.EnginesOptions{})
 	t.Cleanup(clients.Close)
 	r := newRig(t, rigOpt{engines: clients, routes: []config.Route{
 		{Model: "smol-pd", Backends: []config.Backend{{Model: "smol", Weight: 1}}, Targets: []string{config.TargetDisaggregated}},

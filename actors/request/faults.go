@@ -306,7 +306,7 @@ func (r *requestActor) faultStep(c actor.Context, msg any) bool {
 		discard(m)
 	case prefilled:
 		if m.err == nil {
-			r.kvHandle, r.kvAddr = m.res.HandleID, r.picked.KVAddress
+			r.kvHandle, r.kvAt = m.res.HandleID, kvEndpoint(r.picked)
 		}
 	case relayResult:
 		if m.ended {

@@ -356,12 +356,12 @@ func TestRetryBudget(t *testing.T) {
 // stallPrefill is an Engines whose Prefill never answers until its context ends.
 type stallPrefill struct{ at chan struct{} }
 
-func (s stallPrefill) Prefill(ctx context.Context, _ string, _ request.PrefillCall) (request.PrefillResult, error) {
+func (s stallPrefill) Prefill(ctx context.Context, _ request.Endpoint, _ request.PrefillCall) (request.PrefillResult, error) {
 	s.at <- struct{}{}
 	<-ctx.Done()
 	return request.PrefillResult{}, context.Cause(ctx)
 }
-func (stallPrefill) Release(context.Context, string, string) error { return nil }
+func (stallPrefill) Release(context.Context, request.Endpoint, string) error { return nil }
 
 // TestControlTimeoutPrefill (R14.1): a Prefill that never answers is given up after
 // control_timeout, like tokenize, and the request fails over.

@@ -16,6 +16,7 @@ import (
 
 	"github.com/tlgw/tlgw/actors/request"
 	"github.com/tlgw/tlgw/actors/router"
+	grpcapi "github.com/tlgw/tlgw/adapters/grpc"
 	httpapi "github.com/tlgw/tlgw/adapters/http"
 	"github.com/tlgw/tlgw/internal/config"
 	"github.com/tlgw/tlgw/internal/gwtest"
@@ -103,7 +104,12 @@ type rigOpt struct {
 
 func newRig(t *testing.T, o rigOpt) *rig {
 	t.Helper()
-	h := gwtest.New(t, gwtest.WithRoutes(config.NormalizeRoutes(o.routes)...))
+	opts := []gwtest.Option{gwtest.WithRoutes(config.NormalizeRoutes(o.routes)...)}
+	if e, ok := o.engines.(*grpcapi.Engines); ok {
+		// The connections follow registrations, as the app wires them.
+		opts = append(opts, gwtest.WithRegistryHooks(func(i router.WorkerInfo) { e.Accept(i, nil) }, e.Forget))
+	}
+	h := gwtest.New(t, opts...)
 	tr := &transcript{}
 	rec := &recordingEngines{next: o.engines, t: tr}
 	deps := &request.Deps{
@@ -169,20 +175,22 @@ func (r *rig) beatRole(id, model string, role router.Role, httpAddr, grpcAddr, k
 
 // recordingEngines wraps the engines' gRPC client and records each call.
 type recordingEngines struct {
-	next     request.Engines
-	t        *transcript
-	mu       sync.Mutex
-	prefills []request.PrefillCall
-	handles  []string
-	releases []string
-	kvAddrs  []string // where each Release went
+	next      request.Engines
+	t         *transcript
+	mu        sync.Mutex
+	prefills  []request.PrefillCall
+	handles   []string
+	releases  []string
+	prefillAt []request.Endpoint // where each Prefill went
+	kvAt      []request.Endpoint // where each Release went
 }
 
-func (e *recordingEngines) Prefill(ctx context.Context, addr string, c request.PrefillCall) (request.PrefillResult, error) {
+func (e *recordingEngines) Prefill(ctx context.Context, at request.Endpoint, c request.PrefillCall) (request.PrefillResult, error) {
 	e.mu.Lock()
 	e.prefills = append(e.prefills, c)
+	e.prefillAt = append(e.prefillAt, at)
 	e.mu.Unlock()
-	res, err := e.next.Prefill(ctx, addr, c)
+	res, err := e.next.Prefill(ctx, at, c)
 	if err != nil {
 		e.t.add("grpc: Prefill(%d prompt ids) failed", len(c.PromptIDs))
 		return res, err
@@ -194,11 +202,11 @@ func (e *recordingEngines) Prefill(ctx context.Context, addr string, c request.P
 	return res, nil
 }
 
-func (e *recordingEngines) Release(ctx context.Context, addr, handle string) error {
+func (e *recordingEngines) Release(ctx context.Context, at request.Endpoint, handle string) error {
 	e.mu.Lock()
 	e.releases = append(e.releases, handle)
-	e.kvAddrs = append(e.kvAddrs, addr)
+	e.kvAt = append(e.kvAt, at)
 	e.mu.Unlock()
 	e.t.add("grpc: Release(the prefill's handle)")
-	return e.next.Release(ctx, addr, handle)
+	return e.next.Release(ctx, at, handle)
 }

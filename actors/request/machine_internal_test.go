@@ -60,7 +60,7 @@ type fakeEngines struct {
 	hold chan struct{}
 }
 
-func (e *fakeEngines) Prefill(ctx context.Context, _ string, call PrefillCall) (PrefillResult, error) {
+func (e *fakeEngines) Prefill(ctx context.Context, _ Endpoint, call PrefillCall) (PrefillResult, error) {
 	e.mu.Lock()
 	e.prefills = append(e.prefills, call)
 	n := len(e.prefills)
@@ -71,9 +71,9 @@ func (e *fakeEngines) Prefill(ctx context.Context, _ string, call PrefillCall) (
 	return PrefillResult{HandleID: fmt.Sprintf("h%d", n), NumTokens: uint32(len(call.PromptIDs))}, nil
 }
 
-func (e *fakeEngines) Release(ctx context.Context, addr, handle string) error {
+func (e *fakeEngines) Release(ctx context.Context, at Endpoint, handle string) error {
 	e.mu.Lock()
-	e.releases = append(e.releases, [2]string{addr, handle})
+	e.releases = append(e.releases, [2]string{at.Addr, handle})
 	hold := e.hold
 	e.mu.Unlock()
 	e.released <- struct{}{}

@@ -86,8 +86,17 @@ type Upstream interface {
 type Engines interface {
 	// Prefill's error wraps ErrDecodeTarget when the prefill worker says the decode target
 	// failed (it could not push the KV there).
-	Prefill(ctx context.Context, grpcAddr string, call PrefillCall) (PrefillResult, error)
-	Release(ctx context.Context, kvAddr, handleID string) error
+	Prefill(ctx context.Context, at Endpoint, call PrefillCall) (PrefillResult, error)
+	Release(ctx context.Context, at Endpoint, handleID string) error
+}
+
+// Endpoint is an engine's gRPC or KV address as the registration that advertised it (R20):
+// engine connections belong to registrations, so a call names whose address it dials, and a
+// registration that is gone or no longer advertises the address is not dialled for it.
+type Endpoint struct {
+	WorkerID string
+	Reg      uint64 // the registration (router.WorkerInfo.Reg)
+	Addr     string
 }
 
 // ErrDecodeTarget: a Prefill failed because of its decode target (unreachable, the push
@@ -219,8 +228,8 @@ type requestActor struct {
 	// watchers are the workers of every pick it got (each watches it from the pick's Acquire
 	// on), dropped from its watchers when it finishes with nothing held on them (finish).
 	watchers []*actor.PID
-	kvHandle string // a pushed KV handle on the decode worker, until consumed or released
-	kvAddr   string // the decode worker's KV address, where Release goes
+	kvHandle string   // a pushed KV handle on the decode worker, until consumed or released
+	kvAt     Endpoint // the decode worker's KV address, where Release goes
 	// afterRelease is what Releasing does once Release has answered: finish, or route again
 	// (a failover).
 	afterRelease func(c actor.Context)

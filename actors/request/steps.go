@@ -436,11 +436,11 @@ func (r *requestActor) release(c actor.Context, then func(actor.Context)) {
 // kvRelease is the one call that gives the KV handle held now back to the decode worker, at
 // its KV address (R8), bounded by the release timeout.
 func (r *requestActor) kvRelease() func() {
-	h, addr, engines, timeout, clk, log := r.kvHandle, r.kvAddr, r.d.Engines, r.releaseTimeout(), r.clock(), r.logger()
+	h, at, engines, timeout, clk, log := r.kvHandle, r.kvAt, r.d.Engines, r.releaseTimeout(), r.clock(), r.logger()
 	return func() {
 		ctx, cancel := withClockTimeout(context.Background(), clk, timeout, errControlTimeout)
 		defer cancel()
-		if err := engines.Release(ctx, addr, h); err != nil {
+		if err := engines.Release(ctx, at, h); err != nil {
 			log.Warn("KV release failed; the engine's lease will free it", "handle", h, "err", err)
 		}
 	}

@@ -14,6 +14,7 @@ import (
 
 	"google.golang.org/grpc"
 
+	"github.com/tlgw/tlgw/actors/request"
 	"github.com/tlgw/tlgw/actors/router"
 	kvv1 "github.com/tlgw/tlgw/contracts/tl/kv/v1"
 	"github.com/tlgw/tlgw/internal/clock"
@@ -42,8 +43,10 @@ const MaxKVEventBytes = 48 << 10
 
 // KVSubscriberOptions configure a KVSubscriber.
 type KVSubscriberOptions struct {
-	Sink    KVSink
-	Engines *Engines // the connections, shared with EngineControl and KvTransferService
+	Sink KVSink
+	// Engines holds the connections: a subscription dials through its registration's
+	// (request.Endpoint), shared with its EngineControl and KvTransferService calls.
+	Engines *Engines
 	Clock   clock.Clock
 	Logger  *slog.Logger
 	// MinBackoff and MaxBackoff bound the wait before resubscribing after a stream ends
@@ -271,7 +274,7 @@ var (
 // stream runs one subscription until it fails; synced reports whether it got past its
 // handshake (the router then holds what it forwarded).
 func (s *KVSubscriber) stream(ctx context.Context, sub *kvSub) (synced bool, err error) {
-	conn, err := s.o.Engines.conn(sub.addr)
+	conn, err := s.o.Engines.conn(request.Endpoint{WorkerID: sub.id, Reg: sub.reg, Addr: sub.addr})
 	if err != nil {
 		return false, err
 	}
@@ -280,10 +283,10 @@ func (s *KVSubscriber) stream(ctx context.Context, sub *kvSub) (synced bool, err
 	a := s.answers(cancel)
 	defer a.stop()
 	sub.cur.Store(a)
-	st, err := kvv1.NewKvEventsClient(conn).Subscribe(ctx, &kvv1.SubscribeRequest{},
+	st, err := kvv1.NewKvEventsClient(conn.cc).Subscribe(ctx, &kvv1.SubscribeRequest{},
 		grpc.MaxCallRecvMsgSize(MaxKVEventBytes))
 	if err != nil {
-		return false, err
+		return false, conn.callErr(err)
 	}
 	ev, err := st.Recv()
 	if err != nil {

@@ -41,12 +41,12 @@ func BenchmarkKVSubscriber(b *testing.B) {
 			}
 		}
 	}()
-	engines := NewEngines()
+	engines := NewEngines(EnginesOptions{})
 	defer engines.Close()
 	s := NewKVSubscriber(KVSubscriberOptions{Sink: mailboxSink{box}, Engines: engines,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	b.ResetTimer()
-	s.Watch(router.WorkerInfo{ID: "e", GRPCAddress: addr, KVEvents: true})
+	follow(s, router.WorkerInfo{ID: "e", GRPCAddress: addr, KVEvents: true})
 	select {
 	case <-done:
 	case <-time.After(time.Minute):

@@ -147,7 +147,7 @@ func newTestSubscriber(t *testing.T) (*KVSubscriber, *sinkRec, *Engines) {
 	t.Helper()
 	sink := &sinkRec{got: make(chan *router.KVEvents, 64), accept: make(chan bool, 4),
 		seen: map[chan<- bool]bool{}, shakes: map[*router.KVEvents]bool{}}
-	engines := NewEngines()
+	engines := NewEngines(EnginesOptions{})
 	s := NewKVSubscriber(KVSubscriberOptions{Sink: sink, Engines: engines, MinBackoff: time.Millisecond,
 		MaxBackoff: 5 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	return s, sink, engines
@@ -177,8 +177,8 @@ func TestKVSubscriberTranslates(t *testing.T) {
 		ev(10, kvv1.KvEvent_CLEARED), ev(11, kvv1.KvEvent_STORED, 4),
 		ev(13, kvv1.KvEvent_STORED, 5), // a gap: 12 is missing
 	}}
-	s.Watch(router.WorkerInfo{ID: "e1", GRPCAddress: addr, KVEvents: true})
-	s.Watch(router.WorkerInfo{ID: "e1", GRPCAddress: addr, KVEvents: true}) // a heartbeat: no change
+	follow(s, router.WorkerInfo{ID: "e1", GRPCAddress: addr, KVEvents: true})
+	follow(s, router.WorkerInfo{ID: "e1", GRPCAddress: addr, KVEvents: true}) // a heartbeat: no change
 	wait(t, f.subs, "the first subscription")
 	hs := sink.next(t)
 	if !sink.handshake(hs) {
@@ -238,7 +238,7 @@ func TestKVSubscriberWaitsForTheRouter(t *testing.T) {
 	f.scripts <- kvScript{events: []*kvv1.KvEvent{ev(1, kvv1.KvEvent_CLEARED), ev(2, kvv1.KvEvent_STORED, 1)}}
 	f.scripts <- kvScript{events: []*kvv1.KvEvent{ev(5, kvv1.KvEvent_STORED, 1)}} // no CLEARED first
 	f.scripts <- kvScript{events: []*kvv1.KvEvent{ev(3, kvv1.KvEvent_CLEARED), ev(4, kvv1.KvEvent_STORED, 2)}}
-	s.Watch(router.WorkerInfo{ID: "e2", GRPCAddress: addr, KVEvents: true})
+	follow(s, router.WorkerInfo{ID: "e2", GRPCAddress: addr, KVEvents: true})
 	if m := sink.next(t); !sink.handshake(m) {
 		t.Fatalf("%+v is not a handshake", *m)
 	}
@@ -249,13 +249,13 @@ func TestKVSubscriberWaitsForTheRouter(t *testing.T) {
 	}
 	expect(t, sink.next(t), router.KVEvents{WorkerID: "e2", Stored: []uint64{2}})
 
-	s.Watch(router.WorkerInfo{ID: "e2", GRPCAddress: addr}) // kv_events off
+	follow(s, router.WorkerInfo{ID: "e2", GRPCAddress: addr}) // kv_events off
 	wait(t, f.gone, "the stream to end")
 	if s.Len() != 0 {
 		t.Fatal("still subscribed")
 	}
 	s.Close()
-	s.Watch(router.WorkerInfo{ID: "e3", GRPCAddress: addr, KVEvents: true})
+	follow(s, router.WorkerInfo{ID: "e3", GRPCAddress: addr, KVEvents: true})
 	if s.Len() != 0 {
 		t.Fatal("subscribed after Close")
 	}
@@ -293,7 +293,7 @@ func gateSubscriber(t *testing.T, o KVSubscriberOptions) (*fakeKV, string, *gate
 	t.Cleanup(func() { goleak.VerifyNone(t, before) })
 	f, addr := startFakeKV(t)
 	sink := &gateSink{got: make(chan *router.KVEvents, 64)}
-	engines := NewEngines()
+	engines := NewEngines(EnginesOptions{})
 	t.Cleanup(engines.Close)
 	o.Sink, o.Engines, o.Logger = sink, engines, slog.New(slog.NewTextHandler(io.Discard, nil))
 	s := NewKVSubscriber(o)
@@ -324,7 +324,7 @@ func TestKVSubscriberWaitsForEachAnswer(t *testing.T) {
 	}
 	f.scripts <- kvScript{events: burst, end: true}
 	f.scripts <- kvScript{events: []*kvv1.KvEvent{ev(1, kvv1.KvEvent_CLEARED), ev(2, kvv1.KvEvent_STORED, 7)}}
-	s.Watch(router.WorkerInfo{ID: "e4", GRPCAddress: addr, KVEvents: true})
+	follow(s, router.WorkerInfo{ID: "e4", GRPCAddress: addr, KVEvents: true})
 	hs := next()
 	if !hs.Clear || hs.Reply == nil {
 		t.Fatalf("%+v is not a handshake", *hs)
@@ -376,7 +376,7 @@ func TestKVSubscriberDeliversInPieces(t *testing.T) {
 		ev(5, kvv1.KvEvent_REMOVED, ids[KVPieceIDs:2*KVPieceIDs+1]...), // one piece and one id
 		ev(6, kvv1.KvEvent_CLEARED),
 	}}
-	s.Watch(router.WorkerInfo{ID: "e9", GRPCAddress: addr, KVEvents: true})
+	follow(s, router.WorkerInfo{ID: "e9", GRPCAddress: addr, KVEvents: true})
 	sink.answer(sink.next(t), true) // the handshake
 	want := []router.KVEvents{
 		{Stored: ids[:KVPieceIDs]}, {Stored: ids[KVPieceIDs : 2*KVPieceIDs]}, {Stored: ids[2*KVPieceIDs : 3*KVPieceIDs]},
@@ -427,7 +427,7 @@ func TestKVSubscriberGivesUpOnASilentRouter(t *testing.T) {
 
 	more := make(chan *kvv1.KvEvent, 1)
 	f.scripts <- kvScript{events: []*kvv1.KvEvent{ev(1, kvv1.KvEvent_CLEARED), ev(2, kvv1.KvEvent_STORED, 2)}, more: more}
-	s.Watch(router.WorkerInfo{ID: "e5", GRPCAddress: addr, KVEvents: true})
+	follow(s, router.WorkerInfo{ID: "e5", GRPCAddress: addr, KVEvents: true})
 	sink.answer(next(), true) // the handshake
 	m := next()
 	expect(t, m, router.KVEvents{WorkerID: "e5", Stored: []uint64{2}})
@@ -504,7 +504,7 @@ func TestKVSubscriberBacksOffAFlappingEngine(t *testing.T) {
 	held := make(chan *kvv1.KvEvent, 1)
 	f.scripts <- kvScript{events: []*kvv1.KvEvent{ev(1, kvv1.KvEvent_CLEARED)}, more: held}
 	f.scripts <- flap
-	s.Watch(router.WorkerInfo{ID: "e6", GRPCAddress: addr, KVEvents: true})
+	follow(s, router.WorkerInfo{ID: "e6", GRPCAddress: addr, KVEvents: true})
 	for _, want := range []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 4 * time.Second} {
 		sink.answer(next(), true) // the handshake; then the engine ends the stream
 		backoff(want)
@@ -534,7 +534,7 @@ func TestKVSubscriberFollowsTheRegistration(t *testing.T) {
 
 	more := make(chan *kvv1.KvEvent, 4)
 	f.scripts <- kvScript{events: []*kvv1.KvEvent{ev(1, kvv1.KvEvent_CLEARED), ev(2, kvv1.KvEvent_STORED, 1)}, more: more}
-	s.Watch(router.WorkerInfo{ID: "e7", Reg: 1, GRPCAddress: addr, KVEvents: true})
+	follow(s, router.WorkerInfo{ID: "e7", Reg: 1, GRPCAddress: addr, KVEvents: true})
 	wait(t, f.subs, "the first registration's subscription")
 	if m := sink.next(t); !sink.handshake(m) || m.Reg != 1 {
 		t.Fatalf("%+v: want the handshake of registration 1", *m)
@@ -543,7 +543,7 @@ func TestKVSubscriberFollowsTheRegistration(t *testing.T) {
 		t.Fatalf("%+v: want registration 1's STORED", *m)
 	}
 	f.scripts <- kvScript{events: []*kvv1.KvEvent{ev(1, kvv1.KvEvent_CLEARED), ev(2, kvv1.KvEvent_STORED, 2)}}
-	s.Watch(router.WorkerInfo{ID: "e7", Reg: 2, GRPCAddress: addr, KVEvents: true})
+	follow(s, router.WorkerInfo{ID: "e7", Reg: 2, GRPCAddress: addr, KVEvents: true})
 	wait(t, f.gone, "the first registration's stream to end")
 	more <- ev(3, kvv1.KvEvent_STORED, 99) // read by nobody: its stream is gone
 	wait(t, f.subs, "the second registration's subscription")
@@ -557,3 +557,7 @@ func TestKVSubscriberFollowsTheRegistration(t *testing.T) {
 		t.Fatalf("%d subscriptions, want 1", s.Len())
 	}
 }
+
+// follow is the app's wiring of a heartbeat: the connections follow the registration, and the
+// subscription the addresses they follow.
+func follow(s *KVSubscriber, info router.WorkerInfo) { s.o.Engines.Accept(info, s.Watch) }

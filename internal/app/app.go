@@ -40,6 +40,9 @@ type Options struct {
 	ActorOptions func(kind string) []actor.PropsOption
 	// Transport carries attempts to engines (default httpapi.NewTransport()).
 	Transport http.RoundTripper
+	// Resolver resolves engine names for every connection to an engine (nil: the default
+	// resolver; tests point it at a test DNS server).
+	Resolver *net.Resolver
 }
 
 // App is a running gateway.
@@ -93,7 +96,17 @@ func Start(cfg *config.Config, o Options) (*App, error) {
 		return nil, err
 	}
 	prefixBlocks := prefixIndexBlocks(cfg, admCfg)
-	engines := grpcapi.NewEngines()
+	// Every gRPC connection to an engine is checked at dial time on the address its name
+	// resolved to (R20).
+	rules := cfg.EngineRules()
+	engines := grpcapi.NewEngines(grpcapi.EnginesOptions{
+		Rules: rules, Resolver: o.Resolver, MaxConns: grpcapi.ConnLimit(cfg.Registry.MaxWorkers),
+		Clock: o.Clock, Logger: o.Logger.With("component", "engines"),
+	})
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "tlgw_engine_connections",
+		Help: "gRPC connections open to engines (EngineControl, KvTransferService, KvEvents): at most two per registered worker.",
+	}, func() float64 { return float64(engines.Len()) }))
 	// The KvEvents subscriber of precise_prefix (R18.3); set right after the tree starts, before
 	// the registry listener can register (and so evict) anybody.
 	var kvs *grpcapi.KVSubscriber
@@ -106,27 +119,24 @@ func Start(cfg *config.Config, o Options) (*App, error) {
 		// precise_prefix's exact index keeps as many chunk ids per worker as the approximate one.
 		KVIndexBlocks: cfg.Admission.PrefixIndex.BlocksPerWorker,
 		Outlier:       g.Outlier,
-		// An evicted engine's gRPC connections are closed (R13.4): nothing dials it any more.
+		// An evicted registration's gRPC connections are closed (R13.4, R20): nothing dials it
+		// any more; another registration's at the same address stay.
 		OnEvict: func(info router.WorkerInfo) {
 			if kvs != nil {
 				kvs.Forget(info.ID) // before its connection closes under it
 			}
-			engines.Forget(info.GRPCAddress, info.KVAddress)
+			engines.Forget(info)
 		},
-		// So are the addresses a live engine moved away from: the connections are bounded by
-		// the addresses live workers advertise.
-		OnMoved: func(old, cur router.WorkerInfo) {
-			if kvs != nil && old.GRPCAddress != cur.GRPCAddress {
-				kvs.Forget(old.ID) // before its connection closes under it; this heartbeat's Watch subscribes anew
-			}
-			engines.Moved(old, cur)
-		},
-		// The subscriber follows each registration from the registry's own goroutine, so a
-		// registration's subscription never outlives its eviction (KVSubscriber.Watch).
+		// The connections, and the subscriber after them, follow each registration from the
+		// registry's own goroutine, so a registration's connections and subscription never
+		// outlive its eviction (KVSubscriber.Watch); a move closes the connections it left,
+		// at the rate Engines follows moves, and the subscription moves with them.
 		OnAccepted: func(info router.WorkerInfo) {
+			var watch func(router.WorkerInfo)
 			if kvs != nil {
-				kvs.Watch(info)
+				watch = kvs.Watch // before a connection it leaves closes under it
 			}
+			engines.Accept(info, watch)
 		},
 		Clock: o.Clock, Policy: g.RoutePolicy, LoadFactor: g.AffinityLoadFactor, Routes: g.Routes,
 		WarmupMinBytes:    g.PrefixWarmupMinBytes,
@@ -190,7 +200,7 @@ func Start(cfg *config.Config, o Options) (*App, error) {
 	if o.ActorOptions != nil {
 		reqOpts = append(reqOpts, o.ActorOptions("request")...)
 	}
-	a.static = &staticWorkers{mgr: scrape.NewManager(scrapeSink{gw: gw}, o.Clock, reg), rules: cfg.EngineRules()}
+	a.static = &staticWorkers{mgr: scrape.NewManager(scrapeSink{gw: gw}, o.Clock, reg), rules: rules}
 	a.static.start(g.StaticWorkers)
 	var core httpapi.Core = gw
 	var static httpapi.StaticWorkers = a.static

@@ -59,6 +59,13 @@ func WithActorOptions(f func(kind string) []actor.PropsOption) Option {
 	return func(c *gateway.Config) { c.Options = f }
 }
 
+// WithRegistryHooks has the registry tell accepted of each heartbeat it accepts and evicted of
+// each worker it evicts (gateway.Config.OnAccepted, OnEvict), as the app wires the engine
+// connections (grpcapi.Engines.Accept, Forget).
+func WithRegistryHooks(accepted, evicted func(router.WorkerInfo)) Option {
+	return func(c *gateway.Config) { c.OnAccepted, c.OnEvict = accepted, evicted }
+}
+
 // New starts a tree with T = 2 s, k = 3, least_outstanding, c = 1.25, unless options say
 // otherwise; it is stopped when the test ends.
 func New(t testing.TB, opts ...Option) *Harness {
