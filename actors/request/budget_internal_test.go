@@ -13,16 +13,19 @@ import (
 
 	"pgregory.net/rapid"
 
+	"github.com/tlgw/tlgw/internal/engineaddr"
 	"github.com/tlgw/tlgw/internal/gwtest"
 )
 
 // TestSentNothingAndRefused: a dial error (refused, a DNS failure, a connect timeout) sent
-// nothing to an engine; only a refused connection proves that nothing listens (R19). An error
-// after the connection was made (a reset, EOF, a timeout on read) sent the request.
+// nothing to an engine; only a refused connection proves that nothing listens (R19), or that
+// the address breaks the engine address rules (R20: the gateway will not reach it there). An
+// error after the connection was made (a reset, EOF, a timeout on read) sent the request.
 func TestSentNothingAndRefused(t *testing.T) {
 	dnsErr := &net.OpError{Op: "dial", Net: "tcp", Err: &net.DNSError{Err: "no such host", Name: "x"}}
 	connectTimeout := &net.OpError{Op: "dial", Net: "tcp", Err: &os.SyscallError{Syscall: "connect", Err: syscall.ETIMEDOUT}}
 	reset := &net.OpError{Op: "read", Net: "tcp", Err: &os.SyscallError{Syscall: "read", Err: syscall.ECONNRESET}}
+	ruled := &net.OpError{Op: "dial", Net: "tcp", Err: engineaddr.Rules{RefuseLoopback: true}.Control("tcp4", "127.0.0.1:80", nil)}
 	for _, c := range []struct {
 		name              string
 		err               error
@@ -30,6 +33,8 @@ func TestSentNothingAndRefused(t *testing.T) {
 	}{
 		{"refused", errRefused, true, true},
 		{"refused, wrapped by the client", fmt.Errorf("Post %q: %w", "http://x", errRefused), true, true},
+		{"refused by the address rules", ruled, true, true},
+		{"refused by the address rules, behind a gRPC error", fmt.Errorf("%w (rpc error: code = Unavailable)", ruled), true, true},
 		{"a DNS failure", dnsErr, true, false},
 		{"a connect timeout", connectTimeout, true, false},
 		{"a reset", reset, false, false},

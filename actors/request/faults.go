@@ -22,6 +22,7 @@ import (
 
 	"github.com/tlgw/tlgw/actors/router"
 	"github.com/tlgw/tlgw/internal/clock"
+	"github.com/tlgw/tlgw/internal/engineaddr"
 	"github.com/tlgw/tlgw/internal/errs"
 )
 
@@ -136,9 +137,12 @@ func sentNothing(err error) bool {
 }
 
 // refused reports whether a failed attempt's connection was refused: nothing listens on the
-// engine's address, so it is provably down (R19). A DNS failure or a connect timeout proves
-// nothing of the engine.
-func refused(err error) bool { return errors.Is(err, syscall.ECONNREFUSED) }
+// engine's address, so it is provably down (R19), or the address it resolved to breaks the
+// engine address rules (R20), so the gateway will not reach it there. A DNS failure or a
+// connect timeout proves nothing of the engine.
+func refused(err error) bool {
+	return errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, engineaddr.ErrRefused)
+}
 
 // budgetStart counts the request in flight; budgetEnd (idempotent) gives back what it holds.
 func (r *requestActor) budgetStart() {

@@ -14,6 +14,7 @@ import (
 	"path"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -157,9 +158,16 @@ func New(o Options) *Server {
 // a black-holed engine fails over instead of hanging. Its idle connections are bounded by
 // MaxIdleConns in all (and per engine host) and each closes after IdleConnTimeout: those to an
 // engine that left go within 90 s, without an eviction closing every engine's idle pool.
-func NewTransport() *http.Transport {
+func NewTransport() *http.Transport { return NewCheckedTransport(nil, nil) }
+
+// NewCheckedTransport is NewTransport whose dialer resolves engine names with res (nil: the
+// default resolver) and lets control vet each connection's resolved address before it is made
+// (engineaddr.Rules.Control, R20; nil: none): a refused address fails the attempt as a dial
+// error, a connection never made, and its engine is unreachable.
+func NewCheckedTransport(control func(network, address string, c syscall.RawConn) error, res *net.Resolver) *http.Transport {
+	d := &net.Dialer{Timeout: 3 * time.Second, KeepAlive: 30 * time.Second, Control: control, Resolver: res}
 	return &http.Transport{
-		DialContext:         (&net.Dialer{Timeout: 3 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		DialContext:         d.DialContext,
 		MaxIdleConns:        4096,
 		MaxIdleConnsPerHost: 1024,
 		IdleConnTimeout:     90 * time.Second,

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -88,19 +89,33 @@ type Manager struct {
 	wg       sync.WaitGroup
 }
 
+// Option adjusts a Manager.
+type Option func(*net.Dialer)
+
+// WithDialControl vets each scrape connection's resolved address before it is made
+// (engineaddr.Rules.Control, R20): a static worker's address is held to the engine address
+// rules where its name resolves, as a heartbeated one is. res, when set, resolves the names.
+func WithDialControl(control func(network, address string, c syscall.RawConn) error, res *net.Resolver) Option {
+	return func(d *net.Dialer) { d.Control, d.Resolver = control, res }
+}
+
 // NewManager returns a manager with no targets. reg may be nil (no metrics exported); a nil clk
 // is the real clock.
-func NewManager(sink Sink, clk clock.Clock, reg prometheus.Registerer) *Manager {
+func NewManager(sink Sink, clk clock.Clock, reg prometheus.Registerer, opts ...Option) *Manager {
 	if clk == nil {
 		clk = clock.Real{}
 	}
 	if sink == nil {
 		sink = discard{}
 	}
+	d := &net.Dialer{KeepAlive: 30 * time.Second}
+	for _, o := range opts {
+		o(d)
+	}
 	tr := &http.Transport{
 		// Engines are reached directly: no proxy from the environment.
 		Proxy:               nil,
-		DialContext:         (&net.Dialer{KeepAlive: 30 * time.Second}).DialContext,
+		DialContext:         d.DialContext,
 		MaxIdleConnsPerHost: 1,
 		IdleConnTimeout:     90 * time.Second,
 		ForceAttemptHTTP2:   false,

@@ -16,6 +16,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/tlgw/tlgw/internal/clock"
+	"github.com/tlgw/tlgw/internal/engineaddr"
 	"github.com/tlgw/tlgw/internal/gwtest"
 	"github.com/tlgw/tlgw/sim/engine"
 )
@@ -610,6 +611,32 @@ func TestPageAtTheLimit(t *testing.T) {
 					t.Fatalf("a page over the limit: reason %q (%v)", ev.reason, ev.err)
 				}
 			})
+		}
+	}
+}
+
+// TestManagerDialControl (R20): with WithDialControl, a scrape whose address resolves to one
+// the engine address rules refuse (here a loopback engine off loopback) fails to connect
+// without reaching the engine, at once; the same engine is scraped without the rule.
+func TestManagerDialControl(t *testing.T) {
+	fc := clock.NewFake(gwtest.Epoch0)
+	var hits atomic.Int64
+	srv := serve(t, func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		fmt.Fprint(w, vllmPage("m", 0))
+	})
+	for _, refuse := range []bool{true, false} {
+		sink := make(chanSink, 16)
+		reg := prometheus.NewRegistry()
+		m := NewManager(sink, fc, reg, WithDialControl(engineaddr.Rules{RefuseLoopback: refuse}.Control, nil))
+		m.Set([]Target{{ID: "w1", Model: "m", HTTPAddress: "localhost:" + srv.URL[strings.LastIndexByte(srv.URL, ':')+1:], Kind: VLLM}})
+		ev := next(t, sink)
+		m.Close()
+		if refuse && (ev.reason != ReasonConnect || ev.err == nil || !strings.Contains(ev.err.Error(), engineaddr.ErrRefused.Error()) || hits.Load() != 0) {
+			t.Fatalf("a loopback engine off loopback: %s %v, %d requests reached it", ev.reason, ev.err, hits.Load())
+		}
+		if !refuse && (ev.err != nil || hits.Load() != 1) {
+			t.Fatalf("without the rule: %s %v, %d requests", ev.reason, ev.err, hits.Load())
 		}
 	}
 }

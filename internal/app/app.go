@@ -38,7 +38,8 @@ type Options struct {
 	// ActorOptions adds props options per actor kind after the metrics ones (tests: crash
 	// injection). May be nil.
 	ActorOptions func(kind string) []actor.PropsOption
-	// Transport carries attempts to engines (default httpapi.NewTransport()).
+	// Transport carries attempts to engines (default httpapi.NewCheckedTransport with the
+	// engine address rules).
 	Transport http.RoundTripper
 	// Resolver resolves engine names for every connection to an engine (nil: the default
 	// resolver; tests point it at a test DNS server).
@@ -96,8 +97,8 @@ func Start(cfg *config.Config, o Options) (*App, error) {
 		return nil, err
 	}
 	prefixBlocks := prefixIndexBlocks(cfg, admCfg)
-	// Every gRPC connection to an engine is checked at dial time on the address its name
-	// resolved to (R20).
+	// Every connection to an engine is checked at dial time on the address its name resolved
+	// to (R20): the gRPC ones here, HTTP attempts (o.Transport) and scrapes below.
 	rules := cfg.EngineRules()
 	engines := grpcapi.NewEngines(grpcapi.EnginesOptions{
 		Rules: rules, Resolver: o.Resolver, MaxConns: grpcapi.ConnLimit(cfg.Registry.MaxWorkers),
@@ -183,7 +184,7 @@ func Start(cfg *config.Config, o Options) (*App, error) {
 	}
 	a.self = cluster.Replica{ID: id, HTTPAddress: a.HTTPAddr, GRPCAddress: a.GRPCAddr, StartedAt: startedAt(o.Clock.Now())}
 	if o.Transport == nil {
-		o.Transport = httpapi.NewTransport()
+		o.Transport = httpapi.NewCheckedTransport(rules.Control, o.Resolver)
 	}
 	a.engines = engines
 	deps := &request.Deps{
@@ -200,7 +201,7 @@ func Start(cfg *config.Config, o Options) (*App, error) {
 	if o.ActorOptions != nil {
 		reqOpts = append(reqOpts, o.ActorOptions("request")...)
 	}
-	a.static = &staticWorkers{mgr: scrape.NewManager(scrapeSink{gw: gw}, o.Clock, reg), rules: rules}
+	a.static = &staticWorkers{mgr: scrape.NewManager(scrapeSink{gw: gw}, o.Clock, reg, scrape.WithDialControl(rules.Control, o.Resolver)), rules: rules}
 	a.static.start(g.StaticWorkers)
 	var core httpapi.Core = gw
 	var static httpapi.StaticWorkers = a.static
