@@ -136,7 +136,16 @@ type entry struct {
 	// an undrain, how many more heartbeats reporting draining are still that echo (drainEcho).
 	echo     bool
 	echoLeft int
+	// warned is when the "latest wins" warning was last logged for this entry: at most once
+	// per changeWarnEvery, since an engine that changes its address every heartbeat would
+	// otherwise write a line per heartbeat.
+	warned time.Time
 }
+
+// changeWarnEvery spaces the warnings about one worker's changing addresses or model (R20);
+// grpcapi.MoveWindow, the window of the address changes the engine connections follow, is
+// the same minute.
+const changeWarnEvery = time.Minute
 
 // Drain echoes (R19). An engine told to drain by a heartbeat ack reports draining until an ack
 // no longer asks it to: its first heartbeat after an undrain still does (it left before the
@@ -337,8 +346,10 @@ func (st *state) heartbeat(c actor.Context, m *Heartbeat) *Ack {
 		st.cfg.Logger.Info("worker registered", "worker", info.ID, "model", info.Model,
 			"role", info.Role.String(), "http", info.HTTPAddress)
 	} else {
-		if e.info.HTTPAddress != info.HTTPAddress || e.info.GRPCAddress != info.GRPCAddress ||
-			e.info.KVAddress != info.KVAddress || e.info.Model != info.Model {
+		if (e.info.HTTPAddress != info.HTTPAddress || e.info.GRPCAddress != info.GRPCAddress ||
+			e.info.KVAddress != info.KVAddress || e.info.Model != info.Model) &&
+			(e.warned.IsZero() || info.LastHeartbeat.Sub(e.warned) >= changeWarnEvery) {
+			e.warned = info.LastHeartbeat
 			st.cfg.Logger.Warn("worker id reported with different addresses or model: the latest wins",
 				"worker", info.ID, "old_http", e.info.HTTPAddress, "new_http", info.HTTPAddress,
 				"old_model", e.info.Model, "new_model", info.Model)

@@ -3,7 +3,6 @@ package registry
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"strings"
 	"testing"
@@ -489,11 +488,13 @@ func (r recorder) WithAttrs([]slog.Attr) slog.Handler { return r }
 func (r recorder) WithGroup(string) slog.Handler      { return r }
 
 // TestChangedAddressesAreWarnedOf: a worker id heartbeating with other addresses or another
-// model is taken at its word (the latest wins) and the operator warned; the same heartbeat
-// again warns of nothing.
+// model is taken at its word (the latest wins) and the operator warned — at most once a
+// minute per worker (R20: an engine that changes its address every heartbeat would otherwise
+// write a line per heartbeat); the same heartbeat again warns of nothing.
 func TestChangedAddressesAreWarnedOf(t *testing.T) {
 	rec := recorder{warns: make(chan string, 16)}
 	f := newFixture(t, func(c *Config) { c.Logger = slog.New(rec) })
+	var last router.WorkerInfo // the last heartbeat's info
 	beat := func(info router.WorkerInfo) {
 		t.Helper()
 		reply := make(chan Ack, 1)
@@ -502,10 +503,37 @@ func TestChangedAddressesAreWarnedOf(t *testing.T) {
 			t.Fatal(a.Err)
 		}
 		f.state()
+		last = info
+	}
+	warnings := func() int {
+		n := 0
+		for {
+			select {
+			case msg := <-rec.warns:
+				if !strings.Contains(msg, "different addresses or model") {
+					t.Fatalf("warning %q", msg)
+				}
+				n++
+			default:
+				return n
+			}
+		}
 	}
 	base := router.WorkerInfo{ID: "w1", Model: "smol", HTTPAddress: "127.0.0.1:1", GRPCAddress: "127.0.0.1:2", KVAddress: "127.0.0.1:3"}
+	// keepAlive moves the clock to until, heartbeating the last info at most every half TTL so
+	// the worker stays registered.
+	keepAlive := func(until time.Time) {
+		t.Helper()
+		for f.clk.Now().Before(until) {
+			f.clk.Advance(min(ttl/2, until.Sub(f.clk.Now())))
+			beat(last)
+		}
+	}
 	beat(base)
 	beat(base)
+	if n := warnings(); n != 0 {
+		t.Fatalf("unchanged heartbeats warned %d times", n)
+	}
 	for _, change := range []func(*router.WorkerInfo){
 		func(w *router.WorkerInfo) { w.HTTPAddress = "127.0.0.1:9" },
 		func(w *router.WorkerInfo) { w.GRPCAddress = "127.0.0.1:9" },
@@ -514,32 +542,26 @@ func TestChangedAddressesAreWarnedOf(t *testing.T) {
 	} {
 		info := base
 		change(&info)
-		warned := func(what string) {
-			t.Helper()
-			select {
-			case msg := <-rec.warns:
-				if !strings.Contains(msg, "different addresses or model") {
-					t.Fatalf("warning %q", msg)
-				}
-			default:
-				t.Fatalf("no warning for %s", what)
-			}
-			select {
-			case msg := <-rec.warns:
-				t.Fatalf("a second warning for %s: %q", what, msg)
-			default:
-			}
-		}
 		beat(info)
-		warned(fmt.Sprintf("%+v after %+v", info, base))
+		warnedAt := f.clk.Now()
+		if n := warnings(); n != 1 {
+			t.Fatalf("%+v after %+v: %d warnings, want 1", info, base, n)
+		}
+		for range 10 { // back and forth within the minute: no more lines
+			beat(base)
+			beat(info)
+		}
+		keepAlive(warnedAt.Add(changeWarnEvery - time.Nanosecond))
 		beat(base)
-		warned("the change back")
-	}
-	beat(base)
-	select {
-	case msg := <-rec.warns:
-		t.Fatalf("unchanged heartbeat warned: %q", msg)
-	default:
+		if n := warnings(); n != 0 {
+			t.Fatalf("%d more warnings within the minute", n)
+		}
+		f.clk.Advance(time.Nanosecond)
+		beat(info)
+		if n := warnings(); n != 1 {
+			t.Fatalf("a change a minute after the warning: %d warnings, want 1", n)
+		}
+		keepAlive(f.clk.Now().Add(changeWarnEvery)) // the next case's change a minute after this warning
 	}
 }
 
