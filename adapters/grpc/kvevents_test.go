@@ -561,3 +561,94 @@ func TestKVSubscriberFollowsTheRegistration(t *testing.T) {
 // follow is the app's wiring of a heartbeat: the connections follow the registration, and the
 // subscription the addresses they follow.
 func follow(s *KVSubscriber, info router.WorkerInfo) { s.o.Engines.Accept(info, s.Watch) }
+
+// TestKVSubscriberDefaults: the options left zero (or out of order) take the documented
+// defaults; the ones given are kept.
+func TestKVSubscriberDefaults(t *testing.T) {
+	s := NewKVSubscriber(KVSubscriberOptions{})
+	defer s.Close()
+	o := s.o
+	if _, ok := o.Clock.(clock.Real); !ok || o.Logger != slog.Default() || o.MinBackoff != 100*time.Millisecond ||
+		o.MaxBackoff != 10*time.Second || o.AnswerTimeout != 5*time.Second || o.Jitter == nil {
+		t.Fatalf("defaults: %+v", o)
+	}
+	fc := clock.NewFake(time.Unix(0, 0))
+	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	given := NewKVSubscriber(KVSubscriberOptions{Clock: fc, Logger: logger, MinBackoff: time.Second,
+		MaxBackoff: time.Second, AnswerTimeout: time.Millisecond})
+	defer given.Close()
+	if o := given.o; o.Clock != fc || o.Logger != logger || o.MinBackoff != time.Second || o.MaxBackoff != time.Second ||
+		o.AnswerTimeout != time.Millisecond {
+		t.Fatalf("given: %+v", o)
+	}
+	// A MaxBackoff under MinBackoff is the default, or MinBackoff when that is longer.
+	for _, c := range []struct{ min, max, want time.Duration }{
+		{time.Second, time.Millisecond, 10 * time.Second},
+		{time.Minute, time.Second, time.Minute},
+	} {
+		s := NewKVSubscriber(KVSubscriberOptions{MinBackoff: c.min, MaxBackoff: c.max})
+		if s.o.MaxBackoff != c.want {
+			t.Errorf("min %v, max %v: MaxBackoff %v, want %v", c.min, c.max, s.o.MaxBackoff, c.want)
+		}
+		s.Close()
+	}
+}
+
+// TestKVSubscriberHeartbeatKeepsTheStream: the heartbeats of a subscribed worker that change
+// nothing keep its subscription and its stream: no resubscription (and no snapshot) per
+// heartbeat.
+func TestKVSubscriberHeartbeatKeepsTheStream(t *testing.T) {
+	f, addr := startFakeKV(t)
+	s, sink, engines := newTestSubscriber(t)
+	defer engines.Close()
+	defer s.Close()
+	f.scripts <- kvScript{events: []*kvv1.KvEvent{ev(1, kvv1.KvEvent_CLEARED)}}
+	info := router.WorkerInfo{ID: "e8", Reg: 3, GRPCAddress: addr, KVEvents: true}
+	follow(s, info)
+	wait(t, f.subs, "the subscription")
+	if m := sink.next(t); !sink.handshake(m) {
+		t.Fatalf("%+v is not the handshake", *m)
+	}
+	s.mu.Lock()
+	sub := s.subs["e8"]
+	s.mu.Unlock()
+	for range 3 {
+		follow(s, info)
+	}
+	s.mu.Lock()
+	same := s.subs["e8"] == sub
+	s.mu.Unlock()
+	if !same || len(f.gone) != 0 {
+		t.Fatalf("a heartbeat that changed nothing replaced the subscription (%v) or ended its stream (%d)", !same, len(f.gone))
+	}
+}
+
+// TestKVSubscriberTakesTheLargestEvent: an event with exactly router.MaxKVEventIDs ids is
+// forwarded whole, in pieces of KVPieceIDs in order (one more id is refused:
+// TestKVSubscriberTranslates).
+func TestKVSubscriberTakesTheLargestEvent(t *testing.T) {
+	f, addr := startFakeKV(t)
+	s, sink, engines := newTestSubscriber(t)
+	defer engines.Close()
+	defer s.Close()
+	ids := make([]uint64, router.MaxKVEventIDs)
+	for i := range ids {
+		ids[i] = uint64(i + 1)
+	}
+	f.scripts <- kvScript{events: []*kvv1.KvEvent{ev(1, kvv1.KvEvent_CLEARED), ev(2, kvv1.KvEvent_STORED, ids...)}}
+	follow(s, router.WorkerInfo{ID: "e9", GRPCAddress: addr, KVEvents: true})
+	if m := sink.next(t); !sink.handshake(m) {
+		t.Fatalf("%+v is not the handshake", *m)
+	}
+	var got []uint64
+	for len(got) < len(ids) {
+		m := sink.next(t)
+		if m.Clear || len(m.Stored) != KVPieceIDs {
+			t.Fatalf("after %d ids: %+v, want a piece of %d stored ids", len(got), *m, KVPieceIDs)
+		}
+		got = append(got, m.Stored...)
+	}
+	if !slices.Equal(got, ids) {
+		t.Fatal("the pieces are not the event's ids in order")
+	}
+}
