@@ -72,6 +72,9 @@ type Request struct {
 	// byte cut that may split a UTF-8 sequence; it is a hash key, not text.
 	// It is never nil and is owned by the caller.
 	PrefixKey []byte
+	// Cost is the request's size as admission and the token limit count it
+	// (R20): every prompt of a batch, and what it may generate (cost.go).
+	Cost Cost
 }
 
 // Error is a problem with a request body that the client must fix; the HTTP
@@ -95,10 +98,13 @@ func mustBe(param, what string) error {
 
 // fields is what one scan of a body finds.
 type fields struct {
-	model, stream, user span  // the values' spans; the last duplicate wins
-	prompt              bool  // the kind's prompt key was present
-	promptErr           error // a shape error in the last prompt value
-	dupErr              error // the first repeated top-level key (R13.4)
+	model, stream, user span // the values' spans; the last duplicate wins
+	// The values that size the answer (cost.go): "n", "best_of", "max_tokens",
+	// "max_completion_tokens".
+	n, bestOf, maxTokens, maxCompletion span
+	prompt                              bool  // the kind's prompt key was present
+	promptErr                           error // a shape error in the last prompt value
+	dupErr                              error // the first repeated top-level key (R13.4)
 }
 
 // str is a validated JSON string's contents (no quotes) and whether they
@@ -151,6 +157,14 @@ func scan(kind Kind, body []byte, p *prefix) (fields, error) {
 			v = &f.stream
 		case "user":
 			v = &f.user
+		case "n":
+			v = &f.n
+		case "best_of":
+			v = &f.bestOf
+		case "max_tokens":
+			v = &f.maxTokens
+		case "max_completion_tokens":
+			v = &f.maxCompletion
 		case "prompt":
 			if kind == Completions {
 				if err := f.readPrompt(kind, &s, p); err != nil {
@@ -183,6 +197,7 @@ func (f *fields) readPrompt(kind Kind, s *scanner, p *prefix) error {
 	start := s.pos
 	f.prompt = true
 	p.n = 0
+	p.size = promptSize{}
 	if kind == Chat {
 		f.promptErr = p.messages(s)
 	} else {
@@ -289,6 +304,7 @@ func parse(kind Kind, body []byte, p *prefix) (Request, error) {
 		r.User = decodeString(contents(body, f.user))
 	}
 	r.PrefixKey = p.key()
+	r.Cost = f.cost(kind, body, p.size)
 	return r, nil
 }
 
@@ -326,6 +342,9 @@ func PrefixKey(kind Kind, body []byte) ([]byte, error) {
 type prefix struct {
 	b []byte
 	n int
+	// size counts the whole prompt while it is read, whatever the render keeps
+	// (cost.go).
+	size promptSize
 }
 
 func (p *prefix) full() bool { return p.n == len(p.b) }
@@ -381,6 +400,7 @@ func (p *prefix) prompt(s *scanner) error {
 	case '"':
 		raw, esc, err := s.str()
 		p.writeStr(s.data, str{raw, esc})
+		p.size.prompts, p.size.text = 1, raw.end-raw.start
 		return err
 	case '[':
 	default:
@@ -429,14 +449,18 @@ func (p *prefix) prompt(s *scanner) error {
 			if n == 0 {
 				p.writeStr(s.data, str{raw, esc})
 			}
+			p.size.prompts++
+			p.size.text += raw.end - raw.start
 		case ids:
 			if ok, err := p.tokenID(s, true, n > 0); err != nil || !ok {
 				return orShape(err, mustBe("prompt["+strconv.Itoa(n)+"]", tokenShape))
 			}
+			p.size.prompts = 1 // one prompt of token ids
 		case idArrays:
 			if err := p.idArray(s, n); err != nil {
 				return err
 			}
+			p.size.prompts++
 		}
 	}
 }
@@ -488,6 +512,7 @@ func (p *prefix) tokenID(s *scanner, render, sep bool) (bool, error) {
 	if !tokenID(b) {
 		return false, nil
 	}
+	p.size.ids++
 	if render {
 		if sep {
 			p.writeByte(' ')
@@ -556,6 +581,7 @@ type texts struct {
 	more  []str
 	n     int
 	limit int
+	bytes int // the bytes of every text part, as written in the body (kept or not)
 }
 
 func (t *texts) add(v str) {
@@ -570,7 +596,7 @@ func (t *texts) add(v str) {
 	t.n++
 }
 
-func (t *texts) reset() { t.n, t.more = 0, t.more[:0] }
+func (t *texts) reset() { t.n, t.more, t.bytes = 0, t.more[:0], 0 }
 
 // each calls f with the kept parts in order.
 func (t *texts) each(f func(str)) {
@@ -657,6 +683,15 @@ func (p *prefix) message(s *scanner, i int) error {
 	if contentErr != nil {
 		return contentErr
 	}
+	// The message as the render writes it, "role\ncontent\n", with its strings as written
+	// in the body: the role's span holds its two quotes, as many bytes as the two newlines.
+	p.size.prompts = 1
+	p.size.text += role.end - role.start
+	if isParts {
+		p.size.text += parts.bytes
+	} else {
+		p.size.text += content.end - content.start
+	}
 	if p.full() {
 		return nil
 	}
@@ -731,6 +766,7 @@ func (t *texts) read(s *scanner, i int) error {
 			return mustBe(param(".text"), "a string")
 		}
 		_, esc := contents(s.data, text)
+		t.bytes += text.end - text.start - 2
 		t.add(str{span{text.start + 1, text.end - 1}, esc})
 	}
 }

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"math"
+	"strconv"
 	"strings"
 )
 
@@ -45,7 +47,96 @@ func refRequest(kind Kind, body []byte) (Request, error) {
 		return Request{}, err
 	}
 	r.PrefixKey = render[:min(len(render), PrefixLen)]
+	r.Cost = refCost(kind, top)
 	return r, nil
+}
+
+// refCost is Cost from a body encoding/json decoded (one whose prompt is well formed): every
+// prompt's strings as written (their raw length less the quotes), token ids, and the counts.
+func refCost(kind Kind, top map[string]json.RawMessage) Cost {
+	var text, ids, prompts int64
+	str := func(raw json.RawMessage) int64 { return int64(len(raw) - 2) }
+	if kind == Chat {
+		var msgs []map[string]json.RawMessage
+		_ = json.Unmarshal(top["messages"], &msgs)
+		prompts = 1
+		for _, m := range msgs {
+			text += str(m["role"]) + 2
+			c := m["content"]
+			switch {
+			case isNullRaw(c):
+			case c[0] == '"':
+				text += str(c)
+			default:
+				var parts []map[string]json.RawMessage
+				_ = json.Unmarshal(c, &parts)
+				for _, p := range parts {
+					var typ string
+					if _ = json.Unmarshal(p["type"], &typ); typ == "text" {
+						text += str(p["text"])
+					}
+				}
+			}
+		}
+	} else {
+		raw := top["prompt"]
+		var elems []json.RawMessage
+		switch {
+		case raw[0] == '"':
+			prompts, text = 1, str(raw)
+		case json.Unmarshal(raw, &elems) == nil && elems[0][0] == '"':
+			for _, e := range elems {
+				prompts, text = prompts+1, text+str(e)
+			}
+		case elems[0][0] == '[':
+			for _, e := range elems {
+				var inner []json.RawMessage
+				_ = json.Unmarshal(e, &inner)
+				prompts, ids = prompts+1, ids+int64(len(inner))
+			}
+		default:
+			prompts, ids = 1, int64(len(elems))
+		}
+	}
+	c := Cost{PromptTokens: (text+3)/4 + ids, Prompts: prompts,
+		Choices: max(refCount(top["n"], 1), refCount(top["best_of"], 1), 1)}
+	switch {
+	case kind == Chat && !isNullRaw(top["max_completion_tokens"]):
+		c.MaxTokens = refCount(top["max_completion_tokens"], 0)
+	case !isNullRaw(top["max_tokens"]):
+		c.MaxTokens = refCount(top["max_tokens"], 0)
+	case kind == Completions:
+		c.MaxTokens = DefaultMaxTokens
+	}
+	return c
+}
+
+// refCount reads a count as Cost documents it: a JSON number or a string without escapes
+// holding a number strconv reads, a fraction up to the next integer, clamped to MaxCount;
+// else def.
+func refCount(raw json.RawMessage, def int64) int64 {
+	if isNullRaw(raw) {
+		return def
+	}
+	var s string
+	switch {
+	case raw[0] == '"' && !bytes.ContainsRune(raw, '\\'):
+		_ = json.Unmarshal(raw, &s)
+	case raw[0] == '-' || raw[0] >= '0' && raw[0] <= '9':
+		s = string(raw)
+	default:
+		return def
+	}
+	f, err := strconv.ParseFloat(s, 64)
+	switch {
+	case math.IsInf(f, 1):
+		return MaxCount
+	case err != nil || math.IsNaN(f) || f < 0:
+		return def
+	case f > MaxCount:
+		return MaxCount
+	}
+	return int64(math.Ceil(f))
 }
 
 func isNullRaw(raw json.RawMessage) bool {
