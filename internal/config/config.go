@@ -90,6 +90,9 @@ type Gateway struct {
 	IdleTimeout          time.Duration // idle_timeout: an idle keep-alive connection is closed, > 0
 	BodyReadTimeout      time.Duration // body_read_timeout: headers and body must arrive within it, > 0
 	ClientWriteTimeout   time.Duration // client_write_timeout: a client that takes no write for it is dropped, > 0
+	// MaxBufferedBytes is max_buffered_bytes (R20): the bytes of non-streamed answers being
+	// buffered at once, over every request; an answer beyond it is 503 overloaded, >= 1.
+	MaxBufferedBytes int64
 	// Engine faults (R14.1, R14.3): see gateway_faults.go.
 	StreamFirstByteTimeout time.Duration // stream_first_byte_timeout: a stream's headers and first event, > 0
 	RequestTimeout         time.Duration // request_timeout: a non-streamed request's total (504 upstream_timeout), > 0
@@ -130,9 +133,12 @@ type Key struct {
 	// Admission.Classes), or "" for Admission.DefaultClass.
 	Class string
 	// RPM and TPM limit the key's requests and tokens per sliding 60 s window (R13.5);
-	// 0 = no limit.
+	// 0 = no limit. TPM reserves each request's most tokens while it is served (R20).
 	RPM int64
 	TPM int64
+	// MaxInFlight is max_in_flight (R20): the key's inference requests served at once;
+	// one more is 429 rate_limited. 0 = no limit.
+	MaxInFlight int64
 }
 
 // String describes the key without its secret, so that a logged Config
@@ -265,6 +271,7 @@ func Default() *Config {
 			ShutdownGrace:        30 * time.Second,
 			PrefixWarmupMinBytes: DefaultPrefixWarmupMinBytes,
 			MaxInFlight:          10000,
+			MaxBufferedBytes:     DefaultMaxBufferedBytes,
 			IdleTimeout:          120 * time.Second,
 			BodyReadTimeout:      30 * time.Second,
 			ClientWriteTimeout:   30 * time.Second,
@@ -423,6 +430,8 @@ type fileKey struct {
 	Class  *string  `json:"class"`
 	RPM    *int64   `json:"rpm"`
 	TPM    *int64   `json:"tpm"`
+	// MaxInFlight is max_in_flight (R20).
+	MaxInFlight *int64 `json:"max_in_flight"`
 }
 
 type fileAdmission struct {
@@ -706,7 +715,7 @@ func (fa *fileAuth) apply(a *Auth, adm *Admission, getenv func(string) string, p
 			name string
 			v    *int64
 			to   *int64
-		}{{"rpm", fk.RPM, &k.RPM}, {"tpm", fk.TPM, &k.TPM}} {
+		}{{"rpm", fk.RPM, &k.RPM}, {"tpm", fk.TPM, &k.TPM}, {"max_in_flight", fk.MaxInFlight, &k.MaxInFlight}} {
 			if l.v == nil {
 				continue
 			}

@@ -135,6 +135,7 @@ shutdown_grace = "1m30s"
 prefix_warmup_min_bytes = 4096
 allow_unauthenticated = true
 max_in_flight = 7
+max_buffered_bytes = 2048
 idle_timeout = "5s"
 body_read_timeout = "6s"
 client_write_timeout = "7s"
@@ -168,6 +169,7 @@ max_ejected_percent = 34
 		// R13.3
 		AllowUnauthenticated: true,
 		MaxInFlight:          7,
+		MaxBufferedBytes:     2048,
 		IdleTimeout:          5 * time.Second,
 		BodyReadTimeout:      6 * time.Second,
 		ClientWriteTimeout:   7 * time.Second,
@@ -200,6 +202,12 @@ func TestParseErrors(t *testing.T) {
 		{"open gateway off loopback", "[gateway]\nhttp_listen = \"0.0.0.0:8080\"\n", nil, "gateway.allow_unauthenticated", `gateway.http_listen "0.0.0.0:8080" is not a loopback address`},
 		{"open gateway on every interface", "[gateway]\nhttp_listen = \":8080\"\n", nil, "gateway.allow_unauthenticated", "no [[auth.keys]]"},
 		{"zero max_in_flight", "[gateway]\nmax_in_flight = 0\n", nil, "gateway.max_in_flight", "must be >= 1"},
+		{"zero max_buffered_bytes", "[gateway]\nmax_buffered_bytes = 0\n", nil, "gateway.max_buffered_bytes", "must be >= 1"},
+		{"max_buffered_bytes a string", "[gateway]\nmax_buffered_bytes = \"1GiB\"\n", nil, "gateway.max_buffered_bytes", "must be an integer, not a string"},
+		{"negative key max_in_flight", "[[auth.keys]]\nkey = \"sk-a\"\nscopes = [\"inference\"]\nmax_in_flight = -1\n", nil, "auth.keys[0].max_in_flight", "must be >= 0"},
+		{"fractional key max_in_flight", "[[auth.keys]]\nkey = \"sk-a\"\nscopes = [\"inference\"]\nmax_in_flight = 1.5\n", nil, "auth.keys[0].max_in_flight", "must be an integer"},
+		{"negative key tpm", "[[auth.keys]]\nkey = \"sk-a\"\nscopes = [\"inference\"]\ntpm = -5\n", nil, "auth.keys[0].tpm", "must be >= 0"},
+		{"negative key rpm", "[[auth.keys]]\nkey = \"sk-a\"\nscopes = [\"inference\"]\nrpm = -5\n", nil, "auth.keys[0].rpm", "must be >= 0"},
 		{"bad idle_timeout", "[gateway]\nidle_timeout = \"soon\"\n", nil, "gateway.idle_timeout", "is not a duration"},
 		{"zero body_read_timeout", "[gateway]\nbody_read_timeout = \"0s\"\n", nil, "gateway.body_read_timeout", "must be > 0"},
 		{"negative client_write_timeout", "[gateway]\nclient_write_timeout = \"-1s\"\n", nil, "gateway.client_write_timeout", "is not a duration"},
@@ -513,6 +521,7 @@ func TestSchemaDefaults(t *testing.T) {
 		"prefix_warmup_min_bytes":      float64(g.PrefixWarmupMinBytes),
 		"allow_unauthenticated":        g.AllowUnauthenticated,
 		"max_in_flight":                float64(g.MaxInFlight),
+		"max_buffered_bytes":           float64(g.MaxBufferedBytes),
 		"idle_timeout":                 g.IdleTimeout.String(),
 		"body_read_timeout":            g.BodyReadTimeout.String(),
 		"client_write_timeout":         g.ClientWriteTimeout.String(),
@@ -566,6 +575,33 @@ func TestLoad(t *testing.T) {
 	}
 	if _, err := Load(filepath.Join(dir, "missing.toml")); err == nil || !strings.HasPrefix(err.Error(), "config: ") {
 		t.Fatalf("Load of a missing file: %v", err)
+	}
+}
+
+// TestParseKeyLimits (R13.5, R20): a key's rpm, tpm and max_in_flight are read as written, and
+// each is 0 (no limit) when absent, so a key listed without limits is not limited.
+func TestParseKeyLimits(t *testing.T) {
+	cfg, err := Parse([]byte(`
+[[auth.keys]]
+key = "sk-a"
+scopes = ["inference"]
+rpm = 60
+tpm = 100000
+max_in_flight = 8
+
+[[auth.keys]]
+key = "sk-b"
+scopes = ["inference"]
+`), env(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Key{
+		{Key: "sk-a", Scopes: []string{"inference"}, RPM: 60, TPM: 100000, MaxInFlight: 8},
+		{Key: "sk-b", Scopes: []string{"inference"}},
+	}
+	if diff := cmp.Diff(want, cfg.Auth.Keys); diff != "" {
+		t.Fatalf("keys (-want +got):\n%s", diff)
 	}
 }
 

@@ -2,10 +2,14 @@ package config
 
 import "fmt"
 
+// DefaultMaxBufferedBytes is gateway.max_buffered_bytes' default (R20): 1 GiB.
+const DefaultMaxBufferedBytes = 1 << 30
+
 // fileGatewayHTTP is the [gateway] keys of the HTTP trust boundary (R13.3).
 type fileGatewayHTTP struct {
 	AllowUnauthenticated *bool   `json:"allow_unauthenticated"`
 	MaxInFlight          *int    `json:"max_in_flight"`
+	MaxBufferedBytes     *int64  `json:"max_buffered_bytes"`
 	IdleTimeout          *string `json:"idle_timeout"`
 	BodyReadTimeout      *string `json:"body_read_timeout"`
 	ClientWriteTimeout   *string `json:"client_write_timeout"`
@@ -18,6 +22,13 @@ func (fh *fileGatewayHTTP) apply(g *Gateway, base path, ps *problems) {
 			ps.add(base.with(key("max_in_flight")), "must be >= 1")
 		} else {
 			g.MaxInFlight = *fh.MaxInFlight
+		}
+	}
+	if fh.MaxBufferedBytes != nil {
+		if *fh.MaxBufferedBytes < 1 {
+			ps.add(base.with(key("max_buffered_bytes")), "must be >= 1")
+		} else {
+			g.MaxBufferedBytes = *fh.MaxBufferedBytes
 		}
 	}
 	duration(&g.IdleTimeout, fh.IdleTimeout, base.with(key("idle_timeout")), ps)
