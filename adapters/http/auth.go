@@ -42,7 +42,8 @@ type apiKey struct {
 }
 
 // keyMatch is what a request's key grants: its scopes and class, and (index ≥ 0) which
-// configured key it is, with that key's rate limits. Open mode has index −1.
+// configured key it is, with that key's limits (rpm, tpm, max_in_flight). Open mode has
+// index −1.
 type keyMatch struct {
 	scopes scope
 	class  string
@@ -65,7 +66,7 @@ func newKeyring(keys []config.Key) *keyring {
 			sc |= parseScope(s)
 		}
 		kr.keys = append(kr.keys, apiKey{digest: sha256.Sum256([]byte(k.Key)), scopes: sc, class: k.Class,
-			limits: ratelimit.Limits{RPM: k.RPM, TPM: k.TPM}})
+			limits: ratelimit.Limits{RPM: k.RPM, TPM: k.TPM, InFlight: k.MaxInFlight}})
 	}
 	return kr
 }

@@ -26,15 +26,29 @@ func (s *Server) inference(w http.ResponseWriter, r *http.Request, kind oai.Kind
 		s.metrics.reject(writeError(w, fmt.Errorf("the gateway is shutting down: %w", errs.ErrShuttingDown)))
 		return
 	}
-	limited := km.index >= 0 && (km.limits.RPM > 0 || km.limits.TPM > 0)
+	// The key's limits (R13.5, R20), this replica's share of them (R16). The window and the
+	// in-flight count are keyed by the configured key's index, never by anything the client
+	// wrote.
+	lim := km.limits.PerReplica(int(s.replicas.Load()))
+	limited := km.index >= 0 && lim.Any()
 	if limited {
-		st, ok := s.limiter.Allow(km.index, km.limits.PerReplica(int(s.replicas.Load())))
-		rateLimitHeaders(w.Header(), st)
-		if !ok {
-			w.Header().Set("Retry-After", strconv.FormatInt(int64(math.Ceil(st.RetryAfter.Seconds())), 10))
-			s.metrics.reject(writeError(w, fmt.Errorf("the API key is over its rate limit: %w", errs.ErrRateLimited)))
+		if lim.RPM > 0 || lim.TPM > 0 {
+			st, ok := s.limiter.Allow(km.index, lim)
+			rateLimitHeaders(w.Header(), st)
+			if !ok {
+				s.metrics.reject(refuseRateLimited(w, st.RetryAfter, "the API key is over its rate limit"))
+				return
+			}
+		}
+		// max_in_flight is checked before the gateway's own limit: a key at its limit is
+		// refused without taking one of the gateway's slots, and its request counts from here
+		// (a slow body too) until its answer has ended.
+		if !s.limiter.Enter(km.index, lim) {
+			s.metrics.reject(refuseRateLimited(w, ratelimit.ReservedWait,
+				fmt.Sprintf("the API key has its limit of %d requests in flight", lim.InFlight)))
 			return
 		}
+		defer s.limiter.Leave(km.index)
 	}
 	release, err := s.enter()
 	if err != nil {
@@ -58,6 +72,27 @@ func (s *Server) inference(w http.ResponseWriter, r *http.Request, kind oai.Kind
 	if err != nil {
 		s.metrics.reject(writeError(w, fmt.Errorf("%v: %w", err, errs.ErrInvalidRequest)))
 		return
+	}
+	var served *request.Exchange // the request once handed over: its Tokens settle the reservation
+	if limited && lim.TPM > 0 {
+		// R20: the request's most tokens (every prompt of a batch, and n answers of
+		// max_tokens each) are held from here, so a key's requests being served count against
+		// its tpm before they end; the real usage replaces them when the request ends,
+		// whatever way it ends.
+		st, held, ok := s.limiter.Reserve(km.index, lim, req.Cost.Tokens())
+		rateLimitHeaders(w.Header(), st)
+		if !ok {
+			s.metrics.reject(refuseRateLimited(w, st.RetryAfter,
+				fmt.Sprintf("the API key's tokens per minute have no room for this request's %d", min(req.Cost.Tokens(), lim.TPM))))
+			return
+		}
+		defer func() {
+			var used int64 // a request refused below costs nothing
+			if served != nil {
+				used = served.Tokens()
+			}
+			s.limiter.Settle(km.index, held, used)
+		}()
 	}
 	x := request.NewExchange(r.Context(), w, r.URL.Path, kind, id, km.scopes&scopeDebug != 0, body, req, start)
 	x.Rendered = rendered
@@ -86,11 +121,16 @@ func (s *Server) inference(w http.ResponseWriter, r *http.Request, kind oai.Kind
 		x.Class, x.SessionID, x.SessionFinal = class, sessionKey(km.index, sid), final
 	}
 	x.ParseTime = time.Since(parseStart) // R17.3's parse stage: a measurement
+	served = x
 	s.serve(x)
 	<-x.Done()
-	if limited {
-		s.limiter.Spend(km.index, x.Tokens())
-	}
+}
+
+// refuseRateLimited answers 429 rate_limited with a Retry-After of wait (in whole seconds,
+// rounded up) and returns the status.
+func refuseRateLimited(w http.ResponseWriter, wait time.Duration, why string) int {
+	w.Header().Set("Retry-After", strconv.FormatInt(int64(math.Ceil(wait.Seconds())), 10))
+	return writeError(w, fmt.Errorf("%s: %w", why, errs.ErrRateLimited))
 }
 
 // rateLimitHeaders sets OpenAI's rate-limit headers for a limited key (R13.5). The keys are
