@@ -63,7 +63,7 @@ func TestContentLengthSizesNoBuffer(t *testing.T) {
 				done <- testRelayer(rec, resp).run(1).code
 				return
 			}
-			res := readAll(1, resp)
+			res := readAll(1, resp, nil)
 			if res.err == nil || len(res.body) != 0 {
 				t.Errorf("cascade step: a cut answer read as %d bytes, %v", len(res.body), res.err)
 			}
@@ -112,16 +112,16 @@ func TestJSONAnswerBound(t *testing.T) {
 		t.Fatalf("64 MiB + 1: code %d, finished %v, client got %.80q", res.code, res.finished, rec.Body.String())
 	}
 	const limit = 100 << 10
-	b, err := readBounded(&endless{left: 10 * limit}, -1, limit)
+	b, err := readBounded(&endless{left: 10 * limit}, -1, limit, nil)
 	if !errors.Is(err, errAnswerTooLarge) || len(b) != limit+1 || cap(b) != limit+1 {
 		t.Fatalf("over the bound: read %d bytes (capacity %d), %v", len(b), cap(b), err)
 	}
-	b, err = readBounded(&endless{left: limit}, -1, limit)
+	b, err = readBounded(&endless{left: limit}, -1, limit, nil)
 	if err != nil || len(b) != limit || cap(b) > limit+1 {
 		t.Fatalf("at the bound: read %d bytes (capacity %d), %v", len(b), cap(b), err)
 	}
 	// A short answer with its length announced is read into one buffer of that length + 1.
-	b, err = readBounded(&endless{left: 1000}, 1000, limit)
+	b, err = readBounded(&endless{left: 1000}, 1000, limit, nil)
 	if err != nil || len(b) != 1000 || cap(b) != 1001 {
 		t.Fatalf("announced: read %d bytes (capacity %d), %v", len(b), cap(b), err)
 	}

@@ -142,7 +142,7 @@ func tokenizeCall(ctx context.Context, tr Upstream, url string, body []byte) tok
 	defer resp.Body.Close()
 	most := maxTokenIDs(len(body))
 	limit := maxTokenizeAnswer(most)
-	raw, err := readBounded(resp.Body, resp.ContentLength, limit)
+	raw, err := readBounded(resp.Body, resp.ContentLength, limit, nil)
 	if errors.Is(err, errAnswerTooLarge) {
 		return tokenized{err: fmt.Errorf("tokenize answer: over %d bytes for a %d-byte request", limit, len(body))}
 	}

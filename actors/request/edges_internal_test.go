@@ -116,7 +116,7 @@ func TestAppendCappedCapacity(t *testing.T) {
 
 // TestReadBoundedEmptyAnnounced: an answer that announces 0 bytes gets the smallest buffer.
 func TestReadBoundedEmptyAnnounced(t *testing.T) {
-	b, err := readBounded(strings.NewReader(""), 0, 1<<20)
+	b, err := readBounded(strings.NewReader(""), 0, 1<<20, nil)
 	if err != nil || len(b) != 0 || cap(b) != 512 {
 		t.Fatalf("%d bytes, capacity %d, %v", len(b), cap(b), err)
 	}

@@ -117,10 +117,11 @@ func (r *requestActor) attempt(c actor.Context) {
 	})
 }
 
-// readAll reads a whole answer (a non-final cascade step).
-func readAll(gen int, resp *http.Response) bufferedResult {
+// readAll reads a whole answer (a non-final cascade step) into bytes of hold, which the actor
+// gives back once it has judged (and maybe written) the answer.
+func readAll(gen int, resp *http.Response, hold *bufHold) bufferedResult {
 	defer resp.Body.Close()
-	body, err := readBounded(resp.Body, resp.ContentLength, maxUpstreamJSON)
+	body, err := readBounded(resp.Body, resp.ContentLength, maxUpstreamJSON, hold)
 	return bufferedResult{gen: gen, status: resp.StatusCode, header: resp.Header, body: body, err: err}
 }
 
@@ -134,16 +135,26 @@ var errAnswerTooLarge = fmt.Errorf("an answer larger than %d bytes", maxUpstream
 // readBounded reads r to its end, holding at most limit bytes (more is errAnswerTooLarge). The
 // buffer starts at the announced length only up to jsonHint and then grows with what arrives,
 // doubling but never past limit+1, so memory follows the bytes received, not the bytes
-// promised. length < 0 means unknown.
-func readBounded(r io.Reader, length int64, limit int) ([]byte, error) {
+// promised. length < 0 means unknown. Every buffer's bytes are taken from hold before it is
+// made (nil: no budget): the first before anything is read, so an answer that finds no room
+// is errBufferBudget with nothing read; a growth that finds none is errBufferBudget too.
+func readBounded(r io.Reader, length int64, limit int, hold *bufHold) ([]byte, error) {
 	size := 4 << 10
 	if length >= 0 {
 		size = int(min(length+1, jsonHint)) // +1: the read that sees EOF needs no new array
 	}
-	b := make([]byte, 0, max(size, 512))
+	size = max(size, 512)
+	if !hold.grow(int64(size)) {
+		return nil, errBufferBudget
+	}
+	b := make([]byte, 0, size)
 	for {
 		if len(b) == cap(b) {
-			b = append(make([]byte, 0, min(2*cap(b), limit+1)), b...)
+			next := min(2*cap(b), limit+1)
+			if !hold.grow(int64(next - cap(b))) {
+				return b, errBufferBudget
+			}
+			b = append(make([]byte, 0, next), b...)
 		}
 		n, err := r.Read(b[len(b):cap(b)])
 		b = b[:len(b)+n]
@@ -217,6 +228,8 @@ type relayer struct {
 	// out receives the result before the goroutine ends, so a crashed actor can tell (after
 	// waiting for the goroutine) whether the client already has its terminal outcome.
 	out *relayResult
+	// budget bounds the bytes of a JSON answer being buffered (nil: no bound).
+	budget *BufferBudget
 }
 
 // clientLeft reports whether the client is gone (then nothing more is written to it).
@@ -243,8 +256,12 @@ func (rl relayer) run(gen int) relayResult {
 }
 
 // json buffers a non-streamed answer, so a body cut mid-way is a 502, never a truncated 200.
+// Its bytes are held in the buffer budget until it is written, or has failed; an answer that
+// finds no room is 503 overloaded (R20), with no verdict on the worker.
 func (rl relayer) json(gen int, tc *tokenCounter) relayResult {
-	body, err := readBounded(rl.body, rl.resp.ContentLength, maxUpstreamJSON)
+	hold := rl.budget.hold()
+	defer hold.release()
+	body, err := readBounded(rl.body, rl.resp.ContentLength, maxUpstreamJSON, hold)
 	if err != nil {
 		if rl.ctx.Err() != nil {
 			// The client left, or request_timeout fired: the actor answers 504 (faults.go).
@@ -254,6 +271,10 @@ func (rl relayer) json(gen int, tc *tokenCounter) relayResult {
 			if !gatewayHeader(k) {
 				rl.w.Header().Del(k)
 			}
+		}
+		if errors.Is(err, errBufferBudget) {
+			code := rl.errs.Error(rl.w, overloaded())
+			return relayResult{gen: gen, code: code, ended: true, shed: true}
 		}
 		message := "the engine broke off its answer"
 		if errors.Is(err, errAnswerTooLarge) {

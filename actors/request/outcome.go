@@ -29,7 +29,7 @@ func (e statusError) Error() string { return fmt.Sprintf("%s answered %d", e.wha
 //	a timeout: R14.1's (first byte, request, control, stream idle), a dial or read deadline → Timeout
 //	the connection refused, or not made (a dial error)                                     → Refused
 //	errCut: a committed answer cut by the engine or by stream_idle_timeout                  → Interrupted
-//	the client's cancellation                                                              → None
+//	the client's cancellation, or no room in the buffer budget (the gateway's own limit)   → None
 //	any other error (a reset, EOF before the headers, a stream that ended before its first
 //	event, a broken gRPC call)                                                             → Reset
 //	a statusError is its status; no error: status ≥ 500 → 5xx, another status → Success, none → None
@@ -71,18 +71,21 @@ func errOutcome(err error) (router.Outcome, int) {
 		return router.OutcomeRefused, 0
 	case errors.Is(err, errCut):
 		return router.OutcomeInterrupted, 0
-	case errors.Is(err, context.Canceled):
+	case errors.Is(err, context.Canceled), errors.Is(err, errBufferBudget):
 		return router.OutcomeNone, 0
 	}
 	return router.OutcomeReset, 0
 }
 
 // cut is what ended a relayed answer, as outcome reads it: nil when it reached its end,
-// context.Canceled when the client left, errCut when it was cut.
+// context.Canceled when the client left, errBufferBudget when the gateway had no room to
+// buffer it, errCut when it was cut.
 func (res relayResult) cut() error {
 	switch {
 	case !res.ended:
 		return context.Canceled
+	case res.shed:
+		return errBufferBudget
 	case !res.finished:
 		return errCut
 	}

@@ -62,6 +62,7 @@ func TestOutcome(t *testing.T) {
 		{"a reset wins over a status", io.ErrUnexpectedEOF, 503, router.OutcomeReset},
 		{"a committed answer cut", errCut, 200, router.OutcomeInterrupted},
 		{"the client left", context.Canceled, 200, router.OutcomeNone},
+		{"no room in the buffer budget (R20): the gateway's limit, not the worker's fault", errBufferBudget, 200, router.OutcomeNone},
 	} {
 		if got := outcome(c.err, c.status); got != c.want {
 			t.Errorf("%s: outcome(%v, %d) = %s, want %s", c.name, c.err, c.status, got, c.want)
@@ -79,7 +80,8 @@ func timedOutCtx() context.Context {
 }
 
 // TestRelayCut: a relayed answer that reached its end is no error, one the client left is the
-// client's cancellation, and one that ended otherwise was cut.
+// client's cancellation, one the buffer budget had no room for is that (R20), and one that
+// ended otherwise was cut.
 func TestRelayCut(t *testing.T) {
 	for _, c := range []struct {
 		res  relayResult
@@ -88,6 +90,7 @@ func TestRelayCut(t *testing.T) {
 		{relayResult{ended: true, finished: true}, nil},
 		{relayResult{ended: true}, errCut},
 		{relayResult{}, context.Canceled},
+		{relayResult{ended: true, shed: true}, errBufferBudget},
 	} {
 		if got := c.res.cut(); !errors.Is(got, c.want) || (got == nil) != (c.want == nil) {
 			t.Errorf("%+v: cut %v, want %v", c.res, got, c.want)

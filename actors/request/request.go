@@ -174,6 +174,9 @@ type Deps struct {
 	ControlTimeout         time.Duration
 	// RetryBudget caps the failovers running at once (R14.3); nil: no cap.
 	RetryBudget *RetryBudget
+	// BufferBudget bounds the bytes of non-streamed answers buffered at once (R20
+	// gateway.max_buffered_bytes); nil: no bound.
+	BufferBudget *BufferBudget
 	// Warmups counts the prefix warm-ups running (warmup.go); nil: none are sent (their
 	// tickets are released at once).
 	Warmups *Warmups
@@ -230,6 +233,9 @@ type requestActor struct {
 	watchers []*actor.PID
 	kvHandle string   // a pushed KV handle on the decode worker, until consumed or released
 	kvAt     Endpoint // the decode worker's KV address, where Release goes
+	// cascadeHold is the buffer budget's bytes of a cascade step's answer (nil: none), from
+	// its read until it is judged, or the request ends.
+	cascadeHold *bufHold
 	// afterRelease is what Releasing does once Release has answered: finish, or route again
 	// (a failover).
 	afterRelease func(c actor.Context)
@@ -611,6 +617,7 @@ func (r *requestActor) blame(err error) (*actor.PID, string, string) {
 // finish ends the request with its terminal outcome already written (code is its status).
 func (r *requestActor) finish(c actor.Context, code int) {
 	r.become(Done)
+	r.releaseBuffer()
 	r.stopPickTimer()
 	r.stopFaultTimers()
 	r.budgetEnd()
@@ -624,6 +631,12 @@ func (r *requestActor) finish(c actor.Context, code int) {
 	r.tellFinished(c.Send, r.x.tokens, !r.answered(code))
 	close(r.x.done)
 	c.Stop(c.Self())
+}
+
+// releaseBuffer gives back a cascade step's bytes of the buffer budget, if it holds some.
+func (r *requestActor) releaseBuffer() {
+	r.cascadeHold.release()
+	r.cascadeHold = nil
 }
 
 // answered reports whether the request ended with a whole successful answer.
@@ -675,10 +688,12 @@ func (r *requestActor) stopping(c actor.Context) {
 	ioDone, x, committed, stream, ew, out := r.ioDone, r.x, r.committed, r.x.Req.Stream, r.d.Errors, r.relayOut
 	kvHandle, releaseKV := r.kvHandle, r.kvRelease()
 	route, served, metrics := r.route, r.served, r.d.Metrics
+	hold := r.cascadeHold
 	go func() {
 		if ioDone != nil {
 			<-ioDone
 		}
+		hold.release() // a cascade step's answer read, its result never handled
 		if out != nil && out.finished {
 			kvHandle = "" // the decode worker consumed it
 		}

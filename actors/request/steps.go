@@ -30,7 +30,7 @@ type (
 		gen    int
 		status int
 		header http.Header
-		body   []byte
+		body   []byte // its bytes are held in the actor's cascadeHold
 		err    error
 	}
 	relayResult struct {
@@ -38,6 +38,7 @@ type (
 		code     int
 		finished bool  // the engine's answer reached its end
 		ended    bool  // the client has its terminal outcome (a whole answer, 502, or an error event)
+		shed     bool  // the answer found no room in the buffer budget (503 overloaded, R20)
 		usage    int64 // usage.total_tokens of the answer (−1: none seen)
 		events   int64 // SSE events relayed
 	}
@@ -291,7 +292,12 @@ func (r *requestActor) stepAttempting(c actor.Context, msg any) {
 	if r.nonFinalStep() {
 		resp := m.resp
 		r.become(CascadeStep)
-		r.runIO(c, func(ctx context.Context, gen int) any { return readAll(gen, resp) })
+		// The step's answer is buffered whole to be judged: its bytes are held in the budget
+		// until the step is judged, or the request ends (finish, stopping).
+		r.releaseBuffer()
+		hold := r.d.BufferBudget.hold()
+		r.cascadeHold = hold
+		r.runIO(c, func(ctx context.Context, gen int) any { return readAll(gen, resp, hold) })
 		return
 	}
 	r.relay(c, m.resp, nil, nil)
@@ -355,7 +361,7 @@ func (r *requestActor) relay(c actor.Context, resp *http.Response, first []byte,
 	r.writeHeaders(resp.Header)
 	route, metrics := r.route, r.d.Metrics
 	r.relayOut = &r.relayRes
-	rl := relayer{w: r.x.W, client: r.x.Ctx, resp: resp, body: body, first: first, buf: buf, log: r.d.Logger, id: r.x.ID, worker: p.WorkerID, errs: r.d.Errors, out: r.relayOut,
+	rl := relayer{w: r.x.W, client: r.x.Ctx, resp: resp, body: body, first: first, buf: buf, log: r.d.Logger, id: r.x.ID, worker: p.WorkerID, errs: r.d.Errors, out: r.relayOut, budget: r.d.BufferBudget,
 		interrupts: metrics.interrupts, route: route}
 	r.become(Relaying)
 	r.runIO(c, func(ctx context.Context, gen int) any { rl.ctx = ctx; return rl.run(gen) })
@@ -370,10 +376,15 @@ func (r *requestActor) stepCascade(c actor.Context, msg any) {
 		return
 	}
 	r.endIO()
+	defer r.releaseBuffer() // judged, and written if kept
 	r.releaseWorker(c, r.picked.Worker, outcome(m.err, m.status))
 	r.releaseAll(c.Send)
 	r.kvHandle = "" // a decode worker that answered in full consumed its handle
 	p := r.picked
+	if errors.Is(m.err, errBufferBudget) {
+		r.fail(c, overloaded()) // R20: no room to buffer the step's answer
+		return
+	}
 	if m.err != nil || m.status != http.StatusOK {
 		r.logger().Info("cascade step failed; escalating", "step", p.Step, "status", m.status, "err", m.err)
 		r.escalate(c, p.Step)

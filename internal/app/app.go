@@ -194,8 +194,9 @@ func Start(cfg *config.Config, o Options) (*App, error) {
 		StreamFirstByteTimeout: g.StreamFirstByteTimeout, RequestTimeout: g.RequestTimeout,
 		StreamIdleTimeout: g.StreamIdleTimeout, ControlTimeout: g.ControlTimeout,
 		RetryBudget: request.NewRetryBudget(g.RetryBudgetPercent), ObserveTTFT: policy.ReadsOf(g.RoutePolicy).TTFT,
-		Warmups: request.NewWarmups(request.DefaultMaxWarmups),
-		Go:      pool.Go,
+		BufferBudget: bufferBudget(g.MaxBufferedBytes),
+		Warmups:      request.NewWarmups(request.DefaultMaxWarmups),
+		Go:           pool.Go,
 	}
 	reqOpts := append(am.Options("request"), actor.WithDispatcher(pool))
 	if o.ActorOptions != nil {
@@ -239,6 +240,15 @@ func Start(cfg *config.Config, o Options) (*App, error) {
 		}
 	}()
 	return a, nil
+}
+
+// bufferBudget is gateway.max_buffered_bytes' budget (R20); a configuration built in code
+// without it (0) has no bound, as Parse never gives one.
+func bufferBudget(limit int64) *request.BufferBudget {
+	if limit <= 0 {
+		return nil
+	}
+	return request.NewBufferBudget(limit)
 }
 
 // Err delivers a listener's failure while serving.
