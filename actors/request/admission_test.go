@@ -18,6 +18,8 @@ import (
 	"github.com/tlgw/tlgw/actors/router/admission/coldpool"
 	"github.com/tlgw/tlgw/actors/router/admission/sessionserial"
 	httpapi "github.com/tlgw/tlgw/adapters/http"
+	"github.com/tlgw/tlgw/internal/config"
+	"github.com/tlgw/tlgw/internal/errs"
 	"github.com/tlgw/tlgw/internal/gwtest"
 )
 
@@ -243,4 +245,59 @@ func TestFinishedCarriesCostAndOutcome(t *testing.T) {
 	default:
 	}
 	h.InFlight("w1", 0)
+}
+
+// TestAdmittedPickSizesTheWholeRequest (R20, issue 35 item 7): the admission queue sizes a
+// request by every prompt of its body and the most it may generate — a batch whose first
+// prompt is short is not a short request, nor is one that asks for many long answers — and
+// learns which API key it came with. The router here only records the first pick.
+func TestAdmittedPickSizesTheWholeRequest(t *testing.T) {
+	sys := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger {
+		return slog.New(slog.NewTextHandler(io.Discard, nil))
+	}))
+	defer sys.Shutdown()
+	picks := make(chan router.AdmitInfo, 8)
+	routerPID := sys.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
+		if p, ok := c.Message().(*router.Pick); ok {
+			picks <- *p.Admit
+			c.Respond(&router.Picked{Tag: p.Tag, Err: errs.ErrNoCapacity})
+		}
+	}))
+	deps := &request.Deps{
+		Router: routerPID, Transport: httpapi.NewTransport(), MaxAttempts: 1, Admission: true,
+		Metrics: request.NewMetrics(nil), Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Errors: httpapi.ErrorWriter{},
+	}
+	api := httpapi.New(httpapi.Options{
+		Logger:    deps.Logger,
+		Keys:      []config.Key{{Key: "sk-a", Scopes: []string{"inference"}}, {Key: "sk-b", Scopes: []string{"inference"}}},
+		Admission: httpapi.Admission{Enabled: true, DefaultClass: "default", AllowHeader: map[string]bool{"default": false}},
+		Serve:     func(x *request.Exchange) { request.Spawn(sys, deps, x) },
+	})
+	srv := httptest.NewServer(api)
+	defer srv.Close()
+	for _, c := range []struct {
+		name, path, key, body string
+		want                  router.AdmitInfo
+	}{
+		{"a batch: every prompt, and n answers of max_tokens for each", "/v1/completions", "sk-b",
+			`{"model":"smol","prompt":["a","` + strings.Repeat("x", 398) + `","b"],"n":2,"max_tokens":10}`,
+			router.AdmitInfo{APIKey: 1, PromptTokens: 100, OutputTokens: 3 * 2 * 10}},
+		{"chat: max_completion_tokens", "/v1/chat/completions", "sk-a",
+			`{"model":"smol","messages":[{"role":"user","content":"12345678"}],"max_completion_tokens":50}`,
+			router.AdmitInfo{APIKey: 0, PromptTokens: 4, OutputTokens: 50}},
+	} {
+		req, _ := http.NewRequest("POST", srv.URL+c.path, strings.NewReader(c.body))
+		req.Header.Set("Authorization", "Bearer "+c.key)
+		resp, err := srv.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		got := <-picks
+		got.Class, got.SessionID = "", ""
+		if got != c.want {
+			t.Errorf("%s: admitted as %+v, want %+v", c.name, got, c.want)
+		}
+	}
 }

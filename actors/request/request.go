@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net/http"
 	"slices"
 	"sync/atomic"
@@ -44,11 +45,14 @@ type Exchange struct {
 	// X-Session-ID or the body's user — scoped to the caller's API key when keys are configured,
 	// so another key's client cannot join or end this one's session (see the HTTP adapter's
 	// sessionKey) — and whether this is the session's last turn (X-TL-Session-Final: true,
-	// R15.1). The prompt-size estimate is the actor's: it is taken over the same rendered
-	// prompt as the prefix hashes, so the two compare.
+	// R15.1).
 	Class        string
 	SessionID    string
 	SessionFinal bool
+	// APIKey is the index of the configured API key the request came with (-1: none); the
+	// admission queue shares a class's queue among keys by it (R20). The request's size for
+	// admission is Req.Cost: every prompt of a batch, and what it may generate.
+	APIKey int
 	// SLOTTFTMs is the request's TTFT objective in milliseconds (X-TL-SLO-TTFT-Ms, R18.4; 0 =
 	// none), carried on its picks.
 	SLOTTFTMs int64
@@ -209,7 +213,6 @@ type requestActor struct {
 	pickRetries  int
 	hashes       []uint64         // the prompt's chunk hashes, when the prefix index is on
 	admit        router.AdmitInfo // what every pick says of the request's admission (R10)
-	promptToks   int              // the rendered prompt's size estimate (bytes / 4), for admission
 	cascadeStep  int              // the cascade step asked for (router.LastStep: the last)
 	exclude      []string
 	attempts     int
@@ -444,18 +447,14 @@ func (r *requestActor) endWatch() {
 func (r *requestActor) pick(c actor.Context) {
 	r.pickTag++
 	tag := r.pickTag
-	if (r.d.PrefixHashes || r.d.Admission) && r.pickTag == 1 {
-		// The size estimate and the cached-prefix hashes cover the same bytes: the whole
-		// rendered prompt (bounded by the body limit), so a long prompt sent again is seen
-		// as cached.
+	if r.d.PrefixHashes && r.pickTag == 1 {
+		// The cached-prefix hashes cover the whole rendered prompt (bounded by the body
+		// limit), so a long prompt sent again is seen as cached.
 		rendered := r.x.Rendered
 		if rendered == nil {
 			rendered = oai.RenderPrompt(r.x.Kind, r.x.Body, len(r.x.Body))
 		}
-		r.promptToks = len(rendered) / 4 // an estimate: the gateway has no tokenizer
-		if r.d.PrefixHashes {
-			r.hashes = prefixindex.Hashes(make([]uint64, 0, len(rendered)/prefixindex.ChunkBytes), rendered)
-		}
+		r.hashes = prefixindex.Hashes(make([]uint64, 0, len(rendered)/prefixindex.ChunkBytes), rendered)
 	}
 	p := &router.Pick{
 		Model: r.x.Req.Model, RequestID: r.x.ID, Key: r.key, Requester: c.Self(),
@@ -467,7 +466,12 @@ func (r *requestActor) pick(c actor.Context) {
 		// sees and keeps the allowed workers for the others. It is the actor's own field,
 		// set once and never changed, so the router may keep it.
 		if r.pickTag == 1 {
-			r.admit = router.AdmitInfo{Class: r.x.Class, SessionID: r.x.SessionID, PromptTokens: r.promptToks,
+			// Its size is every prompt of the body and the most it may generate (R20: a batch
+			// is not sized by its first prompt, nor a request for many long answers as a
+			// short one).
+			cost := r.x.Req.Cost
+			r.admit = router.AdmitInfo{Class: r.x.Class, SessionID: r.x.SessionID, APIKey: r.x.APIKey,
+				PromptTokens: clampInt(cost.PromptTokens), OutputTokens: clampInt(cost.Tokens() - cost.PromptTokens),
 				Final: r.x.SessionFinal}
 		}
 		p.Admit = &r.admit
@@ -479,6 +483,9 @@ func (r *requestActor) pick(c actor.Context) {
 	r.openPicks++
 	c.Request(r.d.Router, p)
 }
+
+// clampInt is n as an int, at most the largest int.
+func clampInt(n int64) int { return int(min(n, math.MaxInt)) }
 
 // pickTimeout is the pick timer firing.
 type pickTimeout struct{ tag uint64 }

@@ -147,7 +147,8 @@ func (a *admitter) pick(table *routeTable, m *Pick, fx effects) {
 	pl := a.view.pools[t.key]
 	ad := &admitted{requester: m.Requester, pick: m, target: t,
 		req: admission.Request{Key: m.Key, ID: m.RequestID, Class: m.Admit.Class,
-			SessionID: m.Admit.SessionID, PromptTokens: m.Admit.PromptTokens, Final: m.Admit.Final}}
+			SessionID: m.Admit.SessionID, PromptTokens: m.Admit.PromptTokens, OutputTokens: m.Admit.OutputTokens,
+			APIKey: m.Admit.APIKey, Final: m.Admit.Final}}
 	if _, ok := pl.p.(policy.LatencyScorer); ok && m.SLOTTFTMs > 0 && !t.disagg {
 		// R18.4 with admission: dispatched only to a worker predicted to meet what is left of
 		// the objective; it waits for one, at most until the objective has passed.

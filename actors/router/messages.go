@@ -223,9 +223,16 @@ type Pick struct {
 
 // AdmitInfo is what the admission classifier reads of a request.
 type AdmitInfo struct {
-	Class        string // from the API key or X-TL-Class ("" = the default class)
-	SessionID    string // X-Session-ID or the body's user ("" = none)
-	PromptTokens int    // an estimate (rendered prompt bytes / 4)
+	Class     string // from the API key or X-TL-Class ("" = the default class)
+	SessionID string // X-Session-ID or the body's user ("" = none)
+	// APIKey is the index of the configured API key the request came with (-1: none, open
+	// mode): the queue's and the policies' per-key shares are counted by it (R20).
+	APIKey int
+	// PromptTokens is an estimate of every prompt of the request (oai.Cost: text bytes / 4
+	// and token ids; a batch counts each of its prompts), OutputTokens the most it may
+	// generate (prompts × n × max_tokens; 0 when unbounded).
+	PromptTokens int
+	OutputTokens int
 	// Final marks the session's last turn (X-TL-Session-Final: true, R15.1); meaningful only
 	// with a SessionID (without one, policies ignore it).
 	Final bool

@@ -118,7 +118,7 @@ func (s *Server) inference(w http.ResponseWriter, r *http.Request, kind oai.Kind
 			s.metrics.reject(writeError(w, err))
 			return
 		}
-		x.Class, x.SessionID, x.SessionFinal = class, sessionKey(km.index, sid), final
+		x.Class, x.SessionID, x.SessionFinal, x.APIKey = class, sessionKey(km.index, sid), final, km.index
 	}
 	x.ParseTime = time.Since(parseStart) // R17.3's parse stage: a measurement
 	served = x

@@ -96,7 +96,7 @@ type Options struct {
 	// Now is the clock of the per-key rate limits (R13.5); default time.Now.
 	Now func() time.Time
 	// RenderPrompts: the request actors need each prompt rendered in full (the prefix index
-	// or admission is on), so the body's one parse renders it too (Exchange.Rendered).
+	// is on), so the body's one parse renders it too (Exchange.Rendered).
 	RenderPrompts bool
 }
 

@@ -216,7 +216,7 @@ func Start(cfg *config.Config, o Options) (*App, error) {
 		Serve:      func(x *request.Exchange) { request.Spawn(gw.System, deps, x, reqOpts...) },
 		Registerer: reg, Gatherer: reg,
 		MaxInFlight: g.MaxInFlight, BodyReadTimeout: g.BodyReadTimeout, ClientWriteTimeout: g.ClientWriteTimeout,
-		RenderPrompts: deps.PrefixHashes || deps.Admission,
+		RenderPrompts: deps.PrefixHashes,
 	})
 	a.httpSrv = newHTTPServer(a.HTTP, g)
 	if cfg.Cluster.Enabled {

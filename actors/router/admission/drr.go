@@ -62,9 +62,10 @@ func (q *Queue) WakeCapacityFor(h Host, serves func(*Entry) bool) {
 // Pump dispatches heads until no head can go: the highest priority tier that has a head that
 // can go is served first (R15.2), and the classes of a tier share by deficit round robin —
 // a dispatch costs its class one (cost = requests) or the request's estimated uncached prompt
-// tokens (cost = uncached_tokens), and a class earns its quantum per visit of the ring. The
-// class that still has credit after a dispatch is tried first next time without new credit; a
-// class whose head cannot go keeps its credit and earns none; an empty class's credit resets.
+// tokens and the most it may generate (cost = uncached_tokens), and a class earns its quantum
+// per visit of the ring. The class that still has credit after a dispatch is tried first next
+// time without new credit; a class whose head cannot go keeps its credit and earns none; an
+// empty class's credit resets.
 // A head that cannot go blocks only its lane.
 //
 // It terminates by construction: every head asked either dispatches (one request fewer) or

@@ -80,7 +80,8 @@ type tier struct {
 }
 
 // before reports whether a waits ahead of b in class c: the older first (fcfs), or the fewer
-// estimated uncached prompt tokens first and then the older (wspt).
+// estimated uncached tokens (uncached prompt and the most it may generate) first and then the
+// older (wspt).
 func (c *class) before(a, b *Entry) bool {
 	if c.cfg.Order == OrderWSPT && a.uncached != b.uncached {
 		return a.uncached < b.uncached

@@ -143,6 +143,29 @@ func TestWSPTUsesUncachedTokens(t *testing.T) {
 	}
 }
 
+// TestWSPTCountsWhatARequestMayGenerate (R20, issue 35 item 7): the estimate adds the most a
+// request may generate (its prompts × n × max_tokens) to its uncached prompt, so a short prompt
+// asking for a long answer is not served as a short request — and a class charging by
+// uncached tokens is charged for it.
+func TestWSPTCountsWhatARequestMayGenerate(t *testing.T) {
+	h := newHost("w")
+	h.threshold = 1
+	h.loads["w"] = 1
+	q := newQueue(h, nil, ClassConfig{Name: "c", Quantum: 1, QueueLimit: 100, MaxWait: time.Hour, Order: OrderWSPT, Cost: CostUncachedTokens})
+	long := sized("short-prompt-long-answer", "c", "", 10, "w")
+	long.Req.OutputTokens = 4000
+	mid := sized("mid", "c", "", 500, "w")
+	mid.Req.OutputTokens = 16
+	q.Admit(long, h, nil)
+	q.Admit(mid, h, nil)
+	if long.uncached != 4010 || mid.uncached != 516 || q.byName["c"].cost(long) != 4010 {
+		t.Fatalf("estimates %d and %d", long.uncached, mid.uncached)
+	}
+	if got, want := drain(h, q, "w", 2), []string{"mid", "short-prompt-long-answer"}; !slices.Equal(got, want) {
+		t.Fatalf("order %v, want %v", got, want)
+	}
+}
+
 // TestDRRChargesUncachedTokens (R15.2 cost = uncached_tokens): with equal quanta, two
 // backlogged classes get equal uncached tokens, not equal requests — a class of 30-token
 // requests gets one slot for every three of a class of 10-token requests.

@@ -62,7 +62,8 @@ type Order uint8
 const (
 	// OrderFCFS serves a class's requests oldest first.
 	OrderFCFS Order = iota
-	// OrderWSPT serves the fewest estimated uncached prompt tokens first, ties oldest first. A
+	// OrderWSPT serves the fewest estimated uncached tokens first (the uncached prompt and the
+	// most the request may generate, Request.OutputTokens), ties oldest first. A
 	// session's turns keep their own order: only which lane goes next, and the order within
 	// shared and classifier lanes, follow the estimate.
 	OrderWSPT
@@ -77,7 +78,8 @@ type Cost uint8
 const (
 	// CostRequests: one per request; the quantum is requests per round.
 	CostRequests Cost = iota
-	// CostUncachedTokens: the request's estimated uncached prompt tokens (at least 1), taken
+	// CostUncachedTokens: the request's estimated uncached tokens (its uncached prompt and the
+	// most it may generate; at least 1), taken
 	// when it is admitted; the quantum is tokens per round.
 	CostUncachedTokens
 )
@@ -136,8 +138,9 @@ type Entry struct {
 	worker   string
 	dlIdx    int
 	capKey   string // Pool and Allowed: entries with equal keys see the same candidates
-	// uncached is the estimated uncached prompt tokens when admitted (the prompt less the
-	// best cached prefix among its candidates), for classes that order or charge by it.
+	// uncached is the estimated uncached tokens when admitted (the prompt less the best
+	// cached prefix among its candidates, and the most it may generate), for classes that
+	// order or charge by it.
 	uncached int
 
 	// Why the entry waits, for the admin view.
@@ -314,7 +317,7 @@ func (q *Queue) Admit(e *Entry, h Host, cached func([]string) int) {
 		if cached != nil {
 			r.CachedTokens = min(max(cached(Intersect(e.Route, r.Allowed)), 0), r.PromptTokens)
 		}
-		e.uncached = max(r.PromptTokens-r.CachedTokens, 0)
+		e.uncached = max(r.PromptTokens-r.CachedTokens, 0) + max(r.OutputTokens, 0)
 	}
 	l, key, kind := q.laneOf(c, e)
 	// A request asks to go at once when nothing of its lane waits ahead of it: the lane is

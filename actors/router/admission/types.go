@@ -29,11 +29,18 @@ type Request struct {
 	// Allowed narrows the workers the request may go to (nil = the route's). Classify sets it
 	// by intersection with the route's set; an empty intersection keeps the route's.
 	Allowed []string
-	// PromptTokens is the prompt's size estimate (bytes/4 of the rendered prompt; the gateway
-	// has no tokenizer). CachedTokens is the best matched prefix, in tokens, over the allowed
-	// workers, from the prefix index.
+	// APIKey is the index of the configured API key the request came with (-1: none): a
+	// class's queue_limit is shared among the keys that queue in it (Queue.Admit), and a
+	// policy may share its own limits so (R20). Never a client's string.
+	APIKey int
+	// PromptTokens is the size estimate of every prompt of the request (text bytes / 4 and
+	// token ids; the gateway has no tokenizer). CachedTokens is the best matched prefix, in
+	// tokens, over the allowed workers, from the prefix index. OutputTokens is the most the
+	// request may generate (prompts × n × max_tokens; 0 when unbounded): what it asks of a
+	// worker beyond its uncached prompt.
 	PromptTokens int
 	CachedTokens int
+	OutputTokens int
 	// Tag is the policy's own mark (e.g. cold_pool's "warm"/"cold"); shown in the admin view.
 	Tag string
 	// Pool names the pool the request goes to (its model and role; the queue sets it from the
