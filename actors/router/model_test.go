@@ -167,6 +167,7 @@ type modelRequest struct {
 	session  string
 	id       string
 	prompt   int
+	apiKey   int  // the API key it came with: the queue's and the policies' per-key shares
 	final    bool // the session's last turn (thunderagent runs only)
 	exclude  []string
 	outcome  int     // answers that ended its admission (a *Picked to its first pick)
@@ -322,6 +323,7 @@ func (m *routerModel) admit(t *rapid.T) {
 		session: rapid.SampledFrom(sessions).Draw(t, "session"),
 		id:      rapid.SampledFrom([]string{"dup", fmt.Sprint("id-", m.ids)}).Draw(t, "request_id"),
 		prompt:  rapid.SampledFrom(prompts).Draw(t, "prompt_tokens"),
+		apiKey:  rapid.IntRange(-1, 2).Draw(t, "api_key"),
 	}
 	if m.tw != nil {
 		q.final = rapid.SampledFrom([]bool{false, false, false, true}).Draw(t, "final")
@@ -334,7 +336,7 @@ func (m *routerModel) admit(t *rapid.T) {
 func (m *routerModel) pick(q *modelRequest, class string) {
 	q.q.tag++
 	m.r.deliver(q.q.pid, &Pick{Model: q.model, RequestID: q.id, Key: q.q.key, Requester: q.q.pid, Tag: q.q.tag,
-		Exclude: slices.Clone(q.exclude), Admit: &AdmitInfo{Class: class, SessionID: q.session, PromptTokens: q.prompt, Final: q.final}})
+		Exclude: slices.Clone(q.exclude), Admit: &AdmitInfo{Class: class, SessionID: q.session, PromptTokens: q.prompt, APIKey: q.apiKey, Final: q.final}})
 	key := q.q.key
 	m.collect()
 	if m.tw != nil && m.tw.refused[key] && q.q != nil {

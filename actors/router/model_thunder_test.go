@@ -83,10 +83,12 @@ func (w *thunderWatch) ledger() (programs, requests int) {
 }
 
 // classify runs the policy's Classify and checks its limits (rule 3): a session request is
-// refused, with ErrQueueFull, exactly when the tracked requests are at the limit, or when it
-// would start a program beyond the program limit with none idle to evict.
+// refused, with ErrQueueFull, exactly when the tracked requests are at the limit, when its API
+// key holds its share of them (R20), or when it would start a program beyond the program limit
+// with none idle to evict.
 func (w *thunderWatch) classify(p *checkedPolicy, r *admission.Request, route []string, cached func([]string) int) {
 	progs, reqs := w.ledger()
+	held, share := w.p.KeyShare(r.APIKey)
 	p.inner.Classify(r, route, cached)
 	if r.SessionID == "" {
 		if r.Refuse != nil {
@@ -102,16 +104,16 @@ func (w *thunderWatch) classify(p *checkedPolicy, r *admission.Request, route []
 		switch {
 		case !errors.Is(r.Refuse, admission.ErrQueueFull):
 			p.fail("request %d refused with %v, not wrapping ErrQueueFull", r.Key, r.Refuse)
-		case reqs < limit && progs < limit:
-			p.fail("request %d refused below the limits (%d programs, %d requests, limit %d): %v", r.Key, progs, reqs, limit, r.Refuse)
+		case reqs < limit && progs < limit && held < share:
+			p.fail("request %d refused below the limits (%d programs, %d requests, limit %d; its key %d of %d): %v", r.Key, progs, reqs, limit, held, share, r.Refuse)
 		case after != reqs:
 			p.fail("request %d refused but tracked (%d → %d requests)", r.Key, reqs, after)
 		}
 		w.refused[r.Key] = true
 		return
 	}
-	if reqs >= limit {
-		p.fail("request %d of session %s accepted with %d requests tracked, limit %d", r.Key, r.SessionID, reqs, limit)
+	if reqs >= limit || held >= share {
+		p.fail("request %d of session %s accepted with %d requests tracked, limit %d (its key %d of %d)", r.Key, r.SessionID, reqs, limit, held, share)
 	}
 	w.tracked[r.Key] = after > reqs
 }

@@ -12,7 +12,7 @@ import (
 func (q *Queue) size() int {
 	n := len(q.expiry) + len(q.failed) + len(q.byKey) + len(q.probes)
 	for _, c := range q.classes {
-		n += len(c.lanes) + len(c.groups) + len(c.groupBy) + len(c.held) + len(c.named) + len(c.ready) + c.queued
+		n += len(c.lanes) + len(c.groups) + len(c.groupBy) + len(c.held) + len(c.named) + len(c.ready) + c.queued + len(c.byKey)
 		for _, l := range c.lanes {
 			n += len(l.entries)
 		}
@@ -68,6 +68,7 @@ func TestQueueTablesEmptyAfterRequests(t *testing.T) {
 			session = fmt.Sprint("s", i%13)
 		}
 		e := entry(fmt.Sprint("r", i), class, session, "a", "b", "c")
+		e.Req.APIKey = i % 3 // three keys share the classes' limits (and push each other out)
 		if i%17 == 0 {
 			e.Req.Objective = 500 * time.Millisecond
 		}

@@ -66,8 +66,11 @@ type class struct {
 	queued  int
 	byKind  [3]int         // queued per lane kind
 	named   map[string]int // queued per classifier lane name (its limit spans candidate sets)
-	tier    *tier
-	index   int // its place in its tier's ring
+	// byKey is the queued requests per API key (Request.APIKey), for the per-key share of
+	// queue_limit (Queue.makeRoom): bounded by the configured keys, an entry deleted at 0.
+	byKey map[int]int
+	tier  *tier
+	index int // its place in its tier's ring
 }
 
 // tier is the classes of one priority, served by deficit round robin among themselves while
@@ -212,7 +215,7 @@ func (q *Queue) pop(e *Entry) {
 	l := e.lane
 	l.entries[0] = nil
 	l.entries = l.entries[1:]
-	q.count(l, -1)
+	q.count(l, e, -1)
 	q.unexpire(e)
 	if q.byKey != nil {
 		delete(q.byKey, e.Req.Key)

@@ -248,7 +248,7 @@ func New(cfg Config) *Queue {
 	for _, cc := range cfg.Classes {
 		cc.Quantum = max(cc.Quantum, 1)
 		c := &class{cfg: cc, lanes: make(map[string]*lane), groupBy: make(map[string]*capGroup),
-			held: make(map[*lane]struct{}), named: make(map[string]int)}
+			held: make(map[*lane]struct{}), named: make(map[string]int), byKey: make(map[int]int)}
 		q.classes = append(q.classes, c)
 		q.byName[cc.Name] = c
 		// The tier of its priority (tiers stay sorted, highest first).
@@ -352,14 +352,20 @@ func (q *Queue) Admit(e *Entry, h Host, cached func([]string) int) {
 	if r.Objective > 0 {
 		maxWait = min(maxWait, r.Objective)
 	}
+	var pushOut *Entry // the request this one takes the place of (pushOutFor)
 	if count >= limit {
-		e.state = left
-		q.dropIfEmpty(l)
-		if q.observer != nil {
-			q.observer.Left(r)
+		if !l.hasLim {
+			pushOut = q.pushOutFor(c, r.APIKey)
 		}
-		h.Reject(e, ErrQueueFull)
-		return
+		if pushOut == nil {
+			e.state = left
+			q.dropIfEmpty(l)
+			if q.observer != nil {
+				q.observer.Left(r)
+			}
+			h.Reject(e, ErrQueueFull)
+			return
+		}
 	}
 	now := q.cfg.Now()
 	q.seq++
@@ -374,7 +380,7 @@ func (q *Queue) Admit(e *Entry, h Host, cached func([]string) int) {
 		})
 	}
 	l.entries = slices.Insert(l.entries, at, e)
-	q.count(l, +1)
+	q.count(l, e, +1)
 	if q.byKey != nil {
 		q.byKey[r.Key] = e
 	}
@@ -390,6 +396,55 @@ func (q *Queue) Admit(e *Entry, h Host, cached func([]string) int) {
 	if r := q.recheck(); r > 0 {
 		q.arm(h, now.Add(r))
 	}
+	if pushOut != nil {
+		// It leaves as a cancelled request does: a head it exposes is asked at once.
+		q.remove(pushOut)
+		h.Reject(pushOut, ErrQueueFull)
+		q.Pump(h)
+	}
+}
+
+// pushOutFor is the request a request of API key takes the place of in class c, which is at
+// its queue_limit (nil: none; R20, one key cannot fill a class's queue). Each key with
+// requests queued in the class is due an equal share of queue_limit, ⌈limit / k⌉ with k those
+// keys counting the new request's: a key under its share takes the place of the newest
+// request of the key holding the most, when that key holds more than its share; the request
+// pushed out is answered ErrQueueFull, as it would have been had it come after this one. A
+// key at its share, or a class whose keys all hold at most their share, takes no place.
+//
+// Worked example: queue_limit 10, key A holds all 10; B comes — k = 2, share 5: A's newest
+// leaves (A 9, B 1); B's next requests push out A's until each holds 5. A third key C then
+// has share 4 and takes A's and B's newest in turn (the most held first, the lower key index
+// on a tie) down to A 4, B 4, C 2. A class with queue_limit 0 (it never queues) has shares of
+// 0: nothing is pushed out.
+func (q *Queue) pushOutFor(c *class, key int) *Entry {
+	k := len(c.byKey)
+	mine, queued := c.byKey[key]
+	if !queued {
+		k++
+	}
+	share := (c.cfg.QueueLimit + k - 1) / k
+	if mine >= share {
+		return nil
+	}
+	victimKey, most := 0, 0
+	for vk, n := range c.byKey {
+		if n > most || (n == most && vk < victimKey) {
+			victimKey, most = vk, n
+		}
+	}
+	if most <= share {
+		return nil
+	}
+	var victim *Entry
+	for _, l := range c.lanes {
+		for _, x := range l.entries {
+			if x.Req.APIKey == victimKey && (victim == nil || x.seq > victim.seq) {
+				victim = x
+			}
+		}
+	}
+	return victim
 }
 
 // classify runs the policy's Classify; a panic in it is recovered and reported false
@@ -426,10 +481,13 @@ func (q *Queue) check(head *Request, v View) (d Decision, ok bool) {
 // Panics counts the policy's panics recovered so far (each failed its request).
 func (q *Queue) Panics() uint64 { return q.panics }
 
-// count adds d to the queued counts of l's class.
-func (q *Queue) count(l *lane, d int) {
+// count adds d to the queued counts of l's class, for e (in l).
+func (q *Queue) count(l *lane, e *Entry, d int) {
 	l.cls.queued += d
 	l.cls.byKind[l.kind] += d
+	if l.cls.byKey[e.Req.APIKey] += d; l.cls.byKey[e.Req.APIKey] == 0 {
+		delete(l.cls.byKey, e.Req.APIKey)
+	}
 	if l.kind == namedLane {
 		if l.cls.named[l.name] += d; l.cls.named[l.name] == 0 {
 			delete(l.cls.named, l.name)
@@ -568,7 +626,7 @@ func (q *Queue) remove(e *Entry) {
 			break
 		}
 	}
-	q.count(l, -1)
+	q.count(l, e, -1)
 	e.state = left
 	q.unexpire(e)
 	if q.byKey != nil {

@@ -46,6 +46,52 @@ func TestFinalTurnsCountTowardTheLimit(t *testing.T) {
 	}
 }
 
+// TestTrackedRequestsSharedAmongKeys (R20): max_tracked_requests is shared among the API keys
+// with requests tracked — a key alone may use them all, but once another key has one, a key
+// holding ⌈max / k⌉ is refused while the other still gets in; the per-key counts are gone once
+// the requests end.
+func TestTrackedRequestsSharedAmongKeys(t *testing.T) {
+	c := cfg()
+	c.MaxTrackedRequests = 4
+	g := newRig(t, c, 1000)
+	req := func(sid string, apiKey int) *admission.Request {
+		g.key++
+		r := &admission.Request{Key: g.key, SessionID: sid, PromptTokens: 10, APIKey: apiKey, Pool: "p"}
+		g.p.Classify(r, nil, nil)
+		return r
+	}
+	var live []*admission.Request
+	for i := range 4 { // key 0 alone: all four
+		if r := req(fmt.Sprint("a", i), 0); r.Refuse != nil {
+			t.Fatalf("key 0's request %d refused: %v", i, r.Refuse)
+		} else {
+			live = append(live, r)
+		}
+	}
+	if r := req("b0", 1); !errors.Is(r.Refuse, admission.ErrQueueFull) {
+		t.Fatalf("a fifth request: %v", r.Refuse)
+	}
+	g.p.Left(live[0])
+	g.p.Left(live[1])
+	b0 := req("b0", 1) // k = 2, share 2: key 1 has none
+	if b0.Refuse != nil {
+		t.Fatalf("key 1's first: %v", b0.Refuse)
+	}
+	if r := req("a9", 0); !errors.Is(r.Refuse, admission.ErrQueueFull) || !strings.Contains(r.Refuse.Error(), "share of 2") {
+		t.Fatalf("key 0 at its share of 2 with room left: %v", r.Refuse)
+	}
+	b1 := req("b1", 1)
+	if b1.Refuse != nil {
+		t.Fatalf("key 1's second: %v", b1.Refuse)
+	}
+	for _, r := range []*admission.Request{live[2], live[3], b0, b1} {
+		g.p.Left(r)
+	}
+	if len(g.p.keyOf) != 0 || len(g.p.perKey) != 0 || len(g.p.reqs) != 0 {
+		t.Fatalf("after every request left: %d keyed, %d keys, %d requests", len(g.p.keyOf), len(g.p.perKey), len(g.p.reqs))
+	}
+}
+
 // TestEvictionTiesGoToTheOlderProgram: idle programs acting since the same instant: the one
 // made first is evicted.
 func TestEvictionTiesGoToTheOlderProgram(t *testing.T) {

@@ -1,6 +1,7 @@
 package thunderagent
 
 import (
+	"maps"
 	"math"
 	"slices"
 	"testing"
@@ -60,7 +61,7 @@ func TestLedgerSumsMatchAFromScratchCount(t *testing.T) {
 			case 0: // a request of a session
 				key++
 				pool := rapid.SampledFrom([]string{"p", "q"}).Draw(rt, "pool")
-				r := &admission.Request{Key: key, Pool: pool,
+				r := &admission.Request{Key: key, Pool: pool, APIKey: rapid.IntRange(-1, 2).Draw(rt, "api_key"),
 					SessionID:    rapid.SampledFrom([]string{"", "s1", "s2", "s3", "s4", "s5"}).Draw(rt, "session"),
 					PromptTokens: rapid.IntRange(0, 1200).Draw(rt, "prompt"), Final: rapid.IntRange(0, 5).Draw(rt, "final") == 0}
 				if rapid.IntRange(0, 4).Draw(rt, "pinned") == 0 {
@@ -169,7 +170,7 @@ func TestLedgerSumsMatchAFromScratchCount(t *testing.T) {
 			p.Left(probe)
 			checkLedger(rt, p, now)
 		}
-		if len(p.programs) != 0 || p.Tracked() != 0 {
+		if len(p.programs) != 0 || p.Tracked() != 0 || len(p.keyOf) != 0 || len(p.perKey) != 0 {
 			for _, pr := range p.programs {
 				rt.Logf("left: state %s (from %s) worker %q live %d running %d steps %d", stateNames[pr.state], stateNames[pr.pausedFrom], pr.worker, pr.live, pr.running, pr.steps)
 			}
@@ -198,6 +199,17 @@ func checkBetweenTurns(t *rapid.T, p *Policy) {
 
 // checkLedger compares the policy's indexes with a pass over its programs.
 func checkLedger(t *rapid.T, p *Policy, now time.Time) {
+	// The per-key counts follow the tracked requests exactly (R20).
+	perKey := map[int]int{}
+	for k, apiKey := range p.keyOf {
+		if p.reqs[k] == nil && !p.final[k] {
+			t.Fatalf("request %d has an API key but is not tracked", k)
+		}
+		perKey[apiKey]++
+	}
+	if len(p.keyOf) != len(p.reqs)+len(p.final) || !maps.Equal(perKey, p.perKey) {
+		t.Fatalf("per-key counts %v of %d requests, want %v of %d", p.perKey, len(p.keyOf), perKey, len(p.reqs)+len(p.final))
+	}
 	type sums struct {
 		reasoning, acting int64
 		decayed           float64

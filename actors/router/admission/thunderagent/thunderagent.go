@@ -99,8 +99,16 @@ type program struct {
 // evicts the oldest idle one or is refused), each forgotten at its final turn or, once
 // session_retention has passed since its last turn, at the next ask or event; the indexes
 // below hold each program at most once. reqs and final hold the tracked requests, at most
-// max_tracked_requests (Classify refuses beyond). Tracked counts them all: 0 once every
-// request ended and every program expired.
+// max_tracked_requests (Classify refuses beyond), and keyOf the same requests' API keys;
+// perKey is bounded by the configured API keys (an entry is deleted at 0). Tracked counts
+// programs and requests: 0 once every request ended and every program expired (and keyOf and
+// perKey are then empty too).
+//
+// Per-key share (R20): max_tracked_requests is shared among the API keys that have requests
+// tracked: one key may hold at most ⌈max_tracked_requests / k⌉ of them, k those keys counting
+// the new request's. A key alone may use them all; a second key's request is refused only if
+// nothing is left, and from then on neither may take more than half. (Tracked requests are
+// queued or running: none is pushed out; a key's max_in_flight bounds it outright.)
 type Policy struct {
 	cfg      Config
 	now      func() time.Time
@@ -120,6 +128,8 @@ type Policy struct {
 	ids        []string            // liveWorkers' scratch (bounded by a pool's workers)
 	reqs       map[uint64]*program // tracked requests (request key) → their program
 	final      map[uint64]bool     // tracked final turns, whose program is already gone
+	keyOf      map[uint64]int      // tracked requests (reqs and final) → their API key
+	perKey     map[int]int         // tracked requests per API key
 	seq        uint64
 	key        [16]byte // for the admin view's session hashes
 	pauses     uint64
@@ -141,7 +151,8 @@ var (
 // New returns an empty policy reading time from now.
 func New(cfg Config, now func() time.Time) *Policy {
 	p := &Policy{cfg: cfg, now: now, programs: make(map[uint64]*program), reqs: make(map[uint64]*program),
-		final: make(map[uint64]bool), pools: make(map[string]*poolLedger)}
+		final: make(map[uint64]bool), pools: make(map[string]*poolLedger), keyOf: make(map[uint64]int),
+		perKey: make(map[int]int)}
 	p.retained.slot, p.idle.slot = retainedHeap, idleHeap
 	_, _ = rand.Read(p.key[:])
 	return p
@@ -165,6 +176,10 @@ func (p *Policy) Classify(r *admission.Request, _ []string, _ func([]string) int
 		r.Refuse = fmt.Errorf("the thunderagent classifier tracks its limit of %d requests: %w", p.cfg.MaxTrackedRequests, admission.ErrQueueFull)
 		return
 	}
+	if share := p.share(r.APIKey); p.perKey[r.APIKey] >= share {
+		r.Refuse = fmt.Errorf("the thunderagent classifier tracks this API key's share of %d of its %d requests: %w", share, p.cfg.MaxTrackedRequests, admission.ErrQueueFull)
+		return
+	}
 	sid := p.sessionKey(r.SessionID)
 	pr := p.programs[sid]
 	if pr == nil {
@@ -181,7 +196,33 @@ func (p *Policy) Classify(r *admission.Request, _ []string, _ func([]string) int
 	}
 	pr.live++
 	p.reqs[r.Key] = pr
+	p.keyOf[r.Key] = r.APIKey
+	p.perKey[r.APIKey]++
 	p.reindex(pr)
+}
+
+// share is the most requests API key may have tracked (see Policy: Per-key share).
+func (p *Policy) share(key int) int {
+	k := len(p.perKey)
+	if _, ok := p.perKey[key]; !ok {
+		k++
+	}
+	return (p.cfg.MaxTrackedRequests + k - 1) / k
+}
+
+// KeyShare is API key's tracked requests and the most it may have tracked now.
+func (p *Policy) KeyShare(key int) (tracked, share int) { return p.perKey[key], p.share(key) }
+
+// forgetKey ends the per-key count of the tracked request key (it left reqs and final).
+func (p *Policy) forgetKey(key uint64) {
+	k, ok := p.keyOf[key]
+	if !ok {
+		return
+	}
+	delete(p.keyOf, key)
+	if p.perKey[k]--; p.perKey[k] == 0 {
+		delete(p.perKey, k)
+	}
 }
 
 // evictOne removes the program with the oldest acting_since (never set first) that has no
@@ -206,6 +247,7 @@ func (p *Policy) Check(head *admission.Request, v admission.View) admission.Deci
 		// A turn queued behind its program's final turn: the program is gone, the turn is
 		// not tracked any more and passes through.
 		delete(p.reqs, head.Key)
+		p.forgetKey(head.Key)
 		pr.live--
 		return admission.Decision{Go: true}
 	}
@@ -714,6 +756,7 @@ func (p *Policy) Completed(r *admission.Request, _ string) {
 func (p *Policy) untrack(r *admission.Request) *program {
 	if p.final[r.Key] {
 		delete(p.final, r.Key)
+		p.forgetKey(r.Key)
 		return nil
 	}
 	pr := p.reqs[r.Key]
@@ -721,6 +764,7 @@ func (p *Policy) untrack(r *admission.Request) *program {
 		return nil
 	}
 	delete(p.reqs, r.Key)
+	p.forgetKey(r.Key)
 	pr.live--
 	if p.programs[pr.sid] != pr {
 		return nil
