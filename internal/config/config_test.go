@@ -579,7 +579,8 @@ func TestLoad(t *testing.T) {
 }
 
 // TestParseKeyLimits (R13.5, R20): a key's rpm, tpm and max_in_flight are read as written, and
-// each is 0 (no limit) when absent, so a key listed without limits is not limited.
+// each is 0 (no limit) when absent or written 0, so a key listed without limits is not
+// limited; the smallest max_buffered_bytes, 1, is accepted.
 func TestParseKeyLimits(t *testing.T) {
 	cfg, err := Parse([]byte(`
 [[auth.keys]]
@@ -592,6 +593,16 @@ max_in_flight = 8
 [[auth.keys]]
 key = "sk-b"
 scopes = ["inference"]
+
+[[auth.keys]]
+key = "sk-c"
+scopes = ["inference"]
+rpm = 0
+tpm = 0
+max_in_flight = 0
+
+[gateway]
+max_buffered_bytes = 1
 `), env(nil))
 	if err != nil {
 		t.Fatal(err)
@@ -599,9 +610,13 @@ scopes = ["inference"]
 	want := []Key{
 		{Key: "sk-a", Scopes: []string{"inference"}, RPM: 60, TPM: 100000, MaxInFlight: 8},
 		{Key: "sk-b", Scopes: []string{"inference"}},
+		{Key: "sk-c", Scopes: []string{"inference"}},
 	}
 	if diff := cmp.Diff(want, cfg.Auth.Keys); diff != "" {
 		t.Fatalf("keys (-want +got):\n%s", diff)
+	}
+	if cfg.Gateway.MaxBufferedBytes != 1 {
+		t.Fatalf("max_buffered_bytes = 1 read as %d", cfg.Gateway.MaxBufferedBytes)
 	}
 }
 

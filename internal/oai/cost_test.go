@@ -99,6 +99,7 @@ func TestCostTokens(t *testing.T) {
 		{Cost{PromptTokens: MaxCost - 1, Prompts: 1, Choices: 1, MaxTokens: 1}, MaxCost},
 		{Cost{PromptTokens: MaxCost - 2, Prompts: 1, Choices: 1, MaxTokens: 1}, MaxCost - 1},
 		{Cost{PromptTokens: 7, Prompts: MaxCost, Choices: 2, MaxTokens: 0}, 7},
+		{Cost{Prompts: MaxCost / 2, Choices: 2, MaxTokens: 1}, MaxCost - 1}, // the largest product below the bound
 		{Cost{PromptTokens: 7, Prompts: 0, Choices: 2, MaxTokens: 9}, 7},
 	} {
 		if got := tc.c.Tokens(); got != tc.want {
