@@ -16,7 +16,8 @@ import (
 
 // TestMaxBufferedBytesReachesTheRequests (R20): gateway.max_buffered_bytes is the request
 // actors' budget — with room for no answer, a non-streamed answer is 503 overloaded while a
-// stream (never buffered) is served; with the default the same answer is served.
+// stream (never buffered) is served; with the default the same answer is served, and a
+// configuration built in code that leaves it 0 has no bound rather than no room.
 func TestMaxBufferedBytesReachesTheRequests(t *testing.T) {
 	engine := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
@@ -36,6 +37,7 @@ func TestMaxBufferedBytesReachesTheRequests(t *testing.T) {
 	}{
 		{100, 503, 200, "100 bytes, under the smallest buffer"},
 		{config.DefaultMaxBufferedBytes, 200, 200, "the default"},
+		{0, 200, 200, "0 (a configuration built in code without it: no bound)"},
 	} {
 		cfg := config.Default()
 		cfg.Gateway.HTTPListen, cfg.Gateway.RegistryListen = "127.0.0.1:0", "127.0.0.1:0"
