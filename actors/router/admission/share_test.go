@@ -30,8 +30,15 @@ func queuedPerKey(es []*Entry) map[int]int {
 // but a second key's request still gets in — it takes the place of the first key's newest,
 // which is answered queue_full — until the two hold equal shares; a third key gets its share
 // from both, the most held first. A key at its share is refused as before. The worked example
-// of pushOutFor.
+// of pushOutFor. Run on fresh queues several times, since the keys are kept in a map whose
+// order varies.
 func TestOneKeyCannotFillAClass(t *testing.T) {
+	for range 8 {
+		oneKeyCannotFillAClass(t)
+	}
+}
+
+func oneKeyCannotFillAClass(t *testing.T) {
 	h := newHost("w")
 	h.threshold = 1
 	h.loads["w"] = 1 // every request waits
@@ -62,7 +69,12 @@ func TestOneKeyCannotFillAClass(t *testing.T) {
 	if b5 := all[len(all)-1]; b5.Queued() {
 		t.Fatal("a key at its share pushed another out")
 	}
-	for i := range 3 {
+	// A tie of 5 and 5: the lower key's newest (a4) leaves first, then b4 (b holds the most).
+	c0 := admit("c0", 2)
+	if h.rejected[all[4]] != ErrQueueFull || !all[15].Queued() || !c0.Queued() {
+		t.Fatalf("c0 queued %v, a4 rejected %v, b4 queued %v: want c0 in a4's place", c0.Queued(), h.rejected[all[4]], all[15].Queued())
+	}
+	for i := 1; i < 3; i++ {
 		admit(fmt.Sprint("c", i), 2)
 	}
 	if got := queuedPerKey(all); !maps.Equal(got, map[int]int{0: 4, 1: 4, 2: 2}) || q.Len() != 10 {
@@ -95,6 +107,41 @@ func TestOneKeyCannotFillAClass(t *testing.T) {
 	}
 	if q.size() != 0 {
 		t.Fatalf("%d table entries after every request ended", q.size())
+	}
+}
+
+// TestAKeyAtItsShareTakesNoPlace: a key holding exactly its share is refused even while
+// another key holds more than its own — it may not push that one further down. Run on fresh
+// queues several times, since the keys are kept in a map whose order varies.
+func TestAKeyAtItsShareTakesNoPlace(t *testing.T) {
+	for range 16 {
+		h := newHost("w")
+		h.threshold = 1
+		h.loads["w"] = 1
+		q := newQueue(h, nil, ClassConfig{Name: "c", Quantum: 1, QueueLimit: 10, MaxWait: time.Hour})
+		var all []*Entry
+		admit := func(id string, k int) *Entry {
+			e := keyed(id, k, "", "w")
+			q.Admit(e, h, nil)
+			all = append(all, e)
+			return e
+		}
+		for i := range 10 {
+			admit(fmt.Sprint("a", i), 0)
+		}
+		admit("b0", 1) // share 5: a9 leaves
+		for i := range 4 {
+			admit(fmt.Sprint("c", i), 2) // share 4: a8, a7, a6, a5 leave
+		}
+		if got := queuedPerKey(all); !maps.Equal(got, map[int]int{0: 5, 1: 1, 2: 4}) {
+			t.Fatalf("queued per key %v, want 5, 1 and 4", got)
+		}
+		if c4 := admit("c4", 2); c4.Queued() || h.rejected[c4] != ErrQueueFull {
+			t.Fatal("a key at its share of 4 pushed out one of a key holding 5")
+		}
+		if got := queuedPerKey(all); !maps.Equal(got, map[int]int{0: 5, 1: 1, 2: 4}) {
+			t.Fatalf("queued per key %v after the refusal", got)
+		}
 	}
 }
 
