@@ -66,7 +66,7 @@ func TestDialTimeAddressRules(t *testing.T) {
 	cfg.Gateway.HTTPListen, cfg.Gateway.RegistryListen = "127.0.0.1:0", "127.0.0.1:0"
 	cfg.Gateway.HeartbeatInterval = time.Minute
 	cfg.Gateway.StaticWorkers = config.NormalizeStaticWorkers([]config.StaticWorker{
-		{ID: "static-meta", Model: "static", HTTPAddress: "metadata.test:9", Metrics: "vllm", ScrapeInterval: config.Duration(20 * time.Millisecond)},
+		{ID: "static-meta", Model: "static", HTTPAddress: "metadata.test:9", Metrics: "vllm", ScrapeInterval: config.Duration(250 * time.Millisecond)},
 	})
 	a, err := app.Start(cfg, app.Options{Logger: slog.New(slog.NewTextHandler(logs, nil)), Resolver: dns.Resolver()})
 	if err != nil {
