@@ -99,6 +99,31 @@ func (p *pki) issue(name, cn string, usage x509.ExtKeyUsage, ips ...net.IP) (str
 	return p.write(name+".pem", "CERTIFICATE", der), p.write(name+"-key.pem", "PRIVATE KEY", kd)
 }
 
+// heartbeat sends one heartbeat of id to addr over TLS with the client certificate in
+// certFile and keyFile, trusting p's CA, with token as bearer ("" = none).
+func (p *pki) heartbeat(t *testing.T, addr, certFile, keyFile, token, id string) error {
+	t.Helper()
+	c, err := tls.LoadX509KeyPair(certFile, keyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(p.ca)
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(
+		&tls.Config{RootCAs: pool, Certificates: []tls.Certificate{c}})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if token != "" {
+		ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+token)
+	}
+	_, err = controlv1.NewWorkerRegistryClient(conn).Heartbeat(ctx, heartbeatStatus(id))
+	return err
+}
+
 func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
 func heartbeatStatus(id string) *controlv1.WorkerStatus {
@@ -250,26 +275,8 @@ func TestRegistryTokenAndMTLS(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = a.Shutdown(context.Background()) })
 
-	pool := x509.NewCertPool()
-	pool.AddCert(p.ca)
 	call := func(certFile, keyFile, token string) error {
-		c, err := tls.LoadX509KeyPair(certFile, keyFile)
-		if err != nil {
-			t.Fatal(err)
-		}
-		conn, err := grpc.NewClient(a.GRPCAddr, grpc.WithTransportCredentials(credentials.NewTLS(
-			&tls.Config{RootCAs: pool, Certificates: []tls.Certificate{c}})))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		if token != "" {
-			ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+token)
-		}
-		_, err = controlv1.NewWorkerRegistryClient(conn).Heartbeat(ctx, heartbeatStatus("e1"))
-		return err
+		return p.heartbeat(t, a.GRPCAddr, certFile, keyFile, token, "e1")
 	}
 	if err := call(aCert, aKey, ""); status.Code(err) != codes.Unauthenticated {
 		t.Fatalf("certificate without token: %v, want Unauthenticated", err)
@@ -350,24 +357,8 @@ func TestRegistryQuotas(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = a.Shutdown(context.Background()) })
 
-	pool := x509.NewCertPool()
-	pool.AddCert(p.ca)
 	call := func(certFile, keyFile, token, id string) error {
-		c, err := tls.LoadX509KeyPair(certFile, keyFile)
-		if err != nil {
-			t.Fatal(err)
-		}
-		conn, err := grpc.NewClient(a.GRPCAddr, grpc.WithTransportCredentials(credentials.NewTLS(
-			&tls.Config{RootCAs: pool, Certificates: []tls.Certificate{c}})))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+token)
-		_, err = controlv1.NewWorkerRegistryClient(conn).Heartbeat(ctx, heartbeatStatus(id))
-		return err
+		return p.heartbeat(t, a.GRPCAddr, certFile, keyFile, token, id)
 	}
 	for _, c := range []struct {
 		cert, key, token, id string
