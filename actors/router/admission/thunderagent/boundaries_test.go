@@ -92,6 +92,31 @@ func TestTrackedRequestsSharedAmongKeys(t *testing.T) {
 	}
 }
 
+// TestFinalTurnsCountTowardTheLimitForEveryKey: a final turn still tracked counts against
+// max_tracked_requests whatever key the next request comes with — the per-key shares divide
+// the limit, they do not add to it.
+func TestFinalTurnsCountTowardTheLimitForEveryKey(t *testing.T) {
+	c := cfg()
+	c.MaxTrackedRequests = 2
+	g := newRig(t, c, 1000)
+	g.turn("s", 10, 10)
+	fin := g.req("s", 10)
+	fin.Final = true
+	g.check(fin) // key 0's final turn, tracked
+	req := func(sid string, apiKey int) *admission.Request {
+		g.key++
+		r := &admission.Request{Key: g.key, SessionID: sid, PromptTokens: 10, APIKey: apiKey, Pool: "p"}
+		g.p.Classify(r, nil, nil)
+		return r
+	}
+	if r := req("a", 1); r.Refuse != nil {
+		t.Fatalf("key 1's request with one of two tracked: %v", r.Refuse)
+	}
+	if r := req("b", 2); !errors.Is(r.Refuse, admission.ErrQueueFull) || !strings.Contains(r.Refuse.Error(), "its limit of 2 requests") {
+		t.Fatalf("key 2's request with a final turn and a request tracked: %v", r.Refuse)
+	}
+}
+
 // TestEvictionTiesGoToTheOlderProgram: idle programs acting since the same instant: the one
 // made first is evicted.
 func TestEvictionTiesGoToTheOlderProgram(t *testing.T) {
