@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -121,25 +120,8 @@ max_in_flight = %d
 // inFlight is the gateway's count of requests in flight on every worker.
 func (f *fleet) inFlight(t *testing.T) int {
 	t.Helper()
-	req, _ := http.NewRequest("GET", f.base+"/admin/v1/workers", nil)
-	if f.key != "" {
-		req.Header.Set("Authorization", "Bearer "+f.key)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	var ws struct {
-		Workers []struct {
-			InFlight int `json:"in_flight"`
-		} `json:"workers"`
-	}
-	if err := json.NewDecoder(resp.Body).Decode(&ws); err != nil {
-		t.Fatal(err)
-	}
 	n := 0
-	for _, w := range ws.Workers {
+	for _, w := range f.workers(t) {
 		n += w.InFlight
 	}
 	return n

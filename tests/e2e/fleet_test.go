@@ -63,6 +63,7 @@ type workerRow struct {
 	Draining bool   `json:"draining"`
 	Drained  bool   `json:"drained"`
 	Running  int    `json:"running"`
+	InFlight int    `json:"in_flight"`
 	// R14.2: an outlier ejection in force (nil and "" when none).
 	EjectedUntil   *time.Time `json:"ejected_until"`
 	EjectionReason string     `json:"ejection_reason"`
