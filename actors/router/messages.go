@@ -1,6 +1,7 @@
 package router
 
 import (
+	"slices"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -10,6 +11,7 @@ import (
 	"github.com/tlgw/tlgw/actors/router/policy"
 	"github.com/tlgw/tlgw/internal/cascade"
 	"github.com/tlgw/tlgw/internal/config"
+	"github.com/tlgw/tlgw/internal/oai"
 	"github.com/tlgw/tlgw/internal/ttftmodel"
 )
 
@@ -68,6 +70,29 @@ type WorkerInfo struct {
 	ScrapeError string
 	// KVEvents: the engine serves tl.kv.v1.KvEvents/Subscribe on GRPCAddress (R18.3).
 	KVEvents bool
+	// LoRAAdapters are the LoRA adapters the engine serves besides Model (R21: a heartbeat's
+	// lora_adapters; a scraped engine's /v1/models entries whose parent is Model), sorted,
+	// without duplicates, at most MaxLoRAAdapters. MaxLoRAs is how many it runs at once (0 =
+	// unknown). RunningLoRAs are the adapters it reports running (a scraped vLLM's
+	// lora_requests_info; nil when not reported).
+	LoRAAdapters []string
+	MaxLoRAs     int
+	RunningLoRAs []string
+	// Endpoints are the serving endpoints the engine says it answers (R21; 0 = not said: every
+	// endpoint is tried).
+	Endpoints oai.EndpointSet
+	// MaxModelLen is the context length the engine reports (a scraped engine's /v1/models;
+	// 0 = unknown), listed by GET /v1/models.
+	MaxModelLen int64
+}
+
+// MaxLoRAAdapters bounds the LoRA adapters one worker may advertise (R21).
+const MaxLoRAAdapters = 1024
+
+// ServesLoRA reports whether the engine serves adapter name (LoRAAdapters is sorted).
+func (i WorkerInfo) ServesLoRA(name string) bool {
+	_, ok := slices.BinarySearch(i.LoRAAdapters, name)
+	return ok
 }
 
 // SelfDraining reports whether the engine drains of its own accord: it reports draining, and

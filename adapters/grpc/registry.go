@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/netip"
 	"runtime"
+	"slices"
 	"time"
 
 	"golang.org/x/net/netutil"
@@ -27,6 +28,7 @@ import (
 	controlv1 "github.com/tlgw/tlgw/contracts/tl/control/v1"
 	"github.com/tlgw/tlgw/internal/clock"
 	"github.com/tlgw/tlgw/internal/engineaddr"
+	"github.com/tlgw/tlgw/internal/oai"
 )
 
 // Registry is what the heartbeat handler needs of the actor tree (*gateway.Gateway has it).
@@ -260,6 +262,17 @@ func ValidateWorkerStatus(st *controlv1.WorkerStatus, rules engineaddr.Rules) (r
 	if st.GetBlockSize() > MaxBlockSize {
 		errs = append(errs, fmt.Errorf("block_size (%d) exceeds %d tokens per KV block", st.GetBlockSize(), MaxBlockSize))
 	}
+	adapters, err := ValidateLoRAAdapters(st.GetLoraAdapters(), st.GetModel())
+	if err != nil {
+		errs = append(errs, err)
+	}
+	if st.GetMaxLoras() > router.MaxLoRAAdapters {
+		errs = append(errs, fmt.Errorf("max_loras (%d) exceeds %d", st.GetMaxLoras(), router.MaxLoRAAdapters))
+	}
+	endpoints, _, err := oai.ParseEndpoints(st.GetEndpoints())
+	if err != nil {
+		errs = append(errs, err)
+	}
 	var role router.Role
 	switch st.GetRole() {
 	case controlv1.Role_ROLE_UNSPECIFIED, controlv1.Role_ROLE_UNIFIED:
@@ -280,7 +293,50 @@ func ValidateWorkerStatus(st *controlv1.WorkerStatus, rules engineaddr.Rules) (r
 		KVFormat: st.GetKvFormat(), QueueDepth: int64(st.GetQueueDepth()), Running: int64(st.GetRunning()),
 		KVFreeBlocks: int64(st.GetKvFreeBlocks()), KVTotalBlocks: int64(st.GetKvTotalBlocks()),
 		BlockSize: int64(st.GetBlockSize()), Draining: st.GetDraining(), KVEvents: st.GetKvEvents(),
+		LoRAAdapters: adapters, MaxLoRAs: int(st.GetMaxLoras()), Endpoints: endpoints,
 	}, nil
+}
+
+// ValidateLoRAAdapters checks a worker's LoRA adapter names (R21): at most
+// router.MaxLoRAAdapters, each 1 to MaxField printable ASCII bytes without spaces, none
+// repeated and none equal to the base model. It returns them sorted (nil for none), in a new
+// slice.
+func ValidateLoRAAdapters(names []string, model string) ([]string, error) {
+	if len(names) == 0 {
+		return nil, nil
+	}
+	if len(names) > router.MaxLoRAAdapters {
+		return nil, fmt.Errorf("lora_adapters lists %d adapters, more than %d", len(names), router.MaxLoRAAdapters)
+	}
+	out := slices.Clone(names)
+	for _, n := range out {
+		if !modelName(n) {
+			return nil, fmt.Errorf("lora_adapters: an adapter name must be 1 to %d printable ASCII bytes without spaces", MaxField)
+		}
+		if n == model {
+			return nil, fmt.Errorf("lora_adapters names the base model %q", n)
+		}
+	}
+	slices.Sort(out)
+	for i := 1; i < len(out); i++ {
+		if out[i] == out[i-1] {
+			return nil, fmt.Errorf("lora_adapters lists %q twice", out[i])
+		}
+	}
+	return out, nil
+}
+
+// modelName reports whether n is 1 to MaxField printable ASCII bytes without spaces.
+func modelName(n string) bool {
+	if n == "" || len(n) > MaxField {
+		return false
+	}
+	for i := 0; i < len(n); i++ {
+		if n[i] <= ' ' || n[i] > '~' {
+			return false
+		}
+	}
+	return true
 }
 
 // Listener is the registry's gRPC server: WorkerRegistry, reflection and health.

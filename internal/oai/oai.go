@@ -50,11 +50,8 @@ const (
 )
 
 func (k Kind) String() string {
-	switch k {
-	case Completions:
-		return "completions"
-	case Chat:
-		return "chat"
+	if k.Valid() {
+		return endpoints[k].name
 	}
 	return "Kind(" + strconv.Itoa(int(k)) + ")"
 }

@@ -121,7 +121,20 @@ type WorkerStatus struct {
 	BlockSize uint32 `protobuf:"varint,13,opt,name=block_size,json=blockSize,proto3" json:"block_size,omitempty"`
 	// The worker serves tl.kv.v1.KvEvents/Subscribe on grpc_address (R18.3):
 	// a gateway with route_policy = "precise_prefix" or "predicted_latency" subscribes to it.
-	KvEvents      bool `protobuf:"varint,14,opt,name=kv_events,json=kvEvents,proto3" json:"kv_events,omitempty"`
+	KvEvents bool `protobuf:"varint,14,opt,name=kv_events,json=kvEvents,proto3" json:"kv_events,omitempty"`
+	// The LoRA adapters the worker serves besides its base model (R21): a
+	// request whose model is one of them may go to this worker. At most 1024,
+	// each 1 to 256 printable ASCII bytes.
+	LoraAdapters []string `protobuf:"bytes,15,rep,name=lora_adapters,json=loraAdapters,proto3" json:"lora_adapters,omitempty"`
+	// How many adapters the engine can run at once (vLLM's max_loras); 0 =
+	// unknown.
+	MaxLoras uint32 `protobuf:"varint,16,opt,name=max_loras,json=maxLoras,proto3" json:"max_loras,omitempty"`
+	// The serving endpoints the worker answers (R21), by the gateway's endpoint
+	// names: completions, chat, embeddings, responses, messages,
+	// completions_render, chat_render, tokenize, detokenize, rerank, score,
+	// pooling, transcriptions, translations. Empty = not said: every endpoint
+	// is tried, and an engine's 404/405 for one marks it unsupported for a while.
+	Endpoints     []string `protobuf:"bytes,17,rep,name=endpoints,proto3" json:"endpoints,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -254,6 +267,27 @@ func (x *WorkerStatus) GetKvEvents() bool {
 	return false
 }
 
+func (x *WorkerStatus) GetLoraAdapters() []string {
+	if x != nil {
+		return x.LoraAdapters
+	}
+	return nil
+}
+
+func (x *WorkerStatus) GetMaxLoras() uint32 {
+	if x != nil {
+		return x.MaxLoras
+	}
+	return 0
+}
+
+func (x *WorkerStatus) GetEndpoints() []string {
+	if x != nil {
+		return x.Endpoints
+	}
+	return nil
+}
+
 // HeartbeatAck is the gateway's answer to a heartbeat.
 type HeartbeatAck struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -323,7 +357,7 @@ var File_tl_control_v1_control_proto protoreflect.FileDescriptor
 
 const file_tl_control_v1_control_proto_rawDesc = "" +
 	"\n" +
-	"\x1btl/control/v1/control.proto\x12\rtl.control.v1\"\xcd\x03\n" +
+	"\x1btl/control/v1/control.proto\x12\rtl.control.v1\"\xad\x04\n" +
 	"\fWorkerStatus\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12!\n" +
 	"\fhttp_address\x18\x02 \x01(\tR\vhttpAddress\x12!\n" +
@@ -342,7 +376,10 @@ const file_tl_control_v1_control_proto_rawDesc = "" +
 	"\bdraining\x18\f \x01(\bR\bdraining\x12\x1d\n" +
 	"\n" +
 	"block_size\x18\r \x01(\rR\tblockSize\x12\x1b\n" +
-	"\tkv_events\x18\x0e \x01(\bR\bkvEvents\"n\n" +
+	"\tkv_events\x18\x0e \x01(\bR\bkvEvents\x12#\n" +
+	"\rlora_adapters\x18\x0f \x03(\tR\floraAdapters\x12\x1b\n" +
+	"\tmax_loras\x18\x10 \x01(\rR\bmaxLoras\x12\x1c\n" +
+	"\tendpoints\x18\x11 \x03(\tR\tendpoints\"n\n" +
 	"\fHeartbeatAck\x12\x14\n" +
 	"\x05drain\x18\x01 \x01(\bR\x05drain\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x122\n" +
