@@ -72,6 +72,11 @@ type Request struct {
 	// Cost is the request's size as admission and the token limit count it
 	// (R20): every prompt of a batch, and what it may generate (cost.go).
 	Cost Cost
+	// The Responses API (R21): Store is whether the engine keeps the response
+	// ("store", true when absent), Previous the "previous_response_id" ("" when
+	// absent or null). Both are false and "" for other kinds.
+	Store    bool
+	Previous string
 }
 
 // Error is a problem with a request body that the client must fix; the HTTP
@@ -99,6 +104,9 @@ type fields struct {
 	// The values that size the answer (cost.go): "n", "best_of", "max_tokens",
 	// "max_completion_tokens".
 	n, bestOf, maxTokens, maxCompletion span
+	// The other endpoints (R21): the raw value of the kind's prompt field, and the Responses
+	// API's "store", "previous_response_id" and "max_output_tokens".
+	raw, store, previous, maxOutput span
 	prompt                              bool  // the kind's prompt key was present
 	promptErr                           error // a shape error in the last prompt value
 	dupErr                              error // the first repeated top-level key (R13.4)
@@ -147,7 +155,11 @@ func scan(kind Kind, body []byte, p *prefix) (fields, error) {
 			}
 		}
 		var v *span
-		switch string(keyName(body, k, &buf)) {
+		name := keyName(body, k, &buf)
+		if kind > Chat && endpoints[kind].prompt != "" && string(name) == endpoints[kind].prompt {
+			v = &f.raw
+		}
+		switch string(name) {
 		case "model":
 			v = &f.model
 		case "stream":
@@ -162,6 +174,12 @@ func scan(kind Kind, body []byte, p *prefix) (fields, error) {
 			v = &f.maxTokens
 		case "max_completion_tokens":
 			v = &f.maxCompletion
+		case "store":
+			v = &f.store
+		case "previous_response_id":
+			v = &f.previous
+		case "max_output_tokens":
+			v = &f.maxOutput
 		case "prompt":
 			if kind == Completions {
 				if err := f.readPrompt(kind, &s, p); err != nil {
@@ -259,7 +277,7 @@ func newRender(body []byte, limit int) prefix {
 }
 
 func parse(kind Kind, body []byte, p *prefix) (Request, error) {
-	if kind != Completions && kind != Chat {
+	if !kind.Valid() || kind.Multipart() {
 		return Request{}, &Error{Msg: "unknown request kind " + kind.String()}
 	}
 	f, err := scan(kind, body, p)
@@ -279,7 +297,7 @@ func parse(kind Kind, body []byte, p *prefix) (Request, error) {
 	if f.model.end-f.model.start == 2 {
 		return Request{}, required("model")
 	}
-	if !absent(body, f.stream) {
+	if !absent(body, f.stream) && kind.Streams() {
 		switch body[f.stream.start] {
 		case 't':
 			r.Stream = true
@@ -291,7 +309,11 @@ func parse(kind Kind, body []byte, p *prefix) (Request, error) {
 	if !absent(body, f.user) && body[f.user.start] != '"' {
 		return Request{}, mustBe("user", "a string")
 	}
-	if err := f.checkPrompt(kind); err != nil {
+	if kind > Chat {
+		if err := f.other(kind, body, p, &r); err != nil {
+			return Request{}, err
+		}
+	} else if err := f.checkPrompt(kind); err != nil {
 		return Request{}, err
 	}
 	// Strings are built last so that a rejected body allocates nothing but
@@ -301,6 +323,10 @@ func parse(kind Kind, body []byte, p *prefix) (Request, error) {
 		r.User = decodeString(contents(body, f.user))
 	}
 	r.PrefixKey = p.key()
+	if kind > Chat {
+		r.Cost = f.otherCost(kind, body)
+		return r, nil
+	}
 	r.Cost = f.cost(kind, body, p.size)
 	return r, nil
 }

@@ -1,0 +1,299 @@
+package oai
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
+	"mime/multipart"
+	"strings"
+	"testing"
+	"unicode/utf8"
+)
+
+// TestParseOtherEndpoints pins what the gateway reads of the R21 endpoints' JSON bodies: the
+// model (required, a string), stream only where the endpoint streams, the Responses fields it
+// routes stored responses by, and a prompt for prefix affinity taken from the endpoint's own
+// prompt field. Everything else is the engine's to judge.
+func TestParseOtherEndpoints(t *testing.T) {
+	for _, tc := range []struct {
+		kind       Kind
+		body       string
+		model      string
+		stream     bool
+		store      bool
+		previous   string
+		prefix     string
+		maxTokens  int64
+		wantErrSub string
+	}{
+		{kind: Embeddings, body: `{"model":"e","input":["a","b"]}`, model: "e", prefix: `["a","b"]`},
+		{kind: Embeddings, body: `{"model":"e","input":"x","stream":true}`, model: "e", prefix: `"x"`}, // no stream on embeddings
+		{kind: Responses, body: `{"model":"r","input":"hi","stream":true}`, model: "r", stream: true, store: true, prefix: `"hi"`},
+		{kind: Responses, body: `{"model":"r","input":"hi","store":false,"previous_response_id":"resp_1","max_output_tokens":9}`,
+			model: "r", previous: "resp_1", prefix: `"hi"`, maxTokens: 9},
+		{kind: Responses, body: `{"model":"r","store":"yes"}`, wantErrSub: `"store" must be a boolean`},
+		{kind: Responses, body: `{"model":"r","previous_response_id":"a/b"}`, wantErrSub: "previous_response_id"},
+		{kind: Responses, body: `{"model":"r","previous_response_id":7}`, wantErrSub: "previous_response_id"},
+		{kind: Messages, body: `{"model":"m","max_tokens":64,"messages":[{"role":"user","content":"x"}],"stream":true}`,
+			model: "m", stream: true, prefix: `[{"role":"user","content":"x"}]`, maxTokens: 64},
+		{kind: ChatRender, body: `{"model":"c","messages":[]}`, model: "c", prefix: `[]`},
+		{kind: CompletionsRender, body: `{"model":"c","prompt":"p"}`, model: "c", prefix: `"p"`},
+		{kind: Tokenize, body: `{"model":"t","prompt":"p"}`, model: "t"},
+		{kind: Rerank, body: `{"model":"k","query":"q","documents":["d"]}`, model: "k", prefix: `"q"`},
+		{kind: Score, body: `{"model":"s","text_1":"a","text_2":"b"}`, model: "s"},
+		{kind: Pooling, body: `{"model":"p","input":"i"}`, model: "p", prefix: `"i"`},
+		{kind: Detokenize, body: `{"tokens":[1]}`, wantErrSub: `"model" is required`},
+		{kind: Embeddings, body: `{"model":1}`, wantErrSub: `"model" must be a string`},
+		{kind: Embeddings, body: `{"model":"a","model":"b"}`, wantErrSub: "model"},
+		{kind: Embeddings, body: `{"model":"a"`, wantErrSub: "invalid JSON"},
+		{kind: Transcriptions, body: `{"model":"a"}`, wantErrSub: "unknown request kind"},
+	} {
+		t.Run(tc.kind.String()+"/"+tc.body, func(t *testing.T) {
+			r, err := Parse(tc.kind, []byte(tc.body))
+			if tc.wantErrSub != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErrSub) {
+					t.Fatalf("err = %v, want one containing %q", err, tc.wantErrSub)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.Model != tc.model || r.Stream != tc.stream || r.Store != tc.store || r.Previous != tc.previous {
+				t.Fatalf("got model %q stream %v store %v previous %q", r.Model, r.Stream, r.Store, r.Previous)
+			}
+			want := tc.prefix
+			if len(want) > PrefixLen {
+				want = want[:PrefixLen]
+			}
+			if string(r.PrefixKey) != want {
+				t.Fatalf("prefix key %q, want %q", r.PrefixKey, want)
+			}
+			if got := string(RenderPrompt(tc.kind, []byte(tc.body), 1<<10)); got != tc.prefix {
+				t.Fatalf("render %q, want %q", got, tc.prefix)
+			}
+			if r.Cost.MaxTokens != tc.maxTokens {
+				t.Fatalf("max tokens %d, want %d", r.Cost.MaxTokens, tc.maxTokens)
+			}
+		})
+	}
+}
+
+// form builds a multipart body with the given fields (in order) and a file part.
+func form(t testing.TB, fields [][2]string) ([]byte, string) {
+	var buf bytes.Buffer
+	mw := multipart.NewWriter(&buf)
+	for _, f := range fields {
+		if err := mw.WriteField(f[0], f[1]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fw, err := mw.CreateFormFile("file", "a.wav")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = fw.Write([]byte("RIFF\x00\x01audio--bytes\r\n--not-a-boundary"))
+	if err := mw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes(), mw.FormDataContentType()
+}
+
+// TestParseMultipart pins the audio form's routing fields: the model from the form, stream,
+// and the refusals that keep the gateway and the engine reading the same form.
+func TestParseMultipart(t *testing.T) {
+	body, ct := form(t, [][2]string{{"model", "whisper"}, {"language", "en"}, {"stream", "true"}})
+	r, err := ParseMultipart(Transcriptions, ct, body)
+	if err != nil || r.Model != "whisper" || !r.Stream {
+		t.Fatalf("got %+v, %v", r, err)
+	}
+	for name, tc := range map[string]struct {
+		fields [][2]string
+		ct     string
+		want   string
+	}{
+		"no model":     {fields: [][2]string{{"language", "en"}}, want: `"model" is required`},
+		"two models":   {fields: [][2]string{{"model", "a"}, {"model", "b"}}, want: "model"},
+		"bad stream":   {fields: [][2]string{{"model", "a"}, {"stream", "maybe"}}, want: "stream"},
+		"long model":   {fields: [][2]string{{"model", strings.Repeat("m", 300)}}, want: "model"},
+		"space model":  {fields: [][2]string{{"model", "a b"}}, want: "model"},
+		"not a form":   {fields: [][2]string{{"model", "a"}}, ct: "application/json", want: "multipart/form-data"},
+		"no boundary":  {fields: [][2]string{{"model", "a"}}, ct: "multipart/form-data", want: "boundary"},
+		"wrong border": {fields: [][2]string{{"model", "a"}}, ct: "multipart/form-data; boundary=zzz", want: `"model" is required`},
+	} {
+		t.Run(name, func(t *testing.T) {
+			body, ct := form(t, tc.fields)
+			if tc.ct != "" {
+				ct = tc.ct
+			}
+			_, err := ParseMultipart(Translations, ct, body)
+			var e *Error
+			if err == nil || !errors.As(err, &e) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err = %v, want an *Error containing %q", err, tc.want)
+			}
+		})
+	}
+	var many [][2]string
+	for range MaxFormParts + 1 {
+		many = append(many, [2]string{"x", "y"})
+	}
+	body, ct = form(t, append([][2]string{{"model", "a"}}, many...))
+	if _, err := ParseMultipart(Transcriptions, ct, body); err == nil || !strings.Contains(err.Error(), "64 parts") {
+		t.Fatalf("a form of %d parts: %v", MaxFormParts+2, err)
+	}
+}
+
+// readForm is every part of a form as the standard library reads it: name and raw bytes.
+func readForm(body []byte, boundary string) ([][2]string, error) {
+	mr := multipart.NewReader(bytes.NewReader(body), boundary)
+	var out [][2]string
+	for range 1000 {
+		p, err := mr.NextRawPart()
+		if errors.Is(err, io.EOF) {
+			return out, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		b, err := io.ReadAll(p)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, [2]string{p.FormName(), string(b)})
+	}
+	return out, nil
+}
+
+// TestRewriteFormField: the served model replaces the form's model value and nothing else
+// changes, as the standard library's reader sees the form.
+func TestRewriteFormField(t *testing.T) {
+	body, ct := form(t, [][2]string{{"language", "en"}, {"model", "public"}, {"prompt", "model"}})
+	b, _ := FormBoundary(ct)
+	out, err := RewriteFormField(body, b, "model", "served-v2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkRewrite(t, body, out, b, "served-v2")
+	if _, err := RewriteFormField(body, b, "absent", "x"); err == nil {
+		t.Fatal("a missing field was rewritten")
+	}
+}
+
+func checkRewrite(t testing.TB, body, out []byte, boundary, value string) {
+	before, err := readForm(body, boundary)
+	if err != nil {
+		t.Fatal(err)
+	}
+	after, err := readForm(out, boundary)
+	if err != nil {
+		t.Fatalf("the rewritten form does not parse: %v", err)
+	}
+	if len(before) != len(after) {
+		t.Fatalf("parts %d → %d", len(before), len(after))
+	}
+	for i := range before {
+		want := before[i]
+		if want[0] == "model" {
+			want[1] = value
+		}
+		if after[i] != want {
+			t.Fatalf("part %d: %q, want %q", i, after[i], want)
+		}
+	}
+}
+
+// FuzzMultipart holds ParseMultipart and RewriteFormField to the standard library's reader:
+// whatever form is accepted, its model is the one the reader sees, and a rewrite changes that
+// value only.
+func FuzzMultipart(f *testing.F) {
+	body, ct := form(f, [][2]string{{"model", "m"}, {"stream", "false"}})
+	b, _ := FormBoundary(ct)
+	f.Add(body, b)
+	f.Add([]byte("--x\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nm\r\n--x--\r\n"), "x")
+	f.Add([]byte("preamble\r\n--x\r\n\r\nno headers\r\n--x\r\nContent-Disposition: form-data; name=model\r\n\r\nq\r\n--x--"), "x")
+	f.Fuzz(func(t *testing.T, body []byte, boundary string) {
+		ct := "multipart/form-data; boundary=\"" + strings.ReplaceAll(boundary, `"`, "") + "\""
+		r, err := ParseMultipart(Transcriptions, ct, body)
+		if err != nil {
+			return
+		}
+		bd, _ := FormBoundary(ct)
+		parts, err := readForm(body, bd)
+		if err != nil {
+			t.Fatalf("accepted a form the reader refuses: %v", err)
+		}
+		found := false
+		for _, p := range parts {
+			if p[0] == "model" {
+				if found || p[1] != r.Model {
+					t.Fatalf("model %q, the reader sees %q", r.Model, p[1])
+				}
+				found = true
+			}
+		}
+		out, err := RewriteFormField(body, bd, "model", "rewritten")
+		if err != nil {
+			t.Fatalf("could not rewrite an accepted form's model: %v", err)
+		}
+		checkRewrite(t, body, out, bd, "rewritten")
+	})
+}
+
+// FuzzParseOther holds Parse of the R21 JSON endpoints to encoding/json: the same validity, and
+// for an accepted body the model, stream and Responses fields encoding/json reads, and a prefix
+// key cut from the prompt field's raw value.
+func FuzzParseOther(f *testing.F) {
+	for _, s := range fuzzSeeds {
+		f.Add(s)
+	}
+	f.Add(`{"model":"r","input":"hi","store":false,"previous_response_id":"resp_1","stream":true}`)
+	f.Add(`{"model":"m","max_tokens":64,"messages":[{"role":"user","content":[{"type":"text","text":"x"}]}]}`)
+	f.Fuzz(func(t *testing.T, body string) {
+		in := []byte(body)
+		stdValid := json.Valid(in) && utf8.Valid(in)
+		for _, kind := range Kinds() {
+			if kind <= Chat || kind.Multipart() {
+				continue
+			}
+			r, err := Parse(kind, in)
+			if syntax := err != nil && strings.HasPrefix(err.Error(), "invalid JSON"); syntax == stdValid {
+				t.Fatalf("Parse(%v, %q) error %v, but encoding/json validity is %v", kind, body, err, stdValid)
+			}
+			if err != nil || !stdValid {
+				continue
+			}
+			var top map[string]json.RawMessage
+			if err := json.Unmarshal(in, &top); err != nil {
+				t.Fatal(err)
+			}
+			var model string
+			if err := json.Unmarshal(top["model"], &model); err != nil || model != r.Model {
+				t.Fatalf("model %q, encoding/json reads %q (%v)", r.Model, model, err)
+			}
+			var stream bool
+			_ = json.Unmarshal(top["stream"], &stream)
+			if r.Stream != (stream && kind.Streams()) {
+				t.Fatalf("%v: stream %v, encoding/json reads %v", kind, r.Stream, stream)
+			}
+			if kind == Responses {
+				store := true
+				if v, ok := top["store"]; ok && string(v) != "null" {
+					_ = json.Unmarshal(v, &store)
+				}
+				var prev string
+				_ = json.Unmarshal(top["previous_response_id"], &prev)
+				if r.Store != store || r.Previous != prev {
+					t.Fatalf("store %v previous %q, encoding/json reads %v %q", r.Store, r.Previous, store, prev)
+				}
+			}
+			var raw json.RawMessage
+			if name := endpoints[kind].prompt; name != "" {
+				raw = top[name]
+			}
+			if !bytes.HasPrefix(raw, r.PrefixKey) || len(r.PrefixKey) != min(len(raw), PrefixLen) {
+				t.Fatalf("%v: prefix key %q is not the start of %q", kind, r.PrefixKey, raw)
+			}
+		}
+	})
+}
