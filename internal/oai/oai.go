@@ -107,9 +107,9 @@ type fields struct {
 	// The other endpoints (R21): the raw value of the kind's prompt field, and the Responses
 	// API's "store", "previous_response_id" and "max_output_tokens".
 	raw, store, previous, maxOutput span
-	prompt                              bool  // the kind's prompt key was present
-	promptErr                           error // a shape error in the last prompt value
-	dupErr                              error // the first repeated top-level key (R13.4)
+	prompt                          bool  // the kind's prompt key was present
+	promptErr                       error // a shape error in the last prompt value
+	dupErr                          error // the first repeated top-level key (R13.4)
 }
 
 // str is a validated JSON string's contents (no quotes) and whether they
