@@ -126,17 +126,16 @@ func (a *admitter) pick(table *routeTable, m *Pick, fx effects) {
 		fx.respond(&Picked{Tag: m.Tag, Err: fmt.Errorf("an admitted pick needs a key and a requester: %w", errs.ErrInternal)})
 		return
 	}
-	served := func(model string) bool { return a.view.models[model] > 0 }
 	if ad := a.entries[m.Key]; ad != nil {
 		ad.pick = m
 		if ad.e.Queued() {
 			fx.send(m.Requester, &Queued{Tag: m.Tag}) // a repeated pick: answered when it leaves
 			return
 		}
-		a.repick(table.resolve(m, served), ad, fx)
+		a.repick(table.resolve(m, a.view), ad, fx)
 		return
 	}
-	t := table.resolve(m, served)
+	t := table.resolve(m, a.view)
 	if t.out.Err == nil && !a.view.servable(t.key, t.disagg) {
 		t.out.Err = t.noCapacity() // nothing could serve it: at once, as without admission
 	}
@@ -177,7 +176,7 @@ func (a *admitter) repick(t target, ad *admitted, fx effects) {
 	out := t.out
 	if out.Err == nil {
 		ch := a.choice(ad, t, "", false)
-		if !a.view.choose(ch, out, fx) {
+		if !a.view.choose(ch, out, fx) && out.Err == nil {
 			out.Err = t.noCapacity()
 		}
 	}
@@ -237,7 +236,8 @@ func (a *admitter) choice(ad *admitted, t target, soft string, checkFull bool) c
 		}
 	}
 	ch := choice{key: t.key, disagg: t.disagg, prefixHash: ad.pick.PrefixHash, hashes: ad.pick.PrefixHashes,
-		exclude: exclude, soft: soft, requester: ad.requester, sloMs: ad.pick.SLOTTFTMs}
+		exclude: exclude, soft: soft, requester: ad.requester, sloMs: ad.pick.SLOTTFTMs,
+		endpoint: t.endpoint, adapter: t.adapter}
 	if checkFull && ad.req.Objective > 0 {
 		// A dispatch from the queue: what is left of the objective, in whole milliseconds
 		// (none left: nothing is in time, and its deadline rejects it).

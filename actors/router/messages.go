@@ -239,6 +239,14 @@ type Pick struct {
 	// SLOTTFTMs is the request's TTFT objective in milliseconds (X-TL-SLO-TTFT-Ms, R18.4; 0 =
 	// none): predicted_latency prefers the workers predicted to meet it.
 	SLOTTFTMs int64
+	// Endpoint is the serving endpoint asked for (R21; 0 = any): only workers serving it are
+	// picked.
+	Endpoint oai.Kind
+	// Response pins the pick to the worker that stored this response (R21: GET/DELETE
+	// /v1/responses/{id}, previous_response_id; responses.go), for the API key Owner (-1 in
+	// open mode). Such a pick does not pass the admission queue.
+	Response string
+	Owner    int
 	// Admit is set on every pick of a request that passes the admission queue (R10). The
 	// first pick of a Key is admitted: the router answers *Queued at once if it waits, and
 	// *Picked when it leaves. Later picks of the Key (failover, cascade steps, repeated picks)
@@ -449,10 +457,19 @@ type SetRoutes struct {
 // ListModels asks for the model ids clients may use; the reply is *ModelList.
 type ListModels struct{}
 
-// ModelList answers ListModels: route ids, their aliases and served models of registered
-// workers, sorted and without duplicates.
+// ModelList answers ListModels: route ids, their aliases, served models of registered
+// workers and the LoRA adapters they serve, sorted and without duplicates. Info has an entry
+// for each id that is a worker's model (its context length when known) or an adapter (its
+// base model as Parent).
 type ModelList struct {
-	IDs []string
+	IDs  []string
+	Info map[string]ModelInfo
+}
+
+// ModelInfo is what GET /v1/models shows of one id besides the id (R21).
+type ModelInfo struct {
+	Parent      string // an adapter's base model ("" for a base model)
+	MaxModelLen int64  // 0 = unknown
 }
 
 // Ready asks whether at least one routable worker exists; the reply is *Readiness.

@@ -47,6 +47,9 @@ type Config struct {
 	// at the bounded-load cap with no other holder under it, also reserves the least loaded
 	// worker for a copy of that prefix. 0 = off.
 	WarmupMinBytes int
+	// MaxStoredResponses bounds the stored responses the router routes back to their workers
+	// (R21, responses.go); 0 = DefaultMaxStoredResponses.
+	MaxStoredResponses int
 }
 
 // state survives restarts of the router actor: a panic while handling one message must not
@@ -62,6 +65,8 @@ type state struct {
 	// tlgw_kv_index_dropped_total, and the index's count it has published.
 	kvDropped   prometheus.Counter
 	kvDroppedAt uint64
+	// responses maps stored responses to their workers (R21, responses.go).
+	responses *responseTable
 }
 
 func newState(cfg Config) *state {
@@ -77,7 +82,7 @@ func newState(cfg Config) *state {
 	}
 	st := &state{log: cfg.Logger, table: newRouteTable(cfg.Routes, canaryKey(cfg.CanaryKey)), view: newWorkerView(cfg, clk),
 		gauges: routeGauges{vec: cfg.Metrics.routes, dirty: true}, kvSize: cfg.Metrics.kvIndex,
-		kvDropped: cfg.Metrics.kvDropped}
+		kvDropped: cfg.Metrics.kvDropped, responses: newResponseTable(cfg.MaxStoredResponses)}
 	if cfg.Admission != nil {
 		st.adm = newAdmitter(cfg.Admission, clk, cfg.Metrics.admission, st.view)
 	}
@@ -167,6 +172,10 @@ func (st *state) handle(msg any, fx effects) {
 	}
 	switch m := msg.(type) {
 	case *Pick:
+		if m.Response != "" {
+			fx.respond(st.pinned(m, fx))
+			return
+		}
 		if st.adm != nil && m.Admit != nil {
 			st.adm.pick(st.table, m, fx)
 			return
@@ -217,6 +226,12 @@ func (st *state) handle(msg any, fx effects) {
 		st.adm.finished(m, fx)
 	case *WarmupSent:
 		st.view.warmupSent(m)
+	case *EndpointUnsupported:
+		st.view.endpointUnsupported(m)
+	case *StoreResponse:
+		st.responses.store(m)
+	case *ForgetResponse:
+		st.responses.forget(m)
 	case *ObservedTTFT:
 		st.view.observeTTFT(m)
 		st.adm.wakeCapacity(fx) // a model changed: a request waiting for its objective may go
@@ -261,19 +276,16 @@ func (st *state) handle(msg any, fx effects) {
 	}
 }
 
-// served reports whether a live worker serves model.
-func (st *state) served(model string) bool { return st.view.models[model] > 0 }
-
 // pick answers one Pick that needs no admission. Nothing here blocks or allocates except the
 // reply.
 func (st *state) pick(m *Pick, fx effects) *Picked {
-	t := st.table.resolve(m, st.served)
+	t := st.table.resolve(m, st.view)
 	if t.out.Err != nil {
 		return t.out
 	}
 	ch := choice{key: t.key, disagg: t.disagg, prefixHash: m.PrefixHash, hashes: m.PrefixHashes,
-		exclude: m.Exclude, requester: m.Requester, sloMs: m.SLOTTFTMs}
-	if !st.view.choose(ch, t.out, fx) {
+		exclude: m.Exclude, requester: m.Requester, sloMs: m.SLOTTFTMs, endpoint: t.endpoint, adapter: t.adapter}
+	if !st.view.choose(ch, t.out, fx) && t.out.Err == nil {
 		t.out.Err = t.noCapacity()
 	}
 	return t.out
@@ -287,13 +299,27 @@ func (st *state) listModels() *ModelList {
 			seen[a] = true
 		}
 	}
-	for model := range st.view.models {
-		seen[model] = true
+	info := make(map[string]ModelInfo)
+	for _, s := range st.view.slots {
+		if !s.live {
+			continue
+		}
+		seen[s.info.Model] = true
+		if mi := info[s.info.Model]; s.info.MaxModelLen > mi.MaxModelLen {
+			info[s.info.Model] = ModelInfo{MaxModelLen: s.info.MaxModelLen}
+		}
+		for _, a := range s.info.LoRAAdapters {
+			if st.view.models[a] > 0 {
+				continue // a base model of other workers: listed as such
+			}
+			seen[a] = true
+			info[a] = ModelInfo{Parent: s.info.Model, MaxModelLen: info[s.info.Model].MaxModelLen}
+		}
 	}
 	ids := make([]string, 0, len(seen))
 	for id := range seen {
 		ids = append(ids, id)
 	}
 	slices.Sort(ids)
-	return &ModelList{IDs: ids}
+	return &ModelList{IDs: ids, Info: info}
 }

@@ -7,6 +7,7 @@ import (
 	"github.com/tlgw/tlgw/internal/cascade"
 	"github.com/tlgw/tlgw/internal/config"
 	"github.com/tlgw/tlgw/internal/errs"
+	"github.com/tlgw/tlgw/internal/oai"
 )
 
 // routeTable is the route table (R5) and its epoch; PUT /admin/v1/routes replaces it whole.
@@ -53,11 +54,18 @@ type target struct {
 	out    *Picked
 	key    poolKey
 	disagg bool
+	// endpoint is the Pick's (R21); adapter the LoRA adapter the model id names ("" when it
+	// names a base model: lora.go), whose workers are in the pool of key.
+	endpoint oai.Kind
+	adapter  string
 }
 
-// resolve finds what a Pick asks for (R5); out.Err is set for an unknown model. served says
-// whether a live worker serves a model id (a model with no route is its own route).
-func (t *routeTable) resolve(m *Pick, served func(model string) bool) target {
+// resolve finds what a Pick asks for (R5); out.Err is set for an unknown model. A model id
+// with no route is its own route when a live worker serves it, as its base model or as a LoRA
+// adapter (R21). A disaggregated route serves completions and chat through prefill and
+// decode; its other endpoints go to a decode worker alone.
+func (t *routeTable) resolve(m *Pick, v *workerView) target {
+	served := func(model string) bool { return v.models[model] > 0 || len(v.loraIdx[model]) > 0 }
 	var model, routeID string
 	stepIdx, steps := 0, 1
 	var accept *cascade.Accept
@@ -74,11 +82,16 @@ func (t *routeTable) resolve(m *Pick, served func(model string) bool) target {
 	role := RoleUnified
 	if disagg {
 		role = RoleDecode
+		disagg = m.Endpoint <= oai.Chat
 	}
-	return target{
+	t2 := target{
 		out: &Picked{Tag: m.Tag, Route: routeID, ServedModel: model, Step: stepIdx, Steps: steps, Accept: accept},
-		key: poolKey{model: model, role: role}, disagg: disagg,
+		key: poolKey{model: model, role: role}, disagg: disagg, endpoint: m.Endpoint,
 	}
+	if v.models[model] == 0 && len(v.loraIdx[model]) > 0 {
+		t2.adapter, t2.key.model = model, v.loraBase(model)
+	}
+	return t2
 }
 
 // noCapacity is the answer's error when no worker of the target can be picked.

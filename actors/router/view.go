@@ -12,6 +12,7 @@ import (
 	"github.com/tlgw/tlgw/internal/clock"
 	"github.com/tlgw/tlgw/internal/config"
 	"github.com/tlgw/tlgw/internal/kvindex"
+	"github.com/tlgw/tlgw/internal/oai"
 	"github.com/tlgw/tlgw/internal/prefixindex"
 	"github.com/tlgw/tlgw/internal/ttftmodel"
 )
@@ -37,6 +38,13 @@ type slot struct {
 	// worker's clock), and whether its address refused a connection since its last heartbeat.
 	failLoad    int64
 	unreachable bool
+	// R21: the endpoints its engine refused (endpoints.go), and whether it is counted in its
+	// pool's restricted members.
+	marks        endpointMarks
+	restrictedIn bool
+	// loras is the LoRA adapters the router last sent it, most recent first, at most its
+	// max_loras (lora.go).
+	loras []string
 }
 
 func (s *slot) inFlight() int64 { return s.reported + int64(s.acqSent-s.acqSeen) }
@@ -80,6 +88,9 @@ type pool struct {
 	// kvMembers counts the members that report kv_events (slot.kvIn): predicted_latency reads
 	// the exact index only when every member does.
 	kvMembers int
+	// restricted counts the members that may not serve some endpoint (slot.restrictedIn,
+	// endpoints.go): 0 lets a pick skip the endpoint check.
+	restricted int
 }
 
 // countKV counts member s in kvMembers while it reports kv_events.
@@ -144,6 +155,11 @@ type workerView struct {
 	warmCredit int // prefix picks towards warm-ups (warmPicks)
 	warming    [MaxWarmPending]warmClaim
 	warmups    prometheus.Counter // tlgw_prefix_warmups_total
+	// R21 (lora.go): the workers of each LoRA adapter, a pick's scratch, and whether the last
+	// adapter pick found workers of the adapter but none serving the endpoint.
+	loraIdx      map[string][]*slot
+	cands        []policy.LoRACandidate
+	lastUnserved bool
 }
 
 func newWorkerView(cfg Config, clk clock.Clock) *workerView {
@@ -154,6 +170,7 @@ func newWorkerView(cfg Config, clk clock.Clock) *workerView {
 		byPID:     make(map[string]*slot),
 		pools:     make(map[poolKey]*pool),
 		models:    make(map[string]int),
+		loraIdx:   make(map[string][]*slot),
 		decisions: cfg.Metrics.decisionCounters(cfg.Policy),
 		gauges:    cfg.Metrics.workerGauges(),
 		warmMin:   warmMinChunks(cfg.WarmupMinBytes), warmCredit: warmBurst * warmPicks,
@@ -184,6 +201,10 @@ type choice struct {
 	strict    bool
 	soft      string     // the gate's soft target ("" = none)
 	requester *actor.PID // named in the Acquire, so the worker can watch it
+	// endpoint is the serving endpoint asked for (R21; 0 = any), adapter the LoRA adapter
+	// ("" = the pool's model itself, lora.go).
+	endpoint oai.Kind
+	adapter  string
 }
 
 // choose picks and reserves the worker(s) of a resolved pick into out: the soft target when it
@@ -193,8 +214,16 @@ type choice struct {
 func (v *workerView) choose(ch choice, out *Picked, fx effects) bool {
 	var s *slot
 	reason := policy.ReasonLeastLoad
+	if pl := v.pools[ch.key]; pl != nil && ch.adapter == "" {
+		var serving int
+		if ch.exclude, serving = v.endpointExclude(pl, ch.endpoint, ch.exclude); serving == 0 {
+			out.Err = unserved(ch.key.model, ch.endpoint)
+			return false
+		}
+	}
 	if ch.soft != "" && !ch.strict {
-		if ts := v.slots[ch.soft]; ts != nil && ts.pool != nil && ts.pool.key == ch.key && !slices.Contains(ch.exclude, ch.soft) {
+		if ts := v.slots[ch.soft]; ts != nil && ts.pool != nil && ts.pool.key == ch.key && !slices.Contains(ch.exclude, ch.soft) &&
+			(ch.adapter == "" || ts.info.ServesLoRA(ch.adapter)) {
 			s = ts
 		}
 	}
@@ -209,7 +238,14 @@ func (v *workerView) choose(ch choice, out *Picked, fx effects) bool {
 		}
 		v.setHeld(ch)
 		ls := v.setLatency(ch)
-		s, reason = v.pickIn(ch.key, ch.prefixHash, ch.exclude)
+		if ch.adapter != "" {
+			if s, reason = v.pickLoRA(ch); s == nil && v.lastUnserved {
+				out.Err = unserved(ch.adapter, ch.endpoint)
+			}
+			ls = nil
+		} else {
+			s, reason = v.pickIn(ch.key, ch.prefixHash, ch.exclude)
+		}
 		if ls != nil && s != nil {
 			if now, idle := ls.Meets(); ch.strict && !now && idle {
 				// Nothing reserved: the request waits for load to fall on a worker that
@@ -337,6 +373,15 @@ func (v *workerView) workerState(m *WorkerState, fx effects) bool {
 		// is (kvEvents), so what it holds is unknown until its subscriber's next snapshot.
 		v.kidx.Forget(&s.member)
 	}
+	var oldLoRAs []string
+	if s.live {
+		oldLoRAs = s.info.LoRAAdapters
+	}
+	var newLoRAs []string
+	if m.Live {
+		newLoRAs = m.Info.LoRAAdapters
+	}
+	v.setLoRAs(s, oldLoRAs, newLoRAs)
 	s.info, s.live, s.unreachable = m.Info, m.Live, m.Unreachable
 	if m.AcqSeen >= s.acqSeen {
 		s.reported, s.acqSeen, s.failLoad = m.InFlight, m.AcqSeen, m.FailLoad
@@ -350,6 +395,7 @@ func (v *workerView) workerState(m *WorkerState, fx effects) bool {
 		prev.p.SetWeight(&s.member, s.info.KVTotalBlocks)
 		prev.p.SetLoad(&s.member, s.load())
 		prev.countKV(s)
+		prev.countRestricted(s)
 		v.setState(s, s.stateName())
 		return false
 	}
@@ -381,6 +427,7 @@ func (v *workerView) joinPool(s *slot) {
 	pl.ids = nil
 	s.pool = pl
 	pl.countKV(s)
+	pl.countRestricted(s)
 	v.routable++
 	v.poolsMoved = true
 }
@@ -393,6 +440,10 @@ func (v *workerView) leavePool(s *slot) {
 	if s.kvIn {
 		s.pool.kvMembers--
 		s.kvIn = false
+	}
+	if s.restrictedIn {
+		s.pool.restricted--
+		s.restrictedIn = false
 	}
 	delete(s.pool.members, s.info.ID)
 	s.pool.ids = nil
@@ -423,6 +474,7 @@ func (v *workerView) remove(s *slot) {
 	v.setState(s, stateNone)
 	if s.live {
 		v.dropModel(s.info.Model)
+		v.setLoRAs(s, s.info.LoRAAdapters, nil)
 		s.live = false
 	}
 	delete(v.slots, s.info.ID)

@@ -51,7 +51,7 @@ func TestViewPoolsFollowRoutability(t *testing.T) {
 	r := newRig(t, Config{})
 	r.join("w1", "smol", 0)
 	r.join("w2", "smol", 0)
-	if r.st.view.routable != 2 || !r.st.served("smol") || r.st.served("big") {
+	if r.st.view.routable != 2 || !(r.st.view.models["smol"] > 0) || (r.st.view.models["big"] > 0) {
 		t.Fatalf("routable %d, models %v", r.st.view.routable, r.st.view.models)
 	}
 	w1 := r.workers[r.workerPID("w1").Id]
@@ -72,7 +72,7 @@ func TestViewPoolsFollowRoutability(t *testing.T) {
 	}
 	r.leave("w2")
 	r.leave("w1")
-	if r.st.view.routable != 0 || r.st.served("smol") || len(r.st.view.list(1).Workers) != 0 || len(r.st.view.pools) != 0 {
+	if r.st.view.routable != 0 || (r.st.view.models["smol"] > 0) || len(r.st.view.list(1).Workers) != 0 || len(r.st.view.pools) != 0 {
 		t.Fatalf("after eviction: routable %d, models %v", r.st.view.routable, r.st.view.models)
 	}
 	if p := r.st.pick(&Pick{Model: "smol"}, r); !errors.Is(p.Err, errs.ErrModelNotFound) {
@@ -108,7 +108,7 @@ func TestRouteTable(t *testing.T) {
 		{Model: "smol", Aliases: []string{"small"}, Backends: []config.Backend{{Model: "smol-v3", Weight: 1}}},
 		{Model: "auto", Cascade: []config.CascadeStep{{Model: "smol", AcceptIf: "mean_logprob > -1"}, {Model: "big"}}},
 	}, NewCanaryKey())
-	served := func(m string) bool { return m == "raw" }
+	served := &workerView{models: map[string]int{"raw": 1}}
 	cases := []struct {
 		model, route, served string
 		step                 int

@@ -233,6 +233,15 @@ type modelJSON struct {
 	Object  string `json:"object"`
 	Created int64  `json:"created"`
 	OwnedBy string `json:"owned_by"`
+	// R21: a LoRA adapter's base model, and the context length where the engines report it.
+	Parent      string `json:"parent,omitempty"`
+	MaxModelLen int64  `json:"max_model_len,omitempty"`
+}
+
+// modelOf is the listing of model id.
+func modelOf(list *router.ModelList, id string) modelJSON {
+	mi := list.Info[id]
+	return modelJSON{ID: id, Object: "model", OwnedBy: "tlgw", Parent: mi.Parent, MaxModelLen: mi.MaxModelLen}
 }
 
 func (s *Server) listModels(w http.ResponseWriter, _ *http.Request) {
@@ -246,7 +255,7 @@ func (s *Server) listModels(w http.ResponseWriter, _ *http.Request) {
 		Data   []modelJSON `json:"data"`
 	}{Object: "list", Data: make([]modelJSON, 0, len(list.IDs))}
 	for _, id := range list.IDs {
-		out.Data = append(out.Data, modelJSON{ID: id, Object: "model", OwnedBy: "tlgw"})
+		out.Data = append(out.Data, modelOf(list, id))
 	}
 	writeJSON(w, http.StatusOK, out)
 }
@@ -260,7 +269,7 @@ func (s *Server) getModel(w http.ResponseWriter, r *http.Request) {
 	}
 	for _, m := range list.IDs {
 		if m == id {
-			writeJSON(w, http.StatusOK, modelJSON{ID: id, Object: "model", OwnedBy: "tlgw"})
+			writeJSON(w, http.StatusOK, modelOf(list, id))
 			return
 		}
 	}

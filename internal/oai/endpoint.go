@@ -31,8 +31,8 @@ const (
 	// Translations is POST /v1/audio/translations (multipart/form-data).
 	Translations
 
-	// lastKind is the last endpoint kind.
-	lastKind = Translations
+	// MaxKind is the last endpoint kind: a table indexed by Kind has MaxKind+1 rows.
+	MaxKind = Translations
 )
 
 // endpointInfo is one row of the endpoint catalogue.
@@ -49,7 +49,7 @@ type endpointInfo struct {
 }
 
 // endpoints is indexed by Kind; the zero row is no endpoint.
-var endpoints = [lastKind + 1]endpointInfo{
+var endpoints = [MaxKind + 1]endpointInfo{
 	Completions:       {name: "completions", path: "/v1/completions", prompt: "prompt", stream: true},
 	Chat:              {name: "chat", path: "/v1/chat/completions", prompt: "messages", stream: true},
 	Embeddings:        {name: "embeddings", path: "/v1/embeddings", prompt: "input"},
@@ -68,15 +68,15 @@ var endpoints = [lastKind + 1]endpointInfo{
 
 // Kinds returns every endpoint kind in order.
 func Kinds() []Kind {
-	out := make([]Kind, 0, lastKind)
-	for k := Completions; k <= lastKind; k++ {
+	out := make([]Kind, 0, MaxKind)
+	for k := Completions; k <= MaxKind; k++ {
 		out = append(out, k)
 	}
 	return out
 }
 
 // Valid reports whether k is an endpoint kind.
-func (k Kind) Valid() bool { return k >= Completions && k <= lastKind }
+func (k Kind) Valid() bool { return k >= Completions && k <= MaxKind }
 
 // Endpoint is k's name: the `endpoint` label of the HTTP metrics and the name a worker lists
 // in WorkerStatus.endpoints. "" for an invalid kind.
@@ -104,7 +104,7 @@ func (k Kind) Multipart() bool { return k.Valid() && endpoints[k].multipart }
 
 // KindByEndpoint is the kind an endpoint name names.
 func KindByEndpoint(name string) (Kind, bool) {
-	for k := Completions; k <= lastKind; k++ {
+	for k := Completions; k <= MaxKind; k++ {
 		if endpoints[k].name == name {
 			return k, true
 		}
@@ -134,7 +134,7 @@ func (s EndpointSet) Serves(k Kind) bool { return s == 0 || s.Has(k) }
 // String lists s's endpoint names, comma-separated, in kind order ("" for the empty set).
 func (s EndpointSet) String() string {
 	var b strings.Builder
-	for k := Completions; k <= lastKind; k++ {
+	for k := Completions; k <= MaxKind; k++ {
 		if s.Has(k) {
 			if b.Len() > 0 {
 				b.WriteByte(',')
@@ -148,7 +148,7 @@ func (s EndpointSet) String() string {
 // Names lists s's endpoint names in kind order (nil for the empty set).
 func (s EndpointSet) Names() []string {
 	var out []string
-	for k := Completions; k <= lastKind; k++ {
+	for k := Completions; k <= MaxKind; k++ {
 		if s.Has(k) {
 			out = append(out, endpoints[k].name)
 		}

@@ -31,6 +31,8 @@ const (
 	ReasonRoundRobin
 	// ReasonPredicted: the lowest predicted time to first token (predicted_latency, R18.2).
 	ReasonPredicted
+	// ReasonLoRA: a worker with the request's LoRA adapter loaded (R21, PickLoRA).
+	ReasonLoRA
 )
 
 func (r Reason) String() string {
@@ -49,6 +51,8 @@ func (r Reason) String() string {
 		return "round_robin"
 	case ReasonPredicted:
 		return "predicted"
+	case ReasonLoRA:
+		return "lora"
 	}
 	return "unknown"
 }
