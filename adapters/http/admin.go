@@ -12,6 +12,7 @@ import (
 
 	"github.com/tlgw/tlgw/actors/router/admission/thunderagent"
 	"github.com/tlgw/tlgw/internal/config"
+	"github.com/tlgw/tlgw/actors/router"
 	"github.com/tlgw/tlgw/internal/errs"
 )
 
