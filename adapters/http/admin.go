@@ -10,9 +10,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tlgw/tlgw/actors/router"
 	"github.com/tlgw/tlgw/actors/router/admission/thunderagent"
 	"github.com/tlgw/tlgw/internal/config"
-	"github.com/tlgw/tlgw/actors/router"
 	"github.com/tlgw/tlgw/internal/errs"
 )
 
