@@ -1,0 +1,220 @@
+package router
+
+import (
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tlgw/tlgw/internal/errs"
+	"github.com/tlgw/tlgw/internal/oai"
+)
+
+// pickFor is a non-admitted pick of model for endpoint k, as a request actor sends it.
+func (q *requester) pickFor(model string, k oai.Kind, exclude ...string) *Picked {
+	q.tag++
+	q.r.deliver(q.pid, &Pick{Model: model, RequestID: "r", Key: q.key, Requester: q.pid, Tag: q.tag, Exclude: exclude, Endpoint: k})
+	return q.picked()
+}
+
+// TestPicksGoOnlyToWorkersServingTheEndpoint (R21): a worker that lists its endpoints gets only
+// those; one that lists none gets every endpoint; when no worker of the model serves the
+// endpoint the answer is a 404 saying so, not a 503 for capacity.
+func TestPicksGoOnlyToWorkersServingTheEndpoint(t *testing.T) {
+	r := newRig(t, Config{})
+	chatOnly := oai.EndpointSet(0).With(oai.Completions).With(oai.Chat)
+	r.joinWith("a-chat", "m", RoleUnified, 0, func(i *WorkerInfo) { i.Endpoints = chatOnly })
+	r.joinWith("b-emb", "m", RoleUnified, 5, func(i *WorkerInfo) { i.Endpoints = oai.EndpointSet(0).With(oai.Embeddings) })
+	q := r.newRequester()
+	for range 3 {
+		if p := q.pickFor("m", oai.Embeddings); p.Err != nil || p.WorkerID != "b-emb" {
+			t.Fatalf("embeddings went to %q (%v), want b-emb though it is busier", p.WorkerID, p.Err)
+		}
+		if p := q.pickFor("m", oai.Chat); p.Err != nil || p.WorkerID != "a-chat" {
+			t.Fatalf("chat went to %q (%v)", p.WorkerID, p.Err)
+		}
+	}
+	p := q.pickFor("m", oai.Rerank)
+	if !errors.Is(p.Err, errs.ErrNotFound) || !strings.Contains(p.Err.Error(), "/v1/rerank") {
+		t.Fatalf("rerank nobody serves: %v, want a 404 naming the endpoint", p.Err)
+	}
+	// Excluded after a failed attempt is not "unserved": that stays a capacity answer.
+	if p := q.pickFor("m", oai.Embeddings, "b-emb"); !errors.Is(p.Err, errs.ErrNoCapacity) {
+		t.Fatalf("the only server excluded: %v, want no_capacity", p.Err)
+	}
+	r.joinWith("c-all", "m", RoleUnified, 9, func(*WorkerInfo) {})
+	if p := q.pickFor("m", oai.Rerank); p.Err != nil || p.WorkerID != "c-all" {
+		t.Fatalf("a worker listing no endpoints must be tried: %q %v", p.WorkerID, p.Err)
+	}
+}
+
+// TestAnEnginesRefusalMarksTheEndpointForAWhile (R21): an engine that answered an endpoint
+// with its server's 404/405 gets no request for it for UnsupportedFor (on the router's clock),
+// then is tried again; other endpoints are not affected, a report about an earlier
+// registration changes nothing, and the pool's restricted count goes back to zero.
+func TestAnEnginesRefusalMarksTheEndpointForAWhile(t *testing.T) {
+	r := newRig(t, Config{})
+	r.join("w1", "m", 0)
+	r.join("w2", "m", 3)
+	q := r.newRequester()
+	r.deliver(nil, &EndpointUnsupported{WorkerID: "w1", Reg: r.regOf("w1") + 1, Endpoint: oai.Embeddings})
+	if p := q.pickFor("m", oai.Embeddings); p.WorkerID != "w1" {
+		t.Fatalf("a report of another registration applied: %q", p.WorkerID)
+	}
+	r.deliver(nil, &EndpointUnsupported{WorkerID: "w1", Reg: r.regOf("w1"), Endpoint: oai.Embeddings})
+	if p := q.pickFor("m", oai.Embeddings); p.WorkerID != "w2" {
+		t.Fatalf("embeddings to %q after w1 refused it", p.WorkerID)
+	}
+	if p := q.pickFor("m", oai.Chat); p.WorkerID != "w1" {
+		t.Fatalf("chat to %q: another endpoint's mark applied", p.WorkerID)
+	}
+	r.advance(UnsupportedFor - time.Millisecond)
+	if p := q.pickFor("m", oai.Embeddings); p.WorkerID != "w2" {
+		t.Fatalf("the mark ended early: %q", p.WorkerID)
+	}
+	r.advance(time.Millisecond)
+	if p := q.pickFor("m", oai.Embeddings); p.WorkerID != "w1" {
+		t.Fatalf("the mark did not end: %q", p.WorkerID)
+	}
+	if pl := r.st.view.pools[poolKey{"m", RoleUnified}]; pl.restricted != 0 {
+		t.Fatalf("restricted %d after the marks ended", pl.restricted)
+	}
+}
+
+// TestLoRAAdapterPicks (R21): a request naming an adapter goes only to workers of its base
+// model that serve it, to the one where it is loaded while that one is not overrun, and not
+// to a worker of another model; an unknown adapter is model_not_found.
+func TestLoRAAdapterPicks(t *testing.T) {
+	r := newRig(t, Config{LoadFactor: 1.25})
+	lora := func(names ...string) func(*WorkerInfo) {
+		return func(i *WorkerInfo) { i.LoRAAdapters, i.MaxLoRAs = names, 2 }
+	}
+	r.joinWith("w1", "base", RoleUnified, 0, lora("a", "b"))
+	r.joinWith("w2", "base", RoleUnified, 0, lora("a"))
+	r.joinWith("w3", "base", RoleUnified, 0, func(*WorkerInfo) {})
+	r.joinWith("x1", "other", RoleUnified, 0, func(*WorkerInfo) {})
+	q := r.newRequester()
+	first := q.pickFor("a", oai.Completions)
+	if first.Err != nil || first.WorkerID == "w3" || first.ServedModel != "a" || first.Route != "a" {
+		t.Fatalf("adapter pick: %+v", first)
+	}
+	// The adapter is loaded there now: the next pick stays, though the other server is idle;
+	// then its load (2) reaches the cap ⌈1.25·(m+1)/n⌉ = ⌈1.25·3/2⌉ = 2 over the two servers.
+	var held []*Picked
+	held = append(held, first)
+	for i := range 1 {
+		p := q.pickFor("a", oai.Completions)
+		if p.WorkerID != first.WorkerID || p.Reason.String() != "lora" {
+			t.Fatalf("pick %d went to %q (%v), want %q where a is loaded", i, p.WorkerID, p.Reason, first.WorkerID)
+		}
+		held = append(held, p)
+	}
+	other := map[string]string{"w1": "w2", "w2": "w1"}[first.WorkerID]
+	if p := q.pickFor("a", oai.Completions); p.WorkerID != other {
+		t.Fatalf("at the cap, a went to %q, want the other server %q", p.WorkerID, other)
+	}
+	for _, p := range held {
+		q.release(p)
+	}
+	if p := q.pickFor("b", oai.Completions); p.WorkerID != "w1" {
+		t.Fatalf("b went to %q, want w1, its only server", p.WorkerID)
+	}
+	if p := q.pickFor("c", oai.Completions); !errors.Is(p.Err, errs.ErrModelNotFound) {
+		t.Fatalf("an adapter nobody serves: %v", p.Err)
+	}
+	// A worker that stops listing an adapter is out of its set at once.
+	r.joinWith("w1", "base", RoleUnified, 0, lora("a"))
+	if p := q.pickFor("b", oai.Completions); !errors.Is(p.Err, errs.ErrModelNotFound) {
+		t.Fatalf("b after w1 dropped it: %+v", p)
+	}
+	r.leave("w1")
+	r.leave("w2")
+	if len(r.st.view.loraIdx) != 0 {
+		t.Fatalf("adapter index after its workers left: %v", r.st.view.loraIdx)
+	}
+	models := r.st.listModels()
+	if slices.Contains(models.IDs, "a") {
+		t.Fatalf("models list a gone adapter: %v", models.IDs)
+	}
+}
+
+// TestModelsListAdaptersWithParent: /v1/models shows each adapter with its base model, and the
+// context length the engines report.
+func TestModelsListAdaptersWithParent(t *testing.T) {
+	r := newRig(t, Config{})
+	r.joinWith("w1", "base", RoleUnified, 0, func(i *WorkerInfo) { i.LoRAAdapters, i.MaxModelLen = []string{"a"}, 4096 })
+	l := r.st.listModels()
+	if !slices.Equal(l.IDs, []string{"a", "base"}) || l.Info["a"] != (ModelInfo{Parent: "base", MaxModelLen: 4096}) ||
+		l.Info["base"] != (ModelInfo{MaxModelLen: 4096}) {
+		t.Fatalf("models %v %v", l.IDs, l.Info)
+	}
+}
+
+// TestStoredResponsesPinTheirWorker (R21): a pick naming a stored response goes to the worker
+// that stored it whatever its load (draining included), only for the key that stored it; a
+// worker gone (or registered again: a new engine) is a 404 that says so; DELETE forgets.
+func TestStoredResponsesPinTheirWorker(t *testing.T) {
+	r := newRig(t, Config{})
+	r.join("w1", "m", 50)
+	r.join("w2", "m", 0)
+	r.deliver(nil, &StoreResponse{ID: "resp_1", WorkerID: "w1", Reg: r.regOf("w1"), Owner: 3})
+	q := r.newRequester()
+	pin := func(id string, owner int) *Picked {
+		q.tag++
+		r.deliver(q.pid, &Pick{Model: "m", Key: q.key, Requester: q.pid, Tag: q.tag, Response: id, Owner: owner})
+		return q.picked()
+	}
+	if p := pin("resp_1", 3); p.Err != nil || p.WorkerID != "w1" || p.ServedModel != "m" {
+		t.Fatalf("pinned pick: %+v", p)
+	}
+	if p := pin("resp_1", 4); !errors.Is(p.Err, errs.ErrNotFound) {
+		t.Fatalf("another key found the response: %+v", p)
+	}
+	w1 := r.workers[r.workerPID("w1").Id]
+	w1.info.Draining = true
+	r.report(w1)
+	if p := pin("resp_1", 3); p.WorkerID != "w1" {
+		t.Fatalf("a draining holder must still serve its response: %+v", p)
+	}
+	r.leave("w1")
+	r.join("w1", "m", 0)
+	p := pin("resp_1", 3)
+	if !errors.Is(p.Err, errs.ErrNotFound) || !strings.Contains(p.Err.Error(), "left") {
+		t.Fatalf("holder re-registered: %v, want a 404 saying it left", p.Err)
+	}
+	if r.st.responses.len() != 0 {
+		t.Fatalf("entry of a gone worker kept")
+	}
+	r.deliver(nil, &StoreResponse{ID: "resp_2", WorkerID: "w2", Reg: r.regOf("w2"), Owner: -1})
+	r.deliver(nil, &ForgetResponse{ID: "resp_2", Owner: 0})
+	if r.st.responses.len() != 1 {
+		t.Fatalf("another key's delete forgot the entry")
+	}
+	r.deliver(nil, &ForgetResponse{ID: "resp_2", Owner: -1})
+	if p := pin("resp_2", -1); !errors.Is(p.Err, errs.ErrNotFound) || !strings.Contains(p.Err.Error(), "known") {
+		t.Fatalf("deleted response: %v", p.Err)
+	}
+}
+
+// TestResponseTableIsBounded: the table keeps at most its size, the oldest forgotten first,
+// and a repeated id does not take a second place or move the first entry.
+func TestResponseTableIsBounded(t *testing.T) {
+	tab := newResponseTable(3)
+	for _, id := range []string{"a", "b", "a", "c", "d"} {
+		tab.store(&StoreResponse{ID: id, WorkerID: "w-" + id})
+	}
+	if tab.len() != 3 || len(tab.order) != 3 {
+		t.Fatalf("len %d ring %d, want 3", tab.len(), len(tab.order))
+	}
+	if _, ok := tab.byID["a"]; ok {
+		t.Fatal("the oldest entry survived")
+	}
+	tab.forget(&ForgetResponse{ID: "c"})
+	for i := range 10 {
+		tab.store(&StoreResponse{ID: string(rune('e' + i))})
+	}
+	if tab.len() != 3 {
+		t.Fatalf("len %d after churn", tab.len())
+	}
+}
