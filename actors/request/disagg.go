@@ -131,7 +131,7 @@ func (r *requestActor) tokenize(c actor.Context) {
 
 // tokenizeCall is POST /v1/tokenize on the prefill worker.
 func tokenizeCall(ctx context.Context, tr Upstream, url string, body []byte) tokenized {
-	req, err := upstreamRequest(ctx, url, body, http.Header{"Content-Type": jsonContentType})
+	req, err := upstreamRequest(ctx, "", url, body, http.Header{"Content-Type": jsonContentType})
 	if err != nil {
 		return tokenized{err: err}
 	}

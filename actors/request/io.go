@@ -3,6 +3,7 @@ package request
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -53,7 +54,25 @@ func (r *requestActor) upstreamBody() ([]byte, error) {
 	}
 	b := r.x.Body
 	var err error
-	if p.ServedModel != r.x.Req.Model {
+	if r.x.Method != "" && r.x.Method != http.MethodPost {
+		return nil, nil // GET, DELETE of a stored response: no body
+	}
+	if r.x.Kind.Multipart() {
+		// An audio form is relayed byte for byte; only its model value changes when the
+		// served model is another (R21).
+		if p.ServedModel != r.x.Req.Model {
+			boundary, err := oai.FormBoundary(r.x.ContentType)
+			if err != nil {
+				return nil, err
+			}
+			if b, err = oai.RewriteFormField(b, boundary, "model", p.ServedModel); err != nil {
+				return nil, err
+			}
+		}
+		r.upBody, r.upBodyFor = b, key
+		return b, nil
+	}
+	if p.ServedModel != r.x.Req.Model && r.x.Req.Model != "" {
 		if b, err = oai.RewriteModel(b, p.ServedModel); err != nil {
 			return nil, err
 		}
@@ -90,6 +109,13 @@ func (r *requestActor) attempt(c actor.Context) {
 	}
 	url := "http://" + r.picked.HTTPAddress + r.x.Path
 	stream, id, handle, tr := r.x.Req.Stream, r.x.ID, r.kvHandle, r.d.Transport
+	method, contentType := r.x.Method, jsonContentType
+	if r.x.ContentType != "" && r.x.Kind.Multipart() {
+		contentType = []string{r.x.ContentType}
+	}
+	// An engine's own 404/405 may say it has no such endpoint (R21): read when the request is
+	// not pinned to a stored response (whose holder's 404 is the client's answer).
+	probeNoRoute := r.x.Response == "" && r.x.Kind.Valid()
 	// A stream's first event is read by the same I/O step as its headers (nothing reaches the
 	// client before it, R14.1), so a stream costs the actor one result, not two.
 	firstEventToo := r.x.Req.Stream && !r.nonFinalStep()
@@ -97,7 +123,9 @@ func (r *requestActor) attempt(c actor.Context) {
 		// Canonical keys set directly; the constant values are shared (the transport only
 		// reads a request's headers).
 		h := make(http.Header, 5)
-		h["Content-Type"] = jsonContentType
+		if body != nil {
+			h["Content-Type"] = contentType
+		}
 		if stream {
 			h["Accept"] = sseAccept
 		}
@@ -105,13 +133,16 @@ func (r *requestActor) attempt(c actor.Context) {
 		if handle != "" {
 			h["X-Tl-Kv-Handle"] = []string{handle}
 		}
-		req, err := upstreamRequest(ctx, url, body, h)
+		req, err := upstreamRequest(ctx, method, url, body, h)
 		if err != nil {
 			return attemptResult{gen: gen, err: err}
 		}
 		resp, err := tr.RoundTrip(req)
 		if err == nil && firstEventToo && resp.StatusCode == http.StatusOK && isSSE(resp) {
 			return readFirstEvent(gen, resp)
+		}
+		if err == nil && probeNoRoute && (resp.StatusCode == http.StatusNotFound || resp.StatusCode == http.StatusMethodNotAllowed) {
+			return attemptResult{gen: gen, resp: resp, noRoute: engineHasNoRoute(resp)}
 		}
 		return attemptResult{gen: gen, resp: resp, err: err}
 	})
@@ -230,6 +261,10 @@ type relayer struct {
 	out *relayResult
 	// budget bounds the bytes of a JSON answer being buffered (nil: no bound).
 	budget *BufferBudget
+	// kind is the request's endpoint: what ends its stream (streamEnd). wantID: read the
+	// Responses answer's id into the result (R21: a stored response).
+	kind   oai.Kind
+	wantID bool
 }
 
 // clientLeft reports whether the client is gone (then nothing more is written to it).
@@ -286,10 +321,14 @@ func (rl relayer) json(gen int, tc *tokenCounter) relayResult {
 	}
 	tc.observe(body)
 	tc.events = 0 // a JSON answer is one answer, not events
+	var id string
+	if rl.wantID && rl.resp.StatusCode == http.StatusOK {
+		id = responseID(body)
+	}
 	rl.w.Header().Set("Content-Length", strconv.Itoa(len(body)))
 	rl.w.WriteHeader(rl.resp.StatusCode)
 	_, _ = rl.w.Write(body)
-	return relayResult{gen: gen, code: rl.resp.StatusCode, finished: true, ended: true}
+	return relayResult{gen: gen, code: rl.resp.StatusCode, finished: true, ended: true, responseID: id}
 }
 
 // sse forwards the stream as it arrives: each read from the engine is written and flushed at
@@ -310,11 +349,21 @@ func (rl relayer) sse(gen int, tc *tokenCounter) relayResult {
 	framer := newEventFramer()
 	defer framer.release()
 	var tail doneTail
+	var end streamEnd
+	var id string
+	idTries := 0
 	write := func(b []byte) bool {
 		if len(b) == 0 {
 			return true
 		}
 		tail.add(b)
+		end.observe(rl.kind, b)
+		if rl.wantID && id == "" && idTries < 4 {
+			// The id is in the stream's first event (response.created): looked for in the
+			// first few writes only, never in every event of a long stream.
+			idTries++
+			id = streamResponseID(b)
+		}
 		tc.observe(b)
 		if _, err := rl.w.Write(b); err != nil {
 			return false
@@ -358,12 +407,13 @@ func (rl relayer) sse(gen int, tc *tokenCounter) relayResult {
 			if !write(framer.rest()) {
 				return relayResult{gen: gen, code: statusClientGone}
 			}
-			if rl.resp.StatusCode == http.StatusOK && !tail.done() {
-				// A stream that ends without [DONE] did not finish, however cleanly the
-				// connection closed: the client must not take it for a whole answer.
-				return interrupted("the engine ended the stream without [DONE]", nil)
+			if rl.resp.StatusCode == http.StatusOK && !tail.done() && !end.seen {
+				// A stream that ends without its last event ([DONE]; a Responses or Messages
+				// stream's own end event) did not finish, however cleanly the connection
+				// closed: the client must not take it for a whole answer.
+				return interrupted("the engine ended the stream before its last event", nil)
 			}
-			return relayResult{gen: gen, code: rl.resp.StatusCode, finished: true, ended: true}
+			return relayResult{gen: gen, code: rl.resp.StatusCode, finished: true, ended: true, responseID: id}
 		}
 		if err != nil {
 			// Committed: a client still there gets the error event whatever cut the stream
@@ -473,8 +523,15 @@ func (t *doneTail) done() bool {
 // retry slot. Without this, each such race was a failover holding a retry slot and an outlier
 // failure against a healthy engine. net/http resends only requests it may treat as
 // idempotent: a nil "Idempotency-Key" entry says so and puts nothing on the wire.
-func upstreamRequest(ctx context.Context, url string, body []byte, h http.Header) (*http.Request, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+func upstreamRequest(ctx context.Context, method, url string, body []byte, h http.Header) (*http.Request, error) {
+	if method == "" {
+		method = http.MethodPost
+	}
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, url, rd)
 	if err != nil {
 		return nil, err
 	}
@@ -487,3 +544,105 @@ func upstreamRequest(ctx context.Context, url string, body []byte, h http.Header
 // gatewayHeader reports whether an answer's header k is the gateway's own (set before the
 // request reached the actor), which survives when the engine's headers are dropped.
 func gatewayHeader(k string) bool { return k == "X-Request-Id" || k == "X-Content-Type-Options" }
+
+// noRouteProbe bounds what is read of an engine's 404/405 to tell its HTTP server's "no such
+// path" from an API error (engineHasNoRoute).
+const noRouteProbe = 4 << 10
+
+// engineHasNoRoute reads the start of an engine's 404 or 405 and reports whether it is its
+// HTTP server saying the path (or method) is not served (R21): any 405, or a 404 whose body is
+// no API error (FastAPI's {"detail":"Not Found"}, Go's "404 page not found", nothing). A 404
+// that is an API error ("message", "error": an unknown model, a missing stored response) is
+// the engine's answer to the request, relayed to the client. The bytes read stay in front of
+// the body, so either way the answer is whole.
+func engineHasNoRoute(resp *http.Response) bool {
+	head, _ := io.ReadAll(io.LimitReader(resp.Body, noRouteProbe))
+	resp.Body = readCloser{io.MultiReader(bytes.NewReader(head), resp.Body), resp.Body}
+	if resp.StatusCode == http.StatusMethodNotAllowed {
+		return true
+	}
+	return !bytes.Contains(head, []byte(`"message"`)) && !bytes.Contains(head, []byte(`"error"`))
+}
+
+// readCloser reads from r and closes c.
+type readCloser struct {
+	io.Reader
+	c io.Closer
+}
+
+func (rc readCloser) Close() error { return rc.c.Close() }
+
+// streamEnd sees the event that ends a stream of the Responses API (response.completed,
+// response.incomplete or response.failed) or of Anthropic's Messages API (message_stop), which
+// send no [DONE] (R21). observe gets whole events (the framer's output), so an event type is
+// never split between two calls.
+type streamEnd struct{ seen bool }
+
+var (
+	responsesEnds = [...][]byte{[]byte("event: response.completed"), []byte("event: response.incomplete"), []byte("event: response.failed"),
+		[]byte(`"type":"response.completed"`), []byte(`"type":"response.incomplete"`), []byte(`"type":"response.failed"`)}
+	messagesEnds = [...][]byte{[]byte("event: message_stop"), []byte(`"type":"message_stop"`)}
+)
+
+func (e *streamEnd) observe(k oai.Kind, b []byte) {
+	if e.seen {
+		return
+	}
+	switch k {
+	case oai.Responses:
+		for _, m := range responsesEnds {
+			if bytes.Contains(b, m) {
+				e.seen = true
+				return
+			}
+		}
+	case oai.Messages:
+		for _, m := range messagesEnds {
+			if bytes.Contains(b, m) {
+				e.seen = true
+				return
+			}
+		}
+	}
+}
+
+// responseID is the "id" of a Responses API answer (a JSON object), "" when it has none that
+// can name a stored response.
+func responseID(body []byte) string {
+	raw, ok := oai.Field(body, "id")
+	if !ok {
+		return ""
+	}
+	var id string
+	if json.Unmarshal(raw, &id) != nil || !oai.ValidResponseID(id) {
+		return ""
+	}
+	return id
+}
+
+// streamResponseID is the response id of a Responses stream's events b (whole events): the
+// "response" object's id in the first event that carries one (response.created), "" when b
+// has none.
+func streamResponseID(b []byte) string {
+	for len(b) > 0 {
+		line := b
+		if i := bytes.IndexByte(b, '\n'); i >= 0 {
+			line, b = b[:i], b[i+1:]
+		} else {
+			b = nil
+		}
+		data, ok := bytes.CutPrefix(bytes.TrimRight(line, "\r"), []byte("data:"))
+		if !ok {
+			continue
+		}
+		var ev struct {
+			Response *struct {
+				ID string `json:"id"`
+			} `json:"response"`
+		}
+		if json.Unmarshal(bytes.TrimSpace(data), &ev) == nil && ev.Response != nil && oai.ValidResponseID(ev.Response.ID) {
+			return ev.Response.ID
+		}
+	}
+	return ""
+}

@@ -360,9 +360,13 @@ func (m *mrig) noMoreReleases() {
 	}
 }
 
-// codes is the requests counted by status code.
+// codes is the requests counted by status code, over every endpoint.
 func (m *mrig) code(route, model string, code int) float64 {
-	return testutil.ToFloat64(m.d.Metrics.requests.WithLabelValues(route, model, fmt.Sprint(code)))
+	var n float64
+	for _, k := range append(oai.Kinds(), 0) {
+		n += testutil.ToFloat64(m.d.Metrics.requests.WithLabelValues(route, model, EndpointLabel(k), fmt.Sprint(code)))
+	}
+	return n
 }
 
 // reply is an engine answer.

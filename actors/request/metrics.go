@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tlgw/tlgw/internal/oai"
 )
 
 // UnknownLabel is the route and model label of a request the router named no route for (an
@@ -34,11 +36,17 @@ type Metrics struct {
 	// names, status codes), so these caches are bounded like the series themselves.
 	transitionCounters [len(stateNames)][len(stateNames)]atomic.Pointer[prometheus.Counter]
 	doneCounters       sync.Map // doneKey → prometheus.Counter
-	firstByteObservers sync.Map // route → prometheus.Observer
+	firstByteObservers sync.Map // ttfbKey → prometheus.Observer
+}
+
+type ttfbKey struct {
+	route    string
+	endpoint oai.Kind
 }
 
 type doneKey struct {
 	route, model string
+	endpoint     oai.Kind
 	code         int
 }
 
@@ -47,8 +55,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tlgw_requests_total",
-			Help: "Inference requests by public route, served model and HTTP status (499: the client left).",
-		}, []string{"route", "model", "code"}),
+			Help: "Inference requests by public route, served model, serving endpoint and HTTP status (499: the client left).",
+		}, []string{"route", "model", "endpoint", "code"}),
 		transitions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tlgw_request_transitions_total",
 			Help: "Request state machine transitions.",
@@ -65,7 +73,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name:    "tlgw_time_to_first_byte_seconds",
 			Help:    "From request arrival to the engine's response headers (a stream: its first event).",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
-		}, []string{"route"}),
+		}, []string{"route", "endpoint"}),
 		cascade: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tlgw_cascade_steps_total",
 			Help: "Cascade steps judged: accepted or escalated.",
@@ -121,11 +129,19 @@ var stageNames = [numStages]string{"parse", "queue", "pick", "upstream_first_byt
 
 func (m *Metrics) stage(s int, d time.Duration) { m.stages[s].Observe(d.Seconds()) }
 
-func (m *Metrics) done(route, model string, code int) {
-	k := doneKey{route, model, code}
-	c, ok := m.doneCounters.Load(k)
+// EndpointLabel is the endpoint label of kind k: its endpoint name, or "unknown".
+func EndpointLabel(k oai.Kind) string {
+	if k.Valid() {
+		return k.Endpoint()
+	}
+	return UnknownLabel
+}
+
+func (m *Metrics) done(route, model string, k oai.Kind, code int) {
+	key := doneKey{route, model, k, code}
+	c, ok := m.doneCounters.Load(key)
 	if !ok {
-		c, _ = m.doneCounters.LoadOrStore(k, m.requests.WithLabelValues(route, model, strconv.Itoa(code)))
+		c, _ = m.doneCounters.LoadOrStore(key, m.requests.WithLabelValues(route, model, EndpointLabel(k), strconv.Itoa(code)))
 	}
 	c.(prometheus.Counter).Inc()
 }
@@ -145,10 +161,11 @@ func (m *Metrics) transition(from, to State) {
 	(*c).Inc()
 }
 
-func (m *Metrics) ttfb(route string, d time.Duration) {
-	o, ok := m.firstByteObservers.Load(route)
+func (m *Metrics) ttfb(route string, k oai.Kind, d time.Duration) {
+	key := ttfbKey{route, k}
+	o, ok := m.firstByteObservers.Load(key)
 	if !ok {
-		o, _ = m.firstByteObservers.LoadOrStore(route, m.firstByte.WithLabelValues(route))
+		o, _ = m.firstByteObservers.LoadOrStore(key, m.firstByte.WithLabelValues(route, EndpointLabel(k)))
 	}
 	o.(prometheus.Observer).Observe(d.Seconds())
 }

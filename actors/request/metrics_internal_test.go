@@ -1,6 +1,8 @@
 package request
 
 import (
+	"github.com/tlgw/tlgw/internal/oai"
+
 	"sync"
 	"testing"
 	"time"
@@ -21,13 +23,13 @@ func TestMetricsResolvedOnceCountEveryCall(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := 0; i < each; i++ {
-				m.done("r", "m", 200)
+				m.done("r", "m", oai.Chat, 200)
 				m.transition(Routing, Attempting)
-				m.ttfb("r", time.Millisecond)
+				m.ttfb("r", oai.Chat, time.Millisecond)
 				if i%5 == 0 {
-					m.done("r", "m", 502)
+					m.done("r", "m", oai.Embeddings, 502)
 					m.transition(Attempting, Relaying)
-					m.ttfb("other", time.Millisecond)
+					m.ttfb("other", oai.Chat, time.Millisecond)
 				}
 			}
 		}()
@@ -38,8 +40,8 @@ func TestMetricsResolvedOnceCountEveryCall(t *testing.T) {
 		got, want float64
 		what      string
 	}{
-		{testutil.ToFloat64(m.requests.WithLabelValues("r", "m", "200")), n, "200s"},
-		{testutil.ToFloat64(m.requests.WithLabelValues("r", "m", "502")), fifth, "502s"},
+		{testutil.ToFloat64(m.requests.WithLabelValues("r", "m", "chat", "200")), n, "200s"},
+		{testutil.ToFloat64(m.requests.WithLabelValues("r", "m", "embeddings", "502")), fifth, "502s"},
 		{testutil.ToFloat64(m.transitions.WithLabelValues("routing", "attempting")), n, "routing→attempting"},
 		{testutil.ToFloat64(m.transitions.WithLabelValues("attempting", "relaying")), fifth, "attempting→relaying"},
 	} {
@@ -49,7 +51,7 @@ func TestMetricsResolvedOnceCountEveryCall(t *testing.T) {
 	}
 	for route, want := range map[string]uint64{"r": uint64(n), "other": uint64(fifth)} {
 		var d dto.Metric
-		if err := m.firstByte.WithLabelValues(route).(prometheus.Metric).Write(&d); err != nil {
+		if err := m.firstByte.WithLabelValues(route, "chat").(prometheus.Metric).Write(&d); err != nil {
 			t.Fatal(err)
 		}
 		if got := d.GetHistogram().GetSampleCount(); got != want {

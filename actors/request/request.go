@@ -59,6 +59,17 @@ type Exchange struct {
 	// Rendered is the whole rendered prompt when the adapter parsed it with the body
 	// (oai.ParseRendered, one pass); nil: the actor renders it itself when it needs it.
 	Rendered []byte
+	// R21. Method is the engine call's method ("" = POST; GET and DELETE for a stored
+	// response). ContentType is the body's as the client sent it, relayed for a multipart form
+	// ("" = application/json). Response names the stored response the request must reach (GET,
+	// DELETE, or the body's previous_response_id): the router pins it to the worker that
+	// stored it. Owner is the API key's index (-1: none): a stored response belongs to its key.
+	// Errors answers in the API's own error shape (nil: Deps.Errors, OpenAI's).
+	Method      string
+	ContentType string
+	Response    string
+	Owner       int
+	Errors      ErrorWriter
 
 	done   chan struct{}
 	tokens int64 // set before done is closed
@@ -73,7 +84,7 @@ func (x *Exchange) Tokens() int64 { return x.tokens }
 func NewExchange(ctx context.Context, w http.ResponseWriter, path string, kind oai.Kind, id string,
 	debug bool, body []byte, req oai.Request, start time.Time) *Exchange {
 	return &Exchange{W: w, Ctx: ctx, Path: path, Kind: kind, ID: id, Debug: debug, Body: body, Req: req,
-		Start: start, done: make(chan struct{})}
+		Start: start, Owner: -1, done: make(chan struct{})}
 }
 
 // Done is closed once the client has its terminal outcome and nothing writes to W any more.
@@ -415,8 +426,10 @@ func (r *requestActor) start(c actor.Context) {
 	// The labels are the router's names for the request (R13.4): until it has named a route,
 	// the model is "unknown", so no client string ever becomes a metric label.
 	r.route, r.served = UnknownLabel, UnknownLabel
-	if !r.x.Req.Stream {
-		r.cascadeStep = 0 // a cascade route starts at its first step; other routes ignore it
+	if !r.x.Req.Stream && r.x.Kind <= oai.Chat {
+		// A cascade route starts at its first step; other routes ignore it. Streams, and the
+		// endpoints whose answers carry no logprobs to judge (R21), go to its last.
+		r.cascadeStep = 0
 	}
 	r.state = Routing
 	if r.x.ParseTime > 0 {
@@ -459,7 +472,8 @@ func (r *requestActor) pick(c actor.Context) {
 	p := &router.Pick{
 		Model: r.x.Req.Model, RequestID: r.x.ID, Key: r.key, Requester: c.Self(),
 		PrefixHash: prefixHash(r.x.Req.PrefixKey), PrefixHashes: r.hashes, Exclude: r.exclude,
-		Step: r.cascadeStep, Tag: tag, SLOTTFTMs: r.x.SLOTTFTMs,
+		Step: r.cascadeStep, Tag: tag, SLOTTFTMs: r.x.SLOTTFTMs, Endpoint: r.x.Kind,
+		Response: r.x.Response, Owner: r.x.Owner,
 	}
 	if r.d.Admission {
 		// Every pick of the request names its admission: the router admits the first it
@@ -632,7 +646,7 @@ func (r *requestActor) finish(c actor.Context, code int) {
 	r.releaseAll(c.Send)
 	r.unwatchWorkers(c)
 	r.code = code
-	r.d.Metrics.done(r.route, r.served, code)
+	r.d.Metrics.done(r.route, r.served, r.x.Kind, code)
 	r.finished = true
 	r.x.tokens = r.relayOut.cost(len(r.x.Body))
 	r.tellFinished(c.Send, r.x.tokens, !r.answered(code))
@@ -664,7 +678,15 @@ func (r *requestActor) tellFinished(send func(*actor.PID, any), tokens int64, ab
 
 // fail answers an error to a client that has received nothing yet and finishes.
 func (r *requestActor) fail(c actor.Context, err error) {
-	r.finish(c, r.d.Errors.Error(r.x.W, err))
+	r.finish(c, r.errs().Error(r.x.W, err))
+}
+
+// errs answers errors in the shape of the request's API.
+func (r *requestActor) errs() ErrorWriter {
+	if r.x.Errors != nil {
+		return r.x.Errors
+	}
+	return r.d.Errors
 }
 
 // statusClientGone is recorded (never sent) when the client left first.
@@ -692,9 +714,9 @@ func (r *requestActor) stopping(c actor.Context) {
 	r.stopFaultTimers()
 	r.budgetEnd()
 	r.endWatch()
-	ioDone, x, committed, stream, ew, out := r.ioDone, r.x, r.committed, r.x.Req.Stream, r.d.Errors, r.relayOut
+	ioDone, x, committed, stream, ew, out := r.ioDone, r.x, r.committed, r.x.Req.Stream, r.errs(), r.relayOut
 	kvHandle, releaseKV := r.kvHandle, r.kvRelease()
-	route, served, metrics := r.route, r.served, r.d.Metrics
+	route, served, metrics, kind := r.route, r.served, r.d.Metrics, r.x.Kind
 	hold := r.cascadeHold
 	go func() {
 		if ioDone != nil {
@@ -720,7 +742,7 @@ func (r *requestActor) stopping(c actor.Context) {
 		default:
 			code = ew.Error(x.W, fmt.Errorf("the gateway failed while serving the request: %w", errs.ErrUpstream))
 		}
-		metrics.done(route, served, code)
+		metrics.done(route, served, kind, code)
 		close(x.done)
 	}()
 }

@@ -79,7 +79,7 @@ func TestRequestOnAClosedKeptConnectionIsResent(t *testing.T) {
 			t.Cleanup(cancel)
 			h := make(http.Header, 2)
 			h["Content-Type"] = jsonContentType
-			req, err := upstreamRequest(ctx, "http://"+addr+"/v1/completions", []byte(`{"prompt":"hi"}`), h)
+			req, err := upstreamRequest(ctx, "", "http://"+addr+"/v1/completions", []byte(`{"prompt":"hi"}`), h)
 			if err != nil {
 				t.Fatal(err)
 			}

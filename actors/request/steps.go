@@ -15,6 +15,7 @@ import (
 	"github.com/tlgw/tlgw/actors/router"
 	"github.com/tlgw/tlgw/internal/cascade"
 	"github.com/tlgw/tlgw/internal/errs"
+	"github.com/tlgw/tlgw/internal/oai"
 )
 
 func prefixHash(key []byte) uint64 { return xxhash.Sum64(key) }
@@ -25,6 +26,8 @@ type (
 		gen  int
 		resp *http.Response
 		err  error
+		// noRoute: the engine's 404/405 is its server saying it has no such endpoint (R21).
+		noRoute bool
 	}
 	bufferedResult struct {
 		gen    int
@@ -41,6 +44,8 @@ type (
 		shed     bool  // the answer found no room in the buffer budget (503 overloaded, R20)
 		usage    int64 // usage.total_tokens of the answer (−1: none seen)
 		events   int64 // SSE events relayed
+		// responseID is a Responses API answer's id (R21; "" when not asked for or not found).
+		responseID string
 	}
 	tokenized struct {
 		gen int
@@ -282,6 +287,10 @@ func (r *requestActor) stepAttempting(c actor.Context, msg any) {
 	if r.tooLate(c, m) {
 		return
 	}
+	if m.noRoute {
+		r.unsupported(c, m.resp)
+		return
+	}
 	if m.resp.StatusCode == http.StatusServiceUnavailable {
 		_, _ = io.Copy(io.Discard, io.LimitReader(m.resp.Body, 64<<10))
 		m.resp.Body.Close()
@@ -303,6 +312,33 @@ func (r *requestActor) stepAttempting(c actor.Context, msg any) {
 	r.relay(c, m.resp, nil, nil)
 }
 
+// unsupported moves on from a worker whose engine does not serve the request's endpoint
+// (R21): the router marks it so for a while, and the request goes to another worker. This is
+// no failure of the engine (no verdict, no retry-budget slot, not one of max_attempts): each
+// such worker is marked and excluded, so the picks end when no worker of the model is left
+// that may serve the endpoint, with a 404 saying so.
+func (r *requestActor) unsupported(c actor.Context, resp *http.Response) {
+	p := r.picked
+	resp.Body.Close() // unread: the connection closes rather than the actor wait for the rest
+	c.Send(r.d.Router, &router.EndpointUnsupported{WorkerID: p.WorkerID, Reg: p.WorkerReg, Endpoint: r.x.Kind})
+	r.logger().Info("the engine does not serve this endpoint; marked and routed again", "worker", p.WorkerID,
+		"endpoint", r.x.Kind.Endpoint(), "status", resp.StatusCode)
+	r.stopFirstByteTimer()
+	r.endIO()
+	r.releaseWorker(c, p.Worker, router.OutcomeNone)
+	r.releaseAll(c.Send)
+	r.exclude = append(r.exclude, p.WorkerID)
+	r.release(c, func(c actor.Context) {
+		if r.gone {
+			r.finish(c, statusClientGone)
+			return
+		}
+		r.picked = nil
+		r.become(Routing)
+		r.pick(c)
+	})
+}
+
 // tooLate fails over from an answer (headers, or a stream's first event) that arrived after
 // stream_first_byte_timeout fired: the timer's message was handled first and cancelled the
 // attempt's context (request_timeout's are faultStep's), so however whole the answer reads — a
@@ -322,7 +358,7 @@ func (r *requestActor) tooLate(c actor.Context, msg any) bool {
 func (r *requestActor) firstByte() {
 	r.retried()
 	now := time.Now()
-	r.d.Metrics.ttfb(r.route, now.Sub(r.x.Start))
+	r.d.Metrics.ttfb(r.route, r.x.Kind, now.Sub(r.x.Start))
 	r.d.Metrics.stage(stageUpstream, now.Sub(r.attemptAt))
 	r.relayAt = now
 }
@@ -361,8 +397,9 @@ func (r *requestActor) relay(c actor.Context, resp *http.Response, first []byte,
 	r.writeHeaders(resp.Header)
 	route, metrics := r.route, r.d.Metrics
 	r.relayOut = &r.relayRes
-	rl := relayer{w: r.x.W, client: r.x.Ctx, resp: resp, body: body, first: first, buf: buf, log: r.d.Logger, id: r.x.ID, worker: p.WorkerID, errs: r.d.Errors, out: r.relayOut, budget: r.d.BufferBudget,
-		interrupts: metrics.interrupts, route: route}
+	rl := relayer{w: r.x.W, client: r.x.Ctx, resp: resp, body: body, first: first, buf: buf, log: r.d.Logger, id: r.x.ID, worker: p.WorkerID, errs: r.errs(), out: r.relayOut, budget: r.d.BufferBudget,
+		interrupts: metrics.interrupts, route: route, kind: r.x.Kind,
+		wantID: r.x.Kind == oai.Responses && r.x.Req.Store && (r.x.Method == "" || r.x.Method == http.MethodPost)}
 	r.become(Relaying)
 	r.runIO(c, func(ctx context.Context, gen int) any { rl.ctx = ctx; return rl.run(gen) })
 }
@@ -424,7 +461,23 @@ func (r *requestActor) stepRelaying(c actor.Context, msg any) {
 	}
 	r.releaseWorker(c, r.picked.Worker, outcome(m.cut(), r.upStatus))
 	r.releaseAll(c.Send)
+	r.stored(c, m)
 	r.release(c, r.finishing(m.code))
+}
+
+// stored tells the router of a stored response the engine answered (R21): a Responses answer
+// with store on, relayed whole with 200, is now on the picked worker; a DELETE of one that
+// succeeded is gone.
+func (r *requestActor) stored(c actor.Context, m relayResult) {
+	if !m.finished || m.code != http.StatusOK {
+		return
+	}
+	switch {
+	case m.responseID != "":
+		c.Send(r.d.Router, &router.StoreResponse{ID: m.responseID, WorkerID: r.picked.WorkerID, Reg: r.picked.WorkerReg, Owner: r.x.Owner})
+	case r.x.Method == http.MethodDelete && r.x.Response != "":
+		c.Send(r.d.Router, &router.ForgetResponse{ID: r.x.Response, Owner: r.x.Owner})
+	}
 }
 
 // release gives back a KV handle that will not be consumed, through Releasing, and then runs

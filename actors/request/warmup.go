@@ -118,7 +118,7 @@ func (r *requestActor) warmup(c actor.Context, p *router.Picked) {
 
 // sendWarmup posts body to url and reads (a bounded part of) the answer.
 func sendWarmup(ctx context.Context, tr Upstream, url string, body []byte) int {
-	req, err := upstreamRequest(ctx, url, body, http.Header{"Content-Type": jsonContentType})
+	req, err := upstreamRequest(ctx, "", url, body, http.Header{"Content-Type": jsonContentType})
 	if err != nil {
 		return warmFailed
 	}

@@ -266,7 +266,7 @@ func TestBadInput(t *testing.T) {
 		{"unknown key", "/v1/completions", "sk-nope", `{"model":"smol","prompt":"x"}`, nil, 401, "invalid_api_key"},
 		{"admin key on /v1", "/v1/completions", "sk-admin", `{"model":"smol","prompt":"x"}`, nil, 403, "insufficient_scope"},
 		{"unknown model", "/v1/completions", "sk-inference", `{"model":"gpt-9","prompt":"x"}`, nil, 404, "model_not_found"},
-		{"unknown path", "/v1/embeddings", "sk-inference", `{}`, nil, 404, "not_found"},
+		{"unknown path", "/v1/images/generations", "sk-inference", `{}`, nil, 404, "not_found"},
 		{"wrong method", "/v1/completions", "sk-inference", ``, []string{"X-Method", "GET"}, 405, "method_not_allowed"},
 	}
 	for _, c := range cases {
@@ -312,7 +312,7 @@ func TestHealthAndReadiness(t *testing.T) {
 	}
 	s.do(t, "POST", "/v1/completions", "sk-inference", `{"model":"smol","prompt":"x"}`)
 	resp, b := s.do(t, "GET", "/metrics", "", "")
-	for _, want := range []string{`tlgw_requests_total{code="200",model="smol",route="smol"} 1`, `tlgw_routing_decisions_total{policy="least_outstanding",reason="least_load"} 1`, `tlgw_workers{state="routable"} 1`} {
+	for _, want := range []string{`tlgw_requests_total{code="200",endpoint="completions",model="smol",route="smol"} 1`, `tlgw_routing_decisions_total{policy="least_outstanding",reason="least_load"} 1`, `tlgw_workers{state="routable"} 1`} {
 		if resp.StatusCode != 200 || !strings.Contains(string(b), want) {
 			t.Fatalf("metrics lack %q:\n%s", want, b)
 		}

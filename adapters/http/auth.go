@@ -81,6 +81,12 @@ func (kr *keyring) authorize(r *http.Request, need scope) (keyMatch, error) {
 	}
 	h := r.Header.Get("Authorization")
 	token, ok := strings.CutPrefix(h, "Bearer ")
+	if h == "" && need == scopeInference {
+		// R21: Anthropic's clients send their key as x-api-key; it is a key like a bearer one,
+		// for inference only (the admin API takes the Authorization header alone).
+		token = r.Header.Get("X-Api-Key")
+		ok = token != ""
+	}
 	if !ok || token == "" {
 		return keyMatch{}, fmt.Errorf("missing bearer API key in the Authorization header: %w", errs.ErrInvalidAPIKey)
 	}

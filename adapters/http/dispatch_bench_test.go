@@ -45,7 +45,7 @@ func BenchmarkDispatch(b *testing.B) {
 	for _, c := range []struct{ name, method, path string }{
 		{"healthz", "GET", "/healthz"},
 		{"model", "GET", "/v1/models/smol"},
-		{"unknown", "POST", "/v1/embeddings"},
+		{"unknown", "POST", "/v1/images/generations"},
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			r := httptest.NewRequest(c.method, c.path, nil)

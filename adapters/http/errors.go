@@ -4,9 +4,11 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"strings"
 
 	"github.com/tlgw/tlgw/actors/request"
 	"github.com/tlgw/tlgw/internal/errs"
+	"github.com/tlgw/tlgw/internal/oai"
 )
 
 // apiError is the OpenAI error shape: {"error":{"message":…,"type":…,"code":…}}.
@@ -118,3 +120,116 @@ func (ErrorWriter) Error(w http.ResponseWriter, err error) int { return writeErr
 
 // SSEError implements request.ErrorWriter.
 func (ErrorWriter) SSEError(w http.ResponseWriter, message string) { _, _ = w.Write(sseError(message)) }
+
+// The APIs' error shapes (R21). Every endpoint answers in OpenAI's shape but Anthropic's
+// Messages API, whose clients read {"type":"error","error":{"type","message"}} and, in a
+// stream, an "error" event of that shape; a Responses stream ends in OpenAI's Responses error
+// event ({"type":"error","code","message"}).
+
+// errorsFor is the error writer of an endpoint.
+func errorsFor(k oai.Kind) request.ErrorWriter {
+	switch k {
+	case oai.Messages:
+		return AnthropicErrorWriter{}
+	case oai.Responses:
+		return ResponsesErrorWriter{}
+	}
+	return ErrorWriter{}
+}
+
+// anthropicPath reports whether path is Anthropic's API (its errors take its shape).
+func anthropicPath(path string) bool {
+	return path == "/v1/messages" || strings.HasPrefix(path, "/v1/messages/")
+}
+
+// writeErrorFor answers err in the shape of r's API.
+func writeErrorFor(w http.ResponseWriter, r *http.Request, err error) int {
+	if anthropicPath(r.URL.Path) {
+		return writeAnthropicError(w, err)
+	}
+	return writeError(w, err)
+}
+
+type anthropicError struct {
+	Type  string             `json:"type"`
+	Error anthropicErrorBody `json:"error"`
+}
+
+type anthropicErrorBody struct {
+	Type    string `json:"type"`
+	Message string `json:"message"`
+}
+
+// anthropicType is Anthropic's error type for an HTTP status.
+func anthropicType(status int) string {
+	switch status {
+	case http.StatusBadRequest, http.StatusMethodNotAllowed, http.StatusRequestTimeout,
+		http.StatusPreconditionFailed, http.StatusPreconditionRequired:
+		return "invalid_request_error"
+	case http.StatusUnauthorized:
+		return "authentication_error"
+	case http.StatusForbidden:
+		return "permission_error"
+	case http.StatusNotFound:
+		return "not_found_error"
+	case http.StatusRequestEntityTooLarge:
+		return "request_too_large"
+	case http.StatusTooManyRequests:
+		return "rate_limit_error"
+	case http.StatusServiceUnavailable:
+		return "overloaded_error"
+	}
+	return "api_error"
+}
+
+// writeAnthropicError answers err in Anthropic's shape, with the status the one mapping gives.
+func writeAnthropicError(w http.ResponseWriter, err error) int {
+	status, _, _ := mapError(err)
+	body, _ := json.Marshal(anthropicError{Type: "error", Error: anthropicErrorBody{Type: anthropicType(status), Message: err.Error()}})
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	if status == http.StatusUnauthorized {
+		h.Set("WWW-Authenticate", `Bearer realm="tlgw"`)
+	}
+	w.WriteHeader(status)
+	_, _ = w.Write(body)
+	return status
+}
+
+// AnthropicErrorWriter answers the errors of Anthropic's Messages API.
+type AnthropicErrorWriter struct{}
+
+// Error implements request.ErrorWriter.
+func (AnthropicErrorWriter) Error(w http.ResponseWriter, err error) int { return writeAnthropicError(w, err) }
+
+// SSEError implements request.ErrorWriter: Anthropic's error event.
+func (AnthropicErrorWriter) SSEError(w http.ResponseWriter, message string) {
+	body, _ := json.Marshal(anthropicError{Type: "error", Error: anthropicErrorBody{Type: "api_error", Message: message}})
+	_, _ = w.Write(sseEvent(body))
+}
+
+// ResponsesErrorWriter answers the errors of the Responses API: OpenAI's shape, and its
+// stream's error event.
+type ResponsesErrorWriter struct{}
+
+// Error implements request.ErrorWriter.
+func (ResponsesErrorWriter) Error(w http.ResponseWriter, err error) int { return writeError(w, err) }
+
+// SSEError implements request.ErrorWriter: the Responses API's error event.
+func (ResponsesErrorWriter) SSEError(w http.ResponseWriter, message string) {
+	body, _ := json.Marshal(struct {
+		Type    string  `json:"type"`
+		Code    string  `json:"code"`
+		Message string  `json:"message"`
+		Param   *string `json:"param"`
+	}{Type: "error", Code: "stream_interrupted", Message: message})
+	_, _ = w.Write(sseEvent(body))
+}
+
+// sseEvent is an "error" event carrying data.
+func sseEvent(data []byte) []byte {
+	out := make([]byte, 0, len(data)+32)
+	out = append(out, "event: error\ndata: "...)
+	out = append(out, data...)
+	return append(out, "\n\n"...)
+}

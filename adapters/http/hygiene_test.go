@@ -51,7 +51,7 @@ func TestUnknownModelsAddNoSeries(t *testing.T) {
 	if after := series(); after != before {
 		t.Fatalf("1,000 unknown models: %d series before, %d after", before, after)
 	}
-	if !strings.Contains(s.metricsText(t), `tlgw_requests_total{code="404",model="unknown",route="unknown"} 1002`) {
+	if !strings.Contains(s.metricsText(t), `tlgw_requests_total{code="404",endpoint="completions",model="unknown",route="unknown"} 1002`) {
 		t.Fatalf("unknown models are not counted under model=\"unknown\":\n%s", s.metricsText(t))
 	}
 }

@@ -21,6 +21,12 @@ import (
 // waits until it has.
 func (s *Server) inference(w http.ResponseWriter, r *http.Request, kind oai.Kind, id string, km keyMatch) {
 	start := time.Now()
+	ew := errorsFor(kind)
+	writeError := ew.Error // the API's own error shape (Anthropic's on /v1/messages)
+	refuseRateLimited := func(w http.ResponseWriter, wait time.Duration, why string) int {
+		w.Header().Set("Retry-After", strconv.FormatInt(int64(math.Ceil(wait.Seconds())), 10))
+		return writeError(w, fmt.Errorf("%s: %w", why, errs.ErrRateLimited))
+	}
 	if s.draining.Load() {
 		w.Header().Set("Connection", "close")
 		s.metrics.reject(writeError(w, fmt.Errorf("the gateway is shutting down: %w", errs.ErrShuttingDown)))
@@ -64,9 +70,12 @@ func (s *Server) inference(w http.ResponseWriter, r *http.Request, kind oai.Kind
 	parseStart := time.Now()
 	var req oai.Request
 	var rendered []byte
-	if s.renderPrompts {
+	switch {
+	case kind.Multipart():
+		req, err = oai.ParseMultipart(kind, r.Header.Get("Content-Type"), body)
+	case s.renderPrompts:
 		req, rendered, err = oai.ParseRendered(kind, body, len(body))
-	} else {
+	default:
 		req, err = oai.Parse(kind, body)
 	}
 	if err != nil {
@@ -95,7 +104,10 @@ func (s *Server) inference(w http.ResponseWriter, r *http.Request, kind oai.Kind
 		}()
 	}
 	x := request.NewExchange(r.Context(), w, r.URL.Path, kind, id, km.scopes&scopeDebug != 0, body, req, start)
-	x.Rendered = rendered
+	x.Rendered, x.Owner, x.Response, x.Errors = rendered, km.index, req.Previous, ew
+	if kind.Multipart() {
+		x.ContentType = r.Header.Get("Content-Type")
+	}
 	if v := r.Header["X-Tl-Slo-Ttft-Ms"]; len(v) > 0 { // X-TL-SLO-TTFT-Ms, canonical: no allocation
 		if x.SLOTTFTMs, err = sloTTFT(v); err != nil {
 			s.metrics.reject(writeError(w, err))
@@ -285,4 +297,51 @@ func sessionID(header, user string) (string, error) {
 		return user, nil
 	}
 	return "", nil
+}
+
+// storedResponse serves GET and DELETE /v1/responses/{id} and POST /v1/responses/{id}/cancel
+// (R21): the call goes to the worker that stored the response, with the key's limits and the
+// gateway's in-flight bound like any request. The id must be one path segment of printable
+// ASCII; the call carries no body and no query (a stream of a stored response is not offered).
+func (s *Server) storedResponse(w http.ResponseWriter, r *http.Request, method, id string, km keyMatch) {
+	start := time.Now()
+	ew := ResponsesErrorWriter{}
+	if s.draining.Load() {
+		w.Header().Set("Connection", "close")
+		s.metrics.reject(ew.Error(w, fmt.Errorf("the gateway is shutting down: %w", errs.ErrShuttingDown)))
+		return
+	}
+	rid := r.PathValue("id")
+	if !oai.ValidResponseID(rid) {
+		s.metrics.reject(ew.Error(w, fmt.Errorf("a response id is 1 to %d printable ASCII characters: %w", oai.MaxResponseIDLen, errs.ErrInvalidRequest)))
+		return
+	}
+	lim := km.limits.PerReplica(int(s.replicas.Load()))
+	if km.index >= 0 && lim.Any() {
+		if lim.RPM > 0 {
+			st, ok := s.limiter.Allow(km.index, lim)
+			rateLimitHeaders(w.Header(), st)
+			if !ok {
+				s.metrics.reject(refuseRateLimited(w, st.RetryAfter, "the API key is over its rate limit"))
+				return
+			}
+		}
+		if !s.limiter.Enter(km.index, lim) {
+			s.metrics.reject(refuseRateLimited(w, ratelimit.ReservedWait,
+				fmt.Sprintf("the API key has its limit of %d requests in flight", lim.InFlight)))
+			return
+		}
+		defer s.limiter.Leave(km.index)
+	}
+	release, err := s.enter()
+	if err != nil {
+		s.metrics.reject(ew.Error(w, err))
+		return
+	}
+	defer release()
+	x := request.NewExchange(r.Context(), w, r.URL.Path, oai.Responses, id, km.scopes&scopeDebug != 0, nil,
+		oai.Request{PrefixKey: []byte{}}, start)
+	x.Method, x.Response, x.Owner, x.Errors = method, rid, km.index, ew
+	s.serve(x)
+	<-x.Done()
 }

@@ -40,8 +40,8 @@ func TestRoutingTable(t *testing.T) {
 		{"GET", "/v1/completions", "sk-inference", 405, "method_not_allowed", "POST"},
 		{"PUT", "/v1/chat/completions", "sk-inference", 405, "method_not_allowed", "POST"},
 		{"GET", "/v1/completions", "", 401, "invalid_api_key", ""},
-		{"GET", "/v1/embeddings", "", 401, "invalid_api_key", ""},
-		{"GET", "/v1/embeddings", "sk-inference", 404, "not_found", ""},
+		{"GET", "/v1/images/generations", "", 401, "invalid_api_key", ""},
+		{"GET", "/v1/images/generations", "sk-inference", 404, "not_found", ""},
 		{"GET", "/v1/models", "sk-admin", 403, "insufficient_scope", ""},
 
 		{"GET", "/admin/v1/routes", "sk-admin", 200, "", ""},

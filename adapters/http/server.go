@@ -281,8 +281,17 @@ func (s *Server) routes() *http.ServeMux {
 			s.inference(w, r, kind, requestIDOf(w), km)
 		})
 	}
-	route(m, v1, "/v1/completions", on("POST", inference(oai.Completions)))
-	route(m, v1, "/v1/chat/completions", on("POST", inference(oai.Chat)))
+	for _, k := range oai.Kinds() {
+		route(m, v1, k.Path(), on("POST", inference(k)))
+	}
+	// R21: a stored response, at the worker that stored it.
+	stored := func(method string) http.HandlerFunc {
+		return s.inferenceAPI(func(w http.ResponseWriter, r *http.Request, km keyMatch) {
+			s.storedResponse(w, r, method, requestIDOf(w), km)
+		})
+	}
+	route(m, v1, "/v1/responses/{id}", on("GET", stored(http.MethodGet)), on("DELETE", stored(http.MethodDelete)))
+	route(m, v1, "/v1/responses/{id}/cancel", on("POST", stored(http.MethodPost)))
 	route(m, v1, "/v1/models", on("GET", v1(s.listModels)))
 	route(m, v1, "/v1/models/{model...}", on("GET", v1(s.getModel)))
 	m.HandleFunc("/v1/", v1(notFound))
@@ -326,7 +335,7 @@ func route(m *http.ServeMux, guard func(http.HandlerFunc) http.HandlerFunc, path
 	allowed := strings.Join(allow, ", ")
 	m.HandleFunc(path, guard(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Allow", allowed)
-		writeError(w, fmt.Errorf("%s %s: %w", errs.Echo(r.Method), errs.Echo(r.URL.Path), errs.ErrMethodNotAllowed))
+		writeErrorFor(w, r, fmt.Errorf("%s %s: %w", errs.Echo(r.Method), errs.Echo(r.URL.Path), errs.ErrMethodNotAllowed))
 	}))
 }
 
@@ -336,7 +345,7 @@ func (s *Server) inferenceAPI(h func(http.ResponseWriter, *http.Request, keyMatc
 	return func(w http.ResponseWriter, r *http.Request) {
 		km, err := s.keys.authorize(r, scopeInference)
 		if err != nil {
-			s.metrics.reject(writeError(w, err))
+			s.metrics.reject(writeErrorFor(w, r, err))
 			return
 		}
 		h(w, r, km)
@@ -362,7 +371,7 @@ func (s *Server) adminAPI(h http.HandlerFunc) http.HandlerFunc {
 }
 
 func notFound(w http.ResponseWriter, r *http.Request) {
-	writeError(w, fmt.Errorf("no route for %s: %w", errs.Echo(r.URL.Path), errs.ErrNotFound))
+	writeErrorFor(w, r, fmt.Errorf("no route for %s: %w", errs.Echo(r.URL.Path), errs.ErrNotFound))
 }
 
 func (s *Server) healthz(w http.ResponseWriter, _ *http.Request) {
