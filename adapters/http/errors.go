@@ -200,7 +200,9 @@ func writeAnthropicError(w http.ResponseWriter, err error) int {
 type AnthropicErrorWriter struct{}
 
 // Error implements request.ErrorWriter.
-func (AnthropicErrorWriter) Error(w http.ResponseWriter, err error) int { return writeAnthropicError(w, err) }
+func (AnthropicErrorWriter) Error(w http.ResponseWriter, err error) int {
+	return writeAnthropicError(w, err)
+}
 
 // SSEError implements request.ErrorWriter: Anthropic's error event.
 func (AnthropicErrorWriter) SSEError(w http.ResponseWriter, message string) {
