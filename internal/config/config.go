@@ -103,6 +103,9 @@ type Gateway struct {
 	Routes                 []Route       // [[gateway.routes]], normalized (NormalizeRoutes); nil when none
 	// StaticWorkers are [[gateway.static_workers]], normalized (NormalizeStaticWorkers).
 	StaticWorkers []StaticWorker
+	// R21 (gateway_lora.go): lora_load_on_demand, and [[gateway.lora_adapters]].
+	LoRALoadOnDemand bool
+	LoRAAdapters     []LoRAAdapter
 }
 
 // Outlier is [gateway.outlier] (R14.2): a worker that fails ConsecutiveFailures times in a row
@@ -417,6 +420,7 @@ type fileGateway struct {
 	StaticWorkers      []StaticWorker `json:"static_workers"`
 	fileGatewayHTTP
 	fileGatewayFaults
+	fileGatewayLoRA
 }
 
 type fileAuth struct {
@@ -518,6 +522,7 @@ func (fg *fileGateway) apply(g *Gateway, ps *problems) {
 	duration(&g.ShutdownGrace, fg.ShutdownGrace, base.with(key("shutdown_grace")), ps)
 	fg.fileGatewayHTTP.apply(g, base, ps)
 	fg.fileGatewayFaults.apply(g, base, ps)
+	fg.fileGatewayLoRA.apply(g, base, ps)
 	if fg.HeartbeatInterval != nil {
 		// Workers are told T in whole milliseconds (a uint32), and the
 		// registry computes k·T, which must fit a time.Duration.

@@ -536,6 +536,8 @@ func TestSchemaDefaults(t *testing.T) {
 		"outlier.max_ejected_percent":  g.Outlier.MaxEjectedPercent,
 		"routes":                       []any{},
 		"static_workers":               []any{},
+		"lora_load_on_demand":          g.LoRALoadOnDemand,
+		"lora_adapters":                []any{},
 	}
 	got := make(map[string]any)
 	put := func(name string, def any) {
@@ -690,4 +692,31 @@ func FuzzParse(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestLoRAAdapterConfig (R21): [[gateway.lora_adapters]] and lora_load_on_demand are read, and
+// every bad entry is refused naming its key.
+func TestLoRAAdapterConfig(t *testing.T) {
+	cfg, err := Parse([]byte("[gateway]\nlora_load_on_demand = true\n[[gateway.lora_adapters]]\nname = \"sql\"\npath = \"/adapters/sql\"\nbase_model = \"llama\"\n"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !cfg.Gateway.LoRALoadOnDemand || len(cfg.Gateway.LoRAAdapters) != 1 ||
+		cfg.Gateway.LoRAAdapters[0] != (LoRAAdapter{Name: "sql", Path: "/adapters/sql", BaseModel: "llama"}) {
+		t.Fatalf("got %+v", cfg.Gateway)
+	}
+	for _, c := range []struct{ toml, key string }{
+		{"name = \"a b\"\npath = \"p\"\nbase_model = \"m\"", "gateway.lora_adapters[0].name"},
+		{"name = \"a\"\npath = \"\"\nbase_model = \"m\"", "gateway.lora_adapters[0].path"},
+		{"name = \"m\"\npath = \"p\"\nbase_model = \"m\"", "gateway.lora_adapters[0].name"},
+		{"name = \"a\"\npath = \"p\"", "base_model"},
+	} {
+		_, err := Parse([]byte("[[gateway.lora_adapters]]\n"+c.toml+"\n"), nil)
+		if err == nil || !strings.Contains(err.Error(), c.key) {
+			t.Fatalf("%q: %v, want an error naming %s", c.toml, err, c.key)
+		}
+	}
+	if _, err := Parse([]byte("[[gateway.lora_adapters]]\nname = \"a\"\npath = \"p\"\nbase_model = \"m\"\n[[gateway.lora_adapters]]\nname = \"a\"\npath = \"q\"\nbase_model = \"m\"\n"), nil); err == nil || !strings.Contains(err.Error(), "repeats") {
+		t.Fatalf("a repeated adapter: %v", err)
+	}
 }
