@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -24,7 +25,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("tlengine", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var cfg engine.Config
-	var role, gateways, fault, logLevel string
+	var role, gateways, fault, logLevel, endpoints, loraList string
+	var loraSwapMS int
 	fs.StringVar(&cfg.ID, "id", "", "worker id (required)")
 	fs.StringVar(&cfg.Model, "model", "", "the model id this engine serves (required)")
 	fs.StringVar(&role, "role", "unified", "unified, prefill or decode")
@@ -43,6 +45,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&cfg.RegistryAuth.TLSCert, "tls-cert", "", "PEM client certificate for a registry with client_ca (needs --tls-ca)")
 	fs.StringVar(&cfg.RegistryAuth.TLSKey, "tls-key", "", "PEM key of --tls-cert")
 	fs.StringVar(&fault, "fault", "none", faults.Usage)
+	fs.StringVar(&endpoints, "endpoints", "", "serving endpoints to serve, comma-separated (empty: all): "+strings.Join(engine.AllEndpoints, ","))
+	fs.StringVar(&loraList, "lora", "", "LoRA adapters served besides the base model, comma-separated, each name or name=path")
+	fs.IntVar(&cfg.MaxLoRAs, "max-loras", 4, "GPU slots for LoRA adapters: adapters whose requests run at once")
+	fs.IntVar(&loraSwapMS, "lora-swap-ms", 20, "milliseconds to load an adapter into a slot, added to that request's time to first token (0: none)")
+	fs.BoolVar(&cfg.AllowRuntimeLoRA, "allow-runtime-lora", false, "serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter")
 	fs.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -67,6 +74,22 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if cfg.Gateways, err = engine.ParseGatewayList(gateways); err != nil {
 		fmt.Fprintln(stderr, "tlengine:", err)
 		return 2
+	}
+	if cfg.Endpoints, err = engine.ParseEndpointList(endpoints); err != nil {
+		fmt.Fprintln(stderr, "tlengine:", err)
+		return 2
+	}
+	if cfg.LoRAs, err = engine.ParseLoRAList(loraList); err != nil {
+		fmt.Fprintln(stderr, "tlengine: --lora:", err)
+		return 2
+	}
+	if loraSwapMS < 0 {
+		fmt.Fprintln(stderr, "tlengine: --lora-swap-ms must not be negative")
+		return 2
+	}
+	cfg.LoRASwap = time.Duration(loraSwapMS) * time.Millisecond
+	if loraSwapMS == 0 {
+		cfg.LoRASwap = -1 // none
 	}
 	cfg.Fault, cfg.Role = f, engine.Role(role)
 	cfg.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))

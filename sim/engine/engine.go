@@ -87,6 +87,20 @@ type Config struct {
 	// how often they are looked up again, on Clock (default 30 s).
 	Resolver        Resolver
 	ResolveInterval time.Duration
+	// Endpoints are the serving endpoints served (--endpoints, names of AllEndpoints); empty
+	// is all of them. Another endpoint's paths answer 404 as an unknown path does.
+	Endpoints []string
+	// LoRAs are the adapters served besides the base model (--lora), at most MaxLoRAAdapters.
+	LoRAs []LoRA
+	// MaxLoRAs is the GPU slots for adapters: how many adapters' requests run at once
+	// (--max-loras, default 4).
+	MaxLoRAs int
+	// LoRASwap is the cost of loading an adapter into a slot, on Clock, added to that
+	// request's time to first token (--lora-swap-ms, default 20 ms; negative: none).
+	LoRASwap time.Duration
+	// AllowRuntimeLoRA serves POST /v1/load_lora_adapter and /v1/unload_lora_adapter
+	// (--allow-runtime-lora); without it they answer 404 as an unknown path does.
+	AllowRuntimeLoRA bool
 }
 
 // Engine is a running simulated engine.
@@ -114,6 +128,9 @@ type Engine struct {
 	stopCtx    context.Context
 	cancelStop context.CancelFunc
 	gateways   []gatewayEntry // parsed Config.Gateways, each once
+	serves     map[string]bool // the served endpoints (Config.Endpoints)
+	loras      *loras
+	responses  *responseStore // stored /v1/responses answers
 	hb         heartbeatLoops
 	wg         sync.WaitGroup
 	closeMu    sync.Once
@@ -166,6 +183,39 @@ func (c *Config) defaults() error {
 	if c.Resolver == nil {
 		c.Resolver = net.DefaultResolver
 	}
+	if len(c.Endpoints) == 0 {
+		c.Endpoints = AllEndpoints
+	}
+	for _, n := range c.Endpoints {
+		if !isEndpoint(n) {
+			return fmt.Errorf("engine: --endpoints: unknown endpoint %q", n)
+		}
+	}
+	if c.MaxLoRAs == 0 {
+		c.MaxLoRAs = 4
+	}
+	if c.MaxLoRAs < 1 || c.MaxLoRAs > MaxLoRAAdapters {
+		return fmt.Errorf("engine: --max-loras %d: want 1 to %d", c.MaxLoRAs, MaxLoRAAdapters)
+	}
+	switch {
+	case c.LoRASwap == 0:
+		c.LoRASwap = 20 * time.Millisecond
+	case c.LoRASwap < 0:
+		c.LoRASwap = 0
+	}
+	if len(c.LoRAs) > MaxLoRAAdapters {
+		return fmt.Errorf("engine: --lora: %d adapters, at most %d", len(c.LoRAs), MaxLoRAAdapters)
+	}
+	names := make(map[string]bool, len(c.LoRAs))
+	for _, l := range c.LoRAs {
+		if err := checkLoRA(l, c.Model); err != nil {
+			return fmt.Errorf("engine: --lora: %w", err)
+		}
+		if names[l.Name] {
+			return fmt.Errorf("engine: --lora: the adapter %q is named twice", l.Name)
+		}
+		names[l.Name] = true
+	}
 	if c.HTTPListen == "" {
 		c.HTTPListen = "127.0.0.1:0"
 	}
@@ -205,6 +255,12 @@ func Start(cfg Config) (*Engine, error) {
 		stop:     make(chan struct{}),
 		handles:  handles{m: make(map[string]*kvHandle)},
 		kvev:     newKVEvents(),
+		serves:   make(map[string]bool),
+		loras:    newLoRAs(cfg.Clock, cfg.MaxLoRAs, cfg.LoRASwap, cfg.LoRAs),
+		responses: newResponseStore(maxStoredResponses, maxStoredResponseBytes),
+	}
+	for _, n := range cfg.Endpoints {
+		e.serves[n] = true
 	}
 	e.sched.pool.OnUntag(func(ids []uint64) { e.kvev.publish(kvv1.KvEvent_REMOVED, ids) })
 	e.met = newMetrics(e)

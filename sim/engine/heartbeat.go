@@ -289,5 +289,10 @@ func (e *Engine) workerStatus() *controlv1.WorkerStatus {
 		BlockSize: uint32(e.cfg.BlockSize),
 		Draining:  st.Draining,
 		KvEvents:  true, // KvEvents/Subscribe on GrpcAddress (R18.3)
+		// R21: the adapters served besides the base model, the GPU slots for them, the serving
+		// endpoints.
+		LoraAdapters: e.loras.names(),
+		MaxLoras:     uint32(e.cfg.MaxLoRAs),
+		Endpoints:    e.cfg.Endpoints,
 	}
 }

@@ -216,7 +216,7 @@ func TestPromptChunksMapping(t *testing.T) {
 // in order, each with the engine token covering its last byte; it returns the chunk count.
 func checkPromptChunks(t *testing.T, kind oai.Kind, body string) int {
 	t.Helper()
-	req, err := parseRequest([]byte(body), kind == oai.Chat, "smol")
+	req, err := parseRequest([]byte(body), kind == oai.Chat, only("smol"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -269,7 +269,7 @@ func FuzzPromptChunks(f *testing.F) {
 	f.Add(false, `{"model":"smol","prompt":"`+strings.Repeat(`x\ud800y `, 30)+`"}`)
 	f.Add(false, `{"model":"smol","prompt":"a","prompt":"`+strings.Repeat("z", 200)+`"}`)
 	f.Fuzz(func(t *testing.T, chat bool, body string) {
-		req, err := parseRequest([]byte(body), chat, "smol")
+		req, err := parseRequest([]byte(body), chat, only("smol"))
 		if err != nil {
 			return
 		}

@@ -68,6 +68,7 @@ func newMetrics(e *Engine) *metrics {
 			Help: "KV blocks in the engine's pool.",
 		}, status(func(s schedStatus) float64 { return float64(s.kv.TotalBlocks) })),
 	)
+	m.reg.MustRegister(newLoRACollector(e.loras))
 	m.reg.MustRegister(vllmCollectors(e.cfg.Model, e.cfg.KVBlocks, e.cfg.BlockSize, status)...)
 	return m
 }

@@ -14,8 +14,27 @@ import (
 type apiError struct {
 	status int
 	typ    string
-	code   string
+	code   string // "" = the HTTP status as a number, as vLLM writes its own errors
+	param  string // the request field at fault; "" = null
 	msg    string
+}
+
+// vllmError is an error in vLLM's own terms: its type names the exception class
+// (BadRequestError, NotFoundError), its code is the HTTP status.
+func vllmError(status int, typ, format string, args ...any) *apiError {
+	return &apiError{status: status, typ: typ, msg: fmt.Sprintf(format, args...)}
+}
+
+// invalid is a 400 in vLLM's terms.
+func invalid(format string, args ...any) *apiError {
+	return vllmError(400, "BadRequestError", format, args...)
+}
+
+// modelNotFound is vLLM's answer to a model it does not serve (neither the base model nor an
+// adapter).
+func modelNotFound(model string) *apiError {
+	return &apiError{status: 404, typ: "NotFoundError", param: "model",
+		msg: fmt.Sprintf("The model `%s` does not exist.", model)}
 }
 
 func (e *apiError) Error() string { return e.msg }
@@ -60,8 +79,11 @@ type wireRequest struct {
 	N           *int            `json:"n"`
 }
 
-// parseRequest validates a body against the engine's served model.
-func parseRequest(body []byte, chat bool, served string) (*request, error) {
+// modelCheck answers whether a request may name model: nil, or the error to answer.
+type modelCheck func(model string) error
+
+// parseRequest validates a body; served checks its model.
+func parseRequest(body []byte, chat bool, served modelCheck) (*request, error) {
 	var w wireRequest
 	dec := json.NewDecoder(bytes.NewReader(body))
 	if err := dec.Decode(&w); err != nil {
@@ -70,9 +92,8 @@ func parseRequest(body []byte, chat bool, served string) (*request, error) {
 	if w.Model == "" {
 		return nil, badRequest(`"model" is required`)
 	}
-	if w.Model != served {
-		return nil, &apiError{status: 404, typ: "invalid_request_error", code: "model_not_found",
-			msg: fmt.Sprintf("the model %q does not exist; this engine serves %q", w.Model, served)}
+	if err := served(w.Model); err != nil {
+		return nil, err
 	}
 	r := &request{chat: chat, model: w.Model, stream: w.Stream}
 	r.includeUsage = w.StreamOptions != nil && w.StreamOptions.IncludeUsage

@@ -26,7 +26,7 @@ func FuzzParseRequest(f *testing.F) {
 		f.Add([]byte(s), false)
 	}
 	f.Fuzz(func(t *testing.T, body []byte, chat bool) {
-		r, err := parseRequest(body, chat, "smol")
+		r, err := parseRequest(body, chat, only("smol"))
 		if err != nil {
 			var ae *apiError
 			if !errors.As(err, &ae) || (ae.status != 400 && ae.status != 404) || ae.msg == "" {
@@ -80,7 +80,7 @@ func TestTopLogprobs(t *testing.T) {
 		{`,"logprobs":true,"top_logprobs":21`, false, 0},
 		{`,"logprobs":true,"top_logprobs":-1`, false, 0},
 	} {
-		r, err := parseRequest([]byte(msgs+c.extra+"}"), true, "smol")
+		r, err := parseRequest([]byte(msgs+c.extra+"}"), true, only("smol"))
 		if (err == nil) != c.ok || (err == nil && r.topLogprobs != c.top) {
 			t.Errorf("%s: %+v, %v", c.extra, r, err)
 		}

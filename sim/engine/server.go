@@ -24,76 +24,38 @@ const maxBody = 8 << 20
 
 var reqSeq atomic.Uint64
 
-func (e *Engine) routes() http.Handler {
-	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/completions", func(w http.ResponseWriter, r *http.Request) { e.serveInference(w, r, false) })
-	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { e.serveInference(w, r, true) })
-	mux.HandleFunc("POST /v1/tokenize", e.serveTokenize)
-	mux.HandleFunc("GET /v1/models", e.serveModels)
-	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
-	mux.Handle("GET /metrics", e.met.handler())
-	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeAPIError(w, &apiError{status: 404, typ: "invalid_request_error", code: "not_found", msg: "no route for " + r.Method + " " + r.URL.Path})
-	})
-	return mux
-}
-
 func writeAPIError(w http.ResponseWriter, err error) {
 	var ae *apiError
 	if !errors.As(err, &ae) {
 		ae = &apiError{status: 500, typ: "server_error", code: "internal_error", msg: err.Error()}
 	}
-	body, _ := json.Marshal(map[string]any{"error": map[string]string{"message": ae.msg, "type": ae.typ, "code": ae.code}})
+	var code, param any = ae.status, nil
+	if ae.code != "" {
+		code = ae.code
+	}
+	if ae.param != "" {
+		param = ae.param
+	}
+	body, _ := json.Marshal(map[string]any{"error": map[string]any{"message": ae.msg, "type": ae.typ, "param": param, "code": code}})
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(ae.status)
 	_, _ = w.Write(body)
 }
 
 func readBody(r *http.Request) ([]byte, error) {
-	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
+	return readBodyLimit(r, maxBody)
+}
+
+// readBodyLimit reads a body of at most limit bytes; a longer one is 413.
+func readBodyLimit(r *http.Request, limit int) ([]byte, error) {
+	body, err := io.ReadAll(io.LimitReader(r.Body, int64(limit)+1))
 	if err != nil {
 		return nil, badRequest("reading the body: %v", err)
 	}
-	if len(body) > maxBody {
+	if len(body) > limit {
 		return nil, &apiError{status: 413, typ: "invalid_request_error", code: "request_too_large", msg: "the request body is too large"}
 	}
 	return body, nil
-}
-
-func (e *Engine) serveModels(w http.ResponseWriter, _ *http.Request) {
-	w.Header().Set("Content-Type", "application/json")
-	_ = json.NewEncoder(w).Encode(map[string]any{"object": "list", "data": []map[string]any{
-		{"id": e.cfg.Model, "object": "model", "created": 0, "owned_by": "tlengine"},
-	}})
-}
-
-// serveTokenize answers POST /v1/tokenize like vLLM: {"count","max_model_len","tokens"}.
-// The body has "prompt" (completions) or "messages" (chat, rendered through the template).
-func (e *Engine) serveTokenize(w http.ResponseWriter, r *http.Request) {
-	body, err := readBody(r)
-	if err != nil {
-		e.met.request("tokenize", err)
-		writeAPIError(w, err)
-		return
-	}
-	var probe struct {
-		Messages json.RawMessage `json:"messages"`
-	}
-	_ = json.Unmarshal(body, &probe)
-	// A tokenize body is a completions or chat body without sampling fields; the same parser
-	// checks it (model, prompt or messages) with the sampling defaults.
-	req, err := parseRequest(body, len(bytes.TrimSpace(probe.Messages)) > 0, e.cfg.Model)
-	if err != nil {
-		e.met.request("tokenize", err)
-		writeAPIError(w, err)
-		return
-	}
-	ids := sampler.Tokenize(req.prompt)
-	e.met.request("tokenize", nil)
-	w.Header().Set("Content-Type", "application/json")
-	_ = json.NewEncoder(w).Encode(map[string]any{
-		"count": len(ids), "max_model_len": e.cfg.KVBlocks * e.cfg.BlockSize, "tokens": ids,
-	})
 }
 
 // badHeaders are what --fault bad-headers adds to every inference answer: headers a gateway
@@ -120,30 +82,82 @@ func randomSeed() uint64 {
 	return binary.LittleEndian.Uint64(b[:]) >> 1 // non-negative as a JSON int64
 }
 
-// serveInference runs one completions or chat request through the scheduler.
-func (e *Engine) serveInference(w http.ResponseWriter, r *http.Request, chat bool) {
-	endpoint := "completions"
-	if chat {
-		endpoint = "chat"
-	}
+// errShape writes an error in one API's shape (OpenAI's, or Anthropic's on /v1/messages).
+type errShape func(http.ResponseWriter, error)
+
+// front is what every endpoint meets before its own work, as completions and chat do: the
+// bad-headers fault's headers, the body read (at most limit bytes), the slow-headers fault's
+// wait, the 503 fault. It answers errors itself and counts them; ok false: nothing more to do.
+func (e *Engine) front(w http.ResponseWriter, r *http.Request, endpoint string, limit int, errw errShape) (body []byte, ok bool) {
 	if e.cfg.Fault.Kind == faults.BadHeaders {
 		badHeaders(w.Header())
 	}
-	body, err := readBody(r)
+	body, err := readBodyLimit(r, limit)
 	if err == nil && e.cfg.Fault.Kind == faults.SlowHeaders {
 		// Accepted and read; nothing of the answer is written for D (on the engine's clock).
 		if werr := e.sleep(r.Context(), e.cfg.Fault.D); werr != nil {
 			e.met.request(endpoint, context.Canceled)
-			return
+			return nil, false
 		}
 	}
 	if err == nil && e.cfg.Fault.Kind == faults.Unavailable {
 		err = &apiError{status: 503, typ: "service_unavailable", code: "engine_unavailable", msg: "the engine is unavailable (fault 503)"}
 	}
-	var req *request
-	if err == nil {
-		req, err = parseRequest(body, chat, e.cfg.Model)
+	if err != nil {
+		e.met.request(endpoint, err)
+		errw(w, err)
+		return nil, false
 	}
+	return body, true
+}
+
+// stalled holds a request under the stall fault (accepted, never answered) until the client
+// leaves or the engine stops, and counts it; false: no stall fault.
+func (e *Engine) stalled(r *http.Request, endpoint string) bool {
+	if e.cfg.Fault.Kind != faults.Stall {
+		return false
+	}
+	select {
+	case <-r.Context().Done():
+	case <-e.stop:
+	}
+	e.met.request(endpoint, context.Canceled)
+	return true
+}
+
+// fail counts and answers an error found after front.
+func (e *Engine) fail(w http.ResponseWriter, endpoint string, err error, errw errShape) {
+	e.met.request(endpoint, err)
+	errw(w, err)
+}
+
+// checkModel accepts the base model and each served adapter; anything else is vLLM's 404.
+func (e *Engine) checkModel(model string) error {
+	if model == e.cfg.Model || e.loras.served(model) {
+		return nil
+	}
+	return modelNotFound(model)
+}
+
+// adapter is the adapter a request's model names, or "" for the base model.
+func (e *Engine) adapter(model string) string {
+	if model == e.cfg.Model {
+		return ""
+	}
+	return model
+}
+
+// serveInference runs one completions or chat request through the scheduler.
+func (e *Engine) serveInference(w http.ResponseWriter, r *http.Request, chat bool) {
+	endpoint, out := EndpointCompletions, format(completionsFormat{})
+	if chat {
+		endpoint, out = EndpointChat, chatFormat{}
+	}
+	body, ok := e.front(w, r, endpoint, maxBody, writeAPIError)
+	if !ok {
+		return
+	}
+	req, err := parseRequest(body, chat, e.checkModel)
 	var prompt []uint32
 	var handle *kvHandle
 	if err == nil {
@@ -154,29 +168,31 @@ func (e *Engine) serveInference(w http.ResponseWriter, r *http.Request, chat boo
 		}
 	}
 	if err != nil {
-		e.met.request(endpoint, err)
-		writeAPIError(w, err)
+		e.fail(w, endpoint, err, writeAPIError)
 		return
 	}
-	if !req.seeded {
-		req.params.Seed = randomSeed()
-	}
-	if e.cfg.Fault.Kind == faults.Stall {
-		select { // accepted, never answered
-		case <-r.Context().Done():
-		case <-e.stop:
-		}
+	if e.stalled(r, endpoint) {
 		if handle != nil {
 			e.sched.freeHeld(handle.seq)
 		}
-		e.met.request(endpoint, context.Canceled)
 		return
 	}
-	run := &run{e: e, w: w, r: r, req: req, prompt: prompt, handle: handle, chunks: promptChunks(req, body, prompt),
-		id: fmt.Sprintf("%s-%s-%d", endpoint, e.cfg.ID, reqSeq.Add(1)), created: time.Now().Unix()}
-	err = run.execute()
+	x := &run{e: e, w: w, r: r, req: req, prompt: prompt, handle: handle, chunks: promptChunks(req, body, prompt),
+		id: fmt.Sprintf("%s-%s-%d", endpoint, e.cfg.ID, reqSeq.Add(1)), out: out, errw: writeAPIError}
+	e.generate(endpoint, x)
+}
+
+// generate serves a run and counts it: a request without a seed gets a random one, as engines
+// draw one; a run the engine's stop cut breaks its connection off.
+func (e *Engine) generate(endpoint string, x *run) {
+	if !x.req.seeded {
+		x.req.params.Seed = randomSeed()
+	}
+	x.created = time.Now().Unix()
+	x.lora = e.adapter(x.req.model)
+	err := x.execute()
 	if errors.Is(err, errStopping) {
-		run.cut() // a dying engine breaks its connections off
+		x.cut() // a dying engine breaks its connections off
 	}
 	e.met.request(endpoint, err)
 }
@@ -192,6 +208,9 @@ type run struct {
 	chunks  []chunkAt // the gateway's chunk ids of the prompt (R18.3)
 	id      string
 	created int64
+	out     format   // the answer's wire shape
+	errw    errShape // how errors are written
+	lora    string   // the adapter the request runs on, "" for the base model
 
 	promptTokens int
 	cached       int
@@ -222,7 +241,7 @@ func (x *run) admit() (*kv.Seq, error) {
 			err = badRequest("%v (%d tokens)", err, len(prompt))
 		}
 		if ctx.Err() == nil {
-			writeAPIError(x.w, err)
+			x.errw(x.w, err)
 		}
 		return nil, err
 	}
@@ -237,6 +256,16 @@ func (x *run) admit() (*kv.Seq, error) {
 func (x *run) execute() error {
 	e, prompt := x.e, x.prompt
 	x.promptTokens = len(prompt)
+	if x.lora != "" {
+		release, err := e.runOn(x.r.Context(), x.lora)
+		if err != nil {
+			if x.r.Context().Err() == nil {
+				x.errw(x.w, err)
+			}
+			return err
+		}
+		defer release()
+	}
 	seq, err := x.admit()
 	if err != nil {
 		return err
@@ -250,7 +279,9 @@ func (x *run) execute() error {
 		gen = sampler.NewGenerator(x.req.model, prompt, x.req.params)
 	}
 	if x.req.stream {
-		x.startStream()
+		if err := x.startStream(); err != nil {
+			return err
+		}
 	}
 	if e.cfg.Fault.Kind == faults.EndlessEvent {
 		return x.endless()
@@ -394,24 +425,33 @@ func (x *run) text() string {
 	return b.String()
 }
 
-func (x *run) startStream() {
+func (x *run) startStream() error {
 	h := x.w.Header()
 	x.contentType("text/event-stream")
 	h.Set("Cache-Control", "no-cache")
 	x.w.WriteHeader(http.StatusOK)
-	if x.req.chat {
-		_ = x.event(x.chatChunk(map[string]any{"role": "assistant", "content": ""}, nil, nil))
-		return
+	if err := x.out.open(x); err != nil {
+		return err
 	}
-	_ = http.NewResponseController(x.w).Flush()
+	return http.NewResponseController(x.w).Flush()
 }
 
+// event writes one SSE event: "data: " and v's JSON.
 func (x *run) event(v any) error {
+	return x.namedEvent("", v)
+}
+
+// namedEvent writes one SSE event with an "event: " line when name is not empty (the Responses
+// and Anthropic streams name theirs), and flushes it.
+func (x *run) namedEvent(name string, v any) error {
 	b, err := json.Marshal(v)
 	if err != nil {
 		return err
 	}
-	buf := make([]byte, 0, len(b)+8)
+	buf := make([]byte, 0, len(b)+len(name)+16)
+	if name != "" {
+		buf = append(append(append(buf, "event: "...), name...), '\n')
+	}
 	buf = append(append(append(buf, "data: "...), b...), "\n\n"...)
 	if _, err := x.w.Write(buf); err != nil {
 		return err
@@ -419,53 +459,21 @@ func (x *run) event(v any) error {
 	return http.NewResponseController(x.w).Flush()
 }
 
-func (x *run) chatChunk(delta map[string]any, lp any, finish any) map[string]any {
-	return map[string]any{"id": x.id, "object": "chat.completion.chunk", "created": x.created, "model": x.req.model,
-		"choices": []map[string]any{{"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}}}
-}
-
-func (x *run) completionChunk(text string, lp any, finish any) map[string]any {
-	return map[string]any{"id": x.id, "object": "text_completion", "created": x.created, "model": x.req.model,
-		"choices": []map[string]any{{"index": 0, "text": text, "logprobs": lp, "finish_reason": finish}}}
-}
-
-func (x *run) streamToken(tok sampler.Token) error {
-	x.streamed++
-	if x.req.chat {
-		var lp any
-		if x.req.logprobs {
-			lp = map[string]any{"content": []any{chatLogprob(tok)}}
-		}
-		return x.event(x.chatChunk(map[string]any{"content": tok.Text}, lp, nil))
-	}
-	var lp any
-	if x.req.logprobs {
-		lp = completionLogprobs([]sampler.Token{tok}, 0)
-	}
-	return x.event(x.completionChunk(tok.Text, lp, nil))
-}
-
-func (x *run) endStream() error {
-	var last map[string]any
-	if x.req.chat {
-		last = x.chatChunk(map[string]any{}, nil, x.finish)
-	} else {
-		last = x.completionChunk("", nil, x.finish)
-	}
-	if err := x.event(last); err != nil {
-		return err
-	}
-	if x.req.includeUsage {
-		u := map[string]any{"id": x.id, "object": last["object"], "created": x.created, "model": x.req.model,
-			"choices": []any{}, "usage": x.usage()}
-		if err := x.event(u); err != nil {
-			return err
-		}
-	}
+// done writes the "data: [DONE]" line OpenAI-style streams end with.
+func (x *run) done() error {
 	if _, err := x.w.Write([]byte("data: [DONE]\n\n")); err != nil {
 		return err
 	}
 	return http.NewResponseController(x.w).Flush()
+}
+
+func (x *run) streamToken(tok sampler.Token) error {
+	x.streamed++
+	return x.out.token(x, tok)
+}
+
+func (x *run) endStream() error {
+	return x.out.close(x)
 }
 
 func chatLogprob(t sampler.Token) map[string]any {
@@ -485,34 +493,11 @@ func completionLogprobs(toks []sampler.Token, offset int) map[string]any {
 }
 
 func (x *run) writeJSON() error {
-	var resp map[string]any
-	if x.req.chat {
-		var lp any
-		if x.req.logprobs {
-			content := make([]any, len(x.tokens))
-			for i, t := range x.tokens {
-				content[i] = chatLogprob(t)
-			}
-			lp = map[string]any{"content": content}
-		}
-		resp = map[string]any{"id": x.id, "object": "chat.completion", "created": x.created, "model": x.req.model,
-			"choices": []map[string]any{{"index": 0, "message": map[string]any{"role": "assistant", "content": x.text()},
-				"logprobs": lp, "finish_reason": x.finish}},
-			"usage": x.usage()}
-	} else {
-		var lp any
-		if x.req.logprobs {
-			lp = completionLogprobs(x.tokens, 0)
-		}
-		resp = map[string]any{"id": x.id, "object": "text_completion", "created": x.created, "model": x.req.model,
-			"choices": []map[string]any{{"index": 0, "text": x.text(), "logprobs": lp, "finish_reason": x.finish}},
-			"usage":   x.usage()}
-	}
-	b, err := json.Marshal(resp)
+	b, ct, err := x.out.whole(x)
 	if err != nil {
 		return err
 	}
-	x.contentType("application/json")
+	x.contentType(ct)
 	x.w.Header().Set("Content-Length", strconv.Itoa(len(b)))
 	x.w.WriteHeader(http.StatusOK)
 	_, err = x.w.Write(b)
