@@ -127,7 +127,7 @@ type Engine struct {
 	// stopCtx ends when stop closes: it cuts heartbeats and lookups in flight.
 	stopCtx    context.Context
 	cancelStop context.CancelFunc
-	gateways   []gatewayEntry // parsed Config.Gateways, each once
+	gateways   []gatewayEntry  // parsed Config.Gateways, each once
 	serves     map[string]bool // the served endpoints (Config.Endpoints)
 	loras      *loras
 	responses  *responseStore // stored /v1/responses answers
@@ -247,16 +247,16 @@ func Start(cfg Config) (*Engine, error) {
 		return nil, fmt.Errorf("engine: %w", err)
 	}
 	e := &Engine{
-		gateways: gateways,
-		hb:       heartbeatLoops{loops: make(map[string]*runningLoop)},
-		cfg:      cfg,
-		sched:    newScheduler(kv.NewPool(cfg.KVBlocks, cfg.BlockSize), cfg.MaxRunning),
-		log:      cfg.Logger.With("engine", cfg.ID),
-		stop:     make(chan struct{}),
-		handles:  handles{m: make(map[string]*kvHandle)},
-		kvev:     newKVEvents(),
-		serves:   make(map[string]bool),
-		loras:    newLoRAs(cfg.Clock, cfg.MaxLoRAs, cfg.LoRASwap, cfg.LoRAs),
+		gateways:  gateways,
+		hb:        heartbeatLoops{loops: make(map[string]*runningLoop)},
+		cfg:       cfg,
+		sched:     newScheduler(kv.NewPool(cfg.KVBlocks, cfg.BlockSize), cfg.MaxRunning),
+		log:       cfg.Logger.With("engine", cfg.ID),
+		stop:      make(chan struct{}),
+		handles:   handles{m: make(map[string]*kvHandle)},
+		kvev:      newKVEvents(),
+		serves:    make(map[string]bool),
+		loras:     newLoRAs(cfg.Clock, cfg.MaxLoRAs, cfg.LoRASwap, cfg.LoRAs),
 		responses: newResponseStore(maxStoredResponses, maxStoredResponseBytes),
 	}
 	for _, n := range cfg.Endpoints {
