@@ -120,8 +120,10 @@ func TestRerankAndScore(t *testing.T) {
 	b, _ := json.Marshal(map[string]any{"model": "smol", "query": "the cat sat", "documents": docs})
 	resp, out := post(t, e, "/v1/rerank", string(b))
 	var rr struct {
-		Model   string
-		Usage   struct{ TotalTokens int `json:"total_tokens"` }
+		Model string
+		Usage struct {
+			TotalTokens int `json:"total_tokens"`
+		}
 		Results []struct {
 			Index    int
 			Document struct{ Text string }
@@ -194,7 +196,9 @@ func TestPooling(t *testing.T) {
 				Object string
 				Data   []float32
 			}
-			Usage struct{ PromptTokens int `json:"prompt_tokens"` }
+			Usage struct {
+				PromptTokens int `json:"prompt_tokens"`
+			}
 		}
 		if resp.StatusCode != 200 || json.Unmarshal(out, &p) != nil || p.Object != "list" || len(p.Data) != 2 ||
 			p.Data[1].Object != "pooling" || p.Data[1].Index != 1 || !slices.Equal(p.Data[0].Data, p.Data[1].Data) {
