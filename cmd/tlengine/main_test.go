@@ -21,3 +21,21 @@ func TestGatewayFlag(t *testing.T) {
 		t.Fatalf("help: exit %d, %q", code, &stderr)
 	}
 }
+
+// TestServingFlags: a bad --endpoints name, --lora entry, --lora-swap-ms or --max-loras fails before
+// anything is served (exit 2 for the flags, 1 for the engine's check), naming the flag.
+func TestServingFlags(t *testing.T) {
+	for _, c := range []struct{ args []string }{
+		{[]string{"--endpoints", "chat,nope"}},
+		{[]string{"--lora", "smol"}},
+		{[]string{"--lora", "a,a"}},
+		{[]string{"--lora-swap-ms", "-1"}},
+		{[]string{"--max-loras", "-2"}},
+	} {
+		var stdout, stderr bytes.Buffer
+		args := append([]string{"--id", "e1", "--model", "smol"}, c.args...)
+		if code := run(args, &stdout, &stderr); code == 0 || !strings.Contains(stderr.String(), strings.TrimPrefix(c.args[0], "--")) || stdout.Len() != 0 {
+			t.Errorf("%v: exit %d, stderr %q", c.args, code, &stderr)
+		}
+	}
+}
