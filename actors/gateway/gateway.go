@@ -48,6 +48,9 @@ type Config struct {
 	KVIndexBlocks int
 	// WarmupMinBytes turns the router's prefix warm-ups on (router.Config; 0 = off).
 	WarmupMinBytes int
+	// LoRALoadOnDemand and LoRAAdapters: R21's on-demand adapter loads (router.Config).
+	LoRALoadOnDemand bool
+	LoRAAdapters     []config.LoRAAdapter
 	// MaxWorkers caps the registered workers (R13.2; 0 = no cap).
 	MaxWorkers int
 	// OnEvict, when set, is told each worker the registry evicts (on the registry's goroutine;
@@ -109,7 +112,7 @@ func Start(cfg Config) (*Gateway, error) {
 		Metrics: cfg.RouterMetrics, Logger: cfg.Logger.With("actor", "router"),
 		Admission: cfg.Admission, Clock: cfg.Clock, PrefixIndexBlocks: cfg.PrefixIndexBlocks,
 		KVIndexBlocks: cfg.KVIndexBlocks, WarmupMinBytes: cfg.WarmupMinBytes,
-		Outlier: cfg.Outlier,
+		Outlier: cfg.Outlier, LoRALoadOnDemand: cfg.LoRALoadOnDemand, LoRAAdapters: cfg.LoRAAdapters,
 	}, opts("router")...)
 	if err != nil {
 		return nil, err

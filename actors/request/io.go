@@ -16,6 +16,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tlgw/tlgw/actors/router"
 	"github.com/tlgw/tlgw/internal/errs"
 	"github.com/tlgw/tlgw/internal/oai"
 )
@@ -116,6 +117,7 @@ func (r *requestActor) attempt(c actor.Context) {
 	// An engine's own 404/405 may say it has no such endpoint (R21): read when the request is
 	// not pinned to a stored response (whose holder's 404 is the client's answer).
 	probeNoRoute := r.x.Response == "" && r.x.Kind.Valid()
+	load, base := r.picked.LoadLoRA, "http://"+r.picked.HTTPAddress
 	// A stream's first event is read by the same I/O step as its headers (nothing reaches the
 	// client before it, R14.1), so a stream costs the actor one result, not two.
 	firstEventToo := r.x.Req.Stream && !r.nonFinalStep()
@@ -132,6 +134,13 @@ func (r *requestActor) attempt(c actor.Context) {
 		h["X-Request-Id"] = []string{id}
 		if handle != "" {
 			h["X-Tl-Kv-Handle"] = []string{handle}
+		}
+		if load != nil {
+			// R21 lora_load_on_demand: the adapter is loaded on the engine before the request
+			// that needs it is sent.
+			if err := loadLoRA(ctx, tr, base, load, id); err != nil {
+				return attemptResult{gen: gen, err: err, loadFailed: true}
+			}
 		}
 		req, err := upstreamRequest(ctx, method, url, body, h)
 		if err != nil {
@@ -645,4 +654,32 @@ func streamResponseID(b []byte) string {
 		}
 	}
 	return ""
+}
+
+// loadLoRA asks the engine at base to load adapter l (vLLM's POST /v1/load_lora_adapter). An
+// engine that has it loaded already says so with a 400 naming it "already" loaded, which is as
+// good as a load.
+func loadLoRA(ctx context.Context, tr Upstream, base string, l *router.LoRALoad, id string) error {
+	body, _ := json.Marshal(struct {
+		Name string `json:"lora_name"`
+		Path string `json:"lora_path"`
+	}{l.Name, l.Path})
+	req, err := upstreamRequest(ctx, "", base+"/v1/load_lora_adapter", body,
+		http.Header{"Content-Type": jsonContentType, "X-Request-Id": {id}})
+	if err != nil {
+		return err
+	}
+	resp, err := tr.RoundTrip(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	head, _ := io.ReadAll(io.LimitReader(resp.Body, noRouteProbe))
+	switch {
+	case resp.StatusCode == http.StatusOK:
+		return nil
+	case resp.StatusCode == http.StatusBadRequest && bytes.Contains(head, []byte("already")):
+		return nil
+	}
+	return statusError{what: "loading the LoRA adapter", status: resp.StatusCode}
 }

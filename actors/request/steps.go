@@ -28,6 +28,8 @@ type (
 		err  error
 		// noRoute: the engine's 404/405 is its server saying it has no such endpoint (R21).
 		noRoute bool
+		// loadFailed: the on-demand load of the pick's LoRA adapter failed (err says how).
+		loadFailed bool
 	}
 	bufferedResult struct {
 		gen    int
@@ -270,6 +272,10 @@ func (r *requestActor) retry(c actor.Context) {
 // stepAttempting handles the engine's response headers (or failure to get them).
 func (r *requestActor) stepAttempting(c actor.Context, msg any) {
 	if fe, ok := msg.(firstEvent); ok {
+		if l := r.picked.LoadLoRA; l != nil {
+			// A stream's first event is read after the load succeeded.
+			c.Send(r.d.Router, &router.LoRALoaded{WorkerID: r.picked.WorkerID, Reg: r.picked.WorkerReg, Name: l.Name, OK: true})
+		}
 		if fe.err == nil && r.tooLate(c, fe) {
 			return
 		}
@@ -279,6 +285,10 @@ func (r *requestActor) stepAttempting(c actor.Context, msg any) {
 	m, ok := msg.(attemptResult)
 	if !ok {
 		return
+	}
+	if l := r.picked.LoadLoRA; l != nil && (m.err == nil || m.loadFailed) {
+		// The router learns whether the adapter it counted on the worker is there (R21).
+		c.Send(r.d.Router, &router.LoRALoaded{WorkerID: r.picked.WorkerID, Reg: r.picked.WorkerReg, Name: l.Name, OK: !m.loadFailed})
 	}
 	if m.err != nil {
 		r.failover(c, m.err)

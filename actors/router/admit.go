@@ -237,7 +237,7 @@ func (a *admitter) choice(ad *admitted, t target, soft string, checkFull bool) c
 	}
 	ch := choice{key: t.key, disagg: t.disagg, prefixHash: ad.pick.PrefixHash, hashes: ad.pick.PrefixHashes,
 		exclude: exclude, soft: soft, requester: ad.requester, sloMs: ad.pick.SLOTTFTMs,
-		endpoint: t.endpoint, adapter: t.adapter}
+		endpoint: t.endpoint, adapter: t.adapter, load: t.load}
 	if checkFull && ad.req.Objective > 0 {
 		// A dispatch from the queue: what is left of the objective, in whole milliseconds
 		// (none left: nothing is in time, and its deadline rejects it).

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tlgw/tlgw/internal/config"
 	"github.com/tlgw/tlgw/internal/errs"
 	"github.com/tlgw/tlgw/internal/oai"
 )
@@ -216,5 +217,44 @@ func TestResponseTableIsBounded(t *testing.T) {
 	}
 	if tab.len() != 3 {
 		t.Fatalf("len %d after churn", tab.len())
+	}
+}
+
+// TestLoRALoadOnDemand (R21): with lora_load_on_demand, a configured adapter nobody serves
+// goes to the least loaded worker of its base model with a load to do first; the requests that
+// follow go there too and ask for the load until it is reported done; a heartbeat that does not
+// list the adapter yet keeps it; a failed load takes it off the worker; an adapter that is not
+// configured stays unknown.
+func TestLoRALoadOnDemand(t *testing.T) {
+	r := newRig(t, Config{LoRALoadOnDemand: true, LoRAAdapters: []config.LoRAAdapter{{Name: "sql", Path: "/a/sql", BaseModel: "m"}}})
+	r.join("w1", "m", 4)
+	r.join("w2", "m", 1)
+	q := r.newRequester()
+	p := q.pickFor("sql", oai.Chat)
+	if p.Err != nil || p.WorkerID != "w2" || p.LoadLoRA == nil || *p.LoadLoRA != (LoRALoad{Name: "sql", Path: "/a/sql"}) || p.ServedModel != "sql" {
+		t.Fatalf("first pick: %+v", p)
+	}
+	if p := q.pickFor("sql", oai.Chat); p.WorkerID != "w2" || p.LoadLoRA == nil {
+		t.Fatalf("a pick while the load is pending: %+v", p)
+	}
+	r.deliver(nil, &LoRALoaded{WorkerID: "w2", Reg: r.regOf("w2"), Name: "sql", OK: true})
+	if p := q.pickFor("sql", oai.Chat); p.WorkerID != "w2" || p.LoadLoRA != nil {
+		t.Fatalf("after the load: %+v", p)
+	}
+	r.join("w2", "m", 1) // a heartbeat that does not list sql yet
+	if p := q.pickFor("sql", oai.Chat); p.WorkerID != "w2" || p.LoadLoRA != nil {
+		t.Fatalf("after a heartbeat without the adapter: %+v", p)
+	}
+	r.deliver(nil, &LoRALoaded{WorkerID: "w2", Reg: r.regOf("w2"), Name: "sql", OK: false})
+	if p := q.pickFor("sql", oai.Chat); p.LoadLoRA == nil {
+		t.Fatalf("a failed load left the adapter counted: %+v", p)
+	}
+	if p := q.pickFor("nosuch", oai.Chat); !errors.Is(p.Err, errs.ErrModelNotFound) {
+		t.Fatalf("an unconfigured adapter: %+v", p)
+	}
+	r.leave("w1")
+	r.leave("w2")
+	if len(r.st.view.loraIdx) != 0 {
+		t.Fatalf("index after the workers left: %v", r.st.view.loraIdx)
 	}
 }

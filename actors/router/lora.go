@@ -108,3 +108,116 @@ func (s *slot) touchLoRA(a string) {
 	s.loras[0] = a
 	s.loras = s.loras[:min(len(s.loras), limit)]
 }
+
+// Loading adapters on demand (R21, gateway.lora_load_on_demand): a request for an adapter of
+// [[gateway.lora_adapters]] that no worker serves goes to the least loaded worker of its base
+// model, and its pick asks the requester to load the adapter there first (Picked.LoadLoRA,
+// vLLM's POST /v1/load_lora_adapter). From that pick on the worker counts as serving the
+// adapter (slot.onDemand), so the requests that follow go there too, each asking for the load
+// until one has reported it done (LoRALoaded): a load is idempotent on the engine (an adapter
+// already loaded answers so), and no request reaches the engine before its adapter. A failed
+// load takes the adapter off the worker again. slot.onDemand holds at most the configured
+// adapters, kept while the worker lives (a scrape or heartbeat that does not list it yet does
+// not drop it).
+
+// LoRALoad asks the requester to load an adapter on the picked worker before its attempt.
+type LoRALoad struct {
+	Name, Path string
+}
+
+// LoRALoaded reports a requester's load of adapter Name on the worker (ID, registration): OK,
+// or failed. No reply.
+type LoRALoaded struct {
+	WorkerID string
+	Reg      uint64
+	Name     string
+	OK       bool
+}
+
+// IgnoreDeadLetterLogging: the router may be stopping.
+func (*LoRALoaded) IgnoreDeadLetterLogging() {}
+
+// onDemandLoRA is an adapter loaded on demand on a worker; pending until a load reported OK.
+type onDemandLoRA struct {
+	name    string
+	pending bool
+}
+
+// servedLoRAs is the adapters s serves: its engine's, and those loaded on demand.
+func (s *slot) servedLoRAs(engine []string) []string {
+	if len(s.onDemand) == 0 {
+		return engine
+	}
+	out := slices.Clone(engine)
+	for _, d := range s.onDemand {
+		if i, found := slices.BinarySearch(out, d.name); !found {
+			out = slices.Insert(out, i, d.name)
+		}
+	}
+	return out
+}
+
+// pendingLoRA reports whether adapter a is being loaded on s on demand.
+func (s *slot) pendingLoRA(a string) bool {
+	for _, d := range s.onDemand {
+		if d.name == a {
+			return d.pending
+		}
+	}
+	return false
+}
+
+// pickToLoad picks the least loaded routable worker of ch's pool (serving ch.endpoint, not
+// excluded) to load ch.adapter on, and counts it as serving the adapter from now.
+func (v *workerView) pickToLoad(ch choice) *slot {
+	pl := v.pools[ch.key]
+	if pl == nil {
+		return nil
+	}
+	now := v.clk.Now()
+	var best *slot
+	for _, id := range pl.memberIDs() {
+		s := pl.members[id]
+		if slices.Contains(ch.exclude, id) || !s.serves(ch.endpoint, now) {
+			continue
+		}
+		if best == nil || s.load() < best.load() {
+			best = s
+		}
+	}
+	if best != nil {
+		v.addOnDemand(best, ch.adapter)
+	}
+	return best
+}
+
+// addOnDemand counts s as serving adapter a, pending its load.
+func (v *workerView) addOnDemand(s *slot, a string) {
+	if s.pendingLoRA(a) || s.info.ServesLoRA(a) {
+		return
+	}
+	old := s.servedLoRAs(s.info.LoRAAdapters)
+	s.onDemand = append(s.onDemand, onDemandLoRA{name: a, pending: true})
+	v.setLoRAs(s, old, s.servedLoRAs(s.info.LoRAAdapters))
+}
+
+// loraLoaded applies a requester's report of an on-demand load.
+func (v *workerView) loraLoaded(m *LoRALoaded) {
+	s := v.registered(m.WorkerID, m.Reg)
+	if s == nil {
+		return
+	}
+	i := slices.IndexFunc(s.onDemand, func(d onDemandLoRA) bool { return d.name == m.Name })
+	if i < 0 {
+		return
+	}
+	if m.OK {
+		s.onDemand[i].pending = false
+		return
+	}
+	old := s.servedLoRAs(s.info.LoRAAdapters)
+	s.onDemand = slices.Delete(s.onDemand, i, i+1)
+	if s.live {
+		v.setLoRAs(s, old, s.servedLoRAs(s.info.LoRAAdapters))
+	}
+}

@@ -330,6 +330,9 @@ type Picked struct {
 	// Warm, when set, asks the requester to copy the prompt's prefix to another worker ahead
 	// of demand (a prefix warm-up, warm.go); nil on almost every pick.
 	Warm *Warmup
+	// LoadLoRA, when set, asks the requester to load this LoRA adapter on Worker before its
+	// attempt (R21 lora_load_on_demand, lora.go) and report it (LoRALoaded).
+	LoadLoRA *LoRALoad
 }
 
 // ObservedTTFT is the gateway's own measurement of one attempt's time to first token (from

@@ -50,6 +50,10 @@ type Config struct {
 	// MaxStoredResponses bounds the stored responses the router routes back to their workers
 	// (R21, responses.go); 0 = DefaultMaxStoredResponses.
 	MaxStoredResponses int
+	// LoRALoadOnDemand and LoRAAdapters are gateway.lora_load_on_demand and
+	// [[gateway.lora_adapters]] (R21, lora.go).
+	LoRALoadOnDemand bool
+	LoRAAdapters     []config.LoRAAdapter
 }
 
 // state survives restarts of the router actor: a panic while handling one message must not
@@ -228,6 +232,8 @@ func (st *state) handle(msg any, fx effects) {
 		st.view.warmupSent(m)
 	case *EndpointUnsupported:
 		st.view.endpointUnsupported(m)
+	case *LoRALoaded:
+		st.view.loraLoaded(m)
 	case *StoreResponse:
 		st.responses.store(m)
 	case *ForgetResponse:
@@ -284,7 +290,7 @@ func (st *state) pick(m *Pick, fx effects) *Picked {
 		return t.out
 	}
 	ch := choice{key: t.key, disagg: t.disagg, prefixHash: m.PrefixHash, hashes: m.PrefixHashes,
-		exclude: m.Exclude, requester: m.Requester, sloMs: m.SLOTTFTMs, endpoint: t.endpoint, adapter: t.adapter}
+		exclude: m.Exclude, requester: m.Requester, sloMs: m.SLOTTFTMs, endpoint: t.endpoint, adapter: t.adapter, load: t.load}
 	if !st.view.choose(ch, t.out, fx) && t.out.Err == nil {
 		t.out.Err = t.noCapacity()
 	}

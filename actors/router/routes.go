@@ -58,6 +58,7 @@ type target struct {
 	// names a base model: lora.go), whose workers are in the pool of key.
 	endpoint oai.Kind
 	adapter  string
+	load     *LoRALoad // an adapter to load on demand (lora.go)
 }
 
 // resolve finds what a Pick asks for (R5); out.Err is set for an unknown model. A model id
@@ -65,7 +66,9 @@ type target struct {
 // adapter (R21). A disaggregated route serves completions and chat through prefill and
 // decode; its other endpoints go to a decode worker alone.
 func (t *routeTable) resolve(m *Pick, v *workerView) target {
-	served := func(model string) bool { return v.models[model] > 0 || len(v.loraIdx[model]) > 0 }
+	served := func(model string) bool {
+		return v.models[model] > 0 || len(v.loraIdx[model]) > 0 || v.onDemand[model] != nil
+	}
 	var model, routeID string
 	stepIdx, steps := 0, 1
 	var accept *cascade.Accept
@@ -88,8 +91,16 @@ func (t *routeTable) resolve(m *Pick, v *workerView) target {
 		out: &Picked{Tag: m.Tag, Route: routeID, ServedModel: model, Step: stepIdx, Steps: steps, Accept: accept},
 		key: poolKey{model: model, role: role}, disagg: disagg, endpoint: m.Endpoint,
 	}
-	if v.models[model] == 0 && len(v.loraIdx[model]) > 0 {
-		t2.adapter, t2.key.model = model, v.loraBase(model)
+	if v.models[model] == 0 {
+		if len(v.loraIdx[model]) > 0 {
+			t2.adapter, t2.key.model = model, v.loraBase(model)
+		}
+		if a := v.onDemand[model]; a != nil {
+			t2.adapter, t2.load = model, &LoRALoad{Name: a.Name, Path: a.Path}
+			if t2.key.model == model {
+				t2.key.model = a.BaseModel
+			}
+		}
 	}
 	return t2
 }

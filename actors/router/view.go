@@ -45,6 +45,8 @@ type slot struct {
 	// loras is the LoRA adapters the router last sent it, most recent first, at most its
 	// max_loras (lora.go).
 	loras []string
+	// onDemand is the adapters loaded on it on demand (lora.go), at most the configured ones.
+	onDemand []onDemandLoRA
 }
 
 func (s *slot) inFlight() int64 { return s.reported + int64(s.acqSent-s.acqSeen) }
@@ -160,6 +162,8 @@ type workerView struct {
 	loraIdx      map[string][]*slot
 	cands        []policy.LoRACandidate
 	lastUnserved bool
+	// onDemand is [[gateway.lora_adapters]] by name when lora_load_on_demand is on (nil: off).
+	onDemand map[string]*config.LoRAAdapter
 }
 
 func newWorkerView(cfg Config, clk clock.Clock) *workerView {
@@ -178,6 +182,12 @@ func newWorkerView(cfg Config, clk clock.Clock) *workerView {
 	}
 	if cfg.PrefixIndexBlocks > 0 {
 		v.pidx = prefixindex.New(cfg.PrefixIndexBlocks)
+	}
+	if cfg.LoRALoadOnDemand {
+		v.onDemand = make(map[string]*config.LoRAAdapter, len(cfg.LoRAAdapters))
+		for i := range cfg.LoRAAdapters {
+			v.onDemand[cfg.LoRAAdapters[i].Name] = &cfg.LoRAAdapters[i]
+		}
 	}
 	reads := policy.ReadsOf(cfg.Policy)
 	v.predicted = reads.TTFT
@@ -202,9 +212,10 @@ type choice struct {
 	soft      string     // the gate's soft target ("" = none)
 	requester *actor.PID // named in the Acquire, so the worker can watch it
 	// endpoint is the serving endpoint asked for (R21; 0 = any), adapter the LoRA adapter
-	// ("" = the pool's model itself, lora.go).
+	// ("" = the pool's model itself, lora.go), load its on-demand load (nil: none configured).
 	endpoint oai.Kind
 	adapter  string
+	load     *LoRALoad
 }
 
 // choose picks and reserves the worker(s) of a resolved pick into out: the soft target when it
@@ -241,6 +252,14 @@ func (v *workerView) choose(ch choice, out *Picked, fx effects) bool {
 		if ch.adapter != "" {
 			if s, reason = v.pickLoRA(ch); s == nil && v.lastUnserved {
 				out.Err = unserved(ch.adapter, ch.endpoint)
+			}
+			if s == nil && ch.load != nil && len(v.loraIdx[ch.adapter]) == 0 {
+				if s = v.pickToLoad(ch); s != nil {
+					s.touchLoRA(ch.adapter)
+				}
+			}
+			if s != nil && ch.load != nil && s.pendingLoRA(ch.adapter) {
+				out.LoadLoRA = ch.load
 			}
 			ls = nil
 		} else {
@@ -375,11 +394,11 @@ func (v *workerView) workerState(m *WorkerState, fx effects) bool {
 	}
 	var oldLoRAs []string
 	if s.live {
-		oldLoRAs = s.info.LoRAAdapters
+		oldLoRAs = s.servedLoRAs(s.info.LoRAAdapters)
 	}
 	var newLoRAs []string
 	if m.Live {
-		newLoRAs = m.Info.LoRAAdapters
+		newLoRAs = s.servedLoRAs(m.Info.LoRAAdapters)
 	}
 	v.setLoRAs(s, oldLoRAs, newLoRAs)
 	s.info, s.live, s.unreachable = m.Info, m.Live, m.Unreachable
@@ -474,7 +493,7 @@ func (v *workerView) remove(s *slot) {
 	v.setState(s, stateNone)
 	if s.live {
 		v.dropModel(s.info.Model)
-		v.setLoRAs(s, s.info.LoRAAdapters, nil)
+		v.setLoRAs(s, s.servedLoRAs(s.info.LoRAAdapters), nil)
 		s.live = false
 	}
 	delete(v.slots, s.info.ID)

@@ -140,7 +140,8 @@ func Start(cfg *config.Config, o Options) (*App, error) {
 			engines.Accept(info, watch)
 		},
 		Clock: o.Clock, Policy: g.RoutePolicy, LoadFactor: g.AffinityLoadFactor, Routes: g.Routes,
-		WarmupMinBytes:    g.PrefixWarmupMinBytes,
+		WarmupMinBytes:   g.PrefixWarmupMinBytes,
+		LoRALoadOnDemand: g.LoRALoadOnDemand, LoRAAdapters: g.LoRAAdapters,
 		HeartbeatInterval: g.HeartbeatInterval, MissLimit: g.HeartbeatMissLimit,
 		Logger: o.Logger, RouterMetrics: router.NewMetrics(reg),
 		Options: func(kind string) []actor.PropsOption {
