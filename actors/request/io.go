@@ -218,16 +218,25 @@ func readBounded(r io.Reader, length int64, limit int, hold *bufHold) ([]byte, e
 // cross-site form POST would run script in the gateway's origin).
 var forwardHeaders = [...]string{"Cache-Control", "Retry-After"}
 
-// eventStreamType is the Content-Type of a relayed stream.
-var eventStreamType = []string{"text/event-stream"}
+// eventStreamType is the Content-Type of a relayed stream; plainTextType of an audio
+// transcript asked for as text.
+var (
+	eventStreamType = []string{"text/event-stream"}
+	plainTextType   = []string{"text/plain; charset=utf-8"}
+)
 
 // writeHeaders sets the answer's Content-Type, copies the allowed engine headers and adds the
 // debug ones (SPEC B2, R7, R20).
 func (r *requestActor) writeHeaders(from http.Header) {
 	h := r.x.W.Header()
-	if strings.HasPrefix(from.Get("Content-Type"), "text/event-stream") {
+	switch ct := from.Get("Content-Type"); {
+	case strings.HasPrefix(ct, "text/event-stream"):
 		h["Content-Type"] = eventStreamType
-	} else {
+	case r.x.Kind.Multipart() && strings.HasPrefix(ct, "text/plain"):
+		// A transcript asked for as text (response_format text, srt, vtt): plain text, which
+		// with nosniff no browser runs (R20).
+		h["Content-Type"] = plainTextType
+	default:
 		h["Content-Type"] = jsonContentType
 	}
 	for _, k := range forwardHeaders {

@@ -111,6 +111,19 @@ func TestAudioFormsAreRelayedByteForByte(t *testing.T) {
 	if calls := e.engine.calls(); len(calls) != 1 || !bytes.Equal(calls[0], want) || gotType != ct {
 		t.Fatalf("engine got %q (%s), want %q (%s)", calls, gotType, want, ct)
 	}
+	text := newPathEngine(t, func(w http.ResponseWriter, _ *http.Request, _ []byte) {
+		w.Header().Set("Content-Type", "text/plain")
+		_, _ = io.WriteString(w, "hello")
+	})
+	s.beat("w2", "plain-v1", text.engine)
+	body, ct = audioForm(t, "plain-v1")
+	if resp, b := s.do(t, "POST", "/v1/audio/translations", "", string(body), "Content-Type", ct); resp.StatusCode != 200 ||
+		resp.Header.Get("Content-Type") != "text/plain; charset=utf-8" || string(b) != "hello" {
+		t.Fatalf("a text transcript: %d %q %s", resp.StatusCode, resp.Header.Get("Content-Type"), b)
+	}
+	if resp, b := s.do(t, "POST", "/v1/embeddings", "", `{"model":"plain-v1","input":"x"}`); resp.Header.Get("Content-Type") != "application/json" {
+		t.Fatalf("a text answer on another endpoint kept its label: %d %q %s", resp.StatusCode, resp.Header.Get("Content-Type"), b)
+	}
 	if resp, b := s.do(t, "POST", "/v1/audio/translations", "", `{"model":"whisper"}`); resp.StatusCode != 400 {
 		t.Fatalf("a JSON body on an audio endpoint: %d %s", resp.StatusCode, b)
 	}
