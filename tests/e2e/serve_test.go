@@ -162,7 +162,7 @@ scopes = ["inference", "admin", "debug"]
 		`tlgw_actor_mailbox_length{actor_kind="router"}`,
 		`tlgw_actor_message_seconds_bucket{actor_kind="router",message="Pick"`,
 		`tlgw_actor_message_seconds_bucket{actor_kind="registry",message="Heartbeat"`,
-		`tlgw_requests_total{code="200",model="smol-v3",route="smol"} 2`,
+		`tlgw_requests_total{code="200",endpoint="completions",model="smol-v3",route="smol"} 2`,
 		`tlgw_routing_decisions_total{policy="least_outstanding",reason="least_load"} 2`,
 		`tlgw_workers{state="routable"} 1`,
 	} {
