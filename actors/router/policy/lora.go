@@ -68,9 +68,8 @@ func PickLoRA(cands []LoRACandidate, key uint64, c float64) (*Member, Reason) {
 	case loaded != nil && loaded.M.load < 2*capLoad:
 		return loaded.M, ReasonLoRA
 	}
-	if least.Loaded {
-		return least.M, ReasonLoRA
-	}
+	// Here the least loaded worker does not have the adapter loaded: had it, it would be under
+	// twice the cap (the cap exceeds the mean load, and it is the least loaded).
 	return least.M, ReasonLeastLoad
 }
 
