@@ -87,6 +87,16 @@ func NewExchange(ctx context.Context, w http.ResponseWriter, path string, kind o
 		Start: start, Owner: -1, done: make(chan struct{})}
 }
 
+// promptBytes is what the prompt estimate of the answer's cost counts (4 bytes a token): the
+// body, but for an audio form, whose bytes are audio, not text (R21: it costs what its answer
+// reports).
+func (x *Exchange) promptBytes() int {
+	if x.Kind.Multipart() {
+		return 0
+	}
+	return len(x.Body)
+}
+
 // Done is closed once the client has its terminal outcome and nothing writes to W any more.
 func (x *Exchange) Done() <-chan struct{} { return x.done }
 
@@ -648,7 +658,7 @@ func (r *requestActor) finish(c actor.Context, code int) {
 	r.code = code
 	r.d.Metrics.done(r.route, r.served, r.x.Kind, code)
 	r.finished = true
-	r.x.tokens = r.relayOut.cost(len(r.x.Body))
+	r.x.tokens = r.relayOut.cost(r.x.promptBytes())
 	r.tellFinished(c.Send, r.x.tokens, !r.answered(code))
 	close(r.x.done)
 	c.Stop(c.Self())
@@ -709,7 +719,7 @@ func (r *requestActor) stopping(c actor.Context) {
 	// releases its ticket when it stops, and the router, told here, cancels an admitted
 	// request that still waits or ends its turn for the gate.
 	// The relay may still be writing its result: the cost is the prompt's estimate.
-	r.tellFinished(c.Send, (*relayResult)(nil).cost(len(r.x.Body)), true)
+	r.tellFinished(c.Send, (*relayResult)(nil).cost(r.x.promptBytes()), true)
 	r.stopPickTimer()
 	r.stopFaultTimers()
 	r.budgetEnd()

@@ -339,3 +339,27 @@ func TestAnthropicKeysAndErrors(t *testing.T) {
 		t.Fatalf("admin with x-api-key: %d", resp.StatusCode)
 	}
 }
+
+// TestAudioCostsWhatItsAnswerReports (R20, R21): an audio form's bytes are audio, not prompt
+// text: a key's tpm is charged the answer's usage, not the form's size at 4 bytes a token, so a
+// 40 KiB clip does not spend a 1,000-token minute.
+func TestAudioCostsWhatItsAnswerReports(t *testing.T) {
+	s := newStack(t, stackOpt{keys: []config.Key{{Key: "sk-tpm", Scopes: []string{"inference"}, TPM: 1000}}})
+	e := newPathEngine(t, func(w http.ResponseWriter, _ *http.Request, _ []byte) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"text":"hi","usage":{"total_tokens":30}}`)
+	})
+	s.beat("w1", "whisper", e.engine)
+	var buf bytes.Buffer
+	mw := multipart.NewWriter(&buf)
+	_ = mw.WriteField("model", "whisper")
+	fw, _ := mw.CreateFormFile("file", "a.wav")
+	_, _ = fw.Write(bytes.Repeat([]byte{0x7f}, 40<<10))
+	_ = mw.Close()
+	for i := range 5 {
+		resp, b := s.do(t, "POST", "/v1/audio/transcriptions", "sk-tpm", buf.String(), "Content-Type", mw.FormDataContentType())
+		if resp.StatusCode != 200 {
+			t.Fatalf("clip %d: %d %s (remaining %s)", i, resp.StatusCode, b, resp.Header.Get("X-Ratelimit-Remaining-Tokens"))
+		}
+	}
+}
