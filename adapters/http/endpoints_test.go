@@ -341,13 +341,13 @@ func TestAnthropicKeysAndErrors(t *testing.T) {
 }
 
 // TestAudioCostsWhatItsAnswerReports (R20, R21): an audio form's bytes are audio, not prompt
-// text: a key's tpm is charged the answer's usage, not the form's size at 4 bytes a token, so a
-// 40 KiB clip does not spend a 1,000-token minute.
+// text: a key's tpm is charged what the answer reports (here: no token usage), not the form's
+// size at 4 bytes a token, so a 40 KiB clip does not spend a 1,000-token minute.
 func TestAudioCostsWhatItsAnswerReports(t *testing.T) {
 	s := newStack(t, stackOpt{keys: []config.Key{{Key: "sk-tpm", Scopes: []string{"inference"}, TPM: 1000}}})
 	e := newPathEngine(t, func(w http.ResponseWriter, _ *http.Request, _ []byte) {
 		w.Header().Set("Content-Type", "application/json")
-		_, _ = io.WriteString(w, `{"text":"hi","usage":{"total_tokens":30}}`)
+		_, _ = io.WriteString(w, `{"text":"hi","usage":{"type":"duration","seconds":3}}`)
 	})
 	s.beat("w1", "whisper", e.engine)
 	var buf bytes.Buffer
