@@ -297,3 +297,59 @@ func FuzzParseOther(f *testing.F) {
 		}
 	})
 }
+
+// TestMultipartBounds pins the form's edges: a 70-character boundary and 64 parts are
+// accepted, 71 and 65 are not; a 256-byte model is, 257 is not; '~' is a model character.
+func TestMultipartBounds(t *testing.T) {
+	if _, err := FormBoundary("multipart/form-data; boundary=" + strings.Repeat("b", 70)); err != nil {
+		t.Fatalf("70: %v", err)
+	}
+	if _, err := FormBoundary("multipart/form-data; boundary=" + strings.Repeat("b", 71)); err == nil {
+		t.Fatal("a 71-character boundary accepted")
+	}
+	parts := func(n int) [][2]string { // the model and the file make 2
+		out := [][2]string{{"model", "m~1"}}
+		for range n - 2 {
+			out = append(out, [2]string{"x", "y"})
+		}
+		return out
+	}
+	body, ct := form(t, parts(MaxFormParts))
+	if r, err := ParseMultipart(Transcriptions, ct, body); err != nil || r.Model != "m~1" {
+		t.Fatalf("%d parts: %v %v", MaxFormParts, r, err)
+	}
+	body, ct = form(t, parts(MaxFormParts+1))
+	if _, err := ParseMultipart(Transcriptions, ct, body); err == nil {
+		t.Fatalf("%d parts accepted", MaxFormParts+1)
+	}
+	for n, ok := range map[int]bool{256: true, 257: false} {
+		body, ct := form(t, [][2]string{{"model", strings.Repeat("m", n)}})
+		if _, err := ParseMultipart(Transcriptions, ct, body); (err == nil) != ok {
+			t.Fatalf("a %d-byte model: %v", n, err)
+		}
+	}
+}
+
+// TestRewriteFormFieldShapes: the rewrite finds the model after the shapes a form may take
+// before it — a preamble line, transport padding after a delimiter, a part without headers, an
+// empty value — as the standard library's reader does.
+func TestRewriteFormFieldShapes(t *testing.T) {
+	for name, body := range map[string]string{
+		"preamble":      "\r\n--b\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nold\r\n--b--\r\n",
+		"padding":       "--b  \r\nContent-Disposition: form-data; name=\"x\"\r\n\r\n1\r\n--b \t\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nold\r\n--b--\r\n",
+		"no headers":    "--b\r\n\r\nanonymous\r\n--b\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nold\r\n--b--\r\n",
+		"empty value":   "--b\r\nContent-Disposition: form-data; name=\"x\"\r\n\r\n\r\n--b\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nold\r\n--b--\r\n",
+		"model is last": "--b\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a\"\r\nContent-Type: audio/wav\r\n\r\n--bx\r\n--b\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nold\r\n--b--\r\n",
+	} {
+		t.Run(name, func(t *testing.T) {
+			if _, err := ParseMultipart(Transcriptions, "multipart/form-data; boundary=b", []byte(body)); err != nil {
+				t.Fatalf("not a form the gateway accepts: %v", err)
+			}
+			out, err := RewriteFormField([]byte(body), "b", "model", "new")
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkRewrite(t, []byte(body), out, "b", "new")
+		})
+	}
+}
