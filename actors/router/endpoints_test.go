@@ -140,6 +140,29 @@ func TestLoRAAdapterPicks(t *testing.T) {
 	}
 }
 
+// TestLoRAUnawarePicksLeastLoaded: with Config.LoRAUnaware (the simulator's baseline) an
+// adapter's picks ignore where it is loaded and go to the least loaded worker serving it —
+// the idle one, where the LoRA-aware pick of TestLoRAAdapterPicks stays on the loaded one —
+// still never to a worker that does not serve it. The simulator's comparison is only fair
+// if the baseline is exactly least-loaded among the adapter's servers.
+func TestLoRAUnawarePicksLeastLoaded(t *testing.T) {
+	r := newRig(t, Config{LoadFactor: 1.25, LoRAUnaware: true})
+	lora := func(i *WorkerInfo) { i.LoRAAdapters, i.MaxLoRAs = []string{"a"}, 2 }
+	r.joinWith("w1", "base", RoleUnified, 0, lora)
+	r.joinWith("w2", "base", RoleUnified, 0, lora)
+	r.joinWith("w3", "base", RoleUnified, 0, func(*WorkerInfo) {})
+	q := r.newRequester()
+	first := q.pickFor("a", oai.Completions)
+	second := q.pickFor("a", oai.Completions)
+	if first.Err != nil || second.Err != nil || first.WorkerID == second.WorkerID ||
+		first.WorkerID == "w3" || second.WorkerID == "w3" {
+		t.Fatalf("picks %q then %q, want w1 and w2 in some order", first.WorkerID, second.WorkerID)
+	}
+	if second.Reason.String() == "lora" {
+		t.Fatalf("an unaware pick claimed the adapter was loaded: %v", second.Reason)
+	}
+}
+
 // TestModelsListAdaptersWithParent: /v1/models shows each adapter with its base model, and the
 // context length the engines report.
 func TestModelsListAdaptersWithParent(t *testing.T) {

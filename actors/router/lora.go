@@ -13,6 +13,8 @@ import (
 // scraped vLLM's lora_requests_info) and the last max_loras adapters the router sent it
 // (slot.loras): vLLM keeps recently used adapters in its slots and evicts the least recently
 // used one for a new adapter, so while the gateway is the engine's only client the two agree.
+// Config.LoRAUnaware (the simulator's baseline) hides that belief from PickLoRA, which then
+// picks the least loaded worker serving the adapter.
 //
 // Bounds (R19): loraIdx holds one entry per adapter a registered worker lists, each with the
 // workers listing it (at most max_workers × MaxLoRAAdapters in all), kept in step with the
@@ -73,13 +75,17 @@ func (v *workerView) pickLoRA(ch choice) (*slot, policy.Reason) {
 			unserved++
 			continue
 		}
-		running := s.info.RunningLoRAs
-		loaded := slices.Contains(s.loras, ch.adapter) || slices.Contains(running, ch.adapter)
-		inUse := len(s.loras)
-		if running != nil {
-			inUse = len(running)
+		c := policy.LoRACandidate{M: &s.member}
+		if !v.loraUnaware {
+			running := s.info.RunningLoRAs
+			c.Loaded = slices.Contains(s.loras, ch.adapter) || slices.Contains(running, ch.adapter)
+			inUse := len(s.loras)
+			if running != nil {
+				inUse = len(running)
+			}
+			c.Free = inUse < s.info.MaxLoRAs
 		}
-		v.cands = append(v.cands, policy.LoRACandidate{M: &s.member, Loaded: loaded, Free: inUse < s.info.MaxLoRAs})
+		v.cands = append(v.cands, c)
 	}
 	m, reason := policy.PickLoRA(v.cands, ch.prefixHash, v.loadFactor)
 	clear(v.cands) // keep no member alive through the scratch

@@ -54,6 +54,11 @@ type Config struct {
 	// [[gateway.lora_adapters]] (R21, lora.go).
 	LoRALoadOnDemand bool
 	LoRAAdapters     []config.LoRAAdapter
+	// LoRAUnaware picks an adapter's worker as the least loaded of those serving it, blind to
+	// which have it loaded (lora.go). It is the fleet simulator's baseline only, the
+	// adapter-unaware least_outstanding that policy.PickLoRA is measured against; the gateway
+	// never sets it.
+	LoRAUnaware bool
 }
 
 // state survives restarts of the router actor: a panic while handling one message must not

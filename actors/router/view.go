@@ -163,7 +163,8 @@ type workerView struct {
 	cands        []policy.LoRACandidate
 	lastUnserved bool
 	// onDemand is [[gateway.lora_adapters]] by name when lora_load_on_demand is on (nil: off).
-	onDemand map[string]*config.LoRAAdapter
+	onDemand    map[string]*config.LoRAAdapter
+	loraUnaware bool // Config.LoRAUnaware: the simulator's baseline
 }
 
 func newWorkerView(cfg Config, clk clock.Clock) *workerView {
@@ -178,7 +179,7 @@ func newWorkerView(cfg Config, clk clock.Clock) *workerView {
 		decisions: cfg.Metrics.decisionCounters(cfg.Policy),
 		gauges:    cfg.Metrics.workerGauges(),
 		warmMin:   warmMinChunks(cfg.WarmupMinBytes), warmCredit: warmBurst * warmPicks,
-		warmups: cfg.Metrics.warmups,
+		warmups: cfg.Metrics.warmups, loraUnaware: cfg.LoRAUnaware,
 	}
 	if cfg.PrefixIndexBlocks > 0 {
 		v.pidx = prefixindex.New(cfg.PrefixIndexBlocks)
