@@ -46,6 +46,8 @@ type engine struct {
 	// counters of pools a restart replaced.
 	removed         []uint64
 	oldHit, oldLook uint64
+	// lora is its adapters' GPU slots (nil on a trace without adapters).
+	lora *loraSlots
 }
 
 func newEngine(id string, m EngineModel) *engine {
@@ -54,8 +56,20 @@ func newEngine(id string, m EngineModel) *engine {
 
 func (e *engine) waiting() int { return len(e.queue) - e.head }
 
+// loraWaiting is the engine's requests waiting for their adapter's slot.
+func (e *engine) loraWaiting() int {
+	if e.lora == nil {
+		return 0
+	}
+	return len(e.lora.waiting)
+}
+
+// queued is the engine's requests that do not run yet (its reported queue depth): those
+// waiting for a running slot or their KV, and those waiting for their adapter's slot.
+func (e *engine) queued() int { return e.waiting() + e.loraWaiting() }
+
 // inFlight is the engine's requests, queued or running: the worker's in-flight count.
-func (e *engine) inFlight() int { return e.run + e.waiting() }
+func (e *engine) inFlight() int { return e.run + e.queued() }
 
 // fits reports whether a prompt of n tokens can ever be allocated (sim/engine's errTooLong).
 func (e *engine) fits(n int) bool {
@@ -89,4 +103,87 @@ func (e *engine) finish(pool *kv.Pool, seq *kv.Seq, answer []uint32) {
 	}
 	pool.Free(seq)
 	e.run--
+}
+
+// loraSlots is an engine's GPU slots for LoRA adapters, sim/engine's rule (lora.go) made
+// synchronous: an adapter's requests run only while it holds one of max slots. A request whose
+// adapter holds a slot counts one more running there; else it takes a free slot, or else the
+// least recently used slot with no running request (ties to the smaller adapter), and pays a
+// swap (loading the adapter); while every slot's adapter has running requests it waits, and
+// each release lets the waiters go in order while they can. Adapters are numbered 0 to K-1.
+//
+// Worked example, max 2: a runs (a swap), b runs (a swap), c waits; b's request ends, b is
+// idle and least recently used, so c evicts it (a swap) and runs; a's next request runs at
+// once (a still holds its slot).
+type loraSlots struct {
+	max   int
+	slots map[int32]*loraSlot // adapter → its slot; at most max entries
+	// waiting is the requests (job indexes) whose adapter waits for a slot, in arrival
+	// order; bounded by the requests in flight on the engine.
+	waiting []int32
+	tick    uint64 // the LRU clock: bumped at every release
+	swaps   int    // adapters loaded into a slot, ever
+}
+
+type loraSlot struct {
+	running int
+	used    uint64 // tick of its last release
+}
+
+func newLoRASlots(max int) *loraSlots {
+	return &loraSlots{max: max, slots: make(map[int32]*loraSlot, max)}
+}
+
+// place counts a running request of adapter a if a holds a slot or can take one; it reports
+// whether it could, and whether a was loaded for it (a swap).
+func (l *loraSlots) place(a int32) (ok, swapped bool) {
+	if s, ok := l.slots[a]; ok {
+		s.running++
+		return true, false
+	}
+	if len(l.slots) >= l.max {
+		victim, best := int32(-1), uint64(0)
+		for n, s := range l.slots {
+			if s.running == 0 && (victim < 0 || s.used < best || s.used == best && n < victim) {
+				victim, best = n, s.used
+			}
+		}
+		if victim < 0 {
+			return false, false
+		}
+		delete(l.slots, victim)
+	}
+	l.slots[a] = &loraSlot{running: 1}
+	l.swaps++
+	return true, true
+}
+
+// release counts one request of adapter a as ended: its slot becomes the most recently used.
+func (l *loraSlots) release(a int32) {
+	s := l.slots[a]
+	s.running--
+	l.tick++
+	s.used = l.tick
+}
+
+// ready takes out of the waiting list, in order, the requests that can run now (each placed,
+// as place does) and appends them to dst with whether each swapped; adapterOf names a
+// waiting request's adapter.
+func (l *loraSlots) ready(dst []loraPlaced, adapterOf func(job int32) int32) []loraPlaced {
+	kept := l.waiting[:0]
+	for _, j := range l.waiting {
+		if ok, swapped := l.place(adapterOf(j)); ok {
+			dst = append(dst, loraPlaced{job: j, swapped: swapped})
+			continue
+		}
+		kept = append(kept, j)
+	}
+	l.waiting = kept
+	return dst
+}
+
+// loraPlaced is a waiting request that got its adapter's slot.
+type loraPlaced struct {
+	job     int32
+	swapped bool
 }

@@ -136,7 +136,7 @@ func TestOfferedRate(t *testing.T) {
 	if err := o.defaults(); err != nil {
 		t.Fatal(err)
 	}
-	tr, err := genTrace(o.Trace, o.Requests, o.Workers, o.Seed)
+	tr, err := genTrace(o.Trace, o.Requests, o.Workers, o.Adapters, o.Seed)
 	if err != nil {
 		t.Fatal(err)
 	}

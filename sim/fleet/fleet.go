@@ -83,6 +83,13 @@ type Options struct {
 	Admission bool
 	// Parallel bounds the policies run at once (default GOMAXPROCS).
 	Parallel int
+	// The lora trace (R21): Adapters is its K (default DefaultAdapters), every engine serving
+	// the base model and all of them; MaxLoRAs the GPU slots of each engine (default 4, as
+	// tlengine's --max-loras); LoRASwap what loading an adapter into a slot adds to a
+	// request's prefill (default 20 ms, as tlengine's --lora-swap-ms; negative: none).
+	Adapters int
+	MaxLoRAs int
+	LoRASwap time.Duration
 	// audit: tests check the engine model as the run goes (audit.go).
 	audit bool
 }
@@ -104,8 +111,15 @@ type Result struct {
 	Rejected      int     `json:"rejected"` // no worker, a prompt larger than its engine's KV, or shed by the admission queue
 	Held          int     `json:"held"`     // requests that waited in the gateway's admission queue (Options.Admission)
 	Warmups       int     `json:"warmups"`  // prefix warm-ups the router asked for and the engines ran (warm.go)
-	OfferedRPS    float64 `json:"offered_rps"`
-	SimSeconds    float64 `json:"sim_seconds"` // simulated time until the last request ended
+	// The lora trace: adapters loaded into a slot, in all and per 1,000 requests, and the
+	// requests that waited for a slot (every slot's adapter had running requests). Adapters is
+	// the trace's K (0 on the other traces).
+	Adapters   int     `json:"adapters"`
+	Swaps      int     `json:"swaps"`
+	SwapsPer1k float64 `json:"swaps_per_1k"`
+	LoRAWaits  int     `json:"lora_waits"`
+	OfferedRPS float64 `json:"offered_rps"`
+	SimSeconds float64 `json:"sim_seconds"` // simulated time until the last request ended
 }
 
 // Report is a simulation's output: {"results": [...]}, one per policy in the order asked.
@@ -118,6 +132,22 @@ const AdmissionMaxWait = 30 * time.Second
 
 // model is the one model every simulated engine serves.
 const model = "sim"
+
+// The lora trace's policies (R21): PolicyLoRA is the router's LoRA-aware pick
+// (policy.PickLoRA); least_outstanding there is the adapter-unaware baseline
+// (router.Config.LoRAUnaware), the least loaded of the workers serving the adapter.
+const PolicyLoRA = "lora"
+
+// LoRAPolicies are the policies a lora trace compares.
+var LoRAPolicies = []string{"least_outstanding", PolicyLoRA}
+
+// Bounds and defaults of the lora trace.
+const (
+	DefaultAdapters = 50
+	MaxAdapters     = router.MaxLoRAAdapters
+	DefaultLoRASwap = 20 * time.Millisecond
+	DefaultMaxLoRAs = 4
+)
 
 // Validate checks o as Run will (after filling its defaults), naming what is wrong.
 func (o Options) Validate() error { return o.defaults() }
@@ -143,6 +173,19 @@ func (o *Options) defaults() error {
 	}
 	if o.Parallel <= 0 {
 		o.Parallel = runtime.GOMAXPROCS(0)
+	}
+	lora := o.Trace == TraceLoRA
+	if lora && o.Adapters == 0 {
+		o.Adapters = DefaultAdapters
+	}
+	if lora && o.MaxLoRAs == 0 {
+		o.MaxLoRAs = DefaultMaxLoRAs
+	}
+	switch {
+	case lora && o.LoRASwap == 0:
+		o.LoRASwap = DefaultLoRASwap
+	case o.LoRASwap < 0:
+		o.LoRASwap = 0
 	}
 	switch {
 	case !slices.Contains(Traces, o.Trace):
@@ -170,8 +213,23 @@ func (o *Options) defaults() error {
 		return fmt.Errorf("bad engine model %+v", o.Engine)
 	case o.Engine.KVBlocks > MaxFleetKVBlocks/o.Workers:
 		return fmt.Errorf("%d engines of %d KV blocks are over the bound of %d blocks in all", o.Workers, o.Engine.KVBlocks, MaxFleetKVBlocks)
+	case !lora && (o.Adapters != 0 || o.MaxLoRAs != 0):
+		return fmt.Errorf("adapters and max_loras are the lora trace's, not %s's", o.Trace)
+	case lora && (o.Adapters < 1 || o.Adapters > MaxAdapters):
+		return fmt.Errorf("adapters must be 1 to %d, got %d", MaxAdapters, o.Adapters)
+	case lora && (o.MaxLoRAs < 1 || o.MaxLoRAs > MaxAdapters):
+		return fmt.Errorf("max_loras must be 1 to %d, got %d", MaxAdapters, o.MaxLoRAs)
 	}
 	for _, p := range o.Policies {
+		switch {
+		case lora && !slices.Contains(LoRAPolicies, p):
+			// The router picks an adapter's worker by policy.PickLoRA whatever the route policy.
+			return fmt.Errorf("the lora trace compares %v, not %q", LoRAPolicies, p)
+		case !lora && p == PolicyLoRA:
+			return fmt.Errorf("policy %q is the lora trace's only", p)
+		case p == PolicyLoRA:
+			continue
+		}
 		if _, err := policy.New(p, policy.Options{}); err != nil {
 			return err
 		}
@@ -226,7 +284,7 @@ func Run(o Options) (*Report, error) {
 	if err := o.defaults(); err != nil {
 		return nil, err
 	}
-	tr, err := genTrace(o.Trace, o.Requests, o.Workers, o.Seed)
+	tr, err := genTrace(o.Trace, o.Requests, o.Workers, o.Adapters, o.Seed)
 	if err != nil {
 		return nil, err
 	}
@@ -359,6 +417,7 @@ type job struct {
 	start   int64
 	cached  int32
 	prompt  int32
+	swapped bool // its adapter was loaded into a slot for it: the swap precedes its prefill
 }
 
 // runner is one policy's run.
@@ -377,10 +436,11 @@ type runner struct {
 	audit    *audit
 	precise  bool // precise_prefix: the engines report what they hold (precise.go)
 
-	toks   []uint32 // scratch: a prompt's tokens
-	body   []byte   // scratch: a request body
-	hashes []uint64 // scratch: a prompt's chunk hashes
-	blocks []int    // scratch: the KV block carrying each chunk (precise.go)
+	toks   []uint32     // scratch: a prompt's tokens
+	body   []byte       // scratch: a request body
+	hashes []uint64     // scratch: a prompt's chunk hashes
+	blocks []int        // scratch: the KV block carrying each chunk (precise.go)
+	ready  []loraPlaced // scratch: requests an adapter's slot let go
 
 	inFlight  int // requests picked and not yet done
 	arrived   int
@@ -389,6 +449,7 @@ type runner struct {
 	outTokens int64
 	rejected  int
 	held      int
+	loraWaits int // requests that waited for their adapter's slot
 	lastDone  int64
 	warms     []warmJob // prefix warm-ups (warm.go)
 	warmLive  int       // warm-ups not yet ended
@@ -400,10 +461,16 @@ const sampleEvery = 100 * time.Millisecond
 
 func runPolicy(o *Options, ms []EngineModel, tr *trace, arrivals []int64, pol string) (Result, error) {
 	cfg := router.Config{Policy: pol, LoadFactor: o.LoadFactor, WarmupMinBytes: max(o.WarmupMinBytes, 0)}
+	if o.Trace == TraceLoRA {
+		// Every request names an adapter, so the route policy picks nothing: lora is the
+		// router's own adapter pick, least_outstanding the same router blind to where adapters
+		// are loaded.
+		cfg.Policy, cfg.LoRAUnaware = "least_outstanding", pol != PolicyLoRA
+	}
 	// As the gateway's app: the approximate index is on for prefix_aware and predicted_latency;
 	// precise_prefix and predicted_latency have the exact one, fed by the engines' events (every
 	// simulated engine reports them).
-	reads := policy.ReadsOf(pol)
+	reads := policy.ReadsOf(cfg.Policy)
 	index, precise := reads.PrefixIndex, reads.KVEvents
 	if index {
 		cfg.PrefixIndexBlocks = o.PrefixIndexBlocks
@@ -431,6 +498,9 @@ func runPolicy(o *Options, ms []EngineModel, tr *trace, arrivals []int64, pol st
 	for i, m := range ms {
 		id := fmt.Sprintf("w%0*d", width, i)
 		r.engines = append(r.engines, newEngine(id, m))
+		if len(tr.adapters) > 0 {
+			r.engines[i].lora = newLoRASlots(o.MaxLoRAs)
+		}
 		r.watch(int32(i))
 		r.byID[id] = int32(i)
 		r.beat(int32(i))
@@ -485,8 +555,8 @@ func runPolicy(o *Options, ms []EngineModel, tr *trace, arrivals []int64, pol st
 		if n := s.InFlight(e.id); n != 0 {
 			return Result{}, fmt.Errorf("%s: the router still counts %d requests in flight on %s after the run", pol, n, e.id)
 		}
-		if e.run != 0 || e.waiting() != 0 {
-			return Result{}, fmt.Errorf("%s: %s still runs %d and queues %d requests after the run", pol, e.id, e.run, e.waiting())
+		if e.run != 0 || e.queued() != 0 {
+			return Result{}, fmt.Errorf("%s: %s still runs %d and queues %d requests after the run", pol, e.id, e.run, e.queued())
 		}
 	}
 	if r.warmLive != 0 {
@@ -503,13 +573,19 @@ func runPolicy(o *Options, ms []EngineModel, tr *trace, arrivals []int64, pol st
 
 func (r *runner) busy() bool { return r.arrived < len(r.arrivals) || r.inFlight > 0 }
 
-// beat is engine i's heartbeat: its queue, running set and KV blocks.
+// beat is engine i's heartbeat: its queue, running set and KV blocks, and as tlengine's the
+// adapters it serves and its max_loras (not which are running: that only a scraped vLLM
+// tells, so the router's belief is what it sent).
 func (r *runner) beat(i int32) {
 	e := r.engines[i]
 	st := e.pool.Stats()
-	r.sim.SetWorker(router.WorkerInfo{ID: e.id, Model: model, HTTPAddress: "sim:" + e.id,
-		QueueDepth: int64(e.waiting()), Running: int64(e.run), KVFreeBlocks: int64(st.FreeBlocks),
-		KVTotalBlocks: int64(st.TotalBlocks), BlockSize: int64(e.model.BlockSize), KVEvents: true})
+	info := router.WorkerInfo{ID: e.id, Model: model, HTTPAddress: "sim:" + e.id,
+		QueueDepth: int64(e.queued()), Running: int64(e.run), KVFreeBlocks: int64(st.FreeBlocks),
+		KVTotalBlocks: int64(st.TotalBlocks), BlockSize: int64(e.model.BlockSize), KVEvents: true}
+	if e.lora != nil {
+		info.LoRAAdapters, info.MaxLoRAs = r.tr.adapters, e.lora.max // read-only, shared
+	}
+	r.sim.SetWorker(info)
 }
 
 // prompt fills r.toks with request i's prompt tokens.
@@ -557,7 +633,11 @@ func (r *runner) pick(i int32) (*router.Picked, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &router.Pick{Model: model, RequestID: strconv.Itoa(int(i)), Key: uint64(i) + 1,
+	name := model
+	if req.lora > 0 {
+		name = r.tr.adapters[req.lora-1]
+	}
+	p := &router.Pick{Model: name, RequestID: strconv.Itoa(int(i)), Key: uint64(i) + 1,
 		PrefixHash: xxhash.Sum64(key), Tag: uint64(i) + 1, SLOTTFTMs: r.o.SLOTTFT.Milliseconds()}
 	if r.index {
 		rendered := oai.RenderPrompt(oai.Chat, r.body, len(r.body))
@@ -629,9 +709,26 @@ func (r *runner) place(i int32, pk *router.Picked) {
 		return
 	}
 	r.inFlight++
+	if a := r.tr.reqs[i].lora - 1; a >= 0 {
+		ok, swapped := e.lora.place(a)
+		if !ok {
+			e.lora.waiting = append(e.lora.waiting, i)
+			r.loraWaits++
+			return
+		}
+		j.swapped = swapped
+	}
+	r.schedule(i)
+}
+
+// schedule hands request i (with its adapter's slot, if it names one) to its engine's
+// scheduler: it runs at once or waits in the queue.
+func (r *runner) schedule(i int32) {
+	j := &r.jobs[i]
+	e := r.engines[j.eng]
 	r.audit.placed(j.eng, i)
 	if e.waiting() == 0 {
-		seq, cached, ok := e.tryStart(prompt)
+		seq, cached, ok := e.tryStart(r.prompt(i))
 		r.flushKV(j.eng)
 		if ok {
 			r.start(i, seq, cached)
@@ -651,6 +748,9 @@ func (r *runner) start(i int32, seq *kv.Seq, cached int) {
 	r.audit.started(j.eng, i)
 	r.tag(i, j.eng, seq)
 	prefill := int64(int(j.prompt)-cached) * int64(m.PrefillPerToken)
+	if j.swapped {
+		prefill += int64(r.o.LoRASwap)
+	}
 	first := r.now + prefill
 	r.ttft = append(r.ttft, float64(first-j.arrival)/1e6)
 	r.queueSum += float64(r.now-j.arrival) / 1e6
@@ -675,6 +775,14 @@ func (r *runner) done(i int32) {
 	r.sim.Release(j.picked, router.OutcomeSuccess)
 	r.finished(i, false)
 	j.picked = nil
+	if a := r.tr.reqs[i].lora - 1; a >= 0 {
+		e.lora.release(a)
+		r.ready = e.lora.ready(r.ready[:0], func(w int32) int32 { return r.tr.reqs[w].lora - 1 })
+		for _, p := range r.ready {
+			r.jobs[p.job].swapped = p.swapped
+			r.schedule(p.job)
+		}
+	}
 	r.drain(j.eng)
 }
 
@@ -766,6 +874,13 @@ func (r *runner) result(pol string) Result {
 	if r.meanSum > 0 {
 		res.Imbalance = round(r.maxSum/r.meanSum, 3)
 	}
+	res.Adapters, res.LoRAWaits = len(r.tr.adapters), r.loraWaits
+	for _, e := range r.engines {
+		if e.lora != nil {
+			res.Swaps += e.lora.swaps
+		}
+	}
+	res.SwapsPer1k = round(float64(res.Swaps)*1000/float64(len(r.tr.reqs)), 2)
 	return res
 }
 

@@ -47,6 +47,9 @@ func TestDeterministicPerSeed(t *testing.T) {
 	for _, tr := range Traces {
 		t.Run(tr, func(t *testing.T) {
 			o := Options{Trace: tr, Workers: 6, Requests: 150, Load: 0.9, Policies: allPolicies, Seed: 7, Heterogeneous: true}
+			if tr == TraceLoRA {
+				o.Policies = LoRAPolicies
+			}
 			var a, b, c bytes.Buffer
 			if err := run(t, o).WriteJSON(&a); err != nil {
 				t.Fatal(err)
@@ -119,7 +122,7 @@ func TestJSONShape(t *testing.T) {
 // chat's turn renders as its previous turn's prompt plus the answer, and the engine's tokens
 // of a turn extend the previous turn's tokens and answer.
 func TestPickAsTheRequestActor(t *testing.T) {
-	tr, err := genTrace(TraceMultiTurn, 400, 2, 3)
+	tr, err := genTrace(TraceMultiTurn, 400, 2, 0, 3)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -185,32 +188,40 @@ func TestValidate(t *testing.T) {
 		t.Fatal(err)
 	}
 	for name, set := range map[string]func(*Options){
-		"trace":         func(o *Options) { o.Trace = "bursty" },
-		"workers":       func(o *Options) { o.Workers = 0 },
-		"requests":      func(o *Options) { o.Requests = -1 },
-		"load":          func(o *Options) { o.Load = 0 },
-		"policy":        func(o *Options) { o.Policies = []string{"random"} },
-		"policies":      func(o *Options) { o.Policies = nil },
-		"load inf":      func(o *Options) { o.Load = math.Inf(1) },
-		"load nan":      func(o *Options) { o.Load = math.NaN() },
-		"slo":           func(o *Options) { o.SLOTTFT = -time.Millisecond },
-		"c < 1":         func(o *Options) { o.LoadFactor = 0.99 },
-		"c nan":         func(o *Options) { o.LoadFactor = math.NaN() },
-		"c inf":         func(o *Options) { o.LoadFactor = math.Inf(1) },
-		"index":         func(o *Options) { o.PrefixIndexBlocks = -1 },
-		"kv":            func(o *Options) { o.Engine = DefaultEngine; o.Engine.KVBlocks = 0 },
-		"block":         func(o *Options) { o.Engine = DefaultEngine; o.Engine.BlockSize = 0 },
-		"running":       func(o *Options) { o.Engine = DefaultEngine; o.Engine.MaxRunning = 0 },
-		"prefill":       func(o *Options) { o.Engine = DefaultEngine; o.Engine.PrefillPerToken = -1 },
-		"decode":        func(o *Options) { o.Engine = DefaultEngine; o.Engine.DecodePerToken = -1 },
-		"workers over":  func(o *Options) { o.Workers = MaxWorkers + 1 },
-		"requests over": func(o *Options) { o.Requests = MaxRequests + 1 },
-		"load under":    func(o *Options) { o.Load = math.Nextafter(MinLoad, 0) },
-		"load over":     func(o *Options) { o.Load = math.Nextafter(MaxLoad, math.Inf(1)) },
-		"heartbeat":     func(o *Options) { o.Heartbeat = MinHeartbeat - 1 },
-		"restart":       func(o *Options) { o.RestartEvery = MinRestartEvery - 1 },
-		"restart < 0":   func(o *Options) { o.RestartEvery = -time.Second },
-		"fleet kv":      func(o *Options) { o.Workers = 2; o.Engine = DefaultEngine; o.Engine.KVBlocks = MaxFleetKVBlocks/2 + 1 },
+		"trace":                  func(o *Options) { o.Trace = "bursty" },
+		"workers":                func(o *Options) { o.Workers = 0 },
+		"requests":               func(o *Options) { o.Requests = -1 },
+		"load":                   func(o *Options) { o.Load = 0 },
+		"policy":                 func(o *Options) { o.Policies = []string{"random"} },
+		"policies":               func(o *Options) { o.Policies = nil },
+		"load inf":               func(o *Options) { o.Load = math.Inf(1) },
+		"load nan":               func(o *Options) { o.Load = math.NaN() },
+		"slo":                    func(o *Options) { o.SLOTTFT = -time.Millisecond },
+		"c < 1":                  func(o *Options) { o.LoadFactor = 0.99 },
+		"c nan":                  func(o *Options) { o.LoadFactor = math.NaN() },
+		"c inf":                  func(o *Options) { o.LoadFactor = math.Inf(1) },
+		"index":                  func(o *Options) { o.PrefixIndexBlocks = -1 },
+		"kv":                     func(o *Options) { o.Engine = DefaultEngine; o.Engine.KVBlocks = 0 },
+		"block":                  func(o *Options) { o.Engine = DefaultEngine; o.Engine.BlockSize = 0 },
+		"running":                func(o *Options) { o.Engine = DefaultEngine; o.Engine.MaxRunning = 0 },
+		"prefill":                func(o *Options) { o.Engine = DefaultEngine; o.Engine.PrefillPerToken = -1 },
+		"decode":                 func(o *Options) { o.Engine = DefaultEngine; o.Engine.DecodePerToken = -1 },
+		"workers over":           func(o *Options) { o.Workers = MaxWorkers + 1 },
+		"requests over":          func(o *Options) { o.Requests = MaxRequests + 1 },
+		"load under":             func(o *Options) { o.Load = math.Nextafter(MinLoad, 0) },
+		"load over":              func(o *Options) { o.Load = math.Nextafter(MaxLoad, math.Inf(1)) },
+		"heartbeat":              func(o *Options) { o.Heartbeat = MinHeartbeat - 1 },
+		"restart":                func(o *Options) { o.RestartEvery = MinRestartEvery - 1 },
+		"restart < 0":            func(o *Options) { o.RestartEvery = -time.Second },
+		"fleet kv":               func(o *Options) { o.Workers = 2; o.Engine = DefaultEngine; o.Engine.KVBlocks = MaxFleetKVBlocks/2 + 1 },
+		"adapters without lora":  func(o *Options) { o.Adapters = 4 },
+		"max_loras without lora": func(o *Options) { o.MaxLoRAs = 4 },
+		"lora policy elsewhere":  func(o *Options) { o.Policies = []string{PolicyLoRA} },
+		"adapters < 0":           func(o *Options) { o.Trace, o.Policies, o.Adapters = TraceLoRA, LoRAPolicies, -1 },
+		"adapters over":          func(o *Options) { o.Trace, o.Policies, o.Adapters = TraceLoRA, LoRAPolicies, MaxAdapters+1 },
+		"max_loras < 0":          func(o *Options) { o.Trace, o.Policies, o.MaxLoRAs = TraceLoRA, LoRAPolicies, -1 },
+		"max_loras over":         func(o *Options) { o.Trace, o.Policies, o.MaxLoRAs = TraceLoRA, LoRAPolicies, MaxAdapters+1 },
+		"lora trace, other":      func(o *Options) { o.Trace, o.Policies = TraceLoRA, []string{"prefix_aware"} },
 	} {
 		o := ok
 		set(&o)
@@ -243,6 +254,24 @@ func TestDefaults(t *testing.T) {
 	}
 	if diff := cmp.Diff(kept, edge, cmp.AllowUnexported(Options{})); diff != "" {
 		t.Fatalf("edge settings changed (-want +got):\n%s", diff)
+	}
+	lora := Options{Trace: TraceLoRA, Workers: 1, Requests: 1, Load: 1, Policies: LoRAPolicies, LoRASwap: -time.Millisecond}
+	if err := lora.defaults(); err != nil {
+		t.Fatal(err)
+	}
+	if lora.Adapters != DefaultAdapters || lora.MaxLoRAs != DefaultMaxLoRAs || lora.LoRASwap != 0 {
+		t.Fatalf("lora defaults: %d adapters, max_loras %d, swap %v; want %d, %d and none", lora.Adapters, lora.MaxLoRAs,
+			lora.LoRASwap, DefaultAdapters, DefaultMaxLoRAs)
+	}
+	lora = Options{Trace: TraceLoRA, Workers: 1, Requests: 1, Load: 1, Policies: LoRAPolicies}
+	if err := lora.defaults(); err != nil || lora.LoRASwap != DefaultLoRASwap {
+		t.Fatalf("lora swap default %v (%v), want %v", lora.LoRASwap, err, DefaultLoRASwap)
+	}
+	for _, k := range []int{1, MaxAdapters} {
+		edge := Options{Trace: TraceLoRA, Workers: 1, Requests: 1, Load: 1, Policies: LoRAPolicies, Adapters: k, MaxLoRAs: k}
+		if err := edge.Validate(); err != nil {
+			t.Fatalf("%d adapters and max_loras refused: %v", k, err)
+		}
 	}
 	top := Options{Trace: TraceAgentic, Workers: MaxWorkers, Requests: MaxRequests, Load: MaxLoad, Policies: []string{"round_robin"},
 		Engine: DefaultEngine}

@@ -19,25 +19,38 @@ func (r *Report) WriteJSON(w io.Writer) error {
 }
 
 // WriteMarkdown writes the report as a Markdown table, one row per policy (and per load, in a
-// first column, when the report is a sweep).
+// first column, when the report is a sweep); a lora trace's adds swaps_per_1k and lora_waits.
 func (r *Report) WriteMarkdown(w io.Writer) error {
 	var b strings.Builder
 	sweep := len(r.loads()) > 1
+	lora := slices.ContainsFunc(r.Results, func(x Result) bool { return x.Adapters > 0 })
 	if sweep {
 		b.WriteString("| load ")
 	}
-	b.WriteString("| policy | hit_rate | ttft_p50_ms | ttft_p99_ms | tokens_per_s | queue_mean_ms | imbalance | slo_attainment | completed | warmups |\n")
+	b.WriteString("| policy | hit_rate | ttft_p50_ms | ttft_p99_ms | tokens_per_s | queue_mean_ms | imbalance | slo_attainment | completed | warmups |")
+	if lora {
+		b.WriteString(" swaps_per_1k | lora_waits |")
+	}
+	b.WriteString("\n")
 	if sweep {
 		b.WriteString("|---:")
 	}
-	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	b.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+	if lora {
+		b.WriteString("---:|---:|")
+	}
+	b.WriteString("\n")
 	for _, x := range r.Results {
 		if sweep {
 			fmt.Fprintf(&b, "| %g ", x.Load)
 		}
-		fmt.Fprintf(&b, "| %s | %.4f | %.1f | %.1f | %.1f | %.1f | %.3f | %.4f | %d/%d | %d |\n", x.Policy, x.HitRate,
+		fmt.Fprintf(&b, "| %s | %.4f | %.1f | %.1f | %.1f | %.1f | %.3f | %.4f | %d/%d | %d |", x.Policy, x.HitRate,
 			x.TTFTP50Ms, x.TTFTP99Ms, x.TokensPerS, x.QueueMeanMs, x.Imbalance, x.SLOAttainment, x.Completed, x.Requests,
 			x.Warmups)
+		if lora {
+			fmt.Fprintf(&b, " %.1f | %d |", x.SwapsPer1k, x.LoRAWaits)
+		}
+		b.WriteString("\n")
 	}
 	_, err := io.WriteString(w, b.String())
 	return err

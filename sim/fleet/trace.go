@@ -3,6 +3,7 @@ package fleet
 import (
 	"fmt"
 	"math/rand/v2"
+	"strconv"
 )
 
 // Traces are sequences of chat requests, generated from a seed before the run (the same for
@@ -24,8 +25,15 @@ import (
 //     are open at once.
 //   - no-sharing: single-turn requests with unique prompts (512 to 3,072 tokens) and answers
 //     (32 to 256): the control, where no policy can find a cached prefix.
+//   - lora: shared-prefix's single-turn shape over K LoRA adapters (R21): each request names
+//     an adapter, drawn with Zipf popularity (adapter k, from 0, with probability ∝
+//     (k+1)^-LoRAZipfS: at K = 50 the first takes 26% of the requests, the first five 56%,
+//     the last 0.35%), then one of that adapter's 2 system prompts (2,048 to 4,096 tokens: an
+//     adapter's task prompts, so prompts of two adapters share no prefix, as vLLM's prefix
+//     cache keys blocks by adapter), its own user message (64 to 512) and answer (32 to 256).
 type trace struct {
-	reqs []request
+	reqs     []request
+	adapters []string // the lora trace's adapter names, sorted (index = request.lora-1)
 }
 
 // Trace names (R18.1).
@@ -34,10 +42,19 @@ const (
 	TraceMultiTurn    = "multi-turn"
 	TraceAgentic      = "agentic"
 	TraceNoSharing    = "no-sharing"
+	TraceLoRA         = "lora"
 )
 
 // Traces lists the trace names.
-var Traces = []string{TraceSharedPrefix, TraceMultiTurn, TraceAgentic, TraceNoSharing}
+var Traces = []string{TraceSharedPrefix, TraceMultiTurn, TraceAgentic, TraceNoSharing, TraceLoRA}
+
+// LoRAZipfS is the exponent of the lora trace's adapter popularity: 1.1, a little more skewed
+// than Zipf's law (1), as the few adapters of a multi-tenant fleet's main products take most
+// of its traffic over a long tail.
+const LoRAZipfS = 1.1
+
+// loraPrompts is the system prompts per adapter of the lora trace.
+const loraPrompts = 2
 
 type role uint8
 
@@ -61,6 +78,7 @@ type message struct {
 type request struct {
 	msgs []message
 	out  message
+	lora int32 // 1 + the index of the adapter it names (lora trace); 0: the base model
 }
 
 func (r *request) promptTokens() int {
@@ -82,11 +100,32 @@ func segID(kind, a, b uint64) uint64 { return kind<<56 | a<<24 | b }
 
 func between(r *rand.Rand, lo, hi int) int32 { return int32(lo + r.IntN(hi-lo+1)) }
 
-// genTrace builds trace name of n requests for a fleet of workers.
-func genTrace(name string, n, workers int, seed uint64) (*trace, error) {
+// genTrace builds trace name of n requests for a fleet of workers (and adapters, the lora
+// trace's K).
+func genTrace(name string, n, workers, adapters int, seed uint64) (*trace, error) {
 	r := rand.New(rand.NewPCG(seed, 0x7472616365)) // "trace"
 	t := &trace{reqs: make([]request, 0, n)}
 	switch name {
+	case TraceLoRA:
+		if adapters < 1 {
+			return nil, fmt.Errorf("the lora trace needs at least 1 adapter, got %d", adapters)
+		}
+		width := len(strconv.Itoa(adapters - 1))
+		t.adapters = make([]string, adapters)
+		for a := range t.adapters {
+			t.adapters[a] = fmt.Sprintf("%s-lora-%0*d", model, width, a) // zero-padded: sorted by index
+		}
+		sys := make([]message, adapters*loraPrompts)
+		for g := range sys {
+			sys[g] = message{role: roleSystem, seg: segID(segSystem, uint64(g), 0), n: between(r, 2048, 4096)}
+		}
+		zipf := rand.NewZipf(r, LoRAZipfS, 1, uint64(adapters-1))
+		for i := range n {
+			a := int(zipf.Uint64())
+			u := message{role: roleUser, seg: segID(segUser, uint64(i), 0), n: between(r, 64, 512)}
+			t.reqs = append(t.reqs, request{msgs: []message{sys[a*loraPrompts+r.IntN(loraPrompts)], u}, lora: int32(a + 1),
+				out: message{role: roleAssistant, seg: segID(segAnswer, uint64(i), 0), n: between(r, 32, 256)}})
+		}
 	case TraceSharedPrefix, TraceNoSharing:
 		groups := 2 * workers
 		sys := make([]message, groups)

@@ -13,7 +13,7 @@ func TestTraceShapes(t *testing.T) {
 		}
 	}
 	t.Run("shared-prefix", func(t *testing.T) {
-		tr, err := genTrace(TraceSharedPrefix, 3000, 5, 1)
+		tr, err := genTrace(TraceSharedPrefix, 3000, 5, 0, 1)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -39,7 +39,7 @@ func TestTraceShapes(t *testing.T) {
 		}
 	})
 	t.Run("no-sharing", func(t *testing.T) {
-		tr, err := genTrace(TraceNoSharing, 500, 5, 1)
+		tr, err := genTrace(TraceNoSharing, 500, 5, 0, 1)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -61,7 +61,7 @@ func TestTraceShapes(t *testing.T) {
 		{TraceAgentic, 8, 4096, 8192, 40, 128, 1024, 16, 96, 12288, 40000},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			tr, err := genTrace(c.name, c.requests, 2, 1)
+			tr, err := genTrace(c.name, c.requests, 2, 0, 1)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -111,7 +111,7 @@ func TestTraceShapes(t *testing.T) {
 			}
 		})
 	}
-	if _, err := genTrace("bursty", 1, 1, 1); err == nil {
+	if _, err := genTrace("bursty", 1, 1, 0, 1); err == nil {
 		t.Fatal("an unknown trace was generated")
 	}
 }
