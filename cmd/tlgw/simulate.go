@@ -19,6 +19,9 @@ const simulateUsage = `usage:
                 --load F --policies a,b,… --seed S [--heterogeneous] [--slo-ttft-ms X]
                 --format json|markdown [--plot FILE.png]
       the router's real policies over N simulated engines on a fake clock (SPEC R18.1)
+  tlgw simulate --trace lora --adapters K [--max-loras N] [--lora-swap-ms X] …
+      requests for K LoRA adapters (R21) that every engine serves in N GPU slots: the router's
+      adapter pick (lora) against the adapter-unaware least_outstanding
 `
 
 // runSimulate runs `tlgw simulate`. Exit codes: 0 done, 1 the run or its output failed, 2 bad
@@ -42,6 +45,9 @@ func runSimulate(args []string, stdout, stderr io.Writer) int {
 	adm := fs.Bool("admission", false, "the router's admission queue on (one class, no busy threshold): under predicted_latency a request no engine is predicted to serve within --slo-ttft-ms waits in the gateway and is shed when that has passed")
 	warmMin := fs.Int("warmup-min-bytes", config.DefaultPrefixWarmupMinBytes, "gateway.prefix_warmup_min_bytes: prefix warm-ups of prompts matched over at least this many rendered bytes (0: off)")
 	restartEvery := fs.Duration("restart-every", 0, "restart one engine in turn every this much simulated time (at least 1ms), emptying its cache (0: never)")
+	adapters := fs.Int("adapters", fleet.DefaultAdapters, fmt.Sprintf("--trace lora: the LoRA adapters, every engine serving all of them (1 to %d)", fleet.MaxAdapters))
+	maxLoRAs := fs.Int("max-loras", fleet.DefaultMaxLoRAs, "--trace lora: each engine's GPU slots for adapters, as vLLM's --max-loras")
+	swapMs := fs.Float64("lora-swap-ms", float64(fleet.DefaultLoRASwap)/float64(time.Millisecond), "--trace lora: what loading an adapter into a slot adds to its request's prefill, in ms (≥ 0)")
 	if err := fs.Parse(args); err != nil {
 		if err == flag.ErrHelp {
 			return 0
@@ -78,6 +84,22 @@ func runSimulate(args []string, stdout, stderr io.Writer) int {
 		return bad("--warmup-min-bytes must not be negative, got %d", *warmMin)
 	case *restartEvery < 0:
 		return bad("--restart-every must not be negative, got %v", *restartEvery)
+	case !(*swapMs >= 0) || math.IsInf(*swapMs, 0):
+		return bad("--lora-swap-ms must be a number of milliseconds, at least 0, got %v", *swapMs)
+	case *adapters < 1:
+		return bad("--adapters must be at least 1, got %d", *adapters)
+	case *maxLoRAs < 1:
+		return bad("--max-loras must be at least 1, got %d", *maxLoRAs)
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if *trace == fleet.TraceLoRA && !set["policies"] {
+		*policies = strings.Join(fleet.LoRAPolicies, ",")
+	}
+	for _, name := range []string{"adapters", "max-loras", "lora-swap-ms"} {
+		if set[name] && *trace != fleet.TraceLoRA {
+			return bad("--%s is for --trace lora only", name)
+		}
 	}
 	var pols []string
 	for _, p := range strings.Split(*policies, ",") {
@@ -93,6 +115,13 @@ func runSimulate(args []string, stdout, stderr io.Writer) int {
 		RestartEvery: *restartEvery, LoadFactor: *loadFactor, Admission: *adm, WarmupMinBytes: *warmMin}
 	if *warmMin == 0 {
 		o.WarmupMinBytes = -1
+	}
+	if *trace == fleet.TraceLoRA {
+		o.Adapters, o.MaxLoRAs = *adapters, *maxLoRAs
+		o.LoRASwap = time.Duration(*swapMs * float64(time.Millisecond))
+		if o.LoRASwap == 0 {
+			o.LoRASwap = -1 // none
+		}
 	}
 	o.Engine = fleet.DefaultEngine
 	o.Engine.KVBlocks = *kvBlocks

@@ -92,6 +92,17 @@ func TestSimulateBadFlags(t *testing.T) {
 		{[]string{"--load", "101"}, "load must be a fraction of capacity from 0.01 to 100"},
 		{[]string{"--restart-every", "999us"}, "engines restart every 1ms or more"},
 		{[]string{"--kv-blocks", "2000000"}, "20 engines of 2000000 KV blocks are over the bound"},
+		// The lora trace's flags are its own, and its policies are lora and least_outstanding.
+		{[]string{"--adapters", "4"}, "--adapters is for --trace lora only"},
+		{[]string{"--max-loras", "2"}, "--max-loras is for --trace lora only"},
+		{[]string{"--lora-swap-ms", "5"}, "--lora-swap-ms is for --trace lora only"},
+		{[]string{"--trace", "lora", "--lora-swap-ms", "-1"}, "--lora-swap-ms must be a number of milliseconds"},
+		{[]string{"--trace", "lora", "--adapters", "0"}, "--adapters must be at least 1"},
+		{[]string{"--trace", "lora", "--max-loras", "0"}, "--max-loras must be at least 1"},
+		{[]string{"--trace", "lora", "--adapters", "1025"}, "adapters must be 1 to 1024"},
+		{[]string{"--trace", "lora", "--max-loras", "1025"}, "max_loras must be 1 to 1024"},
+		{[]string{"--trace", "lora", "--policies", "prefix_aware"}, `the lora trace compares [least_outstanding lora], not "prefix_aware"`},
+		{[]string{"--policies", "lora"}, `policy "lora" is the lora trace's only`},
 	} {
 		var stdout, stderr bytes.Buffer
 		if code := run(append([]string{"simulate"}, tc.args...), &stdout, &stderr); code != 2 {
@@ -197,4 +208,32 @@ func simulateJSON(t *testing.T, args ...string) []fleet.Result {
 		t.Fatalf("%v: %s", err, stdout.String())
 	}
 	return out.Results
+}
+
+// TestSimulateLoRA: --trace lora compares lora with least_outstanding by default; --adapters,
+// --max-loras and --lora-swap-ms reach the engines (one slot per engine and one adapter
+// per slot's worth of engines swap less than four adapters in one slot; no swap cost is a
+// lower p50), and the markdown table gains swaps_per_1k and lora_waits.
+func TestSimulateLoRA(t *testing.T) {
+	base := []string{"--trace", "lora", "--workers", "4", "--requests", "400", "--load", "0.6", "--seed", "2"}
+	rs := simulateJSON(t, base...)
+	if len(rs) != 2 || rs[0].Policy != "least_outstanding" || rs[1].Policy != "lora" || rs[0].Adapters != fleet.DefaultAdapters {
+		t.Fatalf("default lora run: %+v", rs)
+	}
+	few := simulateJSON(t, append(base, "--adapters", "4", "--max-loras", "4")...)
+	one := simulateJSON(t, append(base, "--adapters", "4", "--max-loras", "1")...)
+	if few[0].Adapters != 4 || !(few[0].Swaps < one[0].Swaps) {
+		t.Fatalf("least_outstanding swaps: %d with 4 slots, %d with 1", few[0].Swaps, one[0].Swaps)
+	}
+	free := simulateJSON(t, append(base, "--adapters", "4", "--max-loras", "1", "--lora-swap-ms", "0")...)
+	if !(free[0].TTFTMeanMs < one[0].TTFTMeanMs) {
+		t.Fatalf("mean TTFT %.1f ms without a swap cost, %.1f with 20 ms", free[0].TTFTMeanMs, one[0].TTFTMeanMs)
+	}
+	var stdout, stderr bytes.Buffer
+	if code := run(append([]string{"simulate", "--format", "markdown"}, base...), &stdout, &stderr); code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr.String())
+	}
+	if !strings.Contains(stdout.String(), "| swaps_per_1k | lora_waits |") {
+		t.Fatalf("markdown:\n%s", stdout.String())
+	}
 }
