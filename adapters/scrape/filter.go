@@ -160,3 +160,23 @@ func wordEnd(s []byte) int {
 	}
 	return len(s)
 }
+
+// familySamples calls f with each sample line of page (its '\n' included) that surely belongs
+// to the family name, until f returns false. Comments, # HELP and # TYPE lines are skipped: a
+// sample without its TYPE line reads as untyped, which keeps its value.
+func familySamples(page []byte, name string, f func(line []byte) bool) {
+	for rest := page; len(rest) > 0; {
+		line := rest
+		if i := bytes.IndexByte(rest, '\n'); i >= 0 {
+			line, rest = rest[:i+1], rest[i+1:]
+		} else {
+			rest = nil
+		}
+		if t := bytes.TrimLeft(line, " \t"); len(t) == 0 || t[0] == '#' {
+			continue
+		}
+		if fam, ok := lineFamily(line); ok && string(fam) == name && !f(line) {
+			return
+		}
+	}
+}

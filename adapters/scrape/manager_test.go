@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
 
@@ -157,8 +158,8 @@ func TestManagerScrapesEveryInterval(t *testing.T) {
 		if ev.t != want {
 			t.Fatalf("scrape %d reported target %+v, want %+v", i, ev.t, want)
 		}
-		if st := (Status{QueueDepth: i, Running: 1, KVFreeBlocks: 50, KVTotalBlocks: 100}); ev.st != st {
-			t.Fatalf("scrape %d: %+v, want %+v", i, ev.st, st)
+		if st := (Status{QueueDepth: i, Running: 1, KVFreeBlocks: 50, KVTotalBlocks: 100}); !cmp.Equal(ev.st, st) {
+			t.Fatalf("scrape %d: %s", i, cmp.Diff(st, ev.st))
 		}
 		if n := histCount(t, reg, "w1"); n != i {
 			t.Fatalf("after scrape %d the duration histogram counts %d", i, n)
@@ -540,8 +541,8 @@ func TestAgainstTLEngine(t *testing.T) {
 		if ev.err != nil {
 			t.Fatalf("%s: %s: %v", ev.t.ID, ev.reason, ev.err)
 		}
-		if ev.st != want {
-			t.Fatalf("%s scraped %+v, want %+v", ev.t.ID, ev.st, want)
+		if !cmp.Equal(ev.st, want) {
+			t.Fatalf("%s scraped: %s", ev.t.ID, cmp.Diff(want, ev.st))
 		}
 	}
 
@@ -558,7 +559,7 @@ func TestAgainstTLEngine(t *testing.T) {
 	fc.Advance(2 * time.Second)
 	for range 2 {
 		ev := next(t, sink)
-		if idle := (Status{KVFreeBlocks: 64, KVTotalBlocks: 64, BlockSize: 32}); ev.err != nil || ev.st != idle {
+		if idle := (Status{KVFreeBlocks: 64, KVTotalBlocks: 64, BlockSize: 32}); ev.err != nil || !cmp.Equal(ev.st, idle) {
 			t.Fatalf("%s after the requests: %+v %v, want %+v", ev.t.ID, ev.st, ev.err, idle)
 		}
 	}

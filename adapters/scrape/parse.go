@@ -38,9 +38,25 @@ const (
 // (which tlengine serves too); 0 = unknown: SGLang exposes no block size in its metrics, and a
 // vLLM page without the label, with "None", a value over MaxBlockSize or engines that disagree
 // gives none.
+//
+// The LoRA fields and MaxModelLen (R21) are advisory: nothing about them fails a scrape.
+// RunningLoRAs and MaxLoRAs come from the page's vllm:lora_requests_info (vLLM, and tlengine,
+// which serves vLLM's names); LoRAAdapters and MaxModelLen from the engine's GET /v1/models,
+// which Manager reads on its own schedule (ModelsInterval) and Parse never sees. Adapter
+// names are valid as a heartbeat's (1 to MaxNameBytes printable ASCII bytes without spaces,
+// never the model), sorted, without repeats and at most router.MaxLoRAAdapters; a Manager
+// never changes a slice it has reported.
 type Status struct {
 	QueueDepth, Running, KVFreeBlocks, KVTotalBlocks int64
 	BlockSize                                        int64
+	// RunningLoRAs are the adapters the engine reports running: nil when the page does not
+	// say, empty when it says none. MaxLoRAs is its max_lora (0 = unknown).
+	RunningLoRAs []string
+	MaxLoRAs     int
+	// LoRAAdapters are the engine's adapters of the model (nil: none, or not read yet);
+	// MaxModelLen is the model's context length (0 = unknown).
+	LoRAAdapters []string
+	MaxModelLen  int64
 }
 
 // MaxBlockSize is the largest block size read from a page, as for a heartbeat's block_size
@@ -97,6 +113,9 @@ type dialect struct {
 	blockInfo string
 	// modelLabels are the labels that name the model a series belongs to.
 	modelLabels []string
+	// loraInfo is vLLM's lora_requests_info gauge (readLoRAInfo); "" = the dialect has none.
+	// It is read apart from the families above, and never fails a scrape.
+	loraInfo string
 }
 
 // names are the families above: the only ones read from a page (keepFamilies).
@@ -119,6 +138,7 @@ var dialects = map[Kind]dialect{
 		infoLabel:   "num_gpu_blocks",
 		blockInfo:   "vllm:cache_config_info",
 		modelLabels: []string{"model_name"},
+		loraInfo:    "vllm:lora_requests_info",
 	},
 	// SGLang's metrics expose no block (page) size: its BlockSize stays 0 (unknown).
 	SGLang: {
@@ -133,6 +153,7 @@ var dialects = map[Kind]dialect{
 		free:      "tlengine_kv_blocks_free",
 		total:     "tlengine_kv_blocks_total",
 		blockInfo: "vllm:cache_config_info",
+		loraInfo:  "vllm:lora_requests_info",
 	},
 }
 
@@ -153,22 +174,39 @@ const engineLabel = "engine"
 // non-finite count, a usage fraction outside 0–1, more free blocks than the total: reason
 // parse), a required series absent for the model (missing_series), an unknown kind
 // (invalid_target).
+//
+// RunningLoRAs and MaxLoRAs are read from vLLM's lora_requests_info (the vllm and tlengine
+// kinds): the sample with the greatest value, which is the time its labels were set. Its
+// running_lora_adapters label is a comma-separated list ("" = none); names that break the
+// rule of Status are dropped. A page without the family, or whose family is malformed or has a
+// line over MaxReadBytes, says nothing of LoRA and is no failure.
 func Parse(kind Kind, model string, page []byte, kvTotal int64) (Status, error) {
+	st, _, err := parse(kind, model, page, kvTotal)
+	return st, err
+}
+
+// parse is Parse with what the LoRA info's reading dropped or could not read.
+func parse(kind Kind, model string, page []byte, kvTotal int64) (Status, loraRead, error) {
 	d, ok := dialects[kind]
 	if !ok {
-		return Status{}, failf(ReasonInvalidTarget, "unknown metrics kind %q: want vllm, sglang or tlengine", kind)
+		return Status{}, loraRead{}, failf(ReasonInvalidTarget, "unknown metrics kind %q: want vllm, sglang or tlengine", kind)
 	}
 	names := d.names()
 	read, err := keepFamilies(page, names)
 	if err != nil {
-		return Status{}, err
+		return Status{}, loraRead{}, err
 	}
 	st, err := parsePage(d, model, read, kvTotal)
 	if pe := (expfmt.ParseError{}); errors.As(err, &pe) {
 		pe.Line = pageLine(page, names, pe.Line)
-		return Status{}, failf(ReasonParse, "malformed metrics page: %v", pe)
+		return Status{}, loraRead{}, failf(ReasonParse, "malformed metrics page: %v", pe)
 	}
-	return st, err
+	if err != nil {
+		return Status{}, loraRead{}, err
+	}
+	lr := readLoRAInfo(d, model, page)
+	st.RunningLoRAs, st.MaxLoRAs = lr.running, lr.max
+	return st, lr, nil
 }
 
 // parsePage is Parse on the lines expfmt is to read.

@@ -1,6 +1,8 @@
 package scrape
 
 import (
+	"github.com/google/go-cmp/cmp"
+
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -15,7 +17,7 @@ const (
 	qwen    = "Qwen/Qwen2.5-7B-Instruct"
 )
 
-func page(t *testing.T, name string) string {
+func page(t testing.TB, name string) string {
 	t.Helper()
 	b, err := os.ReadFile(filepath.Join("testdata", name))
 	if err != nil {
@@ -53,7 +55,7 @@ func TestParseRecordedPages(t *testing.T) {
 		{"vllm new generation", "vllm_v1.txt", llama, VLLM, 0, Status{QueueDepth: 3, Running: 7, KVFreeBlocks: 6000, KVTotalBlocks: 8000, BlockSize: 16}},
 		{"vllm reported total beats configured", "vllm_v1.txt", llama, VLLM, 100, Status{QueueDepth: 3, Running: 7, KVFreeBlocks: 6000, KVTotalBlocks: 8000, BlockSize: 16}},
 		// vLLM V0: gpu_cache_usage_perc 0.5 of the reported 2810 blocks.
-		{"vllm older generation", "vllm_v0.txt", mistral, VLLM, 0, Status{QueueDepth: 2, Running: 4, KVFreeBlocks: 1405, KVTotalBlocks: 2810, BlockSize: 16}},
+		{"vllm older generation", "vllm_v0.txt", mistral, VLLM, 0, Status{QueueDepth: 2, Running: 4, KVFreeBlocks: 1405, KVTotalBlocks: 2810, BlockSize: 16, RunningLoRAs: []string{}}},
 		// SGLang reports no block total: token_usage 0.4 of the configured 10000.
 		{"sglang", "sglang.txt", qwen, SGLang, 10000, Status{QueueDepth: 5, Running: 12, KVFreeBlocks: 6000, KVTotalBlocks: 10000}},
 		{"sglang without a total", "sglang.txt", qwen, SGLang, 0, Status{QueueDepth: 5, Running: 12}},
@@ -67,8 +69,8 @@ func TestParseRecordedPages(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got != c.want {
-				t.Fatalf("got %+v, want %+v", got, c.want)
+			if diff := cmp.Diff(c.want, got); diff != "" {
+				t.Fatalf("-want +got:\n%s", diff)
 			}
 		})
 	}
@@ -89,7 +91,8 @@ func TestParseFallsBackToConfiguredTotal(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if want := (Status{QueueDepth: 2, Running: 4, KVFreeBlocks: 500, KVTotalBlocks: 1000, BlockSize: c.blockSize}); got != want {
+			// The fixture's lora_requests_info says no adapter runs.
+			if want := (Status{QueueDepth: 2, Running: 4, KVFreeBlocks: 500, KVTotalBlocks: 1000, BlockSize: c.blockSize, RunningLoRAs: []string{}}); !cmp.Equal(got, want) {
 				t.Fatalf("got %+v, want %+v", got, want)
 			}
 		})
@@ -99,7 +102,7 @@ func TestParseFallsBackToConfiguredTotal(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := (Status{QueueDepth: 2, Running: 1, KVFreeBlocks: 253, KVTotalBlocks: 300, BlockSize: 16}); got != want {
+	if want := (Status{QueueDepth: 2, Running: 1, KVFreeBlocks: 253, KVTotalBlocks: 300, BlockSize: 16}); !cmp.Equal(got, want) {
 		t.Fatalf("tlengine: got %+v, want %+v", got, want)
 	}
 }
@@ -129,7 +132,7 @@ vllm:kv_cache_usage_perc{model_name="b"} 0.9
 		if err != nil {
 			t.Fatalf("model %q: %v", c.model, err)
 		}
-		if got != c.want {
+		if !cmp.Equal(got, c.want) {
 			t.Errorf("model %q: got %+v, want %+v", c.model, got, c.want)
 		}
 	}
@@ -146,7 +149,7 @@ sglang:token_usage{model_name="b",tp_rank="0"} 0.0
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := (Status{QueueDepth: 1, Running: 3, KVFreeBlocks: 32, KVTotalBlocks: 64}); got != want {
+	if want := (Status{QueueDepth: 1, Running: 3, KVFreeBlocks: 32, KVTotalBlocks: 64}); !cmp.Equal(got, want) {
 		t.Fatalf("sglang: got %+v, want %+v", got, want)
 	}
 }
@@ -171,7 +174,7 @@ vllm:cache_config_info{block_size="16",engine="1",num_gpu_blocks="2000"} 1
 		t.Fatal(err)
 	}
 	// Free: 1000·0.5 + 2000·0.75.
-	if want := (Status{QueueDepth: 5, Running: 2, KVFreeBlocks: 2000, KVTotalBlocks: 3000, BlockSize: 16}); got != want {
+	if want := (Status{QueueDepth: 5, Running: 2, KVFreeBlocks: 2000, KVTotalBlocks: 3000, BlockSize: 16}); !cmp.Equal(got, want) {
 		t.Fatalf("paired: got %+v, want %+v", got, want)
 	}
 
@@ -180,7 +183,7 @@ vllm:cache_config_info{block_size="16",engine="1",num_gpu_blocks="2000"} 1
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := (Status{QueueDepth: 5, Running: 2, KVFreeBlocks: 500, KVTotalBlocks: 800}); got != want {
+	if want := (Status{QueueDepth: 5, Running: 2, KVFreeBlocks: 500, KVTotalBlocks: 800}); !cmp.Equal(got, want) {
 		t.Fatalf("configured: got %+v, want %+v", got, want)
 	}
 
@@ -192,7 +195,7 @@ vllm:cache_config_info{block_size="16",engine="1",num_gpu_blocks="2000"} 1
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := (Status{QueueDepth: 3, Running: 0, KVFreeBlocks: 30, KVTotalBlocks: 128}); got != want {
+	if want := (Status{QueueDepth: 3, Running: 0, KVFreeBlocks: 30, KVTotalBlocks: 128}); !cmp.Equal(got, want) {
 		t.Fatalf("tlengine: got %+v, want %+v", got, want)
 	}
 }
@@ -390,8 +393,8 @@ func check(t *testing.T, got Status, err error, want Status, wantErr string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got != want {
-		t.Fatalf("got %+v, want %+v", got, want)
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Fatalf("-want +got:\n%s", diff)
 	}
 }
 
