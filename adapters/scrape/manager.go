@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tlgw/tlgw/internal/clock"
+	"github.com/tlgw/tlgw/internal/oai"
 )
 
 // Target is one static worker to scrape.
@@ -29,6 +30,9 @@ type Target struct {
 	Interval time.Duration
 	// KVTotalBlocks is the KV total used when the engine does not report one.
 	KVTotalBlocks int64
+	// Endpoints are the serving endpoints the worker is configured to answer (0 = not said);
+	// the scraper passes them on untouched.
+	Endpoints oai.EndpointSet
 }
 
 // DefaultInterval is a target's scrape interval when it names none.
@@ -39,6 +43,18 @@ const MaxBodyBytes = 4 << 20
 
 // maxTimeout caps the per-scrape timeout, which is otherwise 80% of the interval.
 const maxTimeout = 10 * time.Second
+
+// ModelsInterval is how often a scraper reads the engine's GET /v1/models (R21: its LoRA
+// adapters and context length): at its first good scrape, then at the first good scrape at
+// least ModelsInterval after the last read, on the injected clock. Adapters change only when
+// an operator loads or unloads one, so 30 s bounds how stale the list gets while an engine
+// scraped every 2 s answers one /v1/models for 15 metrics pages; a time rather than a count of
+// scrapes keeps that staleness whatever the scrape interval (one of 30 s or more reads it on
+// every scrape). A read that fails keeps the last good list and waits for the next one.
+const ModelsInterval = 30 * time.Second
+
+// modelsURL is the engine's model list, beside its serving endpoints.
+func (t Target) modelsURL() string { return "http://" + t.HTTPAddress + "/v1/models" }
 
 // withDefaults fills in the interval and the metrics URL.
 func (t Target) withDefaults() Target {
@@ -69,7 +85,11 @@ type Sink interface {
 // Manager runs one scraper per target.
 //
 // A scraper scrapes at once, then every Interval on the injected clock; each scrape has a
-// timeout of 80% of the interval (at most 10 s), also on that clock. Set and Close never wait
+// timeout of 80% of the interval (at most 10 s), also on that clock. After a good scrape that
+// finds the engine's /v1/models due (ModelsInterval), the scraper reads it, under the same
+// timeout, dialer and redirect rule, before it reports; what it read (or the last good read)
+// goes into every report until the next read. Only the metrics page decides a scrape's
+// outcome. Set and Close never wait
 // for a scrape: a removed scraper's request is cancelled and its result dropped. A report
 // already being handed to the sink when Set removes or replaces its target may still arrive
 // after Set returns; nothing after it does.
@@ -228,6 +248,11 @@ type scraper struct {
 	// mu orders stop against metric updates: after stop, s touches no series.
 	mu      sync.Mutex
 	stopped bool
+
+	// The last good read of /v1/models, and when the next is due (zero: at the first good
+	// scrape). Only the scraper's goroutine touches them.
+	models     modelsRead
+	modelsNext time.Time
 }
 
 func (m *Manager) newScraper(t Target) *scraper {
@@ -269,8 +294,15 @@ func (s *scraper) run() {
 // scrapeOnce scrapes and reports, unless the scraper was stopped meanwhile.
 func (s *scraper) scrapeOnce() {
 	begin := s.m.clk.Now()
-	st, err := s.fetch()
+	st, lr, err := s.fetch()
 	took := s.m.clk.Now().Sub(begin)
+	var (
+		fresh     *modelsRead
+		modelsErr error
+	)
+	if err == nil {
+		fresh, modelsErr = s.refreshModels()
+	}
 	if s.ctx.Err() != nil {
 		return
 	}
@@ -284,81 +316,129 @@ func (s *scraper) scrapeOnce() {
 		return
 	}
 	s.m.met.observe(s.t.ID, took, reason)
+	if err == nil {
+		s.m.met.infoRead(s.t.ID, lr, fresh, modelsErr)
+	}
 	s.mu.Unlock()
 	if err != nil {
 		s.m.sink.Failed(s.t, reason, err)
 		return
 	}
+	st.LoRAAdapters, st.MaxModelLen = s.models.adapters, s.models.maxModelLen
 	s.m.sink.Scraped(s.t, st)
+}
+
+// refreshModels reads the engine's /v1/models when it is due (ModelsInterval). A good read
+// replaces s.models and is returned; a failed one keeps s.models and returns the error.
+// Nothing is read for a target without an HTTP address.
+func (s *scraper) refreshModels() (*modelsRead, error) {
+	now := s.m.clk.Now()
+	if s.t.HTTPAddress == "" || now.Before(s.modelsNext) {
+		return nil, nil
+	}
+	s.modelsNext = now.Add(ModelsInterval)
+	body, err := s.get(request{url: s.t.modelsURL(), accept: "application/json", what: "list", limit: MaxModelsBytes})
+	if err != nil {
+		return nil, err
+	}
+	mr, err := readModels(s.t.Model, body)
+	if err != nil {
+		return nil, &scrapeError{reason: reasonOf(err), err: fmt.Errorf("GET %s: %w", s.t.modelsURL(), err)}
+	}
+	s.models = mr
+	return &s.models, nil
 }
 
 // errTimedOut is the cancel cause when a scrape's timeout fires.
 var errTimedOut = errors.New("scrape timeout")
 
 // fetch does one GET of the metrics page and parses it.
-func (s *scraper) fetch() (Status, error) {
+func (s *scraper) fetch() (Status, loraRead, error) {
 	t := s.t
 	if _, ok := dialects[t.Kind]; !ok {
-		return Status{}, failf(ReasonInvalidTarget, "unknown metrics kind %q: want vllm, sglang or tlengine", t.Kind)
+		return Status{}, loraRead{}, failf(ReasonInvalidTarget, "unknown metrics kind %q: want vllm, sglang or tlengine", t.Kind)
 	}
 	u, err := url.Parse(t.MetricsURL)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return Status{}, failf(ReasonInvalidTarget, "metrics URL %q is not an http(s) URL with a host", t.MetricsURL)
+		return Status{}, loraRead{}, failf(ReasonInvalidTarget, "metrics URL %q is not an http(s) URL with a host", t.MetricsURL)
 	}
-	timeout := t.timeout()
+	// Ask for the classic text format, which expfmt's text parser reads.
+	body, err := s.get(request{
+		url: u.String(), accept: "text/plain;version=0.0.4;q=1,*/*;q=0.1", what: "page", limit: MaxBodyBytes,
+		redirectHint: "; redirects are not followed, set metrics_url to the final address",
+	})
+	if err != nil {
+		return Status{}, loraRead{}, err
+	}
+	st, lr, err := parse(t.Kind, t.Model, body, t.KVTotalBlocks)
+	if err != nil {
+		return Status{}, loraRead{}, &scrapeError{reason: reasonOf(err), err: fmt.Errorf("GET %s: %w", t.MetricsURL, err)}
+	}
+	return st, lr, nil
+}
+
+// request is one GET of a scrape.
+type request struct {
+	url, accept string
+	what        string // the body's name in errors: "page", "list"
+	limit       int64  // the largest body read
+	// redirectHint ends the message of a redirect.
+	redirectHint string
+}
+
+// get does one GET with the scrape's timeout and reads the body of a 200 answer, of at most
+// r.limit bytes; a redirect is an error, never followed.
+func (s *scraper) get(r request) ([]byte, error) {
+	rawURL, limit := r.url, r.limit
+	timeout := s.t.timeout()
 	ctx, cancel := context.WithCancelCause(s.ctx)
 	defer cancel(nil)
 	tm := s.m.clk.AfterFunc(timeout, func() { cancel(errTimedOut) })
 	defer tm.Stop()
 
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, rawURL, nil)
 	if err != nil {
-		return Status{}, failf(ReasonInvalidTarget, "metrics URL %q: %v", t.MetricsURL, err)
+		return nil, failf(ReasonInvalidTarget, "URL %q: %v", rawURL, err)
 	}
-	// Ask for the classic text format, which expfmt's text parser reads.
-	req.Header.Set("Accept", "text/plain;version=0.0.4;q=1,*/*;q=0.1")
+	req.Header.Set("Accept", r.accept)
 	req.Header.Set("User-Agent", "tlgw-scrape")
 	resp, err := s.m.client.Do(req)
 	if err != nil {
-		return Status{}, s.transportError(ctx, timeout, err)
+		return nil, transportError(ctx, r, timeout, err)
 	}
 	defer resp.Body.Close()
 	switch {
 	case resp.StatusCode >= 300 && resp.StatusCode < 400:
-		return Status{}, failf(ReasonRedirect, "GET %s: %s redirects to %q; redirects are not followed, set metrics_url to the final address",
-			t.MetricsURL, resp.Status, resp.Header.Get("Location"))
+		return nil, failf(ReasonRedirect, "GET %s: %s redirects to %q%s",
+			rawURL, resp.Status, resp.Header.Get("Location"), r.redirectHint)
 	case resp.StatusCode != http.StatusOK:
 		snippet, _ := io.ReadAll(io.LimitReader(resp.Body, 256))
 		msg := strings.Join(strings.Fields(string(snippet)), " ")
 		if msg != "" {
 			msg = ": " + msg
 		}
-		return Status{}, failf(ReasonStatus, "GET %s: %s%s", t.MetricsURL, resp.Status, msg)
-	case resp.ContentLength > MaxBodyBytes:
-		return Status{}, failf(ReasonTooLarge, "GET %s: the page is %d bytes, over the %d-byte limit",
-			t.MetricsURL, resp.ContentLength, MaxBodyBytes)
+		return nil, failf(ReasonStatus, "GET %s: %s%s", rawURL, resp.Status, msg)
+	case resp.ContentLength > limit:
+		return nil, failf(ReasonTooLarge, "GET %s: the %s is %d bytes, over the %d-byte limit",
+			rawURL, r.what, resp.ContentLength, limit)
 	}
-	body, err := io.ReadAll(io.LimitReader(resp.Body, MaxBodyBytes+1))
+	body, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
 	if err != nil {
-		return Status{}, s.transportError(ctx, timeout, err)
+		return nil, transportError(ctx, r, timeout, err)
 	}
-	if len(body) > MaxBodyBytes {
-		return Status{}, failf(ReasonTooLarge, "GET %s: the page is over the %d-byte limit", t.MetricsURL, MaxBodyBytes)
+	if int64(len(body)) > limit {
+		return nil, failf(ReasonTooLarge, "GET %s: the %s is over the %d-byte limit", rawURL, r.what, limit)
 	}
-	st, err := Parse(t.Kind, t.Model, body, t.KVTotalBlocks)
-	if err != nil {
-		return Status{}, &scrapeError{reason: reasonOf(err), err: fmt.Errorf("GET %s: %w", t.MetricsURL, err)}
-	}
-	return st, nil
+	return body, nil
 }
 
 // transportError classifies a failed request or body read: the scrape's own timeout, or the
 // connection.
-func (s *scraper) transportError(ctx context.Context, timeout time.Duration, err error) error {
+func transportError(ctx context.Context, r request, timeout time.Duration, err error) error {
 	if errors.Is(context.Cause(ctx), errTimedOut) {
-		return failf(ReasonTimeout, "GET %s: no complete page within %v", s.t.MetricsURL, timeout)
+		return failf(ReasonTimeout, "GET %s: no complete %s within %v", r.url, r.what, timeout)
 	}
-	return failf(ReasonConnect, "GET %s: %v", s.t.MetricsURL, unwrapURLError(err))
+	return failf(ReasonConnect, "GET %s: %v", r.url, unwrapURLError(err))
 }
 
 // unwrapURLError drops url.Error's method-and-URL prefix, which the message already carries.
@@ -370,10 +450,25 @@ func unwrapURLError(err error) error {
 	return err
 }
 
+// The sources of tlgw_scrape_info_errors_total: what an engine says of its LoRA adapters and
+// context length (R21), which never fails a scrape.
+const (
+	SourceModels   = "models"             // GET /v1/models
+	SourceLoRAInfo = "lora_requests_info" // the page's vllm:lora_requests_info
+)
+
+// The reasons of tlgw_scrape_info_errors_total beside a failed read's (ReasonConnect, …,
+// ReasonParse): counted once per adapter name dropped.
+const (
+	ReasonInvalidName  = "invalid_name"   // not 1–256 printable ASCII bytes without spaces, or the model's own name
+	ReasonTooManyNames = "too_many_names" // past the first router.MaxLoRAAdapters, in sorted order
+)
+
 // metrics are the scrapers' series (issue 6).
 type metrics struct {
-	duration *prometheus.HistogramVec
-	errors   *prometheus.CounterVec
+	duration   *prometheus.HistogramVec
+	errors     *prometheus.CounterVec
+	infoErrors *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -387,10 +482,17 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "tlgw_scrape_errors_total",
 			Help: "Failed scrapes of static workers by reason (connect, timeout, status, redirect, too_large, parse, missing_series, invalid_target).",
 		}, []string{"worker", "reason"}),
+		infoErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tlgw_scrape_info_errors_total",
+			Help: "What static workers' engines say of their LoRA adapters and context length and tlgw could not use, which fails no scrape: " +
+				"by source (models: GET /v1/models; lora_requests_info) a failed read by reason (connect, timeout, status, redirect, too_large, parse), " +
+				"and each adapter name dropped (invalid_name, too_many_names).",
+		}, []string{"worker", "source", "reason"}),
 	}
 	if reg != nil {
 		m.duration = register(reg, m.duration)
 		m.errors = register(reg, m.errors)
+		m.infoErrors = register(reg, m.infoErrors)
 	}
 	return m
 }
@@ -417,8 +519,33 @@ func (m *metrics) observe(worker string, took time.Duration, reason string) {
 	}
 }
 
+// infoRead counts what a good scrape could not use of the engine's LoRA and model
+// information: the page's LoRA info (lr, on every scrape, as the page is read), and the
+// /v1/models read of this scrape, if any: a failure (modelsErr) or the names dropped from a
+// new list (mr).
+func (m *metrics) infoRead(worker string, lr loraRead, mr *modelsRead, modelsErr error) {
+	add := func(source, reason string, n int) {
+		if n > 0 {
+			m.infoErrors.WithLabelValues(worker, source, reason).Add(float64(n))
+		}
+	}
+	if lr.err != nil {
+		add(SourceLoRAInfo, reasonOf(lr.err), 1)
+	}
+	add(SourceLoRAInfo, ReasonInvalidName, lr.invalid)
+	add(SourceLoRAInfo, ReasonTooManyNames, lr.over)
+	if modelsErr != nil {
+		add(SourceModels, reasonOf(modelsErr), 1)
+	}
+	if mr != nil {
+		add(SourceModels, ReasonInvalidName, mr.invalid)
+		add(SourceModels, ReasonTooManyNames, mr.over)
+	}
+}
+
 // forget removes a worker's series once it is no longer scraped.
 func (m *metrics) forget(worker string) {
 	m.duration.DeleteLabelValues(worker)
 	m.errors.DeletePartialMatch(prometheus.Labels{"worker": worker})
+	m.infoErrors.DeletePartialMatch(prometheus.Labels{"worker": worker})
 }

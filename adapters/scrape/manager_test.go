@@ -1,18 +1,20 @@
 package scrape
 
 import (
+	"github.com/google/go-cmp/cmp"
+
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
 
@@ -72,6 +74,18 @@ func serve(t *testing.T, h http.HandlerFunc) *httptest.Server {
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
 	return srv
+}
+
+// metricsOnly serves h on /metrics and 404 elsewhere (the engine's /v1/models), so a count of
+// h's calls is a count of scrapes.
+func metricsOnly(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/metrics" {
+			http.NotFound(w, r)
+			return
+		}
+		h(w, r)
+	}
 }
 
 func addr(srv *httptest.Server) string { return srv.Listener.Addr().String() }
@@ -355,9 +369,9 @@ func TestManagerFailures(t *testing.T) {
 func TestSetReplacesTargets(t *testing.T) {
 	fc := clock.NewFake(gwtest.Epoch0)
 	var hitsA, hitsB, hitsC atomic.Int64
-	a := serve(t, func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, vllmPage("m", hitsA.Add(1))) })
-	b := serve(t, func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, vllmPage("m", 100+hitsB.Add(1))) })
-	c := serve(t, func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, vllmPage("m", 200+hitsC.Add(1))) })
+	a := serve(t, metricsOnly(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, vllmPage("m", hitsA.Add(1))) }))
+	b := serve(t, metricsOnly(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, vllmPage("m", 100+hitsB.Add(1))) }))
+	c := serve(t, metricsOnly(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, vllmPage("m", 200+hitsC.Add(1))) }))
 	sink := make(chanSink, 16)
 	reg := prometheus.NewRegistry()
 	m := NewManager(sink, fc, reg)
@@ -622,10 +636,10 @@ func TestPageAtTheLimit(t *testing.T) {
 func TestManagerDialControl(t *testing.T) {
 	fc := clock.NewFake(gwtest.Epoch0)
 	var hits atomic.Int64
-	srv := serve(t, func(w http.ResponseWriter, r *http.Request) {
+	srv := serve(t, metricsOnly(func(w http.ResponseWriter, r *http.Request) {
 		hits.Add(1)
 		fmt.Fprint(w, vllmPage("m", 0))
-	})
+	}))
 	for _, refuse := range []bool{true, false} {
 		sink := make(chanSink, 16)
 		reg := prometheus.NewRegistry()
@@ -639,5 +653,169 @@ func TestManagerDialControl(t *testing.T) {
 		if !refuse && (ev.err != nil || hits.Load() != 1) {
 			t.Fatalf("without the rule: %s %v, %d requests", ev.reason, ev.err, hits.Load())
 		}
+	}
+}
+
+// infoCount is tlgw_scrape_info_errors_total{worker,source,reason}.
+func infoCount(t *testing.T, reg *prometheus.Registry, worker, source, reason string) float64 {
+	t.Helper()
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fams {
+		if f.GetName() != "tlgw_scrape_info_errors_total" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			if labelValue(m, "worker") == worker && labelValue(m, "source") == source && labelValue(m, "reason") == reason {
+				return m.GetCounter().GetValue()
+			}
+		}
+	}
+	return 0
+}
+
+// loraEngine is an httptest engine serving a vLLM metrics page with a lora_requests_info
+// sample and a /v1/models answer that a test changes, counting the /v1/models reads.
+type loraEngine struct {
+	srv     *httptest.Server
+	reads   atomic.Int64
+	models  atomic.Pointer[string] // the body of GET /v1/models; "" answers 500
+	metrics atomic.Bool            // false: GET /metrics answers 500
+}
+
+func newLoRAEngine(t *testing.T, models string) *loraEngine {
+	t.Helper()
+	e := &loraEngine{}
+	e.models.Store(&models)
+	e.metrics.Store(true)
+	e.srv = serve(t, func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/metrics":
+			if !e.metrics.Load() {
+				http.Error(w, "down", http.StatusInternalServerError)
+				return
+			}
+			fmt.Fprint(w, vllmPage("m", 0)+loraLine("run-1", "4", 1.7e9))
+		case "/v1/models":
+			e.reads.Add(1)
+			body := *e.models.Load()
+			if body == "" {
+				http.Error(w, "no models", http.StatusInternalServerError)
+				return
+			}
+			w.Header().Set("Content-Type", "application/json")
+			io.WriteString(w, body)
+		default:
+			http.NotFound(w, r)
+		}
+	})
+	return e
+}
+
+func (e *loraEngine) serveModels(body string) { e.models.Store(&body) }
+
+// TestManagerReadsModelsOnSchedule (R21): over loopback, a static worker's adapters and
+// context length (its /v1/models) and its running adapters (its metrics page) reach the sink
+// with its load. /v1/models is read at the first good scrape and then once per ModelsInterval
+// on the injected clock, not on every scrape: a list changed between reads shows at the next
+// read only. A read that fails (an error status, a body that is no list) keeps the last good
+// list, fails no scrape and is counted by reason; the next good read replaces the list.
+func TestManagerReadsModelsOnSchedule(t *testing.T) {
+	fc := clock.NewFake(gwtest.Epoch0)
+	e := newLoRAEngine(t, vllmModels("m", "4096", "a2", "a1"))
+	sink := make(chanSink, 4)
+	reg := prometheus.NewRegistry()
+	m := NewManager(sink, fc, reg)
+	defer m.Close()
+	m.Set([]Target{{ID: "w", Model: "m", HTTPAddress: addr(e.srv), Kind: VLLM, KVTotalBlocks: 100}})
+
+	want := Status{KVFreeBlocks: 50, KVTotalBlocks: 100, Running: 1,
+		RunningLoRAs: []string{"run-1"}, MaxLoRAs: 4, LoRAAdapters: []string{"a1", "a2"}, MaxModelLen: 4096}
+	at := time.Duration(0) // the fake clock's time since the first scrape
+	// scrape advances to the next scrape and checks its report and the reads of /v1/models.
+	scrape := func(reads int64) {
+		t.Helper()
+		if at > 0 {
+			waitPending(t, fc, 1)
+			fc.Advance(2 * time.Second)
+		}
+		ev := next(t, sink)
+		if ev.err != nil {
+			t.Fatalf("at %v: the scrape failed: %s %v", at, ev.reason, ev.err)
+		}
+		if diff := cmp.Diff(want, ev.st); diff != "" {
+			t.Fatalf("at %v: -want +got:\n%s", at, diff)
+		}
+		if got := e.reads.Load(); got != reads {
+			t.Fatalf("at %v: /v1/models read %d times, want %d", at, got, reads)
+		}
+		at += 2 * time.Second
+	}
+
+	scrape(1) // the first good scrape reads it
+	e.serveModels(vllmModels("m", "8192", "b1"))
+	for at < ModelsInterval {
+		scrape(1) // 28 s of scrapes read the same list
+	}
+	want.LoRAAdapters, want.MaxModelLen = []string{"b1"}, 8192
+	scrape(2) // 30 s: read again
+
+	e.serveModels("") // 500 from now on
+	for at < 2*ModelsInterval {
+		scrape(2)
+	}
+	scrape(3) // 60 s: read, failed, the list of 30 s kept
+	if n := infoCount(t, reg, "w", SourceModels, ReasonStatus); n != 1 {
+		t.Fatalf("a failed read of /v1/models counted %v times, want 1", n)
+	}
+	e.serveModels(`<html>not a list</html>`)
+	for at < 3*ModelsInterval {
+		scrape(3)
+	}
+	scrape(4) // 90 s: a body that is no list, the list kept
+	if n := infoCount(t, reg, "w", SourceModels, ReasonParse); n != 1 {
+		t.Fatalf("an unreadable /v1/models counted %v times, want 1", n)
+	}
+	if n := errCount(t, reg, "w", ReasonStatus) + errCount(t, reg, "w", ReasonParse); n != 0 {
+		t.Fatalf("a failed /v1/models counted as a failed scrape (%v)", n)
+	}
+
+	e.serveModels(vllmModels("m", "2048", "c1", "bad name", "m"))
+	for at < 4*ModelsInterval {
+		scrape(4)
+	}
+	want.LoRAAdapters, want.MaxModelLen = []string{"c1"}, 2048
+	scrape(5) // 120 s: a good read again
+	if n := infoCount(t, reg, "w", SourceModels, ReasonInvalidName); n != 2 {
+		t.Fatalf("the dropped names counted %v times, want 2 (once per read)", n)
+	}
+	scrape(5)
+	if n := infoCount(t, reg, "w", SourceModels, ReasonInvalidName); n != 2 {
+		t.Fatalf("the dropped names counted %v times after a scrape without a read, want 2", n)
+	}
+}
+
+// TestManagerReadsModelsAtFirstGoodScrape: /v1/models is not read while the metrics scrape
+// fails (the engine is not up), and is read at the first good scrape, however soon; the
+// reports carry it from that scrape on.
+func TestManagerReadsModelsAtFirstGoodScrape(t *testing.T) {
+	fc := clock.NewFake(gwtest.Epoch0)
+	e := newLoRAEngine(t, vllmModels("m", "4096", "a1"))
+	e.metrics.Store(false)
+	sink := make(chanSink, 4)
+	m := NewManager(sink, fc, nil)
+	defer m.Close()
+	m.Set([]Target{{ID: "w", Model: "m", HTTPAddress: addr(e.srv), Kind: VLLM}})
+	if ev := next(t, sink); ev.reason != ReasonStatus || e.reads.Load() != 0 {
+		t.Fatalf("a failed scrape: %s %v, %d reads of /v1/models", ev.reason, ev.err, e.reads.Load())
+	}
+	e.metrics.Store(true)
+	waitPending(t, fc, 1)
+	fc.Advance(2 * time.Second)
+	ev := next(t, sink)
+	if ev.err != nil || !slices.Equal(ev.st.LoRAAdapters, []string{"a1"}) || ev.st.MaxModelLen != 4096 || e.reads.Load() != 1 {
+		t.Fatalf("the first good scrape: %+v, %d reads of /v1/models", ev, e.reads.Load())
 	}
 }
