@@ -4,9 +4,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/url"
+	"strings"
 	"time"
 
 	"github.com/tlgw/tlgw/internal/engineaddr"
+	"github.com/tlgw/tlgw/internal/oai"
 )
 
 // StaticWorker is one [[gateway.static_workers]] entry (or one of the admin API's
@@ -27,6 +29,10 @@ type StaticWorker struct {
 	ScrapeInterval Duration `json:"scrape_interval,omitempty"`
 	// KVTotalBlocks is used when the engine does not report its KV capacity.
 	KVTotalBlocks int64 `json:"kv_total_blocks,omitempty"`
+	// Endpoints are the serving endpoints the engine answers, by their names in the endpoint
+	// catalogue (internal/oai: "completions", "chat", "embeddings", …), as a heartbeat's
+	// endpoints (R21); none = not said: every endpoint is tried.
+	Endpoints []string `json:"endpoints,omitempty"`
 }
 
 // Duration is a time.Duration written as a Go duration string ("2s") in TOML and JSON.
@@ -72,7 +78,8 @@ func NormalizeStaticWorkers(ws []StaticWorker) []StaticWorker {
 // ValidateStaticWorkers checks a static worker table: ids present and unique, a model, an
 // HTTP address that follows the engine address rules (a plain host:port: no scheme, path,
 // query or userinfo, no link-local or unspecified IP), a known role and metrics kind, an
-// http(s) metrics URL, a positive scrape interval, no negative capacity. Its messages name
+// http(s) metrics URL, a positive scrape interval, no negative capacity, endpoints from the
+// catalogue, none twice. Its messages name
 // fields like "static_workers[1].metrics". The rules of one configuration (engine_cidrs,
 // loopback) are StaticWorkerAddresses'.
 func ValidateStaticWorkers(ws []StaticWorker) error {
@@ -127,7 +134,39 @@ func validateStaticWorkers(ws []StaticWorker, base path, ps *problems) {
 		if w.KVTotalBlocks < 0 {
 			ps.add(at("kv_total_blocks"), "must be >= 0")
 		}
+		var set oai.EndpointSet
+		for j, name := range w.Endpoints {
+			k, ok := oai.KindByEndpoint(name)
+			switch {
+			case !ok:
+				ps.add(at("endpoints").with(index(j)), "%q is not an endpoint: want one of %s", name, endpointNames)
+			case set.Has(k):
+				ps.add(at("endpoints").with(index(j)), "%q is listed twice", name)
+			}
+			set = set.With(k)
+		}
 	}
+}
+
+// endpointNames lists the catalogue's endpoint names for messages.
+var endpointNames = func() string {
+	var all oai.EndpointSet
+	for _, k := range oai.Kinds() {
+		all = all.With(k)
+	}
+	return strings.ReplaceAll(all.String(), ",", ", ")
+}()
+
+// StaticEndpoints is the endpoint set of a valid static worker's Endpoints (names outside the
+// catalogue, which ValidateStaticWorkers refuses, are skipped).
+func StaticEndpoints(names []string) oai.EndpointSet {
+	var set oai.EndpointSet
+	for _, n := range names {
+		if k, ok := oai.KindByEndpoint(n); ok {
+			set = set.With(k)
+		}
+	}
+	return set
 }
 
 // StaticWorkerAddresses checks a valid static worker table's addresses against one

@@ -1,11 +1,15 @@
 package config
 
 import (
+	"encoding/json"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/tlgw/tlgw/contracts"
 	"github.com/tlgw/tlgw/internal/engineaddr"
+	"github.com/tlgw/tlgw/internal/oai"
 )
 
 func TestStaticWorkers(t *testing.T) {
@@ -156,5 +160,88 @@ func TestStaticAddressesFollowEngineRules(t *testing.T) {
 	}
 	if err := StaticWorkerAddresses([]StaticWorker{{ID: "a", HTTPAddress: "10.0.0.5:1"}}, rules); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestStaticWorkerEndpoints (R21): a static worker may list the serving endpoints its engine
+// answers, by the catalogue's names; the list survives normalization (the admin table's round
+// trip), and an unknown or repeated name is refused naming the entry — by the schema for a
+// file, and by ValidateStaticWorkers for the admin PUT, which the schema does not see.
+func TestStaticWorkerEndpoints(t *testing.T) {
+	base := "[[gateway.static_workers]]\nid='a'\nmodel='m'\nhttp_address='h:1'\nmetrics='vllm'\n"
+	cfg, err := Parse([]byte(base+"endpoints = ['embeddings', 'chat']\n"), func(string) string { return "" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	ws := cfg.Gateway.StaticWorkers
+	if len(ws) != 1 || !slices.Equal(ws[0].Endpoints, []string{"embeddings", "chat"}) {
+		t.Fatalf("endpoints %+v", ws)
+	}
+	if got := StaticEndpoints(ws[0].Endpoints); got != oai.EndpointSet(0).With(oai.Chat).With(oai.Embeddings) {
+		t.Fatalf("StaticEndpoints = %v", got)
+	}
+	for name, c := range map[string]struct{ toml, key, says string }{
+		"unknown": {base + "endpoints = ['chat', 'telepathy']\n", "gateway.static_workers[0].endpoints[1]", `"telepathy"`},
+		"twice":   {base + "endpoints = ['chat', 'chat']\n", "gateway.static_workers[0].endpoints", "items at 0 and 1 are equal"},
+		"empty":   {base + "endpoints = ['']\n", "gateway.static_workers[0].endpoints[0]", `""`},
+	} {
+		_, err := Parse([]byte(c.toml), func(string) string { return "" })
+		if err == nil || !strings.Contains(err.Error(), c.key) || !strings.Contains(err.Error(), c.says) {
+			t.Errorf("%s: %v, want an error naming %s and %s", name, err, c.key, c.says)
+		}
+	}
+	w := StaticWorker{ID: "a", Model: "m", HTTPAddress: "h:1", Metrics: "vllm"}
+	for _, c := range []struct {
+		endpoints []string
+		want      string
+	}{
+		{[]string{"completions", "rerank", "translations"}, ""},
+		{nil, ""},
+		{[]string{"chat", "telepathy"}, `static_workers[0].endpoints[1]: "telepathy" is not an endpoint: want one of completions, chat, embeddings, responses, messages, completions_render, chat_render, tokenize, detokenize, rerank, score, pooling, transcriptions, translations`},
+		{[]string{"chat", "tokenize", "chat"}, `static_workers[0].endpoints[2]: "chat" is listed twice`},
+		{[]string{"Chat"}, `static_workers[0].endpoints[0]: "Chat" is not an endpoint`},
+	} {
+		w.Endpoints = c.endpoints
+		err := ValidateStaticWorkers([]StaticWorker{w})
+		if (c.want == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), c.want)) {
+			t.Errorf("%q: %v, want %q", c.endpoints, err, c.want)
+		}
+	}
+	if got := NormalizeStaticWorkers([]StaticWorker{w}); !slices.Equal(got[0].Endpoints, w.Endpoints) {
+		t.Fatalf("normalized endpoints %q, want %q", got[0].Endpoints, w.Endpoints)
+	}
+}
+
+// TestSchemaEndpointsAreTheCatalogue: the schema's list of endpoint names is the catalogue's
+// (internal/oai), so a file cannot name an endpoint the gateway refuses or miss one it serves.
+func TestSchemaEndpointsAreTheCatalogue(t *testing.T) {
+	var sch struct {
+		Properties struct {
+			Gateway struct {
+				Properties struct {
+					StaticWorkers struct {
+						Items struct {
+							Properties struct {
+								Endpoints struct {
+									Items struct {
+										Enum []string `json:"enum"`
+									} `json:"items"`
+								} `json:"endpoints"`
+							} `json:"properties"`
+						} `json:"items"`
+					} `json:"static_workers"`
+				} `json:"properties"`
+			} `json:"gateway"`
+		} `json:"properties"`
+	}
+	if err := json.Unmarshal(contracts.RuntimeSchema, &sch); err != nil {
+		t.Fatal(err)
+	}
+	var want []string
+	for _, k := range oai.Kinds() {
+		want = append(want, k.Endpoint())
+	}
+	if got := sch.Properties.Gateway.Properties.StaticWorkers.Items.Properties.Endpoints.Items.Enum; !slices.Equal(got, want) {
+		t.Fatalf("schema endpoints %q, the catalogue's %q", got, want)
 	}
 }
