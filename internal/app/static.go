@@ -69,13 +69,15 @@ func targets(ws []config.StaticWorker) []scrape.Target {
 			ID: w.ID, Model: w.Model, HTTPAddress: w.HTTPAddress, Role: w.Role,
 			Kind: scrape.Kind(w.Metrics), MetricsURL: w.MetricsURL,
 			Interval: time.Duration(w.ScrapeInterval), KVTotalBlocks: w.KVTotalBlocks,
+			Endpoints: config.StaticEndpoints(w.Endpoints),
 		})
 	}
 	return out
 }
 
 // scrapeSink turns scrapes into the registry's heartbeats (R1 with the last successful scrape
-// in place of the last heartbeat).
+// in place of the last heartbeat). The scraper has held the LoRA names to a heartbeat's rules
+// (R21); the endpoints are the table's.
 type scrapeSink struct{ gw *gateway.Gateway }
 
 var roleOf = map[string]router.Role{"unified": router.RoleUnified, "prefill": router.RolePrefill, "decode": router.RoleDecode}
@@ -85,6 +87,8 @@ func (s scrapeSink) Scraped(t scrape.Target, st scrape.Status) {
 		ID: t.ID, Model: t.Model, Role: roleOf[t.Role], HTTPAddress: t.HTTPAddress,
 		QueueDepth: st.QueueDepth, Running: st.Running, KVFreeBlocks: st.KVFreeBlocks,
 		KVTotalBlocks: st.KVTotalBlocks, BlockSize: st.BlockSize, Static: true,
+		LoRAAdapters: st.LoRAAdapters, MaxLoRAs: st.MaxLoRAs, RunningLoRAs: st.RunningLoRAs,
+		MaxModelLen: st.MaxModelLen, Endpoints: t.Endpoints,
 	}
 	_ = s.gw.Scraped(info, time.Duration(s.gw.MissLimit())*t.Interval)
 }

@@ -6,14 +6,20 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"net/netip"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+
+	"github.com/tlgw/tlgw/actors/router"
 	"github.com/tlgw/tlgw/internal/app"
 	"github.com/tlgw/tlgw/internal/config"
 	"github.com/tlgw/tlgw/internal/gwtest"
+	"github.com/tlgw/tlgw/internal/oai"
 	"github.com/tlgw/tlgw/sim/engine"
 )
 
@@ -105,4 +111,98 @@ func TestStaticWorkersAdmin(t *testing.T) {
 		l, err := a.Gateway.Workers()
 		return err == nil && len(l.Workers) == 0
 	})
+}
+
+// TestStaticWorkerAdvertisesLoRA (R21): a static worker reaches the router with what its
+// engine says of LoRA — its adapters and context length from GET /v1/models, its running
+// adapters and max_lora from vllm:lora_requests_info — and the endpoints its table entry
+// lists, as a heartbeating worker's status would give them; and the admin table's GET, PUT of
+// what it read and GET again keep the endpoints.
+func TestStaticWorkerAdvertisesLoRA(t *testing.T) {
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	eng := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/metrics":
+			io.WriteString(w, `vllm:num_requests_waiting{model_name="llama"} 2
+vllm:num_requests_running{model_name="llama"} 1
+vllm:kv_cache_usage_perc{model_name="llama"} 0.25
+vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="400"} 1
+vllm:lora_requests_info{max_lora="2",running_lora_adapters="",waiting_lora_adapters=""} 1.0e9
+vllm:lora_requests_info{max_lora="2",running_lora_adapters="sql",waiting_lora_adapters="chat"} 1.7e9
+`)
+		case "/v1/models":
+			io.WriteString(w, `{"object":"list","data":[
+{"id":"llama","object":"model","root":"llama","parent":null,"max_model_len":8192},
+{"id":"sql","object":"model","root":"/lora/sql","parent":"llama"},
+{"id":"chat","object":"model","root":"/lora/chat","parent":"llama"},
+{"id":"not ours","object":"model","root":"/lora/x","parent":"other"}]}`)
+		default:
+			http.NotFound(w, r)
+		}
+	}))
+	defer eng.Close()
+	cfg := config.Default()
+	cfg.Gateway.HTTPListen, cfg.Gateway.RegistryListen = "127.0.0.1:0", "127.0.0.1:0"
+	cfg.Gateway.HeartbeatInterval = time.Minute
+	cfg.Registry.EngineCIDRs = []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}
+	cfg.Gateway.StaticWorkers = config.NormalizeStaticWorkers([]config.StaticWorker{{
+		ID: "lora-1", Model: "llama", HTTPAddress: eng.Listener.Addr().String(), Metrics: "vllm",
+		ScrapeInterval: config.Duration(50 * time.Millisecond), Endpoints: []string{"embeddings", "completions"},
+	}})
+	a, err := app.Start(cfg, app.Options{Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Shutdown(t.Context())
+
+	var got router.WorkerInfo
+	gwtest.Eventually(t, "the static worker is scraped into the registry", func() bool {
+		l, err := a.Gateway.Workers()
+		if err != nil || len(l.Workers) != 1 {
+			return false
+		}
+		got = l.Workers[0].Info
+		return got.Static
+	})
+	want := router.WorkerInfo{
+		LoRAAdapters: []string{"chat", "sql"}, MaxLoRAs: 2, RunningLoRAs: []string{"sql"}, MaxModelLen: 8192,
+		Endpoints: oai.EndpointSet(0).With(oai.Completions).With(oai.Embeddings),
+	}
+	if diff := cmp.Diff(want, got, cmpopts.IgnoreFields(router.WorkerInfo{}, "ID", "Reg", "Model", "Role", "HTTPAddress",
+		"QueueDepth", "Running", "KVFreeBlocks", "KVTotalBlocks", "BlockSize", "LastHeartbeat", "Static")); diff != "" {
+		t.Fatalf("the worker's R21 fields, -want +got:\n%s", diff)
+	}
+	if !got.ServesLoRA("sql") || got.ServesLoRA("not ours") || got.QueueDepth != 2 {
+		t.Fatalf("worker %+v", got)
+	}
+
+	// The admin table's round trip keeps the endpoints.
+	admin := "http://" + a.HTTPAddr + "/admin/v1/static-workers"
+	resp, err := http.Get(admin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	table, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(table), `"endpoints":["embeddings","completions"]`) {
+		t.Fatalf("GET: %s", table)
+	}
+	req, _ := http.NewRequest(http.MethodPut, admin, strings.NewReader(string(table)))
+	req.Header.Set("If-Match", resp.Header.Get("ETag"))
+	put, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	after, _ := io.ReadAll(put.Body)
+	put.Body.Close()
+	rows := func(b []byte) string {
+		var doc struct {
+			StaticWorkers json.RawMessage `json:"static_workers"`
+		}
+		_ = json.Unmarshal(b, &doc)
+		return string(doc.StaticWorkers)
+	}
+	if put.StatusCode != 200 || rows(after) != rows(table) {
+		t.Fatalf("PUT of the table read: %d %s, want 200 and the rows of %s", put.StatusCode, after, table)
+	}
 }
