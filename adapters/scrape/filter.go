@@ -53,6 +53,14 @@ func pageLine(page []byte, names []string, n int) int {
 // eachLine calls f with each line of page (its '\n' included) and whether keepFamilies keeps
 // it, until f returns false.
 func eachLine(page []byte, names []string, f func(line []byte, keep bool) bool) {
+	lines(page, func(line []byte) bool {
+		name, ok := lineFamily(line)
+		return f(line, !ok || named(name, names))
+	})
+}
+
+// lines calls f with each line of page, its '\n' included, until f returns false.
+func lines(page []byte, f func(line []byte) bool) {
 	for rest := page; len(rest) > 0; {
 		line := rest
 		if i := bytes.IndexByte(rest, '\n'); i >= 0 {
@@ -60,8 +68,7 @@ func eachLine(page []byte, names []string, f func(line []byte, keep bool) bool) 
 		} else {
 			rest = nil
 		}
-		name, ok := lineFamily(line)
-		if !f(line, !ok || named(name, names)) {
+		if !f(line) {
 			return
 		}
 	}
@@ -161,22 +168,34 @@ func wordEnd(s []byte) int {
 	return len(s)
 }
 
-// familySamples calls f with each sample line of page (its '\n' included) that surely belongs
-// to the family name, until f returns false. Comments, # HELP and # TYPE lines are skipped: a
-// sample without its TYPE line reads as untyped, which keeps its value.
-func familySamples(page []byte, name string, f func(line []byte) bool) {
-	for rest := page; len(rest) > 0; {
-		line := rest
-		if i := bytes.IndexByte(rest, '\n'); i >= 0 {
-			line, rest = rest[:i+1], rest[i+1:]
-		} else {
-			rest = nil
-		}
+// familyPieces calls f with the sample lines of page that surely belong to the family name,
+// whole and in order, in pieces of at most limit bytes, each as long as the next line allows.
+// Comments, # HELP and # TYPE lines are left out: a sample without its TYPE line reads as
+// untyped, which keeps its value. A line over limit is an error (too_large), as is f's, and
+// ends the pieces.
+func familyPieces(page []byte, name string, limit int, f func(piece []byte) error) error {
+	var piece []byte
+	var err error
+	lines(page, func(line []byte) bool {
 		if t := bytes.TrimLeft(line, " \t"); len(t) == 0 || t[0] == '#' {
-			continue
+			return true
 		}
-		if fam, ok := lineFamily(line); ok && string(fam) == name && !f(line) {
-			return
+		if fam, ok := lineFamily(line); !ok || string(fam) != name {
+			return true
 		}
+		if len(line) > limit {
+			err = failf(ReasonTooLarge, "%s: a sample line of %d bytes, over %d", name, len(line), limit)
+			return false
+		}
+		if len(piece)+len(line) > limit {
+			err = f(piece)
+			piece = piece[:0]
+		}
+		piece = append(piece, line...)
+		return err == nil
+	})
+	if err == nil && len(piece) > 0 {
+		err = f(piece)
 	}
+	return err
 }

@@ -1,12 +1,13 @@
 package scrape
 
 import (
-	"github.com/google/go-cmp/cmp"
-
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/google/go-cmp/cmp"
 )
 
 // TestLineFamily: which lines of the text format surely belong to a family, and which are
@@ -184,4 +185,79 @@ func subsequenceOfLines(kept, page []byte) bool {
 		pl = pl[1:]
 	}
 	return true
+}
+
+// TestFamilyPieces pins how readLoRAInfo bounds its parse: the family's sample lines — and
+// only they: not its comments, not another family's lines, not a longer family's that begins
+// with its name — reach the parser whole and in order, in pieces of at most the limit, each
+// as full as the next line allows; a line of exactly the limit is read, one byte more is
+// too_large; and an error from the parser ends the pieces.
+func TestFamilyPieces(t *testing.T) {
+	const name, limit = "fam", 40
+	sample := func(i, pad int) string {
+		return fmt.Sprintf("fam{i=\"%d\",p=\"%s\"} %d\n", i, strings.Repeat("x", pad), i)
+	}
+	var want []string
+	var pg strings.Builder
+	pg.WriteString("# HELP fam Help.\n# TYPE fam gauge\n\n")
+	for i := range 12 {
+		line := sample(i, i%5*4)
+		want = append(want, line)
+		pg.WriteString(line)
+		pg.WriteString("famine 1\nother{a=\"fam\"} 2\n  # a comment\n\n")
+	}
+	pg.WriteString(`{"fam",i="q"} 7`) // the quoted form, no final newline
+	want = append(want, `{"fam",i="q"} 7`)
+
+	var pieces []string
+	err := familyPieces([]byte(pg.String()), name, limit, func(p []byte) error {
+		pieces = append(pieces, string(p))
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(pieces, ""); got != strings.Join(want, "") {
+		t.Fatalf("pieces %q, want the lines %q", pieces, want)
+	}
+	for i, p := range pieces {
+		if len(p) > limit {
+			t.Fatalf("piece %d is %d bytes, over %d", i, len(p), limit)
+		}
+		if i+1 < len(pieces) {
+			next := strings.SplitAfter(pieces[i+1], "\n")[0]
+			if len(p)+len(next) <= limit {
+				t.Fatalf("piece %d (%d bytes) had room for the next line (%d bytes)", i, len(p), len(next))
+			}
+		}
+	}
+
+	exact := sample(1, limit-len(sample(1, 0)))
+	if len(exact) != limit {
+		t.Fatalf("a line of %d bytes", len(exact))
+	}
+	pieces = nil
+	if err := familyPieces([]byte(exact+exact), name, limit, func(p []byte) error {
+		pieces = append(pieces, string(p))
+		return nil
+	}); err != nil || len(pieces) != 2 {
+		t.Fatalf("two lines of exactly the limit: %q, %v", pieces, err)
+	}
+	half := sample(1, limit/2-len(sample(1, 0)))
+	pieces = nil
+	if err := familyPieces([]byte(half+half), name, limit, func(p []byte) error {
+		pieces = append(pieces, string(p))
+		return nil
+	}); err != nil || len(pieces) != 1 {
+		t.Fatalf("two lines of half the limit: %q, %v; want one piece", pieces, err)
+	}
+	over := sample(1, limit+1-len(sample(1, 0)))
+	if err := familyPieces([]byte(exact+over), name, limit, func([]byte) error { return nil }); reasonOf(err) != ReasonTooLarge {
+		t.Fatalf("a line over the limit: %v", err)
+	}
+	calls := 0
+	stop := failf(ReasonParse, "stop")
+	if err := familyPieces([]byte(exact+exact+exact), name, limit, func([]byte) error { calls++; return stop }); err != stop || calls != 1 {
+		t.Fatalf("after an error: %v, %d calls", err, calls)
+	}
 }

@@ -105,42 +105,23 @@ func readLoRAInfo(d dialect, model string, page []byte) loraRead {
 	var (
 		best  *dto.Metric
 		bestV float64
-		piece []byte
-		err   error
 	)
-	flush := func() {
-		if len(piece) == 0 {
-			return
-		}
+	err := familyPieces(page, d.loraInfo, MaxReadBytes, func(piece []byte) error {
 		p := newTextParser()
-		fams, perr := p.TextToMetricFamilies(bytes.NewReader(piece))
-		piece = piece[:0]
-		if perr != nil {
-			err = failf(ReasonParse, "%s: %v", d.loraInfo, perr)
-			return
+		fams, err := p.TextToMetricFamilies(bytes.NewReader(piece))
+		if err != nil {
+			return failf(ReasonParse, "%s: %v", d.loraInfo, err)
 		}
 		pg := parsed{fams: fams, model: model, labels: d.modelLabels}
 		for _, m := range pg.series(d.loraInfo) {
-			v, ok := sampleValue(m)
-			if ok && (best == nil || v > bestV) {
+			// A piece has no TYPE line: every sample is untyped.
+			v := m.GetUntyped().GetValue()
+			if !math.IsNaN(v) && !math.IsInf(v, 0) && (best == nil || v > bestV) {
 				best, bestV = m, v
 			}
 		}
-	}
-	familySamples(page, d.loraInfo, func(line []byte) bool {
-		if len(line) > MaxReadBytes {
-			err = failf(ReasonTooLarge, "%s: a sample line of %d bytes, over %d", d.loraInfo, len(line), MaxReadBytes)
-			return false
-		}
-		if len(piece)+len(line) > MaxReadBytes {
-			flush()
-		}
-		piece = append(piece, line...)
-		return err == nil
+		return nil
 	})
-	if err == nil {
-		flush()
-	}
 	if err != nil {
 		return loraRead{err: err}
 	}
@@ -171,22 +152,6 @@ func maxLoRA(s string) int {
 		return 0
 	}
 	return n
-}
-
-// sampleValue is a gauge's, untyped or counter sample's value, if it is a finite number.
-func sampleValue(m *dto.Metric) (float64, bool) {
-	var v float64
-	switch {
-	case m.Gauge != nil:
-		v = m.GetGauge().GetValue()
-	case m.Untyped != nil:
-		v = m.GetUntyped().GetValue()
-	case m.Counter != nil:
-		v = m.GetCounter().GetValue()
-	default:
-		return 0, false
-	}
-	return v, !math.IsNaN(v) && !math.IsInf(v, 0)
 }
 
 // label is m's value of the label name, and whether m has it.

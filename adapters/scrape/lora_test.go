@@ -223,7 +223,8 @@ func FuzzReadLoRAInfo(f *testing.F) {
 		bestV := math.Inf(-1)
 		found := false
 		for _, m := range pgd.series("vllm:lora_requests_info") {
-			if v, ok := sampleValue(m); ok && (!found || v > bestV) {
+			v := m.GetGauge().GetValue() + m.GetUntyped().GetValue() + m.GetCounter().GetValue() // the one it has
+			if !math.IsNaN(v) && !math.IsInf(v, 0) && (!found || v > bestV) {
 				found, bestV = true, v
 				whole = loraRead{max: maxLoRA(labelValue(m, maxLoRALabel))}
 				if running, ok := label(m, runningLabel); ok {

@@ -1,8 +1,6 @@
 package scrape
 
 import (
-	"github.com/google/go-cmp/cmp"
-
 	"fmt"
 	"io"
 	"net"
@@ -15,9 +13,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
 
+	"github.com/tlgw/tlgw/actors/router"
 	"github.com/tlgw/tlgw/internal/clock"
 	"github.com/tlgw/tlgw/internal/engineaddr"
 	"github.com/tlgw/tlgw/internal/gwtest"
@@ -817,5 +817,74 @@ func TestManagerReadsModelsAtFirstGoodScrape(t *testing.T) {
 	ev := next(t, sink)
 	if ev.err != nil || !slices.Equal(ev.st.LoRAAdapters, []string{"a1"}) || ev.st.MaxModelLen != 4096 || e.reads.Load() != 1 {
 		t.Fatalf("the first good scrape: %+v, %d reads of /v1/models", ev, e.reads.Load())
+	}
+}
+
+// infoSeries is how many tlgw_scrape_info_errors_total series worker has.
+func infoSeries(t *testing.T, reg *prometheus.Registry, worker string) int {
+	t.Helper()
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, f := range fams {
+		for _, m := range f.GetMetric() {
+			if f.GetName() == "tlgw_scrape_info_errors_total" && labelValue(m, "worker") == worker {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+// TestManagerCountsLoRAInfoProblems: what a page's lora_requests_info holds that tlgw cannot
+// use never fails the scrape, and is counted on every scrape, as the page is read each time:
+// an unreadable family by its reason, each dropped name as invalid_name or too_many_names. A
+// worker whose page and list are clean has no such series at all.
+func TestManagerCountsLoRAInfoProblems(t *testing.T) {
+	fc := clock.NewFake(gwtest.Epoch0)
+	var lora atomic.Pointer[string]
+	models := vllmModels("m", "1")
+	srv := serve(t, func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/models" {
+			io.WriteString(w, models)
+			return
+		}
+		fmt.Fprint(w, vllmPage("m", 0)+*lora.Load())
+	})
+	clean := loraLine("a", "2", 1)
+	lora.Store(&clean)
+	sink := make(chanSink, 4)
+	reg := prometheus.NewRegistry()
+	m := NewManager(sink, fc, reg)
+	defer m.Close()
+	m.Set([]Target{{ID: "w", Model: "m", HTTPAddress: addr(srv), Kind: VLLM}})
+	if ev := next(t, sink); ev.err != nil || !slices.Equal(ev.st.RunningLoRAs, []string{"a"}) {
+		t.Fatalf("a clean page: %+v", ev)
+	}
+	if n := infoSeries(t, reg, "w"); n != 0 {
+		t.Fatalf("a clean page and list left %d series", n)
+	}
+	for _, c := range []struct {
+		page, reason string
+		per          float64 // counted per scrape
+	}{
+		{loraLine("a", "2", 1) + "vllm:lora_requests_info{max_lora=\"2\" 1\n", ReasonParse, 1},
+		{loraLine(strings.Repeat("x,", MaxReadBytes/2), "2", 1), ReasonTooLarge, 1},
+		{loraLine("ok,bad name,m,", "2", 1), ReasonInvalidName, 3},
+		{loraLine(strings.Join(seq(router.MaxLoRAAdapters+5), ","), "2", 1), ReasonTooManyNames, 5},
+	} {
+		lora.Store(&c.page)
+		for i := 1; i <= 2; i++ {
+			waitPending(t, fc, 1)
+			fc.Advance(2 * time.Second)
+			if ev := next(t, sink); ev.err != nil {
+				t.Fatalf("%s: the scrape failed: %s %v", c.reason, ev.reason, ev.err)
+			}
+			if n := infoCount(t, reg, "w", SourceLoRAInfo, c.reason); n != c.per*float64(i) {
+				t.Fatalf("%s after %d scrapes: counted %v, want %v", c.reason, i, n, c.per*float64(i))
+			}
+		}
 	}
 }

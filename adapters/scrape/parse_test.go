@@ -1,14 +1,14 @@
 package scrape
 
 import (
-	"github.com/google/go-cmp/cmp"
-
 	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/google/go-cmp/cmp"
 )
 
 const (
