@@ -255,7 +255,11 @@ func TestFamilyPieces(t *testing.T) {
 	if err := familyPieces([]byte(exact+over), name, limit, func([]byte) error { return nil }); reasonOf(err) != ReasonTooLarge {
 		t.Fatalf("a line over the limit: %v", err)
 	}
+	// A page without the family (an engine without LoRA, the common case) parses nothing.
 	calls := 0
+	if err := familyPieces([]byte("famine 1\n# TYPE fam gauge\nother 2\n"), name, limit, func([]byte) error { calls++; return nil }); err != nil || calls != 0 {
+		t.Fatalf("a page without the family: %v, %d calls", err, calls)
+	}
 	stop := failf(ReasonParse, "stop")
 	if err := familyPieces([]byte(exact+exact+exact), name, limit, func([]byte) error { calls++; return stop }); err != stop || calls != 1 {
 		t.Fatalf("after an error: %v, %d calls", err, calls)

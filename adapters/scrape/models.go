@@ -80,11 +80,10 @@ func readModels(model string, body []byte) (modelsRead, error) {
 			if err := dec.Decode(&e); err != nil {
 				return modelsRead{}, failf(ReasonParse, "/v1/models: entry %d: %v", n, err)
 			}
-			switch {
-			case e.ID == model && !sawBase:
+			if e.ID == model && !sawBase {
 				sawBase = true
 				out.maxModelLen = modelLen(e.MaxModelLen)
-			case e.Parent != nil && *e.Parent == model:
+			} else if e.Parent != nil && *e.Parent == model {
 				ns.add(e.ID)
 			}
 		}
