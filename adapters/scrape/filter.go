@@ -177,7 +177,9 @@ func familyPieces(page []byte, name string, limit int, f func(piece []byte) erro
 	var piece []byte
 	var err error
 	lines(page, func(line []byte) bool {
-		if t := bytes.TrimLeft(line, " \t"); len(t) == 0 || t[0] == '#' {
+		t := bytes.TrimLeft(line, " \t")
+		// Most lines are another family's: a prefix check passes them by cheaply.
+		if len(t) == 0 || (t[0] != '{' && !bytes.HasPrefix(t, []byte(name))) {
 			return true
 		}
 		if fam, ok := lineFamily(line); !ok || string(fam) != name {
