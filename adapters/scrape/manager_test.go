@@ -324,6 +324,12 @@ func TestManagerFailures(t *testing.T) {
 			target:  func(tg *Target) { tg.MetricsURL = "unix:///run/engine.sock" },
 			reason:  ReasonInvalidTarget, msg: "is not an http(s) URL",
 		},
+		{
+			name:    "another scheme with a host",
+			handler: func(w http.ResponseWriter, r *http.Request) {},
+			target:  func(tg *Target) { tg.MetricsURL = "ftp://" + tg.HTTPAddress + "/metrics" },
+			reason:  ReasonInvalidTarget, msg: "is not an http(s) URL",
+		},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			var hits atomic.Int64
