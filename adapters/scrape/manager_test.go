@@ -542,7 +542,10 @@ func TestAgainstTLEngine(t *testing.T) {
 		return st.Running == 1 && st.QueueDepth == 1
 	})
 	st := e.Status()
-	want := Status{QueueDepth: 1, Running: 1, KVFreeBlocks: int64(st.KVFreeBlocks), KVTotalBlocks: 64, BlockSize: 32}
+	// tlengine always publishes vllm:lora_requests_info (no adapter running, its 4 slots by
+	// default) and its /v1/models carries max_model_len: both kinds read them.
+	want := Status{QueueDepth: 1, Running: 1, KVFreeBlocks: int64(st.KVFreeBlocks), KVTotalBlocks: 64, BlockSize: 32,
+		RunningLoRAs: []string{}, MaxLoRAs: 4, MaxModelLen: 2048}
 	if want.KVFreeBlocks >= 64 {
 		t.Fatalf("a running request holds no KV: %+v", st)
 	}
@@ -579,7 +582,7 @@ func TestAgainstTLEngine(t *testing.T) {
 	fc.Advance(2 * time.Second)
 	for range 2 {
 		ev := next(t, sink)
-		if idle := (Status{KVFreeBlocks: 64, KVTotalBlocks: 64, BlockSize: 32}); ev.err != nil || !cmp.Equal(ev.st, idle) {
+		if idle := (Status{KVFreeBlocks: 64, KVTotalBlocks: 64, BlockSize: 32, RunningLoRAs: []string{}, MaxLoRAs: 4, MaxModelLen: 2048}); ev.err != nil || !cmp.Equal(ev.st, idle) {
 			t.Fatalf("%s after the requests: %+v %v, want %+v", ev.t.ID, ev.st, ev.err, idle)
 		}
 	}
