@@ -18,6 +18,7 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 	"github.com/openai/openai-go/v3/responses"
+	"github.com/tlgw/tlgw/internal/proctest"
 )
 
 // servingKey is an inference key with the debug scope (X-TL-Route names the worker).
@@ -233,5 +234,108 @@ base_model = "base-model"
 	b, _ := io.ReadAll(resp.Body)
 	if !strings.Contains(string(b), `"lora-z"`) {
 		t.Fatalf("the engine %s does not list the loaded adapter: %s", first, b)
+	}
+}
+
+// TestLoRAOnScrapedVLLMEngines (R21) is the issue's own set-up: engines that do not heartbeat,
+// fronted as static workers scraped with vLLM's metric names. Their adapters come from their
+// GET /v1/models (entries with a parent) and vllm:lora_requests_info; an adapter's requests go
+// only to the engine that serves it; /v1/models lists the adapters with their parent and
+// max_model_len; an engine that answers 404 for an endpoint it lacks is skipped for it (not
+// failed), and every request of that endpoint still answers 200.
+func TestLoRAOnScrapedVLLMEngines(t *testing.T) {
+	a, b := freeAddr(t), freeAddr(t)
+	proctest.StartEngine(t, tlengineBin, "--id", "a", "--model", "base-model", "--http-listen", a,
+		"--lora", "lora-a", "--endpoints", "completions,chat,responses,messages")
+	proctest.StartEngine(t, tlengineBin, "--id", "b", "--model", "base-model", "--http-listen", b, "--lora", "lora-b")
+	toml := fmt.Sprintf(`
+[gateway]
+http_listen = "127.0.0.1:0"
+registry_listen = "127.0.0.1:0"
+heartbeat_miss_limit = 3
+
+[[auth.keys]]
+key = %q
+scopes = ["inference", "admin", "debug"]
+
+[[gateway.static_workers]]
+id = "a"
+model = "base-model"
+http_address = %q
+metrics = "vllm"
+scrape_interval = "100ms"
+
+[[gateway.static_workers]]
+id = "b"
+model = "base-model"
+http_address = %q
+metrics = "vllm"
+scrape_interval = "100ms"
+`, servingKey, a, b)
+	f := &fleet{gw: startTLGW(t, toml), key: servingKey}
+	f.base = "http://" + f.gw.HTTPAddr
+	f.waitWorkers(t, "a", "b")
+
+	type model struct {
+		ID          string  `json:"id"`
+		Parent      *string `json:"parent"`
+		MaxModelLen int     `json:"max_model_len"`
+	}
+	var models []model
+	eventually(t, "both engines' adapters are listed", 10*time.Second, func() bool {
+		req, _ := http.NewRequest("GET", f.base+"/v1/models", nil)
+		req.Header.Set("Authorization", "Bearer "+servingKey)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var list struct {
+			Data []model `json:"data"`
+		}
+		if err := json.NewDecoder(resp.Body).Decode(&list); err != nil {
+			t.Fatal(err)
+		}
+		models = list.Data
+		return len(models) == 3
+	})
+	slices.SortFunc(models, func(x, y model) int { return strings.Compare(x.ID, y.ID) })
+	for i, want := range []struct {
+		id, parent string
+	}{{"base-model", ""}, {"lora-a", "base-model"}, {"lora-b", "base-model"}} {
+		m := models[i]
+		if m.ID != want.id || (m.Parent == nil) != (want.parent == "") || (m.Parent != nil && *m.Parent != want.parent) || m.MaxModelLen == 0 {
+			t.Fatalf("/v1/models entry %d: %+v, want %s with parent %q and a max_model_len", i, m, want.id, want.parent)
+		}
+	}
+
+	for i := range 8 {
+		for _, c := range []struct{ model, worker string }{{"lora-a", "a"}, {"lora-b", "b"}} {
+			code, worker, body := f.post(t, "/v1/chat/completions", "application/json",
+				[]byte(fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"turn %d"}],"max_tokens":2}`, c.model, i)))
+			if code != 200 || worker != c.worker {
+				t.Fatalf("%s request %d: %d on %q (want %s) %s", c.model, i, code, worker, c.worker, body)
+			}
+		}
+	}
+	// An adapter no engine serves is the same 404 as an unknown model.
+	if code, _, body := f.post(t, "/v1/completions", "application/json", []byte(`{"model":"lora-c","prompt":"x","max_tokens":1}`)); code != 404 || !strings.Contains(string(body), "model_not_found") {
+		t.Fatalf("an adapter nobody serves: %d %s", code, body)
+	}
+	// a lacks /v1/embeddings: its 404 sends the request on to b and marks a for the endpoint.
+	for i := range 6 {
+		code, worker, body := f.post(t, "/v1/embeddings", "application/json", []byte(fmt.Sprintf(`{"model":"base-model","input":"text %d"}`, i)))
+		if code != 200 || worker != "b" {
+			t.Fatalf("embeddings %d: %d on %q %s", i, code, worker, body)
+		}
+	}
+	// a was tried once (its 404 marks it for router.UnsupportedFor), never again.
+	if n := strings.Count(f.gw.Logs(), "the engine does not serve this endpoint"); n != 1 {
+		t.Fatalf("a's missing endpoint was met %d times, want once:\n%s", n, f.gw.Logs())
+	}
+	for _, w := range f.workers(t) {
+		if w.FailureLoad != 0 || w.EjectedUntil != nil {
+			t.Fatalf("a missing endpoint counted as a failure: %+v", w)
+		}
 	}
 }
