@@ -593,13 +593,16 @@ func (rc readCloser) Close() error { return rc.c.Close() }
 // streamEnd sees the event that ends a stream of the Responses API (response.completed,
 // response.incomplete or response.failed) or of Anthropic's Messages API (message_stop), which
 // send no [DONE] (R21). observe gets whole events (the framer's output), so an event type is
-// never split between two calls.
+// never split between two calls. The type is read from an event's own "event:" line (at a line's
+// start: the same words inside a data line's text are no end) or from a "type" member of its
+// data, which cannot occur inside a JSON string (its quotes would be escaped).
 type streamEnd struct{ seen bool }
 
 var (
-	responsesEnds = [...][]byte{[]byte("event: response.completed"), []byte("event: response.incomplete"), []byte("event: response.failed"),
-		[]byte(`"type":"response.completed"`), []byte(`"type":"response.incomplete"`), []byte(`"type":"response.failed"`)}
-	messagesEnds = [...][]byte{[]byte("event: message_stop"), []byte(`"type":"message_stop"`)}
+	responsesEnds = [...]string{"response.completed", "response.incomplete", "response.failed"}
+	messagesEnds  = [...]string{"message_stop"}
+	responsesData = [...][]byte{[]byte(`"type":"response.completed"`), []byte(`"type":"response.incomplete"`), []byte(`"type":"response.failed"`)}
+	messagesData  = [...][]byte{[]byte(`"type":"message_stop"`)}
 )
 
 func (e *streamEnd) observe(k oai.Kind, b []byte) {
@@ -608,20 +611,39 @@ func (e *streamEnd) observe(k oai.Kind, b []byte) {
 	}
 	switch k {
 	case oai.Responses:
-		for _, m := range responsesEnds {
-			if bytes.Contains(b, m) {
-				e.seen = true
-				return
-			}
-		}
+		e.seen = endsWith(b, responsesEnds[:], responsesData[:])
 	case oai.Messages:
-		for _, m := range messagesEnds {
-			if bytes.Contains(b, m) {
-				e.seen = true
-				return
+		e.seen = endsWith(b, messagesEnds[:], messagesData[:])
+	}
+}
+
+// endsWith reports whether events b hold one of types: an "event:" line naming it, or a data
+// member of it.
+func endsWith(b []byte, types []string, data [][]byte) bool {
+	for _, m := range data {
+		if bytes.Contains(b, m) {
+			return true
+		}
+	}
+	for len(b) > 0 {
+		line := b
+		if i := bytes.IndexByte(b, '\n'); i >= 0 {
+			line, b = b[:i], b[i+1:]
+		} else {
+			b = nil
+		}
+		v, ok := bytes.CutPrefix(line, []byte("event:"))
+		if !ok {
+			continue
+		}
+		v = bytes.TrimSuffix(bytes.TrimPrefix(v, []byte(" ")), []byte("\r"))
+		for _, t := range types {
+			if string(v) == t {
+				return true
 			}
 		}
 	}
+	return false
 }
 
 // responseID is the "id" of a Responses API answer (a JSON object), "" when it has none that
