@@ -268,6 +268,16 @@ func TestLoRALoadOnDemand(t *testing.T) {
 	if p := q.pickFor("sql", oai.Chat); p.WorkerID != "w2" || p.LoadLoRA != nil {
 		t.Fatalf("after a heartbeat without the adapter: %+v", p)
 	}
+	// Its one worker excluded (a failover), the adapter is loaded on another rather than the
+	// request refused; from then on both serve it.
+	if p := q.pickFor("sql", oai.Chat, "w2"); p.Err != nil || p.WorkerID != "w1" || p.LoadLoRA == nil {
+		t.Fatalf("a pick excluding the adapter's worker: %+v", p)
+	}
+	r.deliver(nil, &LoRALoaded{WorkerID: "w1", Reg: r.regOf("w1"), Name: "sql", OK: true})
+	if got := len(r.st.view.loraIdx["sql"]); got != 2 {
+		t.Fatalf("sql on %d workers, want 2", got)
+	}
+	r.deliver(nil, &LoRALoaded{WorkerID: "w1", Reg: r.regOf("w1"), Name: "sql", OK: false})
 	r.deliver(nil, &LoRALoaded{WorkerID: "w2", Reg: r.regOf("w2"), Name: "sql", OK: false})
 	if p := q.pickFor("sql", oai.Chat); p.LoadLoRA == nil {
 		t.Fatalf("a failed load left the adapter counted: %+v", p)
@@ -275,6 +285,15 @@ func TestLoRALoadOnDemand(t *testing.T) {
 	if p := q.pickFor("nosuch", oai.Chat); !errors.Is(p.Err, errs.ErrModelNotFound) {
 		t.Fatalf("an unconfigured adapter: %+v", p)
 	}
+	// A worker of another base model listing the configured adapter draws none of its
+	// requests: the configured base model is the adapter's.
+	r.joinWith("x1", "other", RoleUnified, 0, func(i *WorkerInfo) { i.LoRAAdapters, i.MaxLoRAs = []string{"sql"}, 2 })
+	for range 4 {
+		if p := q.pickFor("sql", oai.Chat); p.Err != nil || p.WorkerID == "x1" {
+			t.Fatalf("a configured adapter went to another base's worker: %+v", p)
+		}
+	}
+	r.leave("x1")
 	r.leave("w1")
 	r.leave("w2")
 	if len(r.st.view.loraIdx) != 0 {

@@ -96,10 +96,9 @@ func (t *routeTable) resolve(m *Pick, v *workerView) target {
 			t2.adapter, t2.key.model = model, v.loraBase(model)
 		}
 		if a := v.onDemand[model]; a != nil {
-			t2.adapter, t2.load = model, &LoRALoad{Name: a.Name, Path: a.Path}
-			if t2.key.model == model {
-				t2.key.model = a.BaseModel
-			}
+			// A configured adapter is of its configured base model, whatever base a worker
+			// lists it under.
+			t2.adapter, t2.load, t2.key.model = model, &LoRALoad{Name: a.Name, Path: a.Path}, a.BaseModel
 		}
 	}
 	return t2

@@ -254,7 +254,9 @@ func (v *workerView) choose(ch choice, out *Picked, fx effects) bool {
 			if s, reason = v.pickLoRA(ch); s == nil && v.lastUnserved {
 				out.Err = unserved(ch.adapter, ch.endpoint)
 			}
-			if s == nil && ch.load != nil && len(v.loraIdx[ch.adapter]) == 0 {
+			if s == nil && ch.load != nil {
+				// No worker that serves it may take it now (none has it, or those that do
+				// are excluded, draining or ejected): load it on another.
 				if s = v.pickToLoad(ch); s != nil {
 					s.touchLoRA(ch.adapter)
 				}

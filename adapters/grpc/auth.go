@@ -22,7 +22,8 @@ import (
 // `authorization: Bearer <secret>` metadata, and what workers sent with it may be.
 type Token struct {
 	Secret string
-	// Models are path.Match globs the worker's model must match; empty = any model.
+	// Models are path.Match globs the worker's model and each of its LoRA adapters must
+	// match; empty = any model.
 	Models []string
 	// IDPrefix is what the worker id must start with.
 	IDPrefix string
@@ -169,8 +170,21 @@ func Identity(c *x509.Certificate) string {
 	return ""
 }
 
-// permit checks a worker's model and id against the caller's token grant.
-func (c caller) permit(id, model string) error {
+// grants reports whether model matches one of the token's model globs.
+func (t *Token) grants(model string) bool {
+	for _, glob := range t.Models {
+		if ok, _ := path.Match(glob, model); ok {
+			return true
+		}
+	}
+	return false
+}
+
+// permit checks a worker's id, model and LoRA adapters against the caller's token grant: an
+// adapter is a model id clients ask for (R21), so each must match one of the token's model
+// globs like the base model (a token for smol* cannot advertise an adapter named as another
+// tenant's model and draw its requests).
+func (c caller) permit(id, model string, adapters []string) error {
 	g := c.grant
 	if g == nil {
 		return nil
@@ -181,10 +195,13 @@ func (c caller) permit(id, model string) error {
 	if len(g.Models) == 0 {
 		return nil
 	}
-	for _, glob := range g.Models {
-		if ok, _ := path.Match(glob, model); ok {
-			return nil
+	if !g.grants(model) {
+		return fmt.Errorf("%w: the token is not granted the model %q", errPermission, model)
+	}
+	for _, a := range adapters {
+		if !g.grants(a) {
+			return fmt.Errorf("%w: the token is not granted the model %q (a LoRA adapter)", errPermission, a)
 		}
 	}
-	return fmt.Errorf("%w: the token is not granted the model %q", errPermission, model)
+	return nil
 }

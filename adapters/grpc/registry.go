@@ -180,7 +180,7 @@ func (s *Server) Heartbeat(ctx context.Context, st *controlv1.WorkerStatus) (*co
 	if err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
-	if err := who.permit(info.ID, info.Model); err != nil {
+	if err := who.permit(info.ID, info.Model, info.LoRAAdapters); err != nil {
 		return nil, status.Error(codes.PermissionDenied, err.Error())
 	}
 	ack, err := s.reg.HeartbeatAs(ctx, who.credential, info, who.quotas...)

@@ -119,6 +119,12 @@ func TestRegistryTokens(t *testing.T) {
 	wantCode(t, "smol* token registering big", err, codes.PermissionDenied)
 	_, err = r.call(t, "tok-smol", status1("b-1"))
 	wantCode(t, "id outside id_prefix", err, codes.PermissionDenied)
+	// A LoRA adapter is a model id clients ask for: each must be granted too (R21).
+	lora := status1("a-lora")
+	lora.Model = "smol-base"
+	lora.LoraAdapters = []string{"smol-lora", "big"}
+	_, err = r.call(t, "tok-smol", lora)
+	wantCode(t, "smol* token advertising the adapter big", err, codes.PermissionDenied)
 	if ids := r.IDs(); len(ids) != 0 {
 		t.Fatalf("refused heartbeats registered %v", ids)
 	}
@@ -131,7 +137,11 @@ func TestRegistryTokens(t *testing.T) {
 	if _, err := r.call(t, "tok-any", big); err != nil {
 		t.Fatal(err)
 	}
-	r.WaitIDs("a-1", "a-big")
+	lora.LoraAdapters = []string{"smol-lora"}
+	if _, err := r.call(t, "tok-smol", lora); err != nil {
+		t.Fatal(err)
+	}
+	r.WaitIDs("a-1", "a-big", "a-lora")
 
 	// An invalid status with a valid token is still InvalidArgument.
 	bad := status1("a-2")
