@@ -39,9 +39,9 @@ type endpointMarks struct {
 	any   bool // some mark was set and has not been seen expired
 }
 
-// restricted reports whether s may not serve some endpoint: it lists its endpoints, or has
-// marks that may still be in force.
-func (s *slot) restricted() bool { return s.info.Endpoints != 0 || s.marks.any }
+// restricted reports whether s may not serve some endpoint: it lists endpoints short of all
+// (tlengine lists every one), or has marks that may still be in force.
+func (s *slot) restricted() bool { return !s.info.Endpoints.Full() || s.marks.any }
 
 // serves reports whether s serves endpoint k at now. Kind 0 (a pick that names no endpoint) is
 // served by every worker.

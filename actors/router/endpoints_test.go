@@ -48,6 +48,16 @@ func TestPicksGoOnlyToWorkersServingTheEndpoint(t *testing.T) {
 	if p := q.pickFor("m", oai.Rerank); p.Err != nil || p.WorkerID != "c-all" {
 		t.Fatalf("a worker listing no endpoints must be tried: %q %v", p.WorkerID, p.Err)
 	}
+	// A pool whose workers list every endpoint (tlengine's heartbeat) is not restricted: its
+	// picks skip the endpoint scan.
+	r.joinWith("e1", "full", RoleUnified, 0, func(i *WorkerInfo) { i.Endpoints = oai.AllEndpoints })
+	r.joinWith("e2", "full", RoleUnified, 0, func(i *WorkerInfo) { i.Endpoints = oai.AllEndpoints })
+	if p := q.pickFor("full", oai.Rerank); p.Err != nil {
+		t.Fatalf("a pool listing every endpoint: %v", p.Err)
+	}
+	if pl := r.st.view.pools[poolKey{"full", RoleUnified}]; pl.restricted != 0 {
+		t.Fatalf("a pool listing every endpoint counts %d restricted members", pl.restricted)
+	}
 }
 
 // TestAnEnginesRefusalMarksTheEndpointForAWhile (R21): an engine that answered an endpoint

@@ -116,6 +116,13 @@ func KindByEndpoint(name string) (Kind, bool) {
 // no endpoints is tried for every one (see Serves).
 type EndpointSet uint32
 
+// AllEndpoints is the set of every endpoint kind.
+const AllEndpoints EndpointSet = (1<<(uint(MaxKind)+1) - 1) &^ 1
+
+// Full reports whether a worker whose listed endpoints are s serves every endpoint: it lists
+// none, or all.
+func (s EndpointSet) Full() bool { return s == 0 || s&AllEndpoints == AllEndpoints }
+
 // With is s plus k.
 func (s EndpointSet) With(k Kind) EndpointSet {
 	if !k.Valid() {

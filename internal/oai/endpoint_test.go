@@ -95,3 +95,26 @@ func TestParseEndpoints(t *testing.T) {
 		t.Fatalf("a 64-byte name: %v", err)
 	}
 }
+
+// TestEndpointSetFull: the empty set and the set of every kind are full; one short of every
+// kind is not; AllEndpoints holds every valid kind and nothing else.
+func TestEndpointSetFull(t *testing.T) {
+	var every EndpointSet
+	for k := Completions; k <= MaxKind; k++ {
+		every = every.With(k)
+	}
+	if every != AllEndpoints {
+		t.Fatalf("AllEndpoints %b, every kind %b", AllEndpoints, every)
+	}
+	if !EndpointSet(0).Full() || !AllEndpoints.Full() {
+		t.Fatal("the empty set or every kind is not full")
+	}
+	for k := Completions; k <= MaxKind; k++ {
+		if short := AllEndpoints &^ (1 << uint(k)); short.Full() {
+			t.Fatalf("every kind but %s is full", k.Endpoint())
+		}
+		if one := EndpointSet(0).With(k); one.Full() {
+			t.Fatalf("%s alone is full", k.Endpoint())
+		}
+	}
+}
