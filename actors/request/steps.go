@@ -298,7 +298,15 @@ func (r *requestActor) stepAttempting(c actor.Context, msg any) {
 		return
 	}
 	if m.noRoute {
-		r.unsupported(c, m.resp)
+		r.elsewhere(c, m.resp, &router.EndpointUnsupported{WorkerID: r.picked.WorkerID, Reg: r.picked.WorkerReg, Endpoint: r.x.Kind},
+			"the engine does not serve this endpoint; marked and routed again")
+		return
+	}
+	if m.resp.StatusCode == http.StatusNotFound && r.picked.Adapter != "" && r.x.Method == "" && r.x.Response == "" {
+		// An engine's 404 for a request naming an adapter it was believed to serve: it does
+		// not have the adapter (restarted without it, or unloaded it), R21.
+		r.elsewhere(c, m.resp, &router.LoRAMissing{WorkerID: r.picked.WorkerID, Reg: r.picked.WorkerReg, Name: r.picked.Adapter},
+			"the engine does not have the LoRA adapter; marked and routed again")
 		return
 	}
 	if m.resp.StatusCode == http.StatusServiceUnavailable {
@@ -322,17 +330,16 @@ func (r *requestActor) stepAttempting(c actor.Context, msg any) {
 	r.relay(c, m.resp, nil, nil)
 }
 
-// unsupported moves on from a worker whose engine does not serve the request's endpoint
-// (R21): the router marks it so for a while, and the request goes to another worker. This is
-// no failure of the engine (no verdict, no retry-budget slot, not one of max_attempts): each
-// such worker is marked and excluded, so the picks end when no worker of the model is left
-// that may serve the endpoint, with a 404 saying so.
-func (r *requestActor) unsupported(c actor.Context, resp *http.Response) {
+// elsewhere moves on from a worker whose engine does not serve the request's endpoint, or
+// its adapter (R21): the router is told (report), and the request goes to another worker. This
+// is no failure of the engine (no verdict, no retry-budget slot, not one of max_attempts): each
+// such worker is marked and excluded, so the picks end when no worker of the model is left that
+// may serve the request, with a 404 saying so.
+func (r *requestActor) elsewhere(c actor.Context, resp *http.Response, report any, why string) {
 	p := r.picked
 	resp.Body.Close() // unread: the connection closes rather than the actor wait for the rest
-	c.Send(r.d.Router, &router.EndpointUnsupported{WorkerID: p.WorkerID, Reg: p.WorkerReg, Endpoint: r.x.Kind})
-	r.logger().Info("the engine does not serve this endpoint; marked and routed again", "worker", p.WorkerID,
-		"endpoint", r.x.Kind.Endpoint(), "status", resp.StatusCode)
+	c.Send(r.d.Router, report)
+	r.logger().Info(why, "worker", p.WorkerID, "endpoint", r.x.Kind.Endpoint(), "model", p.ServedModel, "status", resp.StatusCode)
 	r.stopFirstByteTimer()
 	r.endIO()
 	r.releaseWorker(c, p.Worker, router.OutcomeNone)

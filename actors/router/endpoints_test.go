@@ -310,3 +310,72 @@ func TestLoRALoadOnDemand(t *testing.T) {
 		t.Fatalf("index after the workers left: %v", r.st.view.loraIdx)
 	}
 }
+
+// TestAnEnginesRefusedAdapter (R21): an engine that answered 404 for an adapter it lists
+// (LoRAMissing) gets no request for it for UnsupportedFor, then is tried again; with every
+// lister refused the answer is a 404 naming the adapter; a report about an earlier
+// registration changes nothing; an adapter loaded on demand and refused is loaded again by the
+// next pick; the picks name their adapter.
+func TestAnEnginesRefusedAdapter(t *testing.T) {
+	r := newRig(t, Config{LoRALoadOnDemand: true, LoRAAdapters: []config.LoRAAdapter{{Name: "sql", Path: "/a/sql", BaseModel: "m"}}})
+	lora := func(i *WorkerInfo) { i.LoRAAdapters, i.MaxLoRAs = []string{"a"}, 2 }
+	r.joinWith("w1", "m", RoleUnified, 0, lora)
+	r.joinWith("w2", "m", RoleUnified, 3, lora)
+	q := r.newRequester()
+	p := q.pickFor("a", oai.Chat)
+	if p.WorkerID != "w1" || p.Adapter != "a" {
+		t.Fatalf("first pick: %+v", p)
+	}
+	q.release(p)
+	r.deliver(nil, &LoRAMissing{WorkerID: "w1", Reg: r.regOf("w1") + 1, Name: "a"})
+	if p := q.pickFor("a", oai.Chat); p.WorkerID != "w1" {
+		t.Fatalf("a report of another registration applied: %+v", p)
+	} else {
+		q.release(p)
+	}
+	r.deliver(nil, &LoRAMissing{WorkerID: "w1", Reg: r.regOf("w1"), Name: "a"})
+	for range 3 {
+		p := q.pickFor("a", oai.Chat)
+		if p.WorkerID != "w2" {
+			t.Fatalf("adapter a went to %q after w1's engine refused it", p.WorkerID)
+		}
+		q.release(p)
+	}
+	if p := q.pickFor("m", oai.Chat); p.WorkerID != "w1" || p.Adapter != "" {
+		t.Fatalf("the base model is not affected: %+v", p)
+	} else {
+		q.release(p)
+	}
+	r.deliver(nil, &LoRAMissing{WorkerID: "w2", Reg: r.regOf("w2"), Name: "a"})
+	if p := q.pickFor("a", oai.Chat); !errors.Is(p.Err, errs.ErrModelNotFound) || !strings.Contains(p.Err.Error(), `LoRA adapter "a"`) {
+		t.Fatalf("every lister refused: %+v, want a 404 naming the adapter", p)
+	}
+	r.advance(UnsupportedFor)
+	if p := q.pickFor("a", oai.Chat); p.Err != nil {
+		t.Fatalf("the marks passed: %+v", p)
+	} else {
+		q.release(p)
+	}
+	// A second mark on w1 drops its passed one: the marks stay as few as the adapters.
+	r.deliver(nil, &LoRAMissing{WorkerID: "w1", Reg: r.regOf("w1"), Name: "a"})
+	if n := len(r.st.view.slots["w1"].loraGone); n != 1 {
+		t.Fatalf("w1 keeps %d marks, want 1", n)
+	}
+
+	p = q.pickFor("sql", oai.Chat)
+	if p.LoadLoRA == nil || p.Adapter != "sql" {
+		t.Fatalf("on-demand pick: %+v", p)
+	}
+	worker := p.WorkerID
+	r.deliver(nil, &LoRALoaded{WorkerID: worker, Reg: r.regOf(worker), Name: "sql", OK: true})
+	q.release(p)
+	if p := q.pickFor("sql", oai.Chat); p.LoadLoRA != nil || p.WorkerID != worker {
+		t.Fatalf("after the load: %+v", p)
+	} else {
+		q.release(p)
+	}
+	r.deliver(nil, &LoRAMissing{WorkerID: worker, Reg: r.regOf(worker), Name: "sql"})
+	if p := q.pickFor("sql", oai.Chat); p.LoadLoRA == nil {
+		t.Fatalf("an on-demand adapter its engine lost is not loaded again: %+v", p)
+	}
+}

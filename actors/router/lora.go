@@ -1,9 +1,12 @@
 package router
 
 import (
+	"fmt"
 	"slices"
+	"time"
 
 	"github.com/tlgw/tlgw/actors/router/policy"
+	"github.com/tlgw/tlgw/internal/errs"
 )
 
 // LoRA adapters (R21). A model id that no worker serves as its base model but some serve as an
@@ -61,18 +64,23 @@ func (v *workerView) loraBase(a string) string {
 
 // pickLoRA picks among the routable workers of ch's pool that serve ch.adapter and
 // ch.endpoint and are not excluded; v.lastUnserved says whether there were such workers but
-// none serves the endpoint.
+// none serves the endpoint, v.lastMissing whether some were passed over because their engine
+// answered 404 for the adapter (LoRAMissing).
 func (v *workerView) pickLoRA(ch choice) (*slot, policy.Reason) {
-	v.lastUnserved = false
+	v.lastUnserved, v.lastMissing = false, false
 	now := v.clk.Now()
 	v.cands = v.cands[:0]
-	unserved := 0
+	unserved, missing := 0, 0
 	for _, s := range v.loraIdx[ch.adapter] {
 		if s.pool == nil || s.pool.key != ch.key || slices.Contains(ch.exclude, s.info.ID) {
 			continue
 		}
 		if !s.serves(ch.endpoint, now) {
 			unserved++
+			continue
+		}
+		if s.loraMissing(ch.adapter, now) {
+			missing++
 			continue
 		}
 		c := policy.LoRACandidate{M: &s.member}
@@ -91,6 +99,7 @@ func (v *workerView) pickLoRA(ch choice) (*slot, policy.Reason) {
 	clear(v.cands) // keep no member alive through the scratch
 	if m == nil {
 		v.lastUnserved = unserved > 0
+		v.lastMissing = missing > 0
 		return nil, reason
 	}
 	s := m.Ref.(*slot)
@@ -226,4 +235,65 @@ func (v *workerView) loraLoaded(m *LoRALoaded) {
 	if s.live {
 		v.setLoRAs(s, old, s.servedLoRAs(s.info.LoRAAdapters))
 	}
+}
+
+// LoRAMissing tells the router that the engine of a worker it sent adapter Name to answered
+// 404 (it does not have the model): the engine was restarted without it, or unloaded it. The
+// worker loses the adapter: an on-demand one is forgotten (the next request loads it again,
+// lora_load_on_demand), one its engine lists gets no request for UnsupportedFor (its list is
+// stale until the next report), and neither counts as loaded there. Reg is the registration
+// the attempt went to; a report about an earlier one changes nothing. No reply.
+type LoRAMissing struct {
+	WorkerID string
+	Reg      uint64
+	Name     string
+}
+
+// IgnoreDeadLetterLogging: the router may be stopping.
+func (*LoRAMissing) IgnoreDeadLetterLogging() {}
+
+// loraMark is an adapter a worker's engine lists but refused, until a time.
+type loraMark struct {
+	name  string
+	until time.Time
+}
+
+// loraMissing reports whether s's engine refused adapter a and the mark holds at now.
+func (s *slot) loraMissing(a string, now time.Time) bool {
+	for _, m := range s.loraGone {
+		if m.name == a {
+			return now.Before(m.until)
+		}
+	}
+	return false
+}
+
+// loraMissing applies a LoRAMissing.
+func (v *workerView) loraMissing(m *LoRAMissing) {
+	s := v.registered(m.WorkerID, m.Reg)
+	if s == nil {
+		return
+	}
+	if i := slices.Index(s.loras, m.Name); i >= 0 {
+		s.loras = slices.Delete(s.loras, i, i+1)
+	}
+	if i := slices.IndexFunc(s.onDemand, func(d onDemandLoRA) bool { return d.name == m.Name }); i >= 0 {
+		old := s.servedLoRAs(s.info.LoRAAdapters)
+		s.onDemand = slices.Delete(s.onDemand, i, i+1)
+		if s.live {
+			v.setLoRAs(s, old, s.servedLoRAs(s.info.LoRAAdapters))
+		}
+	}
+	if !s.info.ServesLoRA(m.Name) {
+		return
+	}
+	now := v.clk.Now()
+	s.loraGone = slices.DeleteFunc(s.loraGone, func(g loraMark) bool { return g.name == m.Name || !now.Before(g.until) })
+	s.loraGone = append(s.loraGone, loraMark{name: m.Name, until: now.Add(UnsupportedFor)})
+}
+
+// loraNotLoaded is a pick's error when every worker of model that lists adapter a has refused
+// it lately: a 404 like an unknown model's, saying why.
+func loraNotLoaded(a, model string) error {
+	return fmt.Errorf("the LoRA adapter %s is not loaded on any worker of %s: %w", errs.Echo(a), errs.Echo(model), errs.ErrModelNotFound)
 }

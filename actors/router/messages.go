@@ -333,6 +333,9 @@ type Picked struct {
 	// LoadLoRA, when set, asks the requester to load this LoRA adapter on Worker before its
 	// attempt (R21 lora_load_on_demand, lora.go) and report it (LoRALoaded).
 	LoadLoRA *LoRALoad
+	// Adapter is the LoRA adapter the pick was for ("" for a base model): an engine's 404 for
+	// it says the router's belief is stale (LoRAMissing).
+	Adapter string
 }
 
 // ObservedTTFT is the gateway's own measurement of one attempt's time to first token (from

@@ -239,6 +239,8 @@ func (st *state) handle(msg any, fx effects) {
 		st.view.endpointUnsupported(m)
 	case *LoRALoaded:
 		st.view.loraLoaded(m)
+	case *LoRAMissing:
+		st.view.loraMissing(m)
 	case *StoreResponse:
 		st.responses.store(m)
 	case *ForgetResponse:

@@ -47,6 +47,10 @@ type slot struct {
 	loras []string
 	// onDemand is the adapters loaded on it on demand (lora.go), at most the configured ones.
 	onDemand []onDemandLoRA
+	// loraGone is the adapters its engine lists but answered 404 for (LoRAMissing), each
+	// until its time: at most the adapters it lists (≤ MaxLoRAAdapters), the passed ones
+	// dropped at each new mark.
+	loraGone []loraMark
 }
 
 func (s *slot) inFlight() int64 { return s.reported + int64(s.acqSent-s.acqSeen) }
@@ -158,10 +162,12 @@ type workerView struct {
 	warming    [MaxWarmPending]warmClaim
 	warmups    prometheus.Counter // tlgw_prefix_warmups_total
 	// R21 (lora.go): the workers of each LoRA adapter, a pick's scratch, and whether the last
-	// adapter pick found workers of the adapter but none serving the endpoint.
+	// adapter pick found workers of the adapter but none serving the endpoint, or passed over
+	// some whose engine refused the adapter (lastMissing).
 	loraIdx      map[string][]*slot
 	cands        []policy.LoRACandidate
 	lastUnserved bool
+	lastMissing  bool
 	// onDemand is [[gateway.lora_adapters]] by name when lora_load_on_demand is on (nil: off).
 	onDemand    map[string]*config.LoRAAdapter
 	loraUnaware bool // Config.LoRAUnaware: the simulator's baseline
@@ -251,9 +257,7 @@ func (v *workerView) choose(ch choice, out *Picked, fx effects) bool {
 		v.setHeld(ch)
 		ls := v.setLatency(ch)
 		if ch.adapter != "" {
-			if s, reason = v.pickLoRA(ch); s == nil && v.lastUnserved {
-				out.Err = unserved(ch.adapter, ch.endpoint)
-			}
+			s, reason = v.pickLoRA(ch)
 			if s == nil && ch.load != nil {
 				// No worker that serves it may take it now (none has it, or those that do
 				// are excluded, draining or ejected): load it on another.
@@ -263,6 +267,14 @@ func (v *workerView) choose(ch choice, out *Picked, fx effects) bool {
 			}
 			if s != nil && ch.load != nil && s.pendingLoRA(ch.adapter) {
 				out.LoadLoRA = ch.load
+			}
+			out.Adapter = ch.adapter
+			switch {
+			case s != nil:
+			case v.lastUnserved:
+				out.Err = unserved(ch.adapter, ch.endpoint)
+			case v.lastMissing:
+				out.Err = loraNotLoaded(ch.adapter, ch.key.model)
 			}
 			ls = nil
 		} else {

@@ -363,3 +363,48 @@ func TestAudioCostsWhatItsAnswerReports(t *testing.T) {
 		}
 	}
 }
+
+// TestAnEngineThatLostTheAdapterIsSkipped (R21): an engine that lists an adapter but answers
+// 404 for it (restarted without it) sends the request on to another worker that lists it, is
+// not asked for it again for a while and is not failed; the base model still goes there; when
+// every lister has refused, the answer is a 404 naming the adapter.
+func TestAnEngineThatLostTheAdapterIsSkipped(t *testing.T) {
+	s := newStack(t, stackOpt{})
+	lost := newPathEngine(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		if bytes.Contains(body, []byte(`"model":"a"`)) {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(404)
+			_, _ = io.WriteString(w, `{"error":{"message":"The model `+"`a`"+` does not exist.","type":"NotFoundError","param":"model","code":404}}`)
+			return
+		}
+		echoModel(w, r, body)
+	})
+	has := newPathEngine(t, echoModel)
+	w1 := gwtest.Worker("a-lost", "m", 0)
+	w1.HTTPAddress, w1.LoRAAdapters, w1.MaxLoRAs = lost.addr(), []string{"a"}, 2
+	s.Beat(w1)
+	w2 := gwtest.Worker("b-has", "m", 5) // busier: least_outstanding tries a-lost first
+	w2.HTTPAddress, w2.LoRAAdapters, w2.MaxLoRAs = has.addr(), []string{"a"}, 2
+	s.Beat(w2)
+	for i := range 3 {
+		resp, b := s.do(t, "POST", "/v1/completions", "", `{"model":"a","prompt":"x"}`)
+		if resp.StatusCode != 200 || !strings.Contains(string(b), `"model":"a"`) {
+			t.Fatalf("adapter request %d: %d %s", i, resp.StatusCode, b)
+		}
+	}
+	if got := lost.calls(); len(got) != 1 {
+		t.Fatalf("the engine without the adapter was asked %d times: %v", len(got), got)
+	}
+	if resp, _ := s.do(t, "POST", "/v1/completions", "", `{"model":"m","prompt":"x"}`); resp.StatusCode != 200 || len(lost.calls()) != 2 {
+		t.Fatalf("the base model: %d, calls %v", resp.StatusCode, lost.calls())
+	}
+	if v, _ := s.View("a-lost"); !v.Routable || v.FailLoad != 0 {
+		t.Fatalf("a lost adapter counted against the worker: %+v", v)
+	}
+	w2.HTTPAddress = lost.addr()
+	s.Beat(w2)
+	resp, b := s.do(t, "POST", "/v1/chat/completions", "", `{"model":"a","messages":[{"role":"user","content":"x"}]}`)
+	if resp.StatusCode != 404 || !strings.Contains(string(b), "LoRA adapter") || !strings.Contains(string(b), "model_not_found") {
+		t.Fatalf("every lister lost the adapter: %d %s", resp.StatusCode, b)
+	}
+}
