@@ -2,6 +2,7 @@ package router
 
 import (
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -211,6 +212,18 @@ func TestStoredResponsesPinTheirWorker(t *testing.T) {
 	if p := pin("resp_1", 3); p.WorkerID != "w1" {
 		t.Fatalf("a draining holder must still serve its response: %+v", p)
 	}
+	// After a failed attempt there, no other worker is tried: none holds the response.
+	q.tag++
+	r.deliver(q.pid, &Pick{Model: "m", Key: q.key, Requester: q.pid, Tag: q.tag, Response: "resp_1", Owner: 3, Exclude: []string{"w1"}})
+	if p := q.picked(); !errors.Is(p.Err, errs.ErrNoCapacity) || p.WorkerID != "" {
+		t.Fatalf("the holder excluded: %+v", p)
+	}
+	// A continuation naming a model the holder does not serve is refused, not rewritten.
+	q.tag++
+	r.deliver(q.pid, &Pick{Model: "other", Key: q.key, Requester: q.pid, Tag: q.tag, Response: "resp_1", Owner: 3})
+	if p := q.picked(); !errors.Is(p.Err, errs.ErrInvalidRequest) || p.WorkerID != "" {
+		t.Fatalf("another model: %+v", p)
+	}
 	r.leave("w1")
 	r.join("w1", "m", 0)
 	p := pin("resp_1", 3)
@@ -231,25 +244,55 @@ func TestStoredResponsesPinTheirWorker(t *testing.T) {
 	}
 }
 
-// TestResponseTableIsBounded: the table keeps at most its size, the oldest forgotten first,
-// and a repeated id does not take a second place or move the first entry.
+// TestResponseTableIsBounded: the table keeps at most its size, one key at most a quarter of
+// it (its own oldest forgotten first), the oldest entry forgotten when full; a repeated id
+// does not take a second place or move the first entry; forgetting leaves no empty owner.
 func TestResponseTableIsBounded(t *testing.T) {
-	tab := newResponseTable(3)
-	for _, id := range []string{"a", "b", "a", "c", "d"} {
-		tab.store(&StoreResponse{ID: id, WorkerID: "w-" + id})
+	tab := newResponseTable(8) // a key's share: 2
+	has := func(ids ...string) {
+		t.Helper()
+		for _, id := range ids {
+			if _, ok := tab.byID[id]; !ok {
+				t.Fatalf("%s forgotten; held %d", id, tab.len())
+			}
+		}
 	}
-	if tab.len() != 3 || len(tab.order) != 3 {
-		t.Fatalf("len %d ring %d, want 3", tab.len(), len(tab.order))
+	for _, id := range []string{"a1", "a2", "a1", "a3"} {
+		tab.store(&StoreResponse{ID: id, WorkerID: "w-" + id, Owner: 1})
 	}
-	if _, ok := tab.byID["a"]; ok {
-		t.Fatal("the oldest entry survived")
+	if _, ok := tab.byID["a1"]; ok || tab.len() != 2 {
+		t.Fatalf("a key past its share: len %d, a1 kept %v", tab.len(), ok)
 	}
-	tab.forget(&ForgetResponse{ID: "c"})
-	for i := range 10 {
-		tab.store(&StoreResponse{ID: string(rune('e' + i))})
+	has("a2", "a3")
+	for o := 2; o <= 4; o++ {
+		for i := range 2 {
+			tab.store(&StoreResponse{ID: fmt.Sprintf("k%d-%d", o, i), Owner: o})
+		}
 	}
-	if tab.len() != 3 {
-		t.Fatalf("len %d after churn", tab.len())
+	if tab.len() != 8 {
+		t.Fatalf("len %d, want 8", tab.len())
+	}
+	tab.store(&StoreResponse{ID: "e1", Owner: 5})
+	if _, ok := tab.byID["a2"]; ok || tab.len() != 8 {
+		t.Fatalf("full table: len %d, the oldest (a2) kept %v", tab.len(), ok)
+	}
+	has("a3", "k2-0", "e1")
+	// A key flooding the table takes its share (the two oldest entries go), then forgets
+	// only its own.
+	for i := range 100 {
+		tab.store(&StoreResponse{ID: fmt.Sprintf("flood-%d", i), Owner: 6})
+	}
+	has("k2-1", "k3-0", "k3-1", "k4-0", "k4-1", "e1", "flood-98", "flood-99")
+	if n := tab.owners[6].Len(); n != 2 || tab.len() != 8 {
+		t.Fatalf("the flooding key holds %d, table %d", n, tab.len())
+	}
+	tab.forget(&ForgetResponse{ID: "e1", Owner: 2})
+	has("e1")
+	for id, e := range tab.byID {
+		tab.forget(&ForgetResponse{ID: id, Owner: e.owner})
+	}
+	if tab.len() != 0 || tab.all.Len() != 0 || len(tab.owners) != 0 {
+		t.Fatalf("after forgetting all: len %d, list %d, owners %d", tab.len(), tab.all.Len(), len(tab.owners))
 	}
 }
 

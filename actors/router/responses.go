@@ -1,7 +1,9 @@
 package router
 
 import (
+	"container/list"
 	"fmt"
+	"slices"
 
 	"github.com/tlgw/tlgw/internal/errs"
 )
@@ -18,9 +20,12 @@ import (
 // key's pick does not find it. The first entry for an id stays: a second engine answering the
 // same id cannot take over another's response.
 //
-// Bounds (R19): at most MaxStoredResponses entries; the oldest is forgotten for a new one (its
-// response stays on its engine, reachable only by a client that goes there). Deleted entries
-// leave the table at once.
+// Bounds (R19): at most MaxStoredResponses entries, and at most a quarter of them (at least 1)
+// of one API key: a key at its share forgets its own oldest for a new one, so no key evicts
+// the others' entries beyond its share; a full table forgets its oldest entry. A forgotten
+// response stays on its engine, reachable only by a client that goes there. Deleted entries,
+// and entries of a worker found gone, leave the table at once; owners holds one list per key
+// with entries (at most the configured keys, plus open mode's -1).
 
 // DefaultMaxStoredResponses is the table's default size.
 const DefaultMaxStoredResponses = 65536
@@ -45,51 +50,63 @@ func (*StoreResponse) IgnoreDeadLetterLogging()  {}
 func (*ForgetResponse) IgnoreDeadLetterLogging() {}
 
 type storedResponse struct {
+	id     string
 	worker string
 	reg    uint64
 	owner  int
-	seq    uint64 // its place in order, so an evicted ring slot names only its own entry
+	all    *list.Element // in responseTable.all
+	mine   *list.Element // in its owner's list
 }
 
 // responseTable maps response ids to the workers that stored them, oldest first out.
 type responseTable struct {
-	max   int
-	byID  map[string]storedResponse // at most max entries
-	order []string                  // ring of ids by insertion, len ≤ max
-	seqs  []uint64                  // the seq of each ring slot's entry
-	next  int                       // the ring slot the next entry takes
-	seq   uint64
+	max, share int
+	byID       map[string]*storedResponse // at most max entries
+	all        *list.List                 // every entry, oldest first
+	owners     map[int]*list.List         // each key's entries, oldest first (no empty list)
 }
 
-func newResponseTable(max int) *responseTable {
-	if max <= 0 {
-		max = DefaultMaxStoredResponses
+func newResponseTable(size int) *responseTable {
+	if size <= 0 {
+		size = DefaultMaxStoredResponses
 	}
-	return &responseTable{max: max, byID: make(map[string]storedResponse)}
+	return &responseTable{max: size, share: max(1, size/4), byID: make(map[string]*storedResponse),
+		all: list.New(), owners: make(map[int]*list.List)}
 }
 
 func (t *responseTable) store(m *StoreResponse) {
 	if _, ok := t.byID[m.ID]; ok {
 		return
 	}
-	t.seq++
-	if len(t.order) < t.max {
-		t.order = append(t.order, m.ID)
-		t.seqs = append(t.seqs, t.seq)
-	} else {
-		old := t.order[t.next]
-		if e, ok := t.byID[old]; ok && e.seq == t.seqs[t.next] {
-			delete(t.byID, old)
-		}
-		t.order[t.next], t.seqs[t.next] = m.ID, t.seq
+	if mine := t.owners[m.Owner]; mine != nil && mine.Len() >= t.share {
+		t.remove(mine.Front().Value.(*storedResponse))
+	} else if t.all.Len() >= t.max {
+		t.remove(t.all.Front().Value.(*storedResponse))
 	}
-	t.next = (t.next + 1) % t.max
-	t.byID[m.ID] = storedResponse{worker: m.WorkerID, reg: m.Reg, owner: m.Owner, seq: t.seq}
+	mine := t.owners[m.Owner]
+	if mine == nil {
+		mine = list.New()
+		t.owners[m.Owner] = mine
+	}
+	e := &storedResponse{id: m.ID, worker: m.WorkerID, reg: m.Reg, owner: m.Owner}
+	e.all, e.mine = t.all.PushBack(e), mine.PushBack(e)
+	t.byID[m.ID] = e
+}
+
+// remove drops entry e.
+func (t *responseTable) remove(e *storedResponse) {
+	delete(t.byID, e.id)
+	t.all.Remove(e.all)
+	mine := t.owners[e.owner]
+	mine.Remove(e.mine)
+	if mine.Len() == 0 {
+		delete(t.owners, e.owner)
+	}
 }
 
 func (t *responseTable) forget(m *ForgetResponse) {
 	if e, ok := t.byID[m.ID]; ok && e.owner == m.Owner {
-		delete(t.byID, m.ID)
+		t.remove(e)
 	}
 }
 
@@ -98,7 +115,10 @@ func (t *responseTable) len() int { return len(t.byID) }
 
 // pinned answers a pick that names a stored response: the worker that stored it, if it is
 // still the registration that did and live (draining or ejected included: only it holds the
-// response), reserved like any pick.
+// response), reserved like any pick. An attempt there that failed (the worker in m.Exclude)
+// is not tried again: no other worker holds the response (503). A body that names a model the
+// worker does not serve (its base model, one of its adapters, or a route to it) is refused
+// (400) rather than sent there as the worker's model.
 func (st *state) pinned(m *Pick, fx effects) *Picked {
 	out := &Picked{Tag: m.Tag, Steps: 1}
 	e, ok := st.responses.byID[m.Response]
@@ -108,18 +128,30 @@ func (st *state) pinned(m *Pick, fx effects) *Picked {
 	}
 	s := st.view.registered(e.worker, e.reg)
 	if s == nil || !s.live {
-		delete(st.responses.byID, m.Response)
+		st.responses.remove(e)
 		out.Err = fmt.Errorf("the worker that stored response %s has left the fleet, and the response with it: %w", m.Response, errs.ErrNotFound)
+		return out
+	}
+	if slices.Contains(m.Exclude, s.info.ID) {
+		out.Err = fmt.Errorf("the worker that stored response %s failed, and no other holds it: %w", m.Response, errs.ErrNoCapacity)
 		return out
 	}
 	out.Route, out.ServedModel = s.info.Model, s.info.Model
 	if m.Model != "" {
-		if s.info.ServesLoRA(m.Model) {
+		rt := st.table.byName[m.Model]
+		switch {
+		case m.Model == s.info.Model:
+		case s.info.ServesLoRA(m.Model):
 			out.ServedModel = m.Model
+		case rt != nil && rt.reaches(s.info.Model):
+		default:
+			out.Err = fmt.Errorf("response %s was stored by a worker of model %s, which does not serve %s: %w",
+				m.Response, errs.Echo(s.info.Model), errs.Echo(m.Model), errs.ErrInvalidRequest)
+			return out
 		}
-		if rt := st.table.byName[m.Model]; rt != nil {
+		if rt != nil {
 			out.Route = rt.id
-		} else if m.Model == out.ServedModel {
+		} else {
 			out.Route = m.Model
 		}
 	}

@@ -173,6 +173,22 @@ func (r *route) target(canary *canaryDraw, requestID string, stepAsked int) (ser
 	return r.steps[i].model, i, len(r.steps), r.steps[i].accept
 }
 
+// reaches reports whether the route can send a request to model: one of its backends or
+// cascade steps, or its own id when it has neither (a disaggregated route's model).
+func (r *route) reaches(model string) bool {
+	for _, b := range r.backends {
+		if b.model == model {
+			return true
+		}
+	}
+	for _, st := range r.steps {
+		if st.model == model {
+			return true
+		}
+	}
+	return len(r.backends) == 0 && len(r.steps) == 0 && r.id == model
+}
+
 // servedModel is the model id an attempt of a non-cascade route sends to the engine: a
 // backend drawn by the request id under the canary key, or the route's own id.
 func (r *route) servedModel(canary *canaryDraw, requestID string) string {
