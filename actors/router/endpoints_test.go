@@ -422,3 +422,24 @@ func TestAnEnginesRefusedAdapter(t *testing.T) {
 		t.Fatalf("an on-demand adapter its engine lost is not loaded again: %+v", p)
 	}
 }
+
+// TestDisaggregatedAdapterPrefillRunsIt (R21): a disaggregated route that names an adapter
+// picks its prefill worker among those serving the adapter (an idle one without it is passed
+// over), and an adapter pick records nothing in the approximate prefix index (its KV is its
+// own).
+func TestDisaggregatedAdapterPrefillRunsIt(t *testing.T) {
+	r := newRig(t, Config{Policy: "prefix_aware", PrefixIndexBlocks: 64, Routes: []config.Route{{Model: "pd-lora", Targets: []string{config.TargetDisaggregated}}}})
+	lora := func(i *WorkerInfo) { i.LoRAAdapters, i.MaxLoRAs = []string{"pd-lora"}, 2 }
+	r.joinWith("d1", "base", RoleDecode, 0, lora)
+	r.joinWith("p1", "base", RolePrefill, 0, func(*WorkerInfo) {})
+	r.joinWith("p2", "base", RolePrefill, 5, lora)
+	for range 3 {
+		p := r.st.pick(&Pick{Model: "pd-lora", Endpoint: oai.Chat, PrefixHashes: []uint64{1, 2, 3}}, r)
+		if p.Err != nil || p.WorkerID != "d1" || p.Prefill == nil || p.Prefill.WorkerID != "p2" {
+			t.Fatalf("pick: %+v prefill %+v", p, p.Prefill)
+		}
+	}
+	if r.st.view.pidx == nil || r.st.view.pidx.Entries() != 0 {
+		t.Fatalf("an adapter's prompts recorded in the prefix index (%v)", r.st.view.pidx)
+	}
+}

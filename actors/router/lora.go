@@ -297,3 +297,31 @@ func (v *workerView) loraMissing(m *LoRAMissing) {
 func loraNotLoaded(a, model string) error {
 	return fmt.Errorf("the LoRA adapter %s is not loaded on any worker of %s: %w", errs.Echo(a), errs.Echo(model), errs.ErrModelNotFound)
 }
+
+// loraExclude is exclude plus the members of pool pk that do not serve adapter a (a new slice
+// only when some do not): a disaggregated adapter request's prefill worker must run it too.
+func (v *workerView) loraExclude(pk poolKey, a string, exclude []string) []string {
+	pl := v.pools[pk]
+	if pl == nil {
+		return exclude
+	}
+	out, now := exclude, v.clk.Now()
+	for _, id := range pl.memberIDs() {
+		if s := pl.members[id]; !s.servesLoRA(a, now) {
+			if len(out) == len(exclude) {
+				out = append([]string(nil), exclude...)
+			}
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+// servesLoRA reports whether s serves adapter a at now: its engine lists it or it was loaded
+// there on demand, and its engine has not refused it lately.
+func (s *slot) servesLoRA(a string, now time.Time) bool {
+	if s.loraMissing(a, now) {
+		return false
+	}
+	return s.info.ServesLoRA(a) || slices.ContainsFunc(s.onDemand, func(d onDemandLoRA) bool { return d.name == a })
+}

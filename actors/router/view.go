@@ -296,7 +296,12 @@ func (v *workerView) choose(ch choice, out *Picked, fx effects) bool {
 	var p *slot
 	if ch.disagg {
 		// R8: the prefill worker is the least loaded one (prefill pools are least_outstanding).
-		if p, _ = v.pickIn(poolKey{model: ch.key.model, role: RolePrefill}, 0, ch.exclude); p == nil {
+		pk := poolKey{model: ch.key.model, role: RolePrefill}
+		exclude := ch.exclude
+		if ch.adapter != "" {
+			exclude = v.loraExclude(pk, ch.adapter, exclude) // the prefill runs the adapter too
+		}
+		if p, _ = v.pickIn(pk, 0, exclude); p == nil {
 			return false
 		}
 		out.Prefill = &PickedWorker{Ticket: v.reserve(p, ch.requester, fx), Worker: p.pid, WorkerID: p.info.ID,
@@ -304,8 +309,10 @@ func (v *workerView) choose(ch choice, out *Picked, fx effects) bool {
 	}
 	out.Ticket = v.reserve(s, ch.requester, fx)
 	v.decisions[reason].Inc()
-	if v.pidx != nil && len(ch.hashes) > 0 {
-		v.pidx.RecordWithin(s.info.ID, kvChunks(s.info), ch.hashes) // its engine will hold this prompt's KV now
+	if v.pidx != nil && len(ch.hashes) > 0 && ch.adapter == "" {
+		// Its engine will hold this prompt's KV now. An adapter's KV is its own (the engine
+		// keys blocks by the LoRA id): no base-model prompt may be routed on it.
+		v.pidx.RecordWithin(s.info.ID, kvChunks(s.info), ch.hashes)
 	}
 	if v.warmMin > 0 && (reason == policy.ReasonPrefix || reason == policy.ReasonPredicted) && !ch.disagg {
 		v.warm(ch, s, out, fx)
