@@ -62,11 +62,8 @@ func (r *requestActor) upstreamBody() ([]byte, error) {
 		// An audio form is relayed byte for byte; only its model value changes when the
 		// served model is another (R21).
 		if p.ServedModel != r.x.Req.Model {
-			boundary, err := oai.FormBoundary(r.x.ContentType)
-			if err != nil {
-				return nil, err
-			}
-			if b, err = oai.RewriteFormField(b, boundary, "model", p.ServedModel); err != nil {
+			var err error
+			if b, err = oai.RewriteMultipartModel(r.x.Kind, r.x.ContentType, b, p.ServedModel); err != nil {
 				return nil, err
 			}
 		}

@@ -133,6 +133,25 @@ func printableName(s string) bool {
 	return true
 }
 
+// RewriteMultipartModel returns an audio form (kind's, of contentType) with its model field's
+// value replaced by model, every other byte kept, in a new slice. The result is read back as
+// the engine will read it (ParseMultipart): a form in which the rewrite did not land on the
+// one model field the standard reader sees is refused rather than relayed.
+func RewriteMultipartModel(kind Kind, contentType string, body []byte, model string) ([]byte, error) {
+	boundary, err := FormBoundary(contentType)
+	if err != nil {
+		return nil, err
+	}
+	out, err := RewriteFormField(body, boundary, "model", model)
+	if err != nil {
+		return nil, err
+	}
+	if got, err := ParseMultipart(kind, contentType, out); err != nil || got.Model != model {
+		return nil, &Error{Param: "model", Msg: "the form's model field could not be replaced"}
+	}
+	return out, nil
+}
+
 // RewriteFormField returns body with the value of its form field name replaced by value,
 // every other byte kept, in a new slice. body is a form ParseMultipart accepted (one such
 // field); an error means the field was not found.
@@ -142,7 +161,7 @@ func RewriteFormField(body []byte, boundary, name, value string) ([]byte, error)
 	pos := 0
 	if bytes.HasPrefix(body, delim[2:]) {
 		pos = len(delim) - 2
-	} else if i := bytes.Index(body, delim); i >= 0 {
+	} else if i := nextDelimiter(body, 0, delim); i >= 0 {
 		pos = i + len(delim)
 	} else {
 		return nil, errNoField
@@ -172,11 +191,10 @@ func RewriteFormField(body []byte, boundary, name, value string) ([]byte, error)
 				return nil, errNoField
 			}
 		}
-		next := bytes.Index(body[contentStart:], delim)
-		if next < 0 {
+		contentEnd := nextDelimiter(body, contentStart, delim)
+		if contentEnd < 0 {
 			return nil, errNoField
 		}
-		contentEnd := contentStart + next
 		if formName(hdr) == name {
 			out := make([]byte, 0, len(body)-(contentEnd-contentStart)+len(value))
 			out = append(out, body[:contentStart]...)
@@ -188,6 +206,26 @@ func RewriteFormField(body []byte, boundary, name, value string) ([]byte, error)
 }
 
 var errNoField = &Error{Msg: "the form field to rewrite was not found"}
+
+// nextDelimiter is the index of the first delimiter (CRLF "--" boundary) in body at or after
+// from that is one as mime/multipart reads it: followed by "--" (the close) or by optional
+// spaces and tabs and CRLF. The same bytes inside a part's content followed by anything else
+// are content. -1 when there is none.
+func nextDelimiter(body []byte, from int, delim []byte) int {
+	for from <= len(body) {
+		i := bytes.Index(body[from:], delim)
+		if i < 0 {
+			return -1
+		}
+		at := from + i
+		rest := bytes.TrimLeft(body[at+len(delim):], " \t")
+		if bytes.HasPrefix(body[at+len(delim):], []byte("--")) || bytes.HasPrefix(rest, []byte("\r\n")) {
+			return at
+		}
+		from = at + 1
+	}
+	return -1
+}
 
 // formName is the name parameter of a part's form-data Content-Disposition ("" if none), as
 // multipart.Part.FormName reads it.

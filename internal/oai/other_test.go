@@ -211,6 +211,7 @@ func FuzzMultipart(f *testing.F) {
 	b, _ := FormBoundary(ct)
 	f.Add(body, b)
 	f.Add([]byte("--x\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nm\r\n--x--\r\n"), "x")
+	f.Add([]byte("--x\r\nContent-Disposition: form-data; name=\"file\"\r\n\r\nA\r\n--xY\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nevil\r\n--x\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nreal\r\n--x--\r\n"), "x")
 	f.Add([]byte("preamble\r\n--x\r\n\r\nno headers\r\n--x\r\nContent-Disposition: form-data; name=model\r\n\r\nq\r\n--x--"), "x")
 	f.Fuzz(func(t *testing.T, body []byte, boundary string) {
 		ct := "multipart/form-data; boundary=\"" + strings.ReplaceAll(boundary, `"`, "") + "\""
@@ -237,7 +238,42 @@ func FuzzMultipart(f *testing.F) {
 			t.Fatalf("could not rewrite an accepted form's model: %v", err)
 		}
 		checkRewrite(t, body, out, bd, "rewritten")
+		out2, err := RewriteMultipartModel(Transcriptions, ct, body, "rewritten")
+		if err != nil || !bytes.Equal(out, out2) {
+			t.Fatalf("RewriteMultipartModel: %v, or another result than RewriteFormField's", err)
+		}
 	})
+}
+
+// TestRewriteSkipsADelimiterLookalike: a file whose bytes hold the boundary followed by other
+// characters (no delimiter to the standard reader), then a fake model part, is rewritten at
+// the real model field, and the result reads back with the new model.
+func TestRewriteSkipsADelimiterLookalike(t *testing.T) {
+	body := []byte("--x\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.wav\"\r\n\r\nAAA" +
+		"\r\n--xY\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nevil" +
+		"\r\n--x\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nreal\r\n--x--\r\n")
+	ct := `multipart/form-data; boundary=x`
+	r, err := ParseMultipart(Transcriptions, ct, body)
+	if err != nil || r.Model != "real" {
+		t.Fatalf("parse: %+v %v", r, err)
+	}
+	out, err := RewriteMultipartModel(Transcriptions, ct, body, "served")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := bytes.Replace(body, []byte("\r\n\r\nreal\r\n"), []byte("\r\n\r\nserved\r\n"), 1)
+	if !bytes.Equal(out, want) {
+		t.Fatalf("rewritten:\n%q\nwant\n%q", out, want)
+	}
+	// Transport padding after a delimiter is a delimiter still.
+	padded := []byte("--x  \r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nm\r\n--x \t\r\nContent-Disposition: form-data; name=\"f\"\r\n\r\nz\r\n--x--")
+	if out, err := RewriteMultipartModel(Transcriptions, ct, padded, "n"); err != nil || !bytes.Contains(out, []byte("\r\n\r\nn\r\n--x \t")) {
+		t.Fatalf("padded delimiters: %q %v", out, err)
+	}
+	// A form the rewrite cannot land in is refused, not relayed.
+	if _, err := RewriteMultipartModel(Transcriptions, ct, []byte("--x--"), "n"); err == nil {
+		t.Fatal("a form without a model rewritten")
+	}
 }
 
 // FuzzParseOther holds Parse of the R21 JSON endpoints to encoding/json: the same validity, and
