@@ -3,6 +3,7 @@ package router
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"testing"
@@ -177,11 +178,14 @@ func TestLoRAUnawarePicksLeastLoaded(t *testing.T) {
 // TestModelsListAdaptersWithParent: /v1/models shows each adapter with its base model, and the
 // context length the engines report.
 func TestModelsListAdaptersWithParent(t *testing.T) {
-	r := newRig(t, Config{})
+	r := newRig(t, Config{LoRALoadOnDemand: true, LoRAAdapters: []config.LoRAAdapter{
+		{Name: "sql", Path: "/a/sql", BaseModel: "base"}, {Name: "z", Path: "/a/z", BaseModel: "absent"}}})
 	r.joinWith("w1", "base", RoleUnified, 0, func(i *WorkerInfo) { i.LoRAAdapters, i.MaxModelLen = []string{"a"}, 4096 })
+	r.joinWith("w2", "base", RoleUnified, 0, func(i *WorkerInfo) { i.LoRAAdapters, i.MaxModelLen = []string{"a", "b"}, 8192 })
 	l := r.st.listModels()
-	if !slices.Equal(l.IDs, []string{"a", "base"}) || l.Info["a"] != (ModelInfo{Parent: "base", MaxModelLen: 4096}) ||
-		l.Info["base"] != (ModelInfo{MaxModelLen: 4096}) {
+	want := map[string]ModelInfo{"a": {Parent: "base", MaxModelLen: 8192}, "b": {Parent: "base", MaxModelLen: 8192},
+		"sql": {Parent: "base", MaxModelLen: 8192}, "base": {MaxModelLen: 8192}}
+	if !slices.Equal(l.IDs, []string{"a", "b", "base", "sql"}) || !maps.Equal(l.Info, want) {
 		t.Fatalf("models %v %v", l.IDs, l.Info)
 	}
 }

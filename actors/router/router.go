@@ -321,13 +321,23 @@ func (st *state) listModels() *ModelList {
 		if mi := info[s.info.Model]; s.info.MaxModelLen > mi.MaxModelLen {
 			info[s.info.Model] = ModelInfo{MaxModelLen: s.info.MaxModelLen}
 		}
-		for _, a := range s.info.LoRAAdapters {
-			if st.view.models[a] > 0 {
-				continue // a base model of other workers: listed as such
-			}
-			seen[a] = true
-			info[a] = ModelInfo{Parent: s.info.Model, MaxModelLen: info[s.info.Model].MaxModelLen}
+	}
+	// Each adapter once (the index, not every worker's list), with the base model a pick of it
+	// goes to; a configured on-demand adapter is listed while its base model is served.
+	adapter := func(a, parent string) {
+		if st.view.models[a] > 0 || !seen[parent] {
+			return // a base model of other workers (listed as such), or no base served
 		}
+		seen[a] = true
+		info[a] = ModelInfo{Parent: parent, MaxModelLen: info[parent].MaxModelLen}
+	}
+	for a := range st.view.loraIdx {
+		if _, configured := st.view.onDemand[a]; !configured {
+			adapter(a, st.view.loraBase(a))
+		}
+	}
+	for a, cfg := range st.view.onDemand {
+		adapter(a, cfg.BaseModel)
 	}
 	ids := make([]string, 0, len(seen))
 	for id := range seen {
