@@ -310,7 +310,7 @@ func ValidateLoRAAdapters(names []string, model string) ([]string, error) {
 	}
 	out := slices.Clone(names)
 	for _, n := range out {
-		if !modelName(n) {
+		if !oai.ValidName(n) {
 			return nil, fmt.Errorf("lora_adapters: an adapter name must be 1 to %d printable ASCII bytes without spaces", MaxField)
 		}
 		if n == model {
@@ -324,19 +324,6 @@ func ValidateLoRAAdapters(names []string, model string) ([]string, error) {
 		}
 	}
 	return out, nil
-}
-
-// modelName reports whether n is 1 to MaxField printable ASCII bytes without spaces.
-func modelName(n string) bool {
-	if n == "" || len(n) > MaxField {
-		return false
-	}
-	for i := 0; i < len(n); i++ {
-		if n[i] <= ' ' || n[i] > '~' {
-			return false
-		}
-	}
-	return true
 }
 
 // Listener is the registry's gRPC server: WorkerRegistry, reflection and health.

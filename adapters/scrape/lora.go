@@ -10,28 +10,15 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/tlgw/tlgw/actors/router"
+	"github.com/tlgw/tlgw/internal/oai"
 )
 
-// MaxNameBytes bounds an adapter name, as a heartbeat's (adapters/grpc.MaxField).
-const MaxNameBytes = 256
+// MaxNameBytes bounds an adapter name, as a heartbeat's (oai.ValidName).
+const MaxNameBytes = oai.MaxNameBytes
 
 // MaxLoRAs is the largest max_lora read from vllm:lora_requests_info; a larger one reads as
 // unknown (0), as does one that is not an integer.
 const MaxLoRAs = router.MaxLoRAAdapters
-
-// validName is a heartbeat's rule for an adapter name (adapters/grpc.ValidateLoRAAdapters):
-// 1 to MaxNameBytes printable ASCII bytes without spaces.
-func validName(n string) bool {
-	if n == "" || len(n) > MaxNameBytes {
-		return false
-	}
-	for i := 0; i < len(n); i++ {
-		if n[i] <= ' ' || n[i] > '~' {
-			return false
-		}
-	}
-	return true
-}
 
 // names collects the adapter names an engine reports for one model: the valid ones other
 // than the model, sorted and without repeats, at most router.MaxLoRAAdapters.
@@ -44,7 +31,7 @@ type names struct {
 }
 
 func (ns *names) add(n string) {
-	if !validName(n) || n == ns.model {
+	if !oai.ValidName(n) || n == ns.model {
 		ns.invalid++
 		return
 	}

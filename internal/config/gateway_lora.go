@@ -1,5 +1,7 @@
 package config
 
+import "github.com/tlgw/tlgw/internal/oai"
+
 // LoRAAdapter is one [[gateway.lora_adapters]] entry (R21): an adapter the gateway may ask a
 // worker of BaseModel to load (vLLM's POST /v1/load_lora_adapter) when a request names it and
 // no worker has it, with gateway.lora_load_on_demand = true.
@@ -24,7 +26,7 @@ func (fl *fileGatewayLoRA) apply(g *Gateway, base path, ps *problems) {
 	for i, a := range fl.LoRAAdapters {
 		at := base.with(key("lora_adapters"), index(i))
 		switch {
-		case !printableID(a.Name):
+		case !oai.ValidName(a.Name):
 			ps.add(at.with(key("name")), "must be 1 to 256 printable ASCII characters without spaces")
 		case seen[a.Name]:
 			ps.add(at.with(key("name")), "repeats adapter %q", a.Name)
@@ -33,7 +35,7 @@ func (fl *fileGatewayLoRA) apply(g *Gateway, base path, ps *problems) {
 		if a.Path == "" || len(a.Path) > MaxLoRAAdapterPath {
 			ps.add(at.with(key("path")), "must be 1 to %d bytes", MaxLoRAAdapterPath)
 		}
-		if !printableID(a.BaseModel) {
+		if !oai.ValidName(a.BaseModel) {
 			ps.add(at.with(key("base_model")), "must be 1 to 256 printable ASCII characters without spaces")
 		}
 		if a.Name == a.BaseModel {
@@ -43,17 +45,4 @@ func (fl *fileGatewayLoRA) apply(g *Gateway, base path, ps *problems) {
 	if len(fl.LoRAAdapters) > 0 {
 		g.LoRAAdapters = append([]LoRAAdapter(nil), fl.LoRAAdapters...)
 	}
-}
-
-// printableID reports whether s is 1 to 256 printable ASCII bytes without spaces.
-func printableID(s string) bool {
-	if s == "" || len(s) > 256 {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		if s[i] <= ' ' || s[i] > '~' {
-			return false
-		}
-	}
-	return true
 }

@@ -20,7 +20,7 @@ import (
 // Multipart bounds: the parts of one form and the bytes of a field the gateway reads.
 const (
 	MaxFormParts      = 64
-	maxFormFieldBytes = 256
+	maxFormFieldBytes = MaxNameBytes
 )
 
 // FormBoundary checks that contentType is multipart/form-data with a usable boundary and
@@ -74,7 +74,7 @@ func ParseMultipart(kind Kind, contentType string, body []byte) (Request, error)
 			if err != nil {
 				return Request{}, err
 			}
-			if !printableName(v) {
+			if !ValidName(v) {
 				return Request{}, mustBe("model", "1 to 256 printable ASCII characters")
 			}
 			r.Model = v
@@ -118,19 +118,6 @@ func formValue(part *multipart.Part, name string) (string, error) {
 		return "", mustBe(name, "at most 256 bytes")
 	}
 	return string(b), nil
-}
-
-// printableName reports whether s is 1 to 256 printable ASCII bytes without spaces.
-func printableName(s string) bool {
-	if s == "" || len(s) > maxFormFieldBytes {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		if s[i] <= ' ' || s[i] > '~' {
-			return false
-		}
-	}
-	return true
 }
 
 // RewriteMultipartModel returns an audio form (kind's, of contentType) with its model field's
