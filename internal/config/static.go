@@ -160,12 +160,7 @@ var endpointNames = func() string {
 // StaticEndpoints is the endpoint set of a valid static worker's Endpoints (names outside the
 // catalogue, which ValidateStaticWorkers refuses, are skipped).
 func StaticEndpoints(names []string) oai.EndpointSet {
-	var set oai.EndpointSet
-	for _, n := range names {
-		if k, ok := oai.KindByEndpoint(n); ok {
-			set = set.With(k)
-		}
-	}
+	set, _, _ := oai.ParseEndpoints(names) // valid: no error, and no name it would skip
 	return set
 }
 
