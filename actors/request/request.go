@@ -483,9 +483,9 @@ func (r *requestActor) pick(c actor.Context) {
 		Model: r.x.Req.Model, RequestID: r.x.ID, Key: r.key, Requester: c.Self(),
 		PrefixHash: prefixHash(r.x.Req.PrefixKey), PrefixHashes: r.hashes, Exclude: r.exclude,
 		Step: r.cascadeStep, Tag: tag, SLOTTFTMs: r.x.SLOTTFTMs, Endpoint: r.x.Kind,
-		Response: r.x.Response, Owner: r.x.Owner,
+		Response: r.x.Response, Owner: r.x.Owner, Continues: r.x.Response != "" && r.x.Method == "",
 	}
-	if r.d.Admission {
+	if r.d.Admission && (r.x.Response == "" || p.Continues) { // a stored response's read or delete is no generation
 		// Every pick of the request names its admission: the router admits the first it
 		// sees and keeps the allowed workers for the others. It is the actor's own field,
 		// set once and never changed, so the router may keep it.

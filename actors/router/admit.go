@@ -86,6 +86,7 @@ type admitted struct {
 	requester *actor.PID
 	pick      *Pick     // its latest pick: the answer carries that pick's tag
 	target    target    // what its first pick resolved to
+	pinned    string    // the worker holding the stored response it continues ("" = none)
 	arrived   time.Time // its first pick: an objective (Request.Objective) counts from it
 	// The queue's entry and request, in the same allocation.
 	entry admission.Entry
@@ -120,8 +121,19 @@ func newAdmitter(cfg *AdmissionConfig, clk clock.Clock, m admissionMetrics, v *w
 }
 
 // pick handles a pick of an admitted request: the first of its key is admitted; later ones
-// keep what it was admitted with.
-func (a *admitter) pick(table *routeTable, m *Pick, fx effects) {
+// keep what it was admitted with. A continuation of a stored response (Pick.Response) is
+// admitted to its worker's pool with that worker alone as its candidate (admitted.pinned).
+func (a *admitter) pick(st *state, m *Pick, fx effects) {
+	resolve := func() (target, string) {
+		if m.Response == "" {
+			return st.table.resolve(m, a.view), ""
+		}
+		t, s := st.pinnedTarget(m)
+		if s == nil {
+			return t, ""
+		}
+		return t, s.info.ID
+	}
 	if m.Key == 0 || m.Requester == nil {
 		fx.respond(&Picked{Tag: m.Tag, Err: fmt.Errorf("an admitted pick needs a key and a requester: %w", errs.ErrInternal)})
 		return
@@ -132,10 +144,11 @@ func (a *admitter) pick(table *routeTable, m *Pick, fx effects) {
 			fx.send(m.Requester, &Queued{Tag: m.Tag}) // a repeated pick: answered when it leaves
 			return
 		}
-		a.repick(table.resolve(m, a.view), ad, fx)
+		t, _ := resolve()
+		a.repick(t, ad, fx)
 		return
 	}
-	t := table.resolve(m, a.view)
+	t, pinned := resolve()
 	if t.out.Err == nil && !a.view.servable(t.key, t.disagg) {
 		t.out.Err = t.noCapacity() // nothing could serve it: at once, as without admission
 	}
@@ -144,7 +157,7 @@ func (a *admitter) pick(table *routeTable, m *Pick, fx effects) {
 		return
 	}
 	pl := a.view.pools[t.key]
-	ad := &admitted{requester: m.Requester, pick: m, target: t,
+	ad := &admitted{requester: m.Requester, pick: m, target: t, pinned: pinned,
 		req: admission.Request{Key: m.Key, ID: m.RequestID, Class: m.Admit.Class,
 			SessionID: m.Admit.SessionID, PromptTokens: m.Admit.PromptTokens, OutputTokens: m.Admit.OutputTokens,
 			APIKey: m.Admit.APIKey, Final: m.Admit.Final}}
@@ -153,7 +166,11 @@ func (a *admitter) pick(table *routeTable, m *Pick, fx effects) {
 		// the objective; it waits for one, at most until the objective has passed.
 		ad.req.Objective, ad.arrived = time.Duration(m.SLOTTFTMs)*time.Millisecond, a.clock.Now()
 	}
-	ad.entry = admission.Entry{Req: &ad.req, Route: pl.memberIDs(), Pool: pl.name, Payload: ad}
+	route := pl.memberIDs()
+	if pinned != "" {
+		route = []string{pinned}
+	}
+	ad.entry = admission.Entry{Req: &ad.req, Route: route, Pool: pl.name, Payload: ad}
 	ad.e = &ad.entry
 	a.entries[m.Key] = ad
 	a.q.Admit(ad.e, a.host(fx), func(workers []string) int {
@@ -196,6 +213,12 @@ func (a *admitter) allowedIn(ad *admitted, key poolKey) []string {
 	if pl == nil {
 		return nil
 	}
+	if ad.pinned != "" {
+		if pl.members[ad.pinned] == nil {
+			return []string{}
+		}
+		return []string{ad.pinned}
+	}
 	members := pl.memberIDs()
 	if ad.e.Req.Allowed == nil {
 		return members
@@ -218,7 +241,7 @@ func (a *admitter) allowedIn(ad *admitted, key poolKey) []string {
 func (a *admitter) choice(ad *admitted, t target, soft string, checkFull bool) choice {
 	exclude := ad.pick.Exclude
 	pl := a.view.pools[t.key]
-	restricted, full := ad.e.Req.Allowed != nil, checkFull && a.threshold > 0
+	restricted, full := ad.e.Req.Allowed != nil || ad.pinned != "", checkFull && a.threshold > 0
 	if pl != nil && (restricted || full) {
 		var allowed map[string]bool
 		if restricted {
@@ -347,7 +370,7 @@ func (a *admitter) flush(fx effects) {
 func (a *admitter) servesFreed(e *admission.Entry) bool {
 	ad := e.Payload.(*admitted)
 	for _, s := range a.freed {
-		if s.pool.key == ad.target.key {
+		if s.pool.key == ad.target.key && (ad.pinned == "" || ad.pinned == s.info.ID) {
 			if e.Req.Allowed == nil || slices.Contains(e.Req.Allowed, s.info.ID) {
 				return true
 			}

@@ -551,3 +551,65 @@ func TestClassWaitingForCapacityEarnsNoCredit(t *testing.T) {
 		t.Fatalf("after w1 had room: %+v, want w1", p)
 	}
 }
+
+// TestContinuationsAreAdmittedToTheirWorker (R21): a new response continuing a stored one
+// passes the admission queue like any generation, with the worker holding the stored response
+// as its only candidate: it waits while that worker is full though another is idle, and goes
+// there when it frees. A read of the stored response passes no queue, and reaches its worker
+// while it drains; a continuation then is a 503.
+func TestContinuationsAreAdmittedToTheirWorker(t *testing.T) {
+	r := newRig(t, Config{Admission: admissionCfg(nil, 1)})
+	r.join("w1", "m", 0)
+	r.join("w2", "m", 0)
+	r.deliver(nil, &StoreResponse{ID: "resp_1", WorkerID: "w1", Reg: r.regOf("w1"), Owner: 2})
+	busy := r.newRequester()
+	busy.pick("busy", "m", "")
+	hold := busy.picked()
+	if hold.WorkerID != "w1" {
+		t.Fatalf("the first request went to %q", hold.WorkerID)
+	}
+	cont := r.newRequester()
+	continues := func() {
+		cont.tag++
+		r.deliver(cont.pid, &Pick{Model: "m", RequestID: "c", Key: cont.key, Requester: cont.pid, Tag: cont.tag,
+			Response: "resp_1", Owner: 2, Continues: true, Admit: &AdmitInfo{APIKey: 2}})
+	}
+	continues()
+	cont.queued() // w1 is full (threshold 1); w2 idle does not hold the response
+	read := r.newRequester()
+	read.tag++
+	r.deliver(read.pid, &Pick{Model: "m", Key: read.key, Requester: read.pid, Tag: read.tag, Response: "resp_1", Owner: 2})
+	if p := read.picked(); p.Err != nil || p.WorkerID != "w1" || p.Admitted {
+		t.Fatalf("a read of the stored response: %+v", p)
+	} else {
+		read.release(p)
+	}
+	busy.release(hold)
+	busy.stop()
+	runBounded(t, "w1 frees", func() { r.join("w1", "m", 0) })
+	p := cont.picked()
+	if p.Err != nil || p.WorkerID != "w1" || !p.Admitted {
+		t.Fatalf("the continuation after w1 freed: %+v", p)
+	}
+	cont.release(p)
+	cont.stop()
+	if n := r.st.adm.q.Len(); n != 0 {
+		t.Fatalf("%d still queued", n)
+	}
+
+	w1 := r.workers[r.workerPID("w1").Id]
+	w1.info.Draining = true
+	r.report(w1)
+	late := r.newRequester()
+	late.tag++
+	r.deliver(late.pid, &Pick{Model: "m", RequestID: "l", Key: late.key, Requester: late.pid, Tag: late.tag,
+		Response: "resp_1", Owner: 2, Continues: true, Admit: &AdmitInfo{APIKey: 2}})
+	if p := late.picked(); !errors.Is(p.Err, errs.ErrNoCapacity) || !strings.Contains(p.Err.Error(), "draining") {
+		t.Fatalf("a continuation at a draining holder: %+v", p)
+	}
+	read.tag++
+	r.deliver(read.pid, &Pick{Model: "m", Key: read.key, Requester: read.pid, Tag: read.tag, Response: "resp_1", Owner: 2})
+	if p := read.picked(); p.Err != nil || p.WorkerID != "w1" {
+		t.Fatalf("a read at a draining holder: %+v", p)
+	}
+}

@@ -244,9 +244,13 @@ type Pick struct {
 	Endpoint oai.Kind
 	// Response pins the pick to the worker that stored this response (R21: GET/DELETE
 	// /v1/responses/{id}, previous_response_id; responses.go), for the API key Owner (-1 in
-	// open mode). Such a pick does not pass the admission queue.
-	Response string
-	Owner    int
+	// open mode). Continues says the request is a new response continuing it (a POST with
+	// previous_response_id): a generation, admitted like any other (Admit) and only to a
+	// routable worker; a read or delete of the stored response passes no admission queue and
+	// reaches its worker even while it drains.
+	Response  string
+	Owner     int
+	Continues bool
 	// Admit is set on every pick of a request that passes the admission queue (R10). The
 	// first pick of a Key is admitted: the router answers *Queued at once if it waits, and
 	// *Picked when it leaves. Later picks of the Key (failover, cascade steps, repeated picks)

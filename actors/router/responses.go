@@ -113,41 +113,49 @@ func (t *responseTable) forget(m *ForgetResponse) {
 // len is the entries held.
 func (t *responseTable) len() int { return len(t.byID) }
 
-// pinned answers a pick that names a stored response: the worker that stored it, if it is
-// still the registration that did and live (draining or ejected included: only it holds the
-// response), reserved like any pick. An attempt there that failed (the worker in m.Exclude)
-// is not tried again: no other worker holds the response (503). A body that names a model the
-// worker does not serve (its base model, one of its adapters, or a route to it) is refused
-// (400) rather than sent there as the worker's model.
-func (st *state) pinned(m *Pick, fx effects) *Picked {
+// pinnedTarget resolves a pick that names a stored response to the worker that stored it:
+// the slot, and the target its attempt serves (route, served model, adapter), or out.Err.
+// The worker must still be the registration that stored it and live: draining or ejected
+// included for a read or delete (only it holds the response), routable for a continuation
+// (a new generation). An attempt there that failed (the worker in m.Exclude) is not tried
+// again: no other worker holds the response (503). A continuation naming a model the worker
+// does not serve (its base model, one of its adapters, or a route to it) is refused (400)
+// rather than sent there as the worker's model.
+func (st *state) pinnedTarget(m *Pick) (target, *slot) {
 	out := &Picked{Tag: m.Tag, Steps: 1}
+	t := target{out: out, endpoint: m.Endpoint}
 	e, ok := st.responses.byID[m.Response]
 	if !ok || e.owner != m.Owner {
 		out.Err = fmt.Errorf("no stored response %s is known to this gateway: %w", m.Response, errs.ErrNotFound)
-		return out
+		return t, nil
 	}
 	s := st.view.registered(e.worker, e.reg)
 	if s == nil || !s.live {
 		st.responses.remove(e)
 		out.Err = fmt.Errorf("the worker that stored response %s has left the fleet, and the response with it: %w", m.Response, errs.ErrNotFound)
-		return out
+		return t, nil
 	}
-	if slices.Contains(m.Exclude, s.info.ID) {
+	switch {
+	case slices.Contains(m.Exclude, s.info.ID):
 		out.Err = fmt.Errorf("the worker that stored response %s failed, and no other holds it: %w", m.Response, errs.ErrNoCapacity)
-		return out
+		return t, nil
+	case m.Continues && s.pool == nil:
+		out.Err = fmt.Errorf("the worker that stored response %s takes no new requests now (draining or ejected): %w", m.Response, errs.ErrNoCapacity)
+		return t, nil
 	}
+	t.key = poolKey{model: s.info.Model, role: s.info.Role}
 	out.Route, out.ServedModel = s.info.Model, s.info.Model
 	if m.Model != "" {
 		rt := st.table.byName[m.Model]
 		switch {
 		case m.Model == s.info.Model:
 		case s.info.ServesLoRA(m.Model):
-			out.ServedModel = m.Model
+			out.ServedModel, t.adapter = m.Model, m.Model
 		case rt != nil && rt.reaches(s.info.Model):
 		default:
 			out.Err = fmt.Errorf("response %s was stored by a worker of model %s, which does not serve %s: %w",
 				m.Response, errs.Echo(s.info.Model), errs.Echo(m.Model), errs.ErrInvalidRequest)
-			return out
+			return t, nil
 		}
 		if rt != nil {
 			out.Route = rt.id
@@ -155,8 +163,22 @@ func (st *state) pinned(m *Pick, fx effects) *Picked {
 			out.Route = m.Model
 		}
 	}
+	return t, s
+}
+
+// pinned answers a pick that names a stored response without the admission queue: the worker
+// that stored it (pinnedTarget), reserved like any pick.
+func (st *state) pinned(m *Pick, fx effects) *Picked {
+	t, s := st.pinnedTarget(m)
+	out := t.out
+	if s == nil {
+		return out
+	}
 	out.Ticket = st.view.reserve(s, m.Requester, fx)
 	out.Worker, out.WorkerID, out.WorkerReg, out.HTTPAddress = s.pid, s.info.ID, s.info.Reg, s.info.HTTPAddress
 	out.GRPCAddress, out.KVAddress = s.info.GRPCAddress, s.info.KVAddress
+	if t.adapter != "" {
+		out.Adapter = t.adapter
+	}
 	return out
 }

@@ -181,12 +181,13 @@ func (st *state) handle(msg any, fx effects) {
 	}
 	switch m := msg.(type) {
 	case *Pick:
-		if m.Response != "" {
+		admit := st.adm != nil && m.Admit != nil
+		if m.Response != "" && !admit {
 			fx.respond(st.pinned(m, fx))
 			return
 		}
-		if st.adm != nil && m.Admit != nil {
-			st.adm.pick(st.table, m, fx)
+		if admit {
+			st.adm.pick(st, m, fx)
 			return
 		}
 		fx.respond(st.pick(m, fx))
