@@ -24,19 +24,22 @@ import (
 // workers' reports and removed with them; slot.loras at most the worker's max_loras (≤
 // MaxLoRAAdapters); cands is scratch, as long as the largest adapter set picked from.
 
-// setLoRAs moves s's entries in the adapter index from its old adapter list to its new one.
+// setLoRAs moves s's entries in the adapter index from its old adapter list to its new one;
+// both are sorted without repeats (a validated report, servedLoRAs), so one merge pass finds
+// what left and what came.
 func (v *workerView) setLoRAs(s *slot, old, now []string) {
-	if slices.Equal(old, now) {
-		return
-	}
-	for _, a := range old {
-		if !slices.Contains(now, a) {
-			v.dropLoRA(a, s)
-		}
-	}
-	for _, a := range now {
-		if !slices.Contains(old, a) {
-			v.loraIdx[a] = append(v.loraIdx[a], s)
+	i, j := 0, 0
+	for i < len(old) || j < len(now) {
+		switch {
+		case j == len(now) || i < len(old) && old[i] < now[j]:
+			v.dropLoRA(old[i], s)
+			i++
+		case i == len(old) || now[j] < old[i]:
+			v.loraIdx[now[j]] = append(v.loraIdx[now[j]], s)
+			j++
+		default:
+			i++
+			j++
 		}
 	}
 }
