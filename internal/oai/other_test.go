@@ -389,3 +389,51 @@ func TestRewriteFormFieldShapes(t *testing.T) {
 		})
 	}
 }
+
+// TestValidResponseIDBounds: 1 to MaxResponseIDLen bytes from '!' to '~', without '/', '?',
+// '#' or '%'.
+func TestValidResponseIDBounds(t *testing.T) {
+	for _, c := range []struct {
+		id   string
+		want bool
+	}{
+		{"", false}, {"a", true}, {strings.Repeat("a", MaxResponseIDLen), true}, {strings.Repeat("a", MaxResponseIDLen+1), false},
+		{"!", true}, {"~", true}, {" ", false}, {"\x7f", false}, {"a b", false}, {"a/b", false}, {"a?b", false},
+		{"a#b", false}, {"a%2F", false}, {"resp_abc-123", true},
+	} {
+		if got := ValidResponseID(c.id); got != c.want {
+			t.Errorf("ValidResponseID(%q) = %v, want %v", c.id, got, c.want)
+		}
+		body := `{"model":"m","input":"x","previous_response_id":"` + c.id + `"}`
+		r, err := Parse(Responses, []byte(body))
+		if c.want != (err == nil) || (err == nil && r.Previous != c.id) {
+			t.Errorf("Parse with previous_response_id %q: %v %q", c.id, err, r.Previous)
+		}
+	}
+}
+
+// TestOtherCostCountsThePromptField: an endpoint's prompt is its prompt field's raw bytes
+// (quotes included) at 4 bytes a token, rounded up; Messages and Responses add what they may
+// generate.
+func TestOtherCostCountsThePromptField(t *testing.T) {
+	for _, c := range []struct {
+		kind   Kind
+		body   string
+		prompt int64
+		max    int64
+	}{
+		{Embeddings, `{"model":"m","input":"ab"}`, 1, 0},    // "ab" is 4 bytes
+		{Embeddings, `{"model":"m","input":"abc"}`, 2, 0},   // 5 bytes
+		{Embeddings, `{"model":"m","input":"abcdef"}`, 2, 0}, // 8 bytes
+		{Responses, `{"model":"m","input":"abcdefg","max_output_tokens":9}`, 3, 9},
+		{Messages, `{"model":"m","max_tokens":7,"messages":[]}`, 1, 7},
+	} {
+		r, err := Parse(c.kind, []byte(c.body))
+		if err != nil {
+			t.Fatalf("%s: %v", c.body, err)
+		}
+		if r.Cost.PromptTokens != c.prompt || r.Cost.MaxTokens != c.max {
+			t.Errorf("%s: prompt %d max %d, want %d and %d", c.body, r.Cost.PromptTokens, r.Cost.MaxTokens, c.prompt, c.max)
+		}
+	}
+}
