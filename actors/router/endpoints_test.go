@@ -447,3 +447,47 @@ func TestDisaggregatedAdapterPrefillRunsIt(t *testing.T) {
 		t.Fatalf("an adapter's prompts recorded in the prefix index (%v)", r.st.view.pidx)
 	}
 }
+
+// TestLoRASlotsAndMarks (R21): a worker's free slots are counted from what its engine reports
+// running when it reports it (else from what the gateway sent it), so a worker whose engine
+// runs max_loras other adapters has none free; the adapters sent to a worker keep one place
+// each; an on-demand load goes to the least loaded worker, the smaller id on a tie; an engine's
+// refusal drops the adapter from what the worker is believed to hold, and a new mark drops the
+// passed ones of other adapters; an adapter whose one server is excluded is a capacity answer,
+// not a missing model.
+func TestLoRASlotsAndMarks(t *testing.T) {
+	r := newRig(t, Config{LoRALoadOnDemand: true, LoRAAdapters: []config.LoRAAdapter{{Name: "sql", Path: "/a/sql", BaseModel: "m"}}})
+	r.joinWith("w1", "m", RoleUnified, 0, func(i *WorkerInfo) {
+		i.LoRAAdapters, i.MaxLoRAs, i.RunningLoRAs = []string{"a", "b", "x", "y"}, 2, []string{"x", "y"}
+	})
+	r.joinWith("w2", "m", RoleUnified, 1, func(i *WorkerInfo) {
+		i.LoRAAdapters, i.MaxLoRAs, i.RunningLoRAs = []string{"a", "b"}, 2, []string{}
+	})
+	q := r.newRequester()
+	p := q.pickFor("a", oai.Chat)
+	if p.WorkerID != "w2" {
+		t.Fatalf("adapter a went to %q: w1's engine runs its 2 slots' worth, w2 has a free one", p.WorkerID)
+	}
+	q.release(p)
+	w2 := r.st.view.slots["w2"]
+	for range 3 {
+		w2.touchLoRA("a")
+	}
+	if !slices.Equal(w2.loras, []string{"a"}) {
+		t.Fatalf("w2's adapters %v after a was sent thrice", w2.loras)
+	}
+	r.deliver(nil, &LoRAMissing{WorkerID: "w2", Reg: r.regOf("w2"), Name: "b"})
+	r.advance(UnsupportedFor)
+	r.deliver(nil, &LoRAMissing{WorkerID: "w2", Reg: r.regOf("w2"), Name: "a"})
+	if len(w2.loraGone) != 1 || w2.loraGone[0].name != "a" || slices.Contains(w2.loras, "a") {
+		t.Fatalf("w2's marks %v and adapters %v after refusing a", w2.loraGone, w2.loras)
+	}
+	if p := q.pickFor("b", oai.Chat, "w1", "w2"); !errors.Is(p.Err, errs.ErrNoCapacity) {
+		t.Fatalf("b with both servers excluded: %+v", p)
+	}
+	r.join("w1", "m", 0)
+	r.join("w2", "m", 0)
+	if p := q.pickFor("sql", oai.Chat); p.WorkerID != "w1" || p.LoadLoRA == nil {
+		t.Fatalf("an on-demand load on a tie: %+v", p)
+	}
+}

@@ -308,12 +308,9 @@ func (v *workerView) loraExclude(pk poolKey, a string, exclude []string) []strin
 	if pl == nil {
 		return exclude
 	}
-	out, now := exclude, v.clk.Now()
+	out, now := slices.Clip(exclude), v.clk.Now() // clipped: the first append copies
 	for _, id := range pl.memberIDs() {
 		if s := pl.members[id]; !s.servesLoRA(a, now) {
-			if len(out) == len(exclude) {
-				out = append([]string(nil), exclude...)
-			}
 			out = append(out, id)
 		}
 	}

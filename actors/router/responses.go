@@ -177,8 +177,6 @@ func (st *state) pinned(m *Pick, fx effects) *Picked {
 	out.Ticket = st.view.reserve(s, m.Requester, fx)
 	out.Worker, out.WorkerID, out.WorkerReg, out.HTTPAddress = s.pid, s.info.ID, s.info.Reg, s.info.HTTPAddress
 	out.GRPCAddress, out.KVAddress = s.info.GRPCAddress, s.info.KVAddress
-	if t.adapter != "" {
-		out.Adapter = t.adapter
-	}
+	out.Adapter = t.adapter
 	return out
 }
