@@ -482,6 +482,13 @@ func TestLoRASlotsAndMarks(t *testing.T) {
 	if len(w2.loraGone) != 1 || w2.loraGone[0].name != "a" || slices.Contains(w2.loras, "a") {
 		t.Fatalf("w2's marks %v and adapters %v after refusing a", w2.loraGone, w2.loras)
 	}
+	// A mark in force of another adapter stays; the same adapter marked again keeps one.
+	r.deliver(nil, &LoRAMissing{WorkerID: "w2", Reg: r.regOf("w2"), Name: "b"})
+	r.deliver(nil, &LoRAMissing{WorkerID: "w2", Reg: r.regOf("w2"), Name: "b"})
+	if len(w2.loraGone) != 2 || w2.loraGone[0].name != "a" || w2.loraGone[1].name != "b" {
+		t.Fatalf("w2's marks %v, want a and b once each", w2.loraGone)
+	}
+	r.advance(UnsupportedFor)
 	if p := q.pickFor("b", oai.Chat, "w1", "w2"); !errors.Is(p.Err, errs.ErrNoCapacity) {
 		t.Fatalf("b with both servers excluded: %+v", p)
 	}
