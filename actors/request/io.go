@@ -114,7 +114,7 @@ func (r *requestActor) attempt(c actor.Context) {
 	// An engine's own 404/405 may say it has no such endpoint (R21): read when the request is
 	// not pinned to a stored response (whose holder's 404 is the client's answer).
 	probeNoRoute := r.x.Response == "" && r.x.Kind.Valid()
-	load, base := r.picked.LoadLoRA, "http://"+r.picked.HTTPAddress
+	load, addr := r.picked.LoadLoRA, r.picked.HTTPAddress
 	// A stream's first event is read by the same I/O step as its headers (nothing reaches the
 	// client before it, R14.1), so a stream costs the actor one result, not two.
 	firstEventToo := r.x.Req.Stream && !r.nonFinalStep()
@@ -135,7 +135,7 @@ func (r *requestActor) attempt(c actor.Context) {
 		if load != nil {
 			// R21 lora_load_on_demand: the adapter is loaded on the engine before the request
 			// that needs it is sent.
-			if err := loadLoRA(ctx, tr, base, load, id); err != nil {
+			if err := loadLoRA(ctx, tr, "http://"+addr, load, id); err != nil {
 				return attemptResult{gen: gen, err: err, loadFailed: true}
 			}
 		}
