@@ -422,8 +422,8 @@ func TestOtherCostCountsThePromptField(t *testing.T) {
 		prompt int64
 		max    int64
 	}{
-		{Embeddings, `{"model":"m","input":"ab"}`, 1, 0},    // "ab" is 4 bytes
-		{Embeddings, `{"model":"m","input":"abc"}`, 2, 0},   // 5 bytes
+		{Embeddings, `{"model":"m","input":"ab"}`, 1, 0},     // "ab" is 4 bytes
+		{Embeddings, `{"model":"m","input":"abc"}`, 2, 0},    // 5 bytes
 		{Embeddings, `{"model":"m","input":"abcdef"}`, 2, 0}, // 8 bytes
 		{Responses, `{"model":"m","input":"abcdefg","max_output_tokens":9}`, 3, 9},
 		{Messages, `{"model":"m","max_tokens":7,"messages":[]}`, 1, 7},
