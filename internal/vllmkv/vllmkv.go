@@ -38,6 +38,10 @@ const (
 	DefaultEvents       = 4096
 	DefaultHashes       = 4096
 	DefaultTokens       = 1 << 18
+	// MaxBlockSize bounds an event's block_size.
+	MaxBlockSize = 1 << 16
+	// maxHashBytes bounds a digest block hash.
+	maxHashBytes = 64
 	// MaxString bounds a string field (medium, lora_name, an event type) and an unknown map key.
 	MaxString = 256
 	// maxSkip bounds the values an unknown field may hold (nested, in all) before the batch is
@@ -163,10 +167,7 @@ func (d *decoder) arrayLen(what string, max int) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("%s: %w", what, err)
 	}
-	if n < 0 {
-		return -1, nil // nil
-	}
-	if n > max || n > d.r.Len() {
+	if n > max || n > d.r.Len() { // n is -1 for nil
 		return 0, fmt.Errorf("%s: %d elements, more than %d or than the bytes left", what, n, max)
 	}
 	return n, nil
@@ -313,7 +314,7 @@ func (d *decoder) mapEvent() (Event, error) {
 func (e *Event) check() error {
 	switch e.Kind {
 	case BlockStored:
-		if e.BlockSize <= 0 || e.BlockSize > 1<<16 {
+		if e.BlockSize <= 0 || e.BlockSize > MaxBlockSize {
 			return fmt.Errorf("BlockStored: block_size %d", e.BlockSize)
 		}
 		if len(e.Tokens) != len(e.Hashes)*e.BlockSize {
@@ -382,7 +383,7 @@ func (d *decoder) field(e *Event, f int) error {
 	case fBlockSize:
 		var n int64
 		if n, err = d.d.DecodeInt64(); err == nil {
-			if n <= 0 || n > 1<<16 {
+			if n <= 0 || n > MaxBlockSize {
 				err = fmt.Errorf("block_size %d", n)
 			}
 			e.BlockSize = int(n)
@@ -430,25 +431,18 @@ func (d *decoder) hash() (uint64, error) {
 		if err != nil {
 			return 0, err
 		}
-		if n < 0 || n > 64 || n > d.r.Len() {
+		if n < 0 || n > maxHashBytes || n > d.r.Len() {
 			return 0, fmt.Errorf("a block hash of %d bytes", n)
 		}
-		var buf [64]byte
-		if _, err := d.r.Read(buf[:n]); err != nil && n > 0 {
+		var buf [maxHashBytes]byte
+		if _, err := io.ReadFull(d.r, buf[:n]); err != nil {
 			return 0, err
 		}
 		var last [8]byte
 		copy(last[8-min(n, 8):], buf[max(n-8, 0):n])
 		return binary.BigEndian.Uint64(last[:]), nil
 	}
-	if c == msgpcode.Int8 || c == msgpcode.Int16 || c == msgpcode.Int32 || c == msgpcode.Int64 || msgpcode.IsFixedNum(c) && int8(c) < 0 {
-		v, err := d.d.DecodeInt64()
-		if err != nil {
-			return 0, err
-		}
-		return uint64(v), nil // a signed hash: its two's complement bits
-	}
-	return d.d.DecodeUint64()
+	return d.d.DecodeUint64() // a signed hash: its two's complement bits
 }
 
 func (d *decoder) tokens() ([]uint32, error) {
@@ -480,7 +474,7 @@ func (d *decoder) str(what string) (string, error) {
 		return "", fmt.Errorf("%s: a string of %d bytes", what, n)
 	}
 	b := make([]byte, n)
-	if _, err := d.r.Read(b); err != nil && n > 0 {
+	if _, err := io.ReadFull(d.r, b); err != nil {
 		return "", err
 	}
 	return string(b), nil

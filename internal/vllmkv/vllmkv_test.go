@@ -194,3 +194,112 @@ func FuzzDecodePayload(f *testing.F) {
 		}
 	})
 }
+
+// TestLimitsAtTheirBounds: every bound takes exactly its value and refuses one more: events,
+// hashes, tokens, payload bytes, block size, string bytes, a digest's bytes, a topic's bytes,
+// the event map's keys, a rank; a negative (signed) hash is its two's complement bits; a
+// digest shorter than 8 bytes is zero-extended.
+func TestLimitsAtTheirBounds(t *testing.T) {
+	cleared := []any{"AllBlocksCleared"}
+	events := func(n int) []byte {
+		ev := make([]any, n)
+		for i := range ev {
+			ev[i] = cleared
+		}
+		return mp(t, []any{1.0, ev})
+	}
+	stored := func(hashes, tokens []any, bs int, rest ...any) []byte {
+		return mp(t, []any{1.0, []any{append([]any{"BlockStored", hashes, nil, tokens, bs}, rest...)}})
+	}
+	ints := func(n int) []any {
+		out := make([]any, n)
+		for i := range out {
+			out[i] = uint64(i + 1)
+		}
+		return out
+	}
+	ok := func(name string, p []byte, l Limits) {
+		t.Helper()
+		if _, err := DecodePayload(p, l); err != nil {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+	bad := func(name string, p []byte, l Limits) {
+		t.Helper()
+		if _, err := DecodePayload(p, l); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+	ok("3 events of 3", events(3), Limits{Events: 3})
+	bad("4 events of 3", events(4), Limits{Events: 3})
+	ok("3 hashes of 3", stored(ints(3), ints(3), 1), Limits{Hashes: 3})
+	bad("4 hashes of 3", stored(ints(4), ints(4), 1), Limits{Hashes: 3})
+	ok("4 tokens of 4", stored(ints(2), ints(4), 2), Limits{Tokens: 4})
+	bad("6 tokens of 4", stored(ints(3), ints(6), 2), Limits{Tokens: 4})
+	p := events(1)
+	ok("payload at its limit", p, Limits{PayloadBytes: len(p)})
+	bad("payload a byte over", p, Limits{PayloadBytes: len(p) - 1})
+	ok("block size at its limit", stored(ints(0), ints(0), MaxBlockSize), Limits{})
+	bad("block size over", stored(ints(0), ints(0), MaxBlockSize+1), Limits{})
+	ok("medium at its limit", stored(ints(1), ints(1), 1, nil, strings.Repeat("m", MaxString)), Limits{})
+	bad("medium over", stored(ints(1), ints(1), 1, nil, strings.Repeat("m", MaxString+1)), Limits{})
+	digest := func(n int) []any { return []any{bytes.Repeat([]byte{1}, n)} }
+	ok("a digest at its limit", stored(digest(maxHashBytes), ints(1), 1), Limits{})
+	bad("a digest over", stored(digest(maxHashBytes+1), ints(1), 1), Limits{})
+	keys := map[string]any{"type": "AllBlocksCleared"}
+	for i := len(keys); i < 64; i++ {
+		keys[strings.Repeat("k", i)] = 1
+	}
+	ok("64 event keys", mp(t, []any{1.0, []any{keys}}), Limits{})
+	keys["one-more"] = 1
+	bad("65 event keys", mp(t, []any{1.0, []any{keys}}), Limits{})
+	bad("a negative rank", mp(t, []any{1.0, []any{}, -1}), Limits{})
+	bad("a rank too large", mp(t, []any{1.0, []any{}, int64(math.MaxInt32) + 1}), Limits{})
+	if b, err := DecodePayload(mp(t, []any{1.0, []any{}, math.MaxInt32}), Limits{}); err != nil || b.Rank != math.MaxInt32 {
+		t.Errorf("the largest rank: %+v %v", b, err)
+	}
+	if b, err := DecodePayload(mp(t, []any{1.0, []any{}, nil}), Limits{}); err != nil || b.Rank != -1 {
+		t.Errorf("a nil rank: %+v %v", b, err)
+	}
+	b, err := DecodePayload(stored([]any{int64(-2), []byte{1, 2}}, ints(2), 1), Limits{})
+	if err != nil || b.Events[0].Hashes[0] != math.MaxUint64-1 || b.Events[0].Hashes[1] != 0x0102 {
+		t.Fatalf("signed and short hashes: %+v %v", b, err)
+	}
+	if _, err := DecodeMessage([][]byte{bytes.Repeat([]byte("t"), MaxString), make([]byte, 8), events(0)}, Limits{}); err != nil {
+		t.Errorf("a topic at its limit: %v", err)
+	}
+}
+
+// TestUnknownValuesAreBounded: unknown fields and keys of any shape are skipped, up to maxSkip
+// values in a batch; past it, or with a length beyond the bytes left, the batch is refused.
+func TestUnknownValuesAreBounded(t *testing.T) {
+	with := func(extra any) []byte {
+		return mp(t, []any{1.0, []any{map[string]any{"type": "AllBlocksCleared", "extra": extra}}})
+	}
+	if _, err := DecodePayload(with(map[string]any{"a": []any{"x", []byte{1}, 2.5, true, nil}}), Limits{}); err != nil {
+		t.Fatalf("a nested unknown value: %v", err)
+	}
+	if _, err := DecodePayload(with(ints(maxSkip-1)), Limits{}); err != nil {
+		t.Fatalf("%d unknown values: %v", maxSkip, err)
+	}
+	if _, err := DecodePayload(with(ints(maxSkip)), Limits{}); err == nil {
+		t.Fatal("more unknown values than maxSkip accepted")
+	}
+	for name, raw := range map[string][]byte{
+		"a string beyond the bytes": {0x92, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0x91, 0x82, 0xa4, 't', 'y', 'p', 'e', 0xb0, 'A', 'l', 'l', 'B', 'l', 'o', 'c', 'k', 's', 'C', 'l', 'e', 'a', 'r', 'e', 'd', 0xa1, 'x', 0xdb, 0, 0, 1, 0},
+		"a map beyond the bytes":    {0x92, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0x91, 0x82, 0xa4, 't', 'y', 'p', 'e', 0xb0, 'A', 'l', 'l', 'B', 'l', 'o', 'c', 'k', 's', 'C', 'l', 'e', 'a', 'r', 'e', 'd', 0xa1, 'x', 0xde, 0, 9},
+		"an extension":              {0x92, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0x91, 0x82, 0xa4, 't', 'y', 'p', 'e', 0xb0, 'A', 'l', 'l', 'B', 'l', 'o', 'c', 'k', 's', 'C', 'l', 'e', 'a', 'r', 'e', 'd', 0xa1, 'x', 0xd4, 1, 1},
+	} {
+		if _, err := DecodePayload(raw, Limits{}); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+}
+
+func ints(n int) []any {
+	out := make([]any, n)
+	for i := range out {
+		out[i] = i
+	}
+	return out
+}
