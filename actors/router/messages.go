@@ -70,6 +70,10 @@ type WorkerInfo struct {
 	ScrapeError string
 	// KVEvents: the engine serves tl.kv.v1.KvEvents/Subscribe on GRPCAddress (R18.3).
 	KVEvents bool
+	// KVEventsEndpoint is where the engine publishes vLLM-format KV events (R22: a heartbeat's
+	// kv_events_endpoint, a static worker's), as internal/vllmkv.ParseEndpoint accepts it; ""
+	// = none advertised (the engine may still connect to [gateway.kv_events] listen).
+	KVEventsEndpoint string
 	// LoRAAdapters are the LoRA adapters the engine serves besides Model (R21: a heartbeat's
 	// lora_adapters; a scraped engine's /v1/models entries whose parent is Model), sorted,
 	// without duplicates, at most MaxLoRAAdapters. MaxLoRAs is how many it runs at once (0 =

@@ -29,6 +29,7 @@ import (
 	"github.com/tlgw/tlgw/internal/clock"
 	"github.com/tlgw/tlgw/internal/engineaddr"
 	"github.com/tlgw/tlgw/internal/oai"
+	"github.com/tlgw/tlgw/internal/vllmkv"
 )
 
 // Registry is what the heartbeat handler needs of the actor tree (*gateway.Gateway has it).
@@ -273,6 +274,9 @@ func ValidateWorkerStatus(st *controlv1.WorkerStatus, rules engineaddr.Rules) (r
 	if err != nil {
 		errs = append(errs, err)
 	}
+	if _, err := vllmkv.ParseEndpoint(st.GetKvEventsEndpoint()); err != nil {
+		errs = append(errs, err)
+	}
 	var role router.Role
 	switch st.GetRole() {
 	case controlv1.Role_ROLE_UNSPECIFIED, controlv1.Role_ROLE_UNIFIED:
@@ -294,6 +298,7 @@ func ValidateWorkerStatus(st *controlv1.WorkerStatus, rules engineaddr.Rules) (r
 		KVFreeBlocks: int64(st.GetKvFreeBlocks()), KVTotalBlocks: int64(st.GetKvTotalBlocks()),
 		BlockSize: int64(st.GetBlockSize()), Draining: st.GetDraining(), KVEvents: st.GetKvEvents(),
 		LoRAAdapters: adapters, MaxLoRAs: int(st.GetMaxLoras()), Endpoints: endpoints,
+		KVEventsEndpoint: st.GetKvEventsEndpoint(),
 	}, nil
 }
 

@@ -33,6 +33,9 @@ type Target struct {
 	// Endpoints are the serving endpoints the worker is configured to answer (0 = not said);
 	// the scraper passes them on untouched.
 	Endpoints oai.EndpointSet
+	// KVEventsEndpoint is the engine's vLLM-format KV-event endpoint (R22), passed through to
+	// its WorkerInfo.
+	KVEventsEndpoint string
 }
 
 // DefaultInterval is a target's scrape interval when it names none.

@@ -69,7 +69,7 @@ func targets(ws []config.StaticWorker) []scrape.Target {
 			ID: w.ID, Model: w.Model, HTTPAddress: w.HTTPAddress, Role: w.Role,
 			Kind: scrape.Kind(w.Metrics), MetricsURL: w.MetricsURL,
 			Interval: time.Duration(w.ScrapeInterval), KVTotalBlocks: w.KVTotalBlocks,
-			Endpoints: config.StaticEndpoints(w.Endpoints),
+			Endpoints: config.StaticEndpoints(w.Endpoints), KVEventsEndpoint: w.KVEventsEndpoint,
 		})
 	}
 	return out
@@ -88,7 +88,7 @@ func (s scrapeSink) Scraped(t scrape.Target, st scrape.Status) {
 		QueueDepth: st.QueueDepth, Running: st.Running, KVFreeBlocks: st.KVFreeBlocks,
 		KVTotalBlocks: st.KVTotalBlocks, BlockSize: st.BlockSize, Static: true,
 		LoRAAdapters: st.LoRAAdapters, MaxLoRAs: st.MaxLoRAs, RunningLoRAs: st.RunningLoRAs,
-		MaxModelLen: st.MaxModelLen, Endpoints: t.Endpoints,
+		MaxModelLen: st.MaxModelLen, Endpoints: t.Endpoints, KVEventsEndpoint: t.KVEventsEndpoint,
 	}
 	_ = s.gw.Scraped(info, time.Duration(s.gw.MissLimit())*t.Interval)
 }

@@ -106,6 +106,11 @@ type Gateway struct {
 	// R21 (gateway_lora.go): lora_load_on_demand, and [[gateway.lora_adapters]].
 	LoRALoadOnDemand bool
 	LoRAAdapters     []LoRAAdapter
+	// R22 (gateway_kv.go): [gateway.kv_events], tokenizer, tokenizer_endpoint, tokenizer_timeout.
+	KVEvents          KVEvents
+	Tokenizer         string        // "estimate" (default) or "engine"
+	TokenizerEndpoint string        // "render" (default) or "tokenize"
+	TokenizerTimeout  time.Duration // default 50ms
 }
 
 // Outlier is [gateway.outlier] (R14.2): a worker that fails ConsecutiveFailures times in a row
@@ -283,6 +288,10 @@ func Default() *Config {
 			RequestTimeout:         10 * time.Minute,
 			StreamIdleTimeout:      60 * time.Second,
 			ControlTimeout:         30 * time.Second,
+			KVEvents:               defaultKVEvents(),
+			Tokenizer:              TokenizerEstimate,
+			TokenizerEndpoint:      TokenizerRender,
+			TokenizerTimeout:       50 * time.Millisecond,
 			RetryBudgetPercent:     20,
 			Outlier: Outlier{
 				ConsecutiveFailures: 5,
@@ -421,6 +430,7 @@ type fileGateway struct {
 	fileGatewayHTTP
 	fileGatewayFaults
 	fileGatewayLoRA
+	fileGatewayKV
 }
 
 type fileAuth struct {
@@ -523,6 +533,7 @@ func (fg *fileGateway) apply(g *Gateway, ps *problems) {
 	fg.fileGatewayHTTP.apply(g, base, ps)
 	fg.fileGatewayFaults.apply(g, base, ps)
 	fg.fileGatewayLoRA.apply(g, base, ps)
+	fg.fileGatewayKV.apply(g, base, ps)
 	if fg.HeartbeatInterval != nil {
 		// Workers are told T in whole milliseconds (a uint32), and the
 		// registry computes k·T, which must fit a time.Duration.

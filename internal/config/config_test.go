@@ -144,6 +144,15 @@ request_timeout = "2m"
 stream_idle_timeout = "3s"
 control_timeout = "4s"
 retry_budget_percent = 12.5
+tokenizer = "engine"
+tokenizer_endpoint = "tokenize"
+tokenizer_timeout = "20ms"
+
+[gateway.kv_events]
+listen = "127.0.0.1:5557"
+connect = false
+max_blocks_per_worker = 100
+replay = false
 
 [gateway.outlier]
 consecutive_failures = 2
@@ -181,6 +190,9 @@ max_ejected_percent = 34
 		RetryBudgetPercent:     12.5,
 		// R14.2
 		Outlier: Outlier{ConsecutiveFailures: 2, BaseEjection: 10 * time.Second, MaxEjection: 40 * time.Second, MaxEjectedPercent: 34},
+		// R22
+		KVEvents:  KVEvents{Listen: "127.0.0.1:5557", MaxBlocksPerWorker: 100},
+		Tokenizer: TokenizerEngine, TokenizerEndpoint: TokenizerTokenize, TokenizerTimeout: 20 * time.Millisecond,
 	}
 	if diff := cmp.Diff(want, cfg.Gateway); diff != "" {
 		t.Fatalf("(-want +got):\n%s", diff)
@@ -538,6 +550,14 @@ func TestSchemaDefaults(t *testing.T) {
 		"static_workers":               []any{},
 		"lora_load_on_demand":          g.LoRALoadOnDemand,
 		"lora_adapters":                []any{},
+		// R22
+		"kv_events.listen":                g.KVEvents.Listen,
+		"kv_events.connect":               g.KVEvents.Connect,
+		"kv_events.max_blocks_per_worker": float64(g.KVEvents.MaxBlocksPerWorker),
+		"kv_events.replay":                g.KVEvents.Replay,
+		"tokenizer":                       g.Tokenizer,
+		"tokenizer_endpoint":              g.TokenizerEndpoint,
+		"tokenizer_timeout":               g.TokenizerTimeout.String(),
 	}
 	got := make(map[string]any)
 	put := func(name string, def any) {

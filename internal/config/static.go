@@ -9,6 +9,7 @@ import (
 
 	"github.com/tlgw/tlgw/internal/engineaddr"
 	"github.com/tlgw/tlgw/internal/oai"
+	"github.com/tlgw/tlgw/internal/vllmkv"
 )
 
 // StaticWorker is one [[gateway.static_workers]] entry (or one of the admin API's
@@ -33,6 +34,10 @@ type StaticWorker struct {
 	// catalogue (internal/oai: "completions", "chat", "embeddings", …), as a heartbeat's
 	// endpoints (R21); none = not said: every endpoint is tried.
 	Endpoints []string `json:"endpoints,omitempty"`
+	// KVEventsEndpoint is where the engine publishes vLLM-format KV events (R22):
+	// "tcp://HOST:PORT", optionally "?replay=tcp://HOST:PORT" for its replay endpoint. The
+	// gateway connects to it when [gateway.kv_events] connect is on.
+	KVEventsEndpoint string `json:"kv_events_endpoint,omitempty"`
 }
 
 // Duration is a time.Duration written as a Go duration string ("2s") in TOML and JSON.
@@ -133,6 +138,9 @@ func validateStaticWorkers(ws []StaticWorker, base path, ps *problems) {
 		}
 		if w.KVTotalBlocks < 0 {
 			ps.add(at("kv_total_blocks"), "must be >= 0")
+		}
+		if _, err := vllmkv.ParseEndpoint(w.KVEventsEndpoint); err != nil {
+			ps.add(at("kv_events_endpoint"), "%v", err)
 		}
 		var set oai.EndpointSet
 		for j, name := range w.Endpoints {

@@ -134,9 +134,15 @@ type WorkerStatus struct {
 	// completions_render, chat_render, tokenize, detokenize, rerank, score,
 	// pooling, transcriptions, translations. Empty = not said: every endpoint
 	// is tried, and an engine's 404/405 for one marks it unsupported for a while.
-	Endpoints     []string `protobuf:"bytes,17,rep,name=endpoints,proto3" json:"endpoints,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Endpoints []string `protobuf:"bytes,17,rep,name=endpoints,proto3" json:"endpoints,omitempty"`
+	// The worker publishes vLLM-format KV-cache events (R22) on this ZMQ
+	// endpoint, "tcp://HOST:PORT" (a PUB socket it binds): a gateway with
+	// [gateway.kv_events] connect = true subscribes to it. Empty = none (the
+	// worker may still connect to the gateway's own listen address). At most
+	// 256 bytes.
+	KvEventsEndpoint string `protobuf:"bytes,18,opt,name=kv_events_endpoint,json=kvEventsEndpoint,proto3" json:"kv_events_endpoint,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *WorkerStatus) Reset() {
@@ -288,6 +294,13 @@ func (x *WorkerStatus) GetEndpoints() []string {
 	return nil
 }
 
+func (x *WorkerStatus) GetKvEventsEndpoint() string {
+	if x != nil {
+		return x.KvEventsEndpoint
+	}
+	return ""
+}
+
 // HeartbeatAck is the gateway's answer to a heartbeat.
 type HeartbeatAck struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -357,7 +370,7 @@ var File_tl_control_v1_control_proto protoreflect.FileDescriptor
 
 const file_tl_control_v1_control_proto_rawDesc = "" +
 	"\n" +
-	"\x1btl/control/v1/control.proto\x12\rtl.control.v1\"\xad\x04\n" +
+	"\x1btl/control/v1/control.proto\x12\rtl.control.v1\"\xdb\x04\n" +
 	"\fWorkerStatus\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12!\n" +
 	"\fhttp_address\x18\x02 \x01(\tR\vhttpAddress\x12!\n" +
@@ -379,7 +392,8 @@ const file_tl_control_v1_control_proto_rawDesc = "" +
 	"\tkv_events\x18\x0e \x01(\bR\bkvEvents\x12#\n" +
 	"\rlora_adapters\x18\x0f \x03(\tR\floraAdapters\x12\x1b\n" +
 	"\tmax_loras\x18\x10 \x01(\rR\bmaxLoras\x12\x1c\n" +
-	"\tendpoints\x18\x11 \x03(\tR\tendpoints\"n\n" +
+	"\tendpoints\x18\x11 \x03(\tR\tendpoints\x12,\n" +
+	"\x12kv_events_endpoint\x18\x12 \x01(\tR\x10kvEventsEndpoint\"n\n" +
 	"\fHeartbeatAck\x12\x14\n" +
 	"\x05drain\x18\x01 \x01(\bR\x05drain\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x122\n" +
