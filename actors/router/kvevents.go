@@ -13,8 +13,11 @@ func (st *state) kvEvents(m *KVEvents) bool {
 		return false
 	}
 	s := v.registered(m.WorkerID, m.Reg)
-	if s == nil || !s.live || !s.info.KVEvents {
+	if s == nil || !s.live || !(s.info.KVEvents || m.Engine) {
 		return false
+	}
+	if m.BlockSize > 0 {
+		s.kvBlockSize = m.BlockSize
 	}
 	if len(m.Stored)+len(m.Removed) > MaxKVEventIDs {
 		v.kidx.Forget(&s.member)

@@ -517,6 +517,12 @@ type KVEvents struct {
 	// blocks on it. A subscriber asks on its stream's first message, so a snapshot is never
 	// sent before the router knows the worker. Otherwise no reply.
 	Reply chan<- bool
+	// Engine: the ids are the router's block keys from the engine's own (vLLM-format) KV events
+	// (R22, adapters/kvzmq), which a worker need not announce with kv_events: the message is
+	// applied to any live worker of the registration. BlockSize is the events' block size
+	// (0 = none seen yet), which a request's token ids are cut by.
+	Engine    bool
+	BlockSize int
 }
 
 // MaxKVEventIDs bounds the ids (Stored plus Removed) of one KVEvents message, as the contract

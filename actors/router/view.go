@@ -38,6 +38,9 @@ type slot struct {
 	// worker's clock), and whether its address refused a connection since its last heartbeat.
 	failLoad    int64
 	unreachable bool
+	// R22: the block size of the engine's own KV events (0 = none seen): a request's token ids
+	// are cut by it for the router's block keys.
+	kvBlockSize int
 	// R21: the endpoints its engine refused (endpoints.go), and whether it is counted in its
 	// pool's restricted members.
 	marks        endpointMarks

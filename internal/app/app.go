@@ -23,6 +23,7 @@ import (
 	"github.com/tlgw/tlgw/actors/router/policy"
 	"github.com/tlgw/tlgw/adapters/cluster"
 	grpcapi "github.com/tlgw/tlgw/adapters/grpc"
+	"github.com/tlgw/tlgw/adapters/kvzmq"
 	httpapi "github.com/tlgw/tlgw/adapters/http"
 	"github.com/tlgw/tlgw/adapters/scrape"
 	"github.com/tlgw/tlgw/internal/actormetrics"
@@ -61,6 +62,7 @@ type App struct {
 	grpcLis  *grpcapi.Listener
 	engines  *grpcapi.Engines
 	kvs      *grpcapi.KVSubscriber // nil unless route_policy = "precise_prefix"
+	kvz      *kvzmq.Subscriber     // the engines' own KV events (R22); nil unless precise_prefix with connect or listen
 	static   *staticWorkers
 	store    *cluster.Store  // the control plane in etcd (R16); nil without [cluster]
 	self     cluster.Replica // this replica
@@ -111,20 +113,25 @@ func Start(cfg *config.Config, o Options) (*App, error) {
 	// The KvEvents subscriber of precise_prefix (R18.3); set right after the tree starts, before
 	// the registry listener can register (and so evict) anybody.
 	var kvs *grpcapi.KVSubscriber
+	var kvz *kvzmq.Subscriber
 	// Every actor's mailbox and every request's I/O run on pooled goroutines (internal/gopool).
 	pool := gopool.New(0)
 	canary := router.NewCanaryKey()
 	gw, err := gateway.Start(gateway.Config{
 		CanaryKey: &canary,
 		Admission: admCfg, PrefixIndexBlocks: prefixBlocks, MaxWorkers: cfg.Registry.MaxWorkers,
-		// precise_prefix's exact index keeps as many chunk ids per worker as the approximate one.
-		KVIndexBlocks: cfg.Admission.PrefixIndex.BlocksPerWorker,
+		// precise_prefix's exact index keeps as many chunk ids per worker as the approximate one,
+		// or, with the engines' own events (R22), as many blocks as [gateway.kv_events] allows.
+		KVIndexBlocks: kvIndexBlocks(cfg),
 		Outlier:       g.Outlier,
 		// An evicted registration's gRPC connections are closed (R13.4, R20): nothing dials it
 		// any more; another registration's at the same address stay.
 		OnEvict: func(info router.WorkerInfo) {
 			if kvs != nil {
 				kvs.Forget(info.ID) // before its connection closes under it
+			}
+			if kvz != nil {
+				kvz.Forget(info.ID)
 			}
 			engines.Forget(info)
 		},
@@ -138,6 +145,9 @@ func Start(cfg *config.Config, o Options) (*App, error) {
 				watch = kvs.Watch // before a connection it leaves closes under it
 			}
 			engines.Accept(info, watch)
+			if kvz != nil {
+				kvz.Watch(info)
+			}
 		},
 		Clock: o.Clock, Policy: g.RoutePolicy, LoadFactor: g.AffinityLoadFactor, Routes: g.Routes,
 		WarmupMinBytes:   g.PrefixWarmupMinBytes,
@@ -160,8 +170,20 @@ func Start(cfg *config.Config, o Options) (*App, error) {
 		kvs = grpcapi.NewKVSubscriber(grpcapi.KVSubscriberOptions{Sink: gw, Engines: engines, Clock: o.Clock,
 			Logger: o.Logger.With("component", "kv_events")})
 	}
+	if ke := g.KVEvents; policy.ReadsOf(g.RoutePolicy).KVEvents && (ke.Connect || ke.Listen != "") {
+		kvz, err = kvzmq.New(kvzmq.Options{Sink: gw, Listen: ke.Listen, Connect: ke.Connect, Replay: ke.Replay,
+			MaxBlocks: ke.MaxBlocksPerWorker, Clock: o.Clock, Logger: o.Logger.With("component", "kv_events_zmq"), Registerer: reg})
+		if err != nil {
+			if kvs != nil {
+				kvs.Close()
+			}
+			gw.Stop()
+			pool.Close()
+			return nil, err
+		}
+	}
 	a := &App{Gateway: gw, Registry: reg, cfg: cfg, canary: canary, log: o.Logger, serveErr: make(chan error, 2), pool: pool,
-		clock: o.Clock, kvs: kvs}
+		clock: o.Clock, kvs: kvs, kvz: kvz}
 	a.unwatch = am.WatchSystem(gw.System)
 
 	httpLis, err := net.Listen("tcp", g.HTTPListen)
@@ -274,6 +296,9 @@ func (a *App) Shutdown(ctx context.Context) error {
 }
 
 func (a *App) stopActors() {
+	if a.kvz != nil {
+		a.kvz.Close()
+	}
 	if a.kvs != nil {
 		a.kvs.Close()
 	}
@@ -282,6 +307,15 @@ func (a *App) stopActors() {
 	}
 	a.Gateway.Stop()
 	a.pool.Close()
+}
+
+// kvIndexBlocks is the exact index's bound per worker.
+func kvIndexBlocks(cfg *config.Config) int {
+	n := cfg.Admission.PrefixIndex.BlocksPerWorker
+	if ke := cfg.Gateway.KVEvents; ke.Connect || ke.Listen != "" {
+		n = max(n, ke.MaxBlocksPerWorker)
+	}
+	return n
 }
 
 // admissionConfig turns [admission] into the router's queue configuration (nil when absent).

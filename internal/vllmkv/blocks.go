@@ -37,6 +37,12 @@ func BlockKey(parent uint64, lora int64, tokens []uint32) uint64 {
 	return d.Sum64()
 }
 
+// LoRAKey is the LoRA component of a block key for an adapter named name: a request names its
+// adapter, not the engine's numeric lora_id, so an event that carries lora_name is keyed by the
+// name (an event with only a lora_id is keyed by the id, which a request cannot match: such
+// adapter blocks are indexed but never found, an under-report).
+func LoRAKey(name string) int64 { return int64(xxhash.Sum64String(name) >> 1) }
+
 // BlockKeys appends to dst the keys of the whole blocks of tokens (blockSize tokens each; a
 // partial last block has no key, as an engine caches whole blocks only), for adapter lora (-1:
 // the base model).
@@ -106,7 +112,10 @@ func (t *Tracker) Apply(e *Event) (keys []uint64, cleared bool, err error) {
 			parent = p
 		}
 		lora := int64(-1)
-		if e.HasLoRA {
+		switch {
+		case e.LoRAName != "":
+			lora = LoRAKey(e.LoRAName)
+		case e.HasLoRA:
 			lora = e.LoRAID
 		}
 		added := 0

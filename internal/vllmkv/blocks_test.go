@@ -96,3 +96,26 @@ func TestBlockKeysEdges(t *testing.T) {
 		t.Fatal("the last token of a long block changed nothing")
 	}
 }
+
+// An event naming its adapter is keyed as a request naming it is; one with only a numeric id
+// is keyed by the id; the base model by -1.
+func TestLoRAKeyByName(t *testing.T) {
+	toks := []uint32{1, 2, 3, 4}
+	for _, c := range []struct {
+		ev   Event
+		lora int64
+	}{
+		{Event{Kind: BlockStored, Hashes: []uint64{7}, Tokens: toks, BlockSize: 4, LoRAName: "sql", HasLoRA: true, LoRAID: 3}, LoRAKey("sql")},
+		{Event{Kind: BlockStored, Hashes: []uint64{7}, Tokens: toks, BlockSize: 4, HasLoRA: true, LoRAID: 3}, 3},
+		{Event{Kind: BlockStored, Hashes: []uint64{7}, Tokens: toks, BlockSize: 4}, -1},
+	} {
+		tr := NewTracker(10)
+		keys, _, err := tr.Apply(&c.ev)
+		if err != nil || len(keys) != 1 || keys[0] != BlockKeys(nil, toks, 4, c.lora)[0] {
+			t.Errorf("%+v: keys %v, %v", c.ev, keys, err)
+		}
+	}
+	if LoRAKey("a") == LoRAKey("b") || LoRAKey("a") < 0 {
+		t.Error("LoRAKey: equal keys for two names, or a negative key")
+	}
+}
