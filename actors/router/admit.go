@@ -258,7 +258,7 @@ func (a *admitter) choice(ad *admitted, t target, soft string, checkFull bool) c
 			}
 		}
 	}
-	ch := choice{key: t.key, disagg: t.disagg, prefixHash: ad.pick.PrefixHash, hashes: ad.pick.PrefixHashes,
+	ch := choice{key: t.key, disagg: t.disagg, prefixHash: ad.pick.PrefixHash, hashes: ad.pick.PrefixHashes, tokens: ad.pick.TokenIDs,
 		exclude: exclude, soft: soft, requester: ad.requester, sloMs: ad.pick.SLOTTFTMs,
 		endpoint: t.endpoint, adapter: t.adapter, load: t.load}
 	if checkFull && ad.req.Objective > 0 {

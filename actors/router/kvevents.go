@@ -1,6 +1,9 @@
 package router
 
-import "github.com/tlgw/tlgw/actors/router/policy"
+import (
+	"github.com/tlgw/tlgw/actors/router/policy"
+	"github.com/tlgw/tlgw/internal/vllmkv"
+)
 
 // kvEvents applies one worker's prefix-cache events to the exact index (R18.3) and reports
 // whether it did: only for a live worker that reports kv_events, registered under the
@@ -18,6 +21,9 @@ func (st *state) kvEvents(m *KVEvents) bool {
 	}
 	if m.BlockSize > 0 {
 		s.kvBlockSize = m.BlockSize
+		if s.pool != nil {
+			s.pool.kvBlockSize = m.BlockSize
+		}
 	}
 	if len(m.Stored)+len(m.Removed) > MaxKVEventIDs {
 		v.kidx.Forget(&s.member)
@@ -37,13 +43,30 @@ func (st *state) kvEvents(m *KVEvents) bool {
 // kv_events — the exact index and the pick's chunk hashes for the Pick that follows (the policy
 // clears them). A predicted_latency pool with a member that does not report keeps the
 // approximate index: the exact one would say that member holds nothing.
+//
+// A pool whose engines report their own (vLLM-format) events (R22: a block size seen) is keyed
+// by the router's block keys: with the request's token ids it gets their keys, cut by the
+// pool's block size (vllmkv.BlockKeys; the base model's, since an adapter's pick does not read
+// the index); without, the chunk hashes, which such engines never report, so the pick is by
+// load.
 func (v *workerView) setHeld(ch choice) {
-	if v.kidx == nil || len(ch.hashes) == 0 {
+	if v.kidx == nil {
 		return
 	}
-	if pl := v.pools[ch.key]; pl != nil {
-		if hs, ok := pl.p.(policy.HeldScorer); ok && (!v.predicted || pl.kvMembers == len(pl.members)) {
-			hs.SetHeld(v.kidx, ch.hashes)
-		}
+	pl := v.pools[ch.key]
+	if pl == nil {
+		return
+	}
+	hs, ok := pl.p.(policy.HeldScorer)
+	if !ok {
+		return
+	}
+	if pl.kvBlockSize > 0 && len(ch.tokens) >= pl.kvBlockSize {
+		v.blockKeys = vllmkv.BlockKeys(v.blockKeys[:0], ch.tokens, pl.kvBlockSize, -1)
+		hs.SetHeld(v.kidx, v.blockKeys)
+		return
+	}
+	if len(ch.hashes) > 0 && (!v.predicted || pl.kvMembers == len(pl.members)) {
+		hs.SetHeld(v.kidx, ch.hashes)
 	}
 }

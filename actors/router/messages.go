@@ -237,9 +237,13 @@ type Pick struct {
 	// PrefixHashes are the chained 64-byte chunk hashes of the rendered prompt (R10 item 5),
 	// for prefix_aware routing and the classifier's cached tokens; nil when neither is on.
 	PrefixHashes []uint64
-	Exclude      []string // worker ids already tried (R6)
-	Step         int      // cascade step (0 = first; LastStep); ignored by other routes
-	Tag          uint64   // echoed in Picked, so a requester can tell a late answer from a current one
+	// TokenIDs are the prompt's token ids as its engines tokenize it (R22: gateway.tokenizer =
+	// "engine"; nil when not rendered): precise_prefix cuts them into the router's block keys
+	// for pools whose engines report their own KV events.
+	TokenIDs []uint32
+	Exclude  []string // worker ids already tried (R6)
+	Step     int      // cascade step (0 = first; LastStep); ignored by other routes
+	Tag      uint64   // echoed in Picked, so a requester can tell a late answer from a current one
 	// SLOTTFTMs is the request's TTFT objective in milliseconds (X-TL-SLO-TTFT-Ms, R18.4; 0 =
 	// none): predicted_latency prefers the workers predicted to meet it.
 	SLOTTFTMs int64

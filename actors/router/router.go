@@ -297,7 +297,7 @@ func (st *state) pick(m *Pick, fx effects) *Picked {
 	if t.out.Err != nil {
 		return t.out
 	}
-	ch := choice{key: t.key, disagg: t.disagg, prefixHash: m.PrefixHash, hashes: m.PrefixHashes,
+	ch := choice{key: t.key, disagg: t.disagg, prefixHash: m.PrefixHash, hashes: m.PrefixHashes, tokens: m.TokenIDs,
 		exclude: m.Exclude, requester: m.Requester, sloMs: m.SLOTTFTMs, endpoint: t.endpoint, adapter: t.adapter, load: t.load}
 	if !st.view.choose(ch, t.out, fx) && t.out.Err == nil {
 		t.out.Err = t.noCapacity()

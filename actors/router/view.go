@@ -100,6 +100,10 @@ type pool struct {
 	// restricted counts the members that may not serve some endpoint (slot.restrictedIn,
 	// endpoints.go): 0 lets a pick skip the endpoint check.
 	restricted int
+	// kvBlockSize is the block size of its members' own (vLLM-format) KV events (R22; 0 =
+	// none seen): a pick's token ids are cut by it into the router's block keys. A pool whose
+	// engines use two block sizes takes the last one reported.
+	kvBlockSize int
 }
 
 // countKV counts member s in kvMembers while it reports kv_events.
@@ -138,6 +142,9 @@ func (pl *pool) memberIDs() []string {
 type workerView struct {
 	policy     string
 	loadFactor float64
+	// blockKeys is a pick's block keys (setHeld), reused: as long as the longest prompt's
+	// token ids over the smallest block size seen.
+	blockKeys  []uint64
 	slots      map[string]*slot // by worker id
 	byPID      map[string]*slot // by worker actor id, for Terminated
 	pools      map[poolKey]*pool
@@ -213,6 +220,7 @@ type choice struct {
 	disagg     bool
 	prefixHash uint64
 	hashes     []uint64
+	tokens     []uint32 // the prompt's token ids (R22; nil when not rendered)
 	exclude    []string
 	sloMs      int64 // the TTFT objective (R18.4; 0 = none), for predicted_latency
 	// strict: only a worker predicted to meet sloMs will do (an admitted request with an
@@ -471,6 +479,9 @@ func (v *workerView) joinPool(s *slot) {
 	pl.ids = nil
 	s.pool = pl
 	pl.countKV(s)
+	if s.kvBlockSize > 0 {
+		pl.kvBlockSize = s.kvBlockSize
+	}
 	pl.countRestricted(s)
 	v.routable++
 	v.poolsMoved = true

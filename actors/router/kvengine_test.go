@@ -1,0 +1,69 @@
+package router
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/tlgw/tlgw/actors/router/policy"
+	"github.com/tlgw/tlgw/internal/config"
+	"github.com/tlgw/tlgw/internal/vllmkv"
+)
+
+// TestPreciseOnEngineEvents (R22): workers that report only their own (vLLM-format) events,
+// keyed by the router's block keys, are picked for a request carrying its token ids; without
+// token ids the pick is by load; a worker's events are refused once it is gone.
+func TestPreciseOnEngineEvents(t *testing.T) {
+	s, err := NewSim(Config{Policy: config.PolicyPrecisePrefix, LoadFactor: 1.25})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		s.SetWorker(WorkerInfo{ID: fmt.Sprintf("w%d", i), Model: "m", HTTPAddress: "127.0.0.1:9"}) // no kv_events
+	}
+	prompt := make([]uint32, 70) // four blocks of 16 and 6 tokens over
+	for i := range prompt {
+		prompt[i] = uint32(1000 + i)
+	}
+	keys := vllmkv.BlockKeys(nil, prompt, 16, -1)
+	if len(keys) != 4 {
+		t.Fatalf("keys %d", len(keys))
+	}
+	if !s.KVEvents(&KVEvents{WorkerID: "w2", Engine: true, Clear: true, BlockSize: 16, Stored: keys[:3]}) ||
+		!s.KVEvents(&KVEvents{WorkerID: "w1", Engine: true, BlockSize: 16, Stored: keys[:1]}) {
+		t.Fatal("engine events for live workers not applied")
+	}
+	if s.KVEvents(&KVEvents{WorkerID: "w0", Stored: keys}) {
+		t.Fatal("tl.kv events of a worker that does not report kv_events were applied")
+	}
+	pick := func(tokens []uint32) *Picked {
+		t.Helper()
+		p, ok := s.Pick(&Pick{Model: "m", RequestID: "r", Key: 1, TokenIDs: tokens})
+		if !ok || p.Err != nil {
+			t.Fatalf("pick: %v %+v", ok, p)
+		}
+		s.Release(p, OutcomeSuccess)
+		return p
+	}
+	for range 3 {
+		if p := pick(prompt); p.WorkerID != "w2" || p.Reason != policy.ReasonPrefix {
+			t.Fatalf("picked %s (%v), want w2 for its three blocks", p.WorkerID, p.Reason)
+		}
+	}
+	// A prompt shorter than one block, or none: by load.
+	if p := pick(prompt[:15]); p.Reason != policy.ReasonLeastLoad {
+		t.Fatalf("a 15-token prompt picked %s for %v", p.WorkerID, p.Reason)
+	}
+	if p := pick(nil); p.Reason != policy.ReasonLeastLoad {
+		t.Fatalf("no tokens picked %s for %v", p.WorkerID, p.Reason)
+	}
+	// Another prompt sharing only the first block goes to a holder of it.
+	other := append(append([]uint32(nil), prompt[:16]...), 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20)
+	if p := pick(other); p.WorkerID != "w1" && p.WorkerID != "w2" {
+		t.Fatalf("a prompt sharing the first block picked %s", p.WorkerID)
+	}
+	// w2's engine restarted: it holds nothing, and w1 takes the prompt for its one block.
+	s.KVEvents(&KVEvents{WorkerID: "w2", Engine: true, Clear: true})
+	if p := pick(prompt); p.WorkerID != "w1" {
+		t.Fatalf("after w2's clear picked %s, want w1", p.WorkerID)
+	}
+}
