@@ -103,7 +103,8 @@ func (h *Harness) Beat(info router.WorkerInfo) *registry.Ack {
 	h.Eventually(fmt.Sprintf("router sees %s's heartbeat", info.ID), func() bool {
 		v, ok := h.View(info.ID)
 		return ok && v.Info.LastHeartbeat.Equal(now) && v.Info.QueueDepth == info.QueueDepth &&
-			v.Info.Draining == info.Draining && v.Info.Model == info.Model
+			v.Info.Draining == info.Draining && v.Info.Model == info.Model &&
+			v.Info.HTTPAddress == info.HTTPAddress
 	})
 	return ack
 }
