@@ -6,6 +6,7 @@ import (
 
 	"github.com/tlgw/tlgw/actors/router/policy"
 	"github.com/tlgw/tlgw/internal/config"
+	"github.com/tlgw/tlgw/internal/oai"
 	"github.com/tlgw/tlgw/internal/vllmkv"
 )
 
@@ -65,5 +66,34 @@ func TestPreciseOnEngineEvents(t *testing.T) {
 	s.KVEvents(&KVEvents{WorkerID: "w2", Engine: true, Clear: true})
 	if p := pick(prompt); p.WorkerID != "w1" {
 		t.Fatalf("after w2's clear picked %s, want w1", p.WorkerID)
+	}
+}
+
+// TestRenderTarget: a pool is rendered on only once its engines report block sizes, on its
+// least loaded member; unknown models and other policies get no target.
+func TestRenderTarget(t *testing.T) {
+	s, err := NewSim(Config{Policy: config.PolicyPrecisePrefix, LoadFactor: 1.25})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.SetWorker(WorkerInfo{ID: "a", Model: "m", HTTPAddress: "127.0.0.1:1", QueueDepth: 3})
+	s.SetWorker(WorkerInfo{ID: "b", Model: "m", HTTPAddress: "127.0.0.1:2"})
+	ask := func(model string) *RenderTargetReply {
+		return s.RenderTarget(&RenderTarget{Model: model, RequestID: "r", Endpoint: oai.Chat})
+	}
+	if r := ask("m"); r.Address != "" {
+		t.Fatalf("a pool without engine events got a target %+v", r)
+	}
+	s.KVEvents(&KVEvents{WorkerID: "a", Engine: true, BlockSize: 16, Clear: true})
+	if r := ask("m"); r.Address != "127.0.0.1:2" || r.ServedModel != "m" {
+		t.Fatalf("target %+v, want the least loaded b", r)
+	}
+	if r := ask("nope"); r.Address != "" {
+		t.Fatalf("an unknown model got %+v", r)
+	}
+	rr, _ := NewSim(Config{Policy: config.PolicyRoundRobin})
+	rr.SetWorker(WorkerInfo{ID: "a", Model: "m", HTTPAddress: "127.0.0.1:1"})
+	if r := rr.RenderTarget(&RenderTarget{Model: "m"}); r.Address != "" {
+		t.Fatalf("round_robin got a target %+v", r)
 	}
 }

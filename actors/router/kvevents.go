@@ -70,3 +70,35 @@ func (v *workerView) setHeld(ch choice) {
 		hs.SetHeld(v.kidx, ch.hashes)
 	}
 }
+
+// renderTarget answers RenderTarget: the least loaded routable member of the request's pool
+// when its pick reads token ids (a HeldScorer policy over engines that reported a block size),
+// else an empty reply. It walks the pool's members (bounded by the live workers); it is asked
+// only with gateway.tokenizer = "engine".
+func (v *workerView) renderTarget(t *routeTable, m *RenderTarget) *RenderTargetReply {
+	out := &RenderTargetReply{}
+	if v.kidx == nil {
+		return out
+	}
+	tg := t.resolve(&Pick{Model: m.Model, RequestID: m.RequestID, Endpoint: m.Endpoint}, v)
+	if tg.out.Err != nil || tg.adapter != "" {
+		return out
+	}
+	pl := v.pools[tg.key]
+	if pl == nil || pl.kvBlockSize == 0 {
+		return out
+	}
+	if _, ok := pl.p.(policy.HeldScorer); !ok {
+		return out
+	}
+	var best *slot
+	for _, s := range pl.members {
+		if s.routable() && s.info.HTTPAddress != "" && (best == nil || s.load() < best.load()) {
+			best = s
+		}
+	}
+	if best != nil {
+		out.Address, out.ServedModel = best.info.HTTPAddress, tg.key.model
+	}
+	return out
+}

@@ -529,6 +529,22 @@ type KVEvents struct {
 	BlockSize int
 }
 
+// RenderTarget asks where a request's prompt may be rendered into token ids (R22:
+// gateway.tokenizer = "engine"). The reply is *RenderTargetReply.
+type RenderTarget struct {
+	Model     string   // as the client sent it
+	RequestID string   // draws the canary backend as the request's pick will
+	Endpoint  oai.Kind // chat or completions
+}
+
+// RenderTargetReply names a worker of the request's pool and the model it serves, when the
+// pool's pick reads token ids (precise_prefix over engines that report their own KV events);
+// otherwise Address is "" and the request needs no rendering.
+type RenderTargetReply struct {
+	Address     string // the worker's HTTP address
+	ServedModel string // the model the worker serves, for the render body
+}
+
 // MaxKVEventIDs bounds the ids (Stored plus Removed) of one KVEvents message, as the contract
 // bounds one KvEvent's.
 const MaxKVEventIDs = 4096

@@ -285,6 +285,8 @@ func (st *state) handle(msg any, fx effects) {
 		st.log.Info("canary key installed from the cluster store")
 	case *ListModels:
 		fx.respond(st.listModels())
+	case *RenderTarget:
+		fx.respond(st.view.renderTarget(st.table, m))
 	case *Ready:
 		fx.respond(&Readiness{Routable: st.view.routable})
 	}

@@ -288,3 +288,11 @@ func (s *Sim) toWorker(w *simWorker, msg any) {
 }
 
 var _ effects = (*Sim)(nil)
+
+// RenderTarget asks the router where a request's prompt may be rendered (R22).
+func (s *Sim) RenderTarget(m *RenderTarget) *RenderTargetReply {
+	s.deliver(m)
+	r, _ := s.reply.(*RenderTargetReply)
+	s.reply = nil
+	return r
+}
