@@ -85,6 +85,12 @@ type Pool struct {
 	tagRef   map[uint64]int32
 	untagged []uint64 // ids evicted by the current call, for onUntag
 	onUntag  func(ids []uint64)
+
+	// Block events (events.go): seed covered by every hash; pending holds the current call's
+	// events (bounded by its blocks) for onBlocks.
+	seed     uint64
+	pending  BlockEvents
+	onBlocks func(BlockEvents)
 }
 
 // Stats is a snapshot of the pool.
@@ -126,7 +132,7 @@ func NewPool(totalBlocks, blockSize int) *Pool {
 		cache:     make(map[uint64]int32, totalBlocks),
 		lruHead:   none,
 		lruTail:   none,
-		scratch:   make([]byte, 0, 8+4*blockSize),
+		scratch:   make([]byte, 0, 16+4*blockSize),
 	}
 	for i := range p.blocks {
 		p.blocks[i].prev, p.blocks[i].next = none, none
@@ -252,6 +258,7 @@ func (p *Pool) alloc(toks []uint32) (*Seq, int, error) {
 	for _, id := range s.blocks {
 		p.acquire(id)
 	}
+	defer p.flushBlocks()
 	defer p.flushUntag()
 	for i := matched; i < nblocks; i++ {
 		id := p.take()
@@ -307,7 +314,11 @@ func (p *Pool) holds(id int32, parent uint64, chunk []uint32) bool {
 }
 
 func (p *Pool) hash(parent uint64, chunk []uint32) uint64 {
-	b := binary.LittleEndian.AppendUint64(p.scratch[:0], parent)
+	b := p.scratch[:0]
+	if p.seed != 0 {
+		b = binary.LittleEndian.AppendUint64(b, p.seed)
+	}
+	b = binary.LittleEndian.AppendUint64(b, parent)
 	for _, t := range chunk {
 		b = binary.LittleEndian.AppendUint32(b, t)
 	}
@@ -323,6 +334,7 @@ func (p *Pool) register(id int32, h, parent uint64) {
 	b := &p.blocks[id]
 	b.hash, b.parent, b.cached = h, parent, true
 	p.cache[h] = id
+	p.noteStored(id, h, parent)
 }
 
 // acquire takes a reference on a cached block found by match.
@@ -348,6 +360,7 @@ func (p *Pool) take() int32 {
 		b := &p.blocks[id]
 		delete(p.cache, b.hash)
 		b.cached = false
+		p.noteRemoved(b.hash)
 		p.evictions++
 		p.untag(id)
 	}

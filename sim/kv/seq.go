@@ -42,6 +42,7 @@ func (s *Seq) Append(tok uint32) error {
 		}
 		s.blocks = append(s.blocks, p.take())
 		p.flushUntag()
+		p.flushBlocks()
 	}
 	id := s.blocks[len(s.blocks)-1]
 	p.slab[int(id)*bs+off] = tok
@@ -51,6 +52,7 @@ func (s *Seq) Append(tok uint32) error {
 		h := p.hash(s.lastHash, chunk)
 		p.register(id, h, s.lastHash)
 		s.lastHash = h
+		p.flushBlocks()
 	}
 	return nil
 }
