@@ -44,6 +44,8 @@ type Config struct {
 	Admission *router.AdmissionConfig
 	// PrefixIndexBlocks turns the router's approximate prefix index on (0 = off).
 	PrefixIndexBlocks int
+	// FallbackIndexBlocks: router.Config's (R22; 0 = off).
+	FallbackIndexBlocks int
 	// KVIndexBlocks bounds precise_prefix's exact index per worker (0 = its default).
 	KVIndexBlocks int
 	// WarmupMinBytes turns the router's prefix warm-ups on (router.Config; 0 = off).
@@ -111,7 +113,8 @@ func Start(cfg Config) (*Gateway, error) {
 		Policy: cfg.Policy, LoadFactor: cfg.LoadFactor, Routes: cfg.Routes, CanaryKey: cfg.CanaryKey,
 		Metrics: cfg.RouterMetrics, Logger: cfg.Logger.With("actor", "router"),
 		Admission: cfg.Admission, Clock: cfg.Clock, PrefixIndexBlocks: cfg.PrefixIndexBlocks,
-		KVIndexBlocks: cfg.KVIndexBlocks, WarmupMinBytes: cfg.WarmupMinBytes,
+		FallbackIndexBlocks: cfg.FallbackIndexBlocks,
+		KVIndexBlocks:       cfg.KVIndexBlocks, WarmupMinBytes: cfg.WarmupMinBytes,
 		Outlier: cfg.Outlier, LoRALoadOnDemand: cfg.LoRALoadOnDemand, LoRAAdapters: cfg.LoRAAdapters,
 	}, opts("router")...)
 	if err != nil {
@@ -365,4 +368,9 @@ func smallRegistry(sys *actor.ActorSystem) {
 		}
 	}
 	sys.ProcessRegistry.LocalPIDs = sm
+}
+
+// RenderTarget asks the router where a request's prompt may be rendered into token ids (R22).
+func (g *Gateway) RenderTarget(m *router.RenderTarget) (*router.RenderTargetReply, error) {
+	return ask[*router.RenderTargetReply](g, g.Router, m)
 }

@@ -70,6 +70,10 @@ type Exchange struct {
 	Response    string
 	Owner       int
 	Errors      ErrorWriter
+	// TokenIDs are the prompt's token ids as an engine of its pool computes them (R22:
+	// gateway.tokenizer = "engine"; nil: not rendered, the pick uses the approximate index).
+	// Never changed once the exchange is handed over; the router reads it on each pick.
+	TokenIDs []uint32
 
 	done   chan struct{}
 	tokens int64 // set before done is closed
@@ -484,6 +488,7 @@ func (r *requestActor) pick(c actor.Context) {
 		PrefixHash: prefixHash(r.x.Req.PrefixKey), PrefixHashes: r.hashes, Exclude: r.exclude,
 		Step: r.cascadeStep, Tag: tag, SLOTTFTMs: r.x.SLOTTFTMs, Endpoint: r.x.Kind,
 		Response: r.x.Response, Owner: r.x.Owner, Continues: r.x.Response != "" && r.x.Method == "",
+		TokenIDs: r.x.TokenIDs,
 	}
 	if r.d.Admission && (r.x.Response == "" || p.Continues) { // a stored response's read or delete is no generation
 		// Every pick of the request names its admission: the router admits the first it

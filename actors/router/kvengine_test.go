@@ -97,3 +97,40 @@ func TestRenderTarget(t *testing.T) {
 		t.Fatalf("round_robin got a target %+v", r)
 	}
 }
+
+// TestPreciseFallsBackToTheApproximateIndex (R22): once engines report their own events, a
+// request without token ids is picked on the approximate index (where the same prompt went
+// before), when the router has its bound; without it, by load.
+func TestPreciseFallsBackToTheApproximateIndex(t *testing.T) {
+	hashes := []uint64{11, 12, 13}
+	for _, fallback := range []int{0, 64} {
+		s, err := NewSim(Config{Policy: config.PolicyPrecisePrefix, LoadFactor: 4, FallbackIndexBlocks: fallback})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range 3 {
+			s.SetWorker(WorkerInfo{ID: fmt.Sprintf("w%d", i), Model: "m", HTTPAddress: "127.0.0.1:9"})
+		}
+		if !s.KVEvents(&KVEvents{WorkerID: "w0", Engine: true, Clear: true, BlockSize: 16}) {
+			t.Fatal("engine events refused")
+		}
+		// Hold one request on w0 so that a pick by load avoids it; the next request with the
+		// first one's prompt goes back to it only on the approximate index.
+		first, ok := s.Pick(&Pick{Model: "m", RequestID: "a", Key: 1, PrefixHashes: hashes})
+		if !ok || first.Err != nil {
+			t.Fatalf("pick: %+v", first)
+		}
+		second, _ := s.Pick(&Pick{Model: "m", RequestID: "b", Key: 2, PrefixHashes: hashes})
+		if fallback > 0 && (second.WorkerID != first.WorkerID || second.Reason != policy.ReasonPrefix) {
+			t.Fatalf("with the fallback index: %s (%v) after %s", second.WorkerID, second.Reason, first.WorkerID)
+		}
+		if fallback == 0 && (second.WorkerID == first.WorkerID || second.Reason != policy.ReasonLeastLoad) {
+			t.Fatalf("without it: %s (%v) after %s", second.WorkerID, second.Reason, first.WorkerID)
+		}
+		// Token ids, when they come, are read instead: no block is held, so by load.
+		third, _ := s.Pick(&Pick{Model: "m", RequestID: "c", Key: 3, PrefixHashes: hashes, TokenIDs: make([]uint32, 32)})
+		if third.Reason != policy.ReasonLeastLoad {
+			t.Fatalf("with token ids: %s (%v)", third.WorkerID, third.Reason)
+		}
+	}
+}

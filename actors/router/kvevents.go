@@ -2,6 +2,7 @@ package router
 
 import (
 	"github.com/tlgw/tlgw/actors/router/policy"
+	"github.com/tlgw/tlgw/internal/prefixindex"
 	"github.com/tlgw/tlgw/internal/vllmkv"
 )
 
@@ -18,6 +19,9 @@ func (st *state) kvEvents(m *KVEvents) bool {
 	s := v.registered(m.WorkerID, m.Reg)
 	if s == nil || !s.live || !(s.info.KVEvents || m.Engine) {
 		return false
+	}
+	if m.Engine && v.pidx == nil && v.fallbackBlocks > 0 {
+		v.pidx = prefixindex.New(v.fallbackBlocks)
 	}
 	if m.BlockSize > 0 {
 		s.kvBlockSize = m.BlockSize
@@ -47,8 +51,8 @@ func (st *state) kvEvents(m *KVEvents) bool {
 // A pool whose engines report their own (vLLM-format) events (R22: a block size seen) is keyed
 // by the router's block keys: with the request's token ids it gets their keys, cut by the
 // pool's block size (vllmkv.BlockKeys; the base model's, since an adapter's pick does not read
-// the index); without, the chunk hashes, which such engines never report, so the pick is by
-// load.
+// the index); without, nothing: the policy picks on the approximate index, which the router
+// turns on for this (Config.FallbackIndexBlocks) when the first such events arrive.
 func (v *workerView) setHeld(ch choice) {
 	if v.kidx == nil {
 		return
@@ -61,10 +65,12 @@ func (v *workerView) setHeld(ch choice) {
 	if !ok {
 		return
 	}
-	if pl.kvBlockSize > 0 && len(ch.tokens) >= pl.kvBlockSize {
-		v.blockKeys = vllmkv.BlockKeys(v.blockKeys[:0], ch.tokens, pl.kvBlockSize, -1)
-		hs.SetHeld(v.kidx, v.blockKeys)
-		return
+	if pl.kvBlockSize > 0 {
+		if len(ch.tokens) >= pl.kvBlockSize {
+			v.blockKeys = vllmkv.BlockKeys(v.blockKeys[:0], ch.tokens, pl.kvBlockSize, -1)
+			hs.SetHeld(v.kidx, v.blockKeys)
+		}
+		return // without token ids: the approximate index, if on (the policy's fallback)
 	}
 	if len(ch.hashes) > 0 && (!v.predicted || pl.kvMembers == len(pl.members)) {
 		hs.SetHeld(v.kidx, ch.hashes)

@@ -34,6 +34,10 @@ type Config struct {
 	// PrefixIndexBlocks turns the approximate prefix index on (chunk hashes remembered per
 	// worker); 0 = off.
 	PrefixIndexBlocks int
+	// FallbackIndexBlocks (R22): with precise_prefix, the approximate prefix index of that many
+	// chunks per worker is turned on when the first worker reports its engine's own (vLLM)
+	// events, for the picks of requests that come without token ids; 0 = never.
+	FallbackIndexBlocks int
 	// KVIndexBlocks bounds the exact prefix index of route_policy = "precise_prefix" (R18.2):
 	// chunk ids kept per worker, beyond which reported ones are dropped (internal/kvindex);
 	// 0 = kvindex.DefaultBlocksPerWorker. The index is on only for that policy.

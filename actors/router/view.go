@@ -156,6 +156,8 @@ type workerView struct {
 	gauges     map[string]prometheus.Gauge // the fixed worker states of tlgw_workers
 	// The approximate prefix index (nil when off), which prefix_aware pools pick from.
 	pidx *prefixindex.Index
+	// fallbackBlocks: pidx's bound when engine events turn it on (Config.FallbackIndexBlocks).
+	fallbackBlocks int
 	// The exact prefix index (nil unless precise_prefix), fed by the engines' KvEvents and
 	// keyed by each slot's member (kvevents.go).
 	kidx *policy.HeldIndex
@@ -195,7 +197,7 @@ func newWorkerView(cfg Config, clk clock.Clock) *workerView {
 		decisions: cfg.Metrics.decisionCounters(cfg.Policy),
 		gauges:    cfg.Metrics.workerGauges(),
 		warmMin:   warmMinChunks(cfg.WarmupMinBytes), warmCredit: warmBurst * warmPicks,
-		warmups: cfg.Metrics.warmups, loraUnaware: cfg.LoRAUnaware,
+		warmups: cfg.Metrics.warmups, loraUnaware: cfg.LoRAUnaware, fallbackBlocks: cfg.FallbackIndexBlocks,
 	}
 	if cfg.PrefixIndexBlocks > 0 {
 		v.pidx = prefixindex.New(cfg.PrefixIndexBlocks)

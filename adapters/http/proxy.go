@@ -133,6 +133,9 @@ func (s *Server) inference(w http.ResponseWriter, r *http.Request, kind oai.Kind
 		x.Class, x.SessionID, x.SessionFinal, x.APIKey = class, sessionKey(km.index, sid), final, km.index
 	}
 	x.ParseTime = time.Since(parseStart) // R17.3's parse stage: a measurement
+	if s.tokens != nil && x.Response == "" {
+		x.TokenIDs = s.tokens.TokenIDs(r.Context(), kind, req.Model, id, body, rendered)
+	}
 	served = x
 	s.serve(x)
 	<-x.Done()

@@ -98,6 +98,9 @@ type Options struct {
 	// RenderPrompts: the request actors need each prompt rendered in full (the prefix index
 	// is on), so the body's one parse renders it too (Exchange.Rendered).
 	RenderPrompts bool
+	// Tokens gives chat and completions requests their token ids before they are handed
+	// over (R22: gateway.tokenizer = "engine"); nil: none.
+	Tokens TokenSource
 }
 
 // Server is the gateway's http.Handler.
@@ -118,6 +121,7 @@ type Server struct {
 	replicaFn func() Replicas
 
 	renderPrompts bool
+	tokens        TokenSource
 
 	maxInFlight  int
 	inFlight     atomic.Int64
@@ -140,7 +144,7 @@ func New(o Options) *Server {
 		core: o.Core, serve: o.Serve, keys: newKeyring(o.Keys), limiter: ratelimit.New(o.Now), maxBody: o.MaxBodyBytes, admission: o.Admission, static: o.Static,
 		log: o.Logger, metrics: newHTTPMetrics(o.Registerer),
 		maxInFlight: o.MaxInFlight, bodyTimeout: o.BodyReadTimeout, writeTimeout: o.ClientWriteTimeout,
-		renderPrompts: o.RenderPrompts, replicaFn: o.Replicas,
+		renderPrompts: o.RenderPrompts, replicaFn: o.Replicas, tokens: o.Tokens,
 	}
 	s.replicas.Store(1)
 	s.mux = s.routes()

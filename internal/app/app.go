@@ -63,6 +63,7 @@ type App struct {
 	engines  *grpcapi.Engines
 	kvs      *grpcapi.KVSubscriber // nil unless route_policy = "precise_prefix"
 	kvz      *kvzmq.Subscriber     // the engines' own KV events (R22); nil unless precise_prefix with connect or listen
+	tokens   *httpapi.EngineTokens // gateway.tokenizer = "engine" (R22); nil otherwise
 	static   *staticWorkers
 	store    *cluster.Store  // the control plane in etcd (R16); nil without [cluster]
 	self     cluster.Replica // this replica
@@ -123,7 +124,10 @@ func Start(cfg *config.Config, o Options) (*App, error) {
 		// precise_prefix's exact index keeps as many chunk ids per worker as the approximate one,
 		// or, with the engines' own events (R22), as many blocks as [gateway.kv_events] allows.
 		KVIndexBlocks: kvIndexBlocks(cfg),
-		Outlier:       g.Outlier,
+		// A request without token ids on a pool keyed by its engines' own events is picked
+		// on the approximate index (R22), turned on when such events first arrive.
+		FallbackIndexBlocks: fallbackIndexBlocks(cfg),
+		Outlier:             g.Outlier,
 		// An evicted registration's gRPC connections are closed (R13.4, R20): nothing dials it
 		// any more; another registration's at the same address stay.
 		OnEvict: func(info router.WorkerInfo) {
@@ -229,6 +233,11 @@ func Start(cfg *config.Config, o Options) (*App, error) {
 	a.static.start(g.StaticWorkers)
 	var core httpapi.Core = gw
 	var static httpapi.StaticWorkers = a.static
+	var tokens httpapi.TokenSource
+	if g.Tokenizer == config.TokenizerEngine && policy.ReadsOf(g.RoutePolicy).KVEvents {
+		a.tokens = httpapi.NewEngineTokens(gw.RenderTarget, o.Transport, g, reg)
+		tokens = a.tokens
+	}
 	if cfg.Cluster.Enabled {
 		core, static = clusterCore{Gateway: gw, app: a}, clusterStatic{staticWorkers: a.static, app: a}
 	}
@@ -240,6 +249,7 @@ func Start(cfg *config.Config, o Options) (*App, error) {
 		Registerer: reg, Gatherer: reg,
 		MaxInFlight: g.MaxInFlight, BodyReadTimeout: g.BodyReadTimeout, ClientWriteTimeout: g.ClientWriteTimeout,
 		RenderPrompts: deps.PrefixHashes,
+		Tokens:        tokens,
 	})
 	a.httpSrv = newHTTPServer(a.HTTP, g)
 	if cfg.Cluster.Enabled {
@@ -296,6 +306,9 @@ func (a *App) Shutdown(ctx context.Context) error {
 }
 
 func (a *App) stopActors() {
+	if a.tokens != nil {
+		a.tokens.Close()
+	}
 	if a.kvz != nil {
 		a.kvz.Close()
 	}
@@ -343,6 +356,16 @@ func admissionConfig(cfg *config.Config, clk clock.Clock) (*router.AdmissionConf
 // that reads it (prefix_aware; predicted_latency, for each worker's uncached prompt tokens),
 // an admission policy that reads cached tokens or a class that orders or
 // charges by them (wspt, uncached_tokens); off (0) otherwise.
+// fallbackIndexBlocks is the approximate index's bound for precise_prefix picks without
+// token ids (R22), when the engines' own KV events may arrive; 0 otherwise.
+func fallbackIndexBlocks(cfg *config.Config) int {
+	ke := cfg.Gateway.KVEvents
+	if policy.ReadsOf(cfg.Gateway.RoutePolicy).KVEvents && (ke.Connect || ke.Listen != "") {
+		return cfg.Admission.PrefixIndex.BlocksPerWorker
+	}
+	return 0
+}
+
 func prefixIndexBlocks(cfg *config.Config, adm *router.AdmissionConfig) int {
 	if policy.ReadsOf(cfg.Gateway.RoutePolicy).PrefixIndex || (adm != nil && adm.Queue.NeedsPrefixIndex()) {
 		return cfg.Admission.PrefixIndex.BlocksPerWorker

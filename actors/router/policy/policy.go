@@ -157,7 +157,9 @@ func ReadsOf(name string) Reads {
 	_, prefix := p.(PrefixScorer)
 	_, held := p.(HeldScorer)
 	_, latency := p.(LatencyScorer)
-	return Reads{PrefixIndex: prefix || latency, KVEvents: held, TTFT: latency}
+	// A held scorer reads the approximate index only as its fallback for pools keyed by the
+	// engines' own events (R22), which the router turns on itself when those arrive.
+	return Reads{PrefixIndex: (prefix && !held) || latency, KVEvents: held, TTFT: latency}
 }
 
 // Names returns the registered policy names, sorted.

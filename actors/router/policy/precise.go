@@ -34,8 +34,13 @@ type HeldScorer interface {
 // excluded) in O(log L) holder lookups for a prompt of L chunks, each walking that chunk's
 // holders until the first candidate; the pick is then the least (load, id) candidate among the
 // deepest chunk's holders. It allocates nothing.
+//
+// A pick given no exact prefix (SetHeld not called: a pool keyed by its engines' own events
+// whose request came without token ids, R22) is prefix_aware's over the approximate index when
+// the router installed it (SetPrefix), else by load: the embedded PrefixAware holds the
+// members' heap and answers that pick.
 type PrecisePrefix struct {
-	loadHeap
+	PrefixAware
 	idx    *HeldIndex
 	hashes []uint64
 	// The last pick's prefix, for Warm.
@@ -44,30 +49,35 @@ type PrecisePrefix struct {
 }
 
 var (
-	_ Policy     = (*PrecisePrefix)(nil)
-	_ HeldScorer = (*PrecisePrefix)(nil)
+	_ Policy       = (*PrecisePrefix)(nil)
+	_ HeldScorer   = (*PrecisePrefix)(nil)
+	_ PrefixScorer = (*PrecisePrefix)(nil)
 )
 
 // NewPrecisePrefix returns an empty precise_prefix policy with load factor c (≥ 1; default
 // 1.25).
 func NewPrecisePrefix(c float64) *PrecisePrefix {
-	return &PrecisePrefix{loadHeap: newLoadHeap(c)}
+	return &PrecisePrefix{PrefixAware: *NewPrefixAware(c)}
 }
 
 // SetHeld implements HeldScorer.
 func (p *PrecisePrefix) SetHeld(x *HeldIndex, hashes []uint64) { p.idx, p.hashes = x, hashes }
 
 // Add implements Policy.
-func (p *PrecisePrefix) Add(m *Member, load, weight int64) { p.add(m, load, weight) }
+func (p *PrecisePrefix) Add(m *Member, load, weight int64) { p.PrefixAware.Add(m, load, weight) }
 
 // Remove implements Policy.
-func (p *PrecisePrefix) Remove(m *Member) { p.remove(m) }
+func (p *PrecisePrefix) Remove(m *Member) { p.PrefixAware.Remove(m) }
 
 // Pick implements Policy. key is not read: the prefix arrives by SetHeld.
-func (p *PrecisePrefix) Pick(_ uint64, exclude []string) (*Member, Reason) {
+func (p *PrecisePrefix) Pick(key uint64, exclude []string) (*Member, Reason) {
 	idx, hashes := p.idx, p.hashes
 	p.idx, p.hashes = nil, nil
 	p.last, p.lastIdx = lastPrefix{}, nil
+	if idx == nil {
+		return p.PrefixAware.Pick(key, exclude)
+	}
+	p.PrefixAware.SetPrefix(nil, nil) // the exact index answers: an approximate one installed too is not read
 	if idx != nil && p.h.len() > 0 {
 		if best := p.pickHeld(idx, hashes, exclude); best != nil {
 			return best, ReasonPrefix
