@@ -154,3 +154,24 @@ func TestCacheProperty(t *testing.T) {
 		}
 	})
 }
+
+// TestCachePartialDepths: a prompt sharing exactly 1, 2, 4 or 3 whole chunks with a longer
+// entry gets the proportional ids of that depth (chunk 1, 2 and 4 carry depth keys; 3 does
+// not, so it falls to 2); a share too short for any id is a miss.
+func TestCachePartialDepths(t *testing.T) {
+	c := NewCache(0, 0)
+	base := bytes.Repeat([]byte("0123456789abcdef"), 40) // 640 bytes, 10 chunks
+	c.Store("m", base, ids(1000, 0))
+	for _, tc := range []struct{ shared, depthBytes int }{{64, 64}, {128, 128}, {192, 128}, {256, 256}} {
+		pr := append(append([]byte{}, base[:tc.shared]...), bytes.Repeat([]byte("z"), 100)...)
+		got, exact := c.Lookup("m", pr)
+		if want := PrefixIDs(1000, tc.depthBytes, 640); exact || len(got) != want {
+			t.Fatalf("sharing %d bytes: %d ids, want %d", tc.shared, len(got), want)
+		}
+	}
+	small := NewCache(0, 0)
+	small.Store("m", base[:128], ids(32, 0)) // a 64-byte share is worth 16 ids, all margin
+	if got, _ := small.Lookup("m", append(append([]byte{}, base[:64]...), bytes.Repeat([]byte("z"), 70)...)); got != nil {
+		t.Fatalf("a share worth no id answered %d ids", len(got))
+	}
+}

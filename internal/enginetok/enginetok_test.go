@@ -63,3 +63,15 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
+
+// TestParseAtTheByteBound: an answer of exactly MaxAnswerBytes is read; one byte more is not.
+func TestParseAtTheByteBound(t *testing.T) {
+	ans := `{"tokens":[7]}`
+	at := ans + strings.Repeat(" ", MaxAnswerBytes-len(ans))
+	if ids, err := Parse(Tokenize, []byte(at)); err != nil || len(ids) != 1 || ids[0] != 7 {
+		t.Fatalf("at the bound: %v %v", ids, err)
+	}
+	if _, err := Parse(Tokenize, []byte(at+" ")); err == nil {
+		t.Fatal("one byte over the bound was read")
+	}
+}
