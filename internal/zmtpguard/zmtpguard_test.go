@@ -143,3 +143,42 @@ func TestConnHandshakeDeadline(t *testing.T) {
 		t.Fatalf("a later read: %v", err)
 	}
 }
+
+// deadlines records a connection's read deadlines.
+type deadlines struct {
+	net.Conn
+	set []time.Time
+}
+
+func (d *deadlines) SetReadDeadline(t time.Time) error {
+	d.set = append(d.set, t)
+	return d.Conn.SetReadDeadline(t)
+}
+
+// TestConnDeadlineCalls: no handshake bound sets no deadline; a bound sets now+bound, and the
+// first command lifts it (a zero deadline), once.
+func TestConnDeadlineCalls(t *testing.T) {
+	a, b := net.Pipe()
+	defer b.Close()
+	none := &deadlines{Conn: a}
+	_ = Wrap(none, Limits{MaxFrame: 10, MaxCommand: 10, MaxFrames: 3}, time.Now())
+	if len(none.set) != 0 {
+		t.Fatalf("no handshake bound set deadlines %v", none.set)
+	}
+	now := time.Now()
+	rec := &deadlines{Conn: a}
+	g := Wrap(rec, Limits{MaxFrame: 10, MaxCommand: 10, MaxFrames: 3, Handshake: time.Hour}, now)
+	defer g.Close()
+	hello := cat(greeting(), frame(flagCommand, []byte("READY")), frame(0, []byte("x")))
+	go func() { _, _ = b.Write(hello) }()
+	for got := 0; got < len(hello); {
+		n, err := g.Read(make([]byte, 16))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got += n
+	}
+	if len(rec.set) != 2 || !rec.set[0].Equal(now.Add(time.Hour)) || !rec.set[1].IsZero() {
+		t.Fatalf("deadlines %v", rec.set)
+	}
+}
