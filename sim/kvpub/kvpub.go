@@ -269,6 +269,13 @@ func (p *Publisher) Publish(events []vllmkv.Event) {
 	}
 }
 
+// NextSeq is the seq the next batch will take: every batch numbered so far is below it.
+func (p *Publisher) NextSeq() uint64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.next
+}
+
 // Withhold keeps the next batch from the live connections (it is still retained for replay):
 // subscribers see its seq skipped. Calls add up.
 func (p *Publisher) Withhold() {
