@@ -142,7 +142,7 @@ func Start(t testing.TB, bin string, args []string) *Proc {
 		t.Fatal(err)
 	}
 	go func() { _, _ = io.Copy(p, stderr) }() // ends when the process's stderr closes
-	addrs := make(chan []string, 1) // http, grpc, kv, then the KV events mode, events, replay
+	addrs := make(chan []string, 1)           // http, grpc, kv, then the KV events mode, events, replay
 	go func() {
 		sc := bufio.NewScanner(stdout)
 		kvEvents := []string{"", "", ""}
