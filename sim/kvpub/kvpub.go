@@ -339,9 +339,11 @@ func (p *Publisher) fanout(frames [][]byte) {
 	}
 }
 
-// accept takes subscribers (replay false) or replay clients, at most MaxConns of each at once.
+// accept takes subscribers (replay false) or replay clients, at most MaxConns of each at once
+// (counting those still in their handshake); one past the bound is closed at once.
 func (p *Publisher) accept(ln net.Listener, replay bool) {
 	defer p.wg.Done()
+	slots := make(chan struct{}, p.o.MaxConns) // one per connection being served
 	for {
 		c, err := ln.Accept()
 		if err != nil {
@@ -350,9 +352,16 @@ func (p *Publisher) accept(ln net.Listener, replay bool) {
 			}
 			return
 		}
+		select {
+		case slots <- struct{}{}:
+		default:
+			c.Close()
+			continue
+		}
 		p.wg.Add(1)
 		go func() {
 			defer p.wg.Done()
+			defer func() { <-slots }()
 			stop := context.AfterFunc(p.ctx, func() { c.Close() }) // Close cuts a handshake too
 			defer stop()
 			defer c.Close()

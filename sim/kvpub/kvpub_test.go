@@ -279,7 +279,7 @@ func TestConnectRedials(t *testing.T) {
 // past MaxConns are closed.
 func TestHostilePeers(t *testing.T) {
 	noLeaks(t)
-	p := start(t, Options{Addr: "127.0.0.1:0", Bind: true, Replay: "127.0.0.1:0", ReplayTopic: true, MaxConns: 1})
+	p := start(t, Options{Addr: "127.0.0.1:0", Bind: true, Replay: "127.0.0.1:0", ReplayTopic: true})
 	s := dialSub(t, p.EventsAddr(), "")
 	eventually(t, "the subscriber", func() bool { return p.Subscribers() == 1 })
 	if err := s.zc.SendMsg(zmq4.NewMsg(make([]byte, 4096))); err != nil {
@@ -290,10 +290,11 @@ func TestHostilePeers(t *testing.T) {
 	}
 	eventually(t, "the subscriber gone", func() bool { return p.Subscribers() == 0 })
 
-	// Past MaxConns: the second subscriber is closed after its handshake.
-	first := dialSub(t, p.EventsAddr(), "")
-	eventually(t, "the first subscriber", func() bool { return p.Subscribers() == 1 })
-	c2, err := net.Dial("tcp", p.EventsAddr())
+	// Past MaxConns: the second subscriber is closed at once.
+	one := start(t, Options{Addr: "127.0.0.1:0", Bind: true, MaxConns: 1})
+	first := dialSub(t, one.EventsAddr(), "")
+	eventually(t, "the first subscriber", func() bool { return one.Subscribers() == 1 })
+	c2, err := net.Dial("tcp", one.EventsAddr())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -304,8 +305,8 @@ func TestHostilePeers(t *testing.T) {
 			t.Fatal("a connection past MaxConns was served")
 		}
 	}
-	if p.Subscribers() != 1 {
-		t.Fatalf("%d subscribers, want the first alone", p.Subscribers())
+	if one.Subscribers() != 1 {
+		t.Fatalf("%d subscribers, want the first alone", one.Subscribers())
 	}
 	_ = first
 
