@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/go-zeromq/zmq4"
 
@@ -15,10 +16,13 @@ import (
 	"github.com/tlgw/tlgw/sim/kv"
 )
 
+// socketLife bounds a test socket's life: its Recv fails once it has passed.
+const socketLife = 30 * time.Second
+
 // zsub is a zmq4 SUB socket dialled to an engine's PUB.
 func zsub(t *testing.T, addr, prefix string) zmq4.Socket {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithTimeout(context.Background(), socketLife)
 	s := zmq4.NewSub(ctx, zmq4.WithLogger(nil))
 	t.Cleanup(func() { cancel(); s.Close() })
 	if err := s.Dial("tcp://" + addr); err != nil {
@@ -30,9 +34,8 @@ func zsub(t *testing.T, addr, prefix string) zmq4.Socket {
 	return s
 }
 
-// recvUntil reads batches from s until one numbered last, failing on a decode error or after
-// 1000 batches; Recv is bounded by the engine closing (the test's cleanup) and by the caller
-// having seen last numbered.
+// recvUntil reads batches from s until one numbered last, failing on a decode error, after
+// 1000 batches or when the socket's life ends.
 func recvUntil(t *testing.T, s zmq4.Socket, last uint64) []vllmkv.Batch {
 	t.Helper()
 	var out []vllmkv.Batch
@@ -58,7 +61,7 @@ func recvUntil(t *testing.T, s zmq4.Socket, last uint64) []vllmkv.Batch {
 // them without the sentinel, checking the sentinel's shape.
 func replayAll(t *testing.T, addr string, from uint64, withTopic bool) []vllmkv.Batch {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithTimeout(context.Background(), socketLife)
 	d := zmq4.NewDealer(ctx, zmq4.WithLogger(nil))
 	defer func() { cancel(); d.Close() }()
 	if err := d.Dial("tcp://" + addr); err != nil {
@@ -219,7 +222,7 @@ func TestZMQEventsConnectAndHeartbeat(t *testing.T) {
 	}
 
 	// Connect mode: the engine dials the consumer's SUB.
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithTimeout(context.Background(), socketLife)
 	sub := zmq4.NewSub(ctx, zmq4.WithLogger(nil))
 	defer func() { cancel(); sub.Close() }()
 	if err := sub.Listen("tcp://127.0.0.1:0"); err != nil {
