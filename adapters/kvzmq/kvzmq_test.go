@@ -291,13 +291,41 @@ func TestGapClearsWithoutReplay(t *testing.T) {
 	})
 }
 
-// replayServer is an engine's replay ROUTER over retained batches.
-func replayServer(t *testing.T, topic string, batches map[uint64][]vllmkv.Event) string {
+// Replay answer shapes a replayServer may use.
+const (
+	shapeTopic  = iota // [empty, topic, seq, payload]; sentinel [empty, "", seq, ""]
+	shapeVLLM          // vLLM's [empty, seq, payload]; sentinel [empty, seq, ""]
+	shapeBare          // [seq, payload]; sentinel [seq, ""]
+	shapeBadSeq        // [empty, topic, a 7-byte seq, payload]: refused
+)
+
+// replayServer is an engine's replay ROUTER over retained batches, answering in shape.
+func replayServer(t *testing.T, topic string, batches map[uint64][]vllmkv.Event, shape int) string {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	r := zmq4.NewRouter(ctx, zmq4.WithLogger(nil))
 	if err := r.Listen("tcp://127.0.0.1:0"); err != nil {
 		t.Fatal(err)
+	}
+	answer := func(id []byte, seq uint64, payload []byte) {
+		var s [8]byte
+		binary.BigEndian.PutUint64(s[:], seq)
+		tp := []byte(topic)
+		if seq == vllmkv.ReplaySentinelSeq {
+			tp = []byte{}
+		}
+		var frames [][]byte
+		switch shape {
+		case shapeTopic:
+			frames = [][]byte{id, {}, tp, s[:], payload}
+		case shapeVLLM:
+			frames = [][]byte{id, {}, s[:], payload}
+		case shapeBare:
+			frames = [][]byte{id, s[:], payload}
+		case shapeBadSeq:
+			frames = [][]byte{id, {}, tp, s[1:], payload}
+		}
+		_ = r.Send(zmq4.NewMsgFrom(frames...))
 	}
 	done := make(chan struct{})
 	go func() {
@@ -316,19 +344,28 @@ func replayServer(t *testing.T, topic string, batches map[uint64][]vllmkv.Event)
 				if !ok {
 					break
 				}
-				frames, _ := vllmkv.EncodeMessage(vllmkv.Batch{Topic: topic, Seq: seq, Events: evs, Rank: -1}, vllmkv.Array)
-				_ = r.Send(zmq4.NewMsgFrom(append([][]byte{id, {}}, frames...)...))
+				payload, _ := vllmkv.EncodePayload(vllmkv.Batch{Events: evs, Rank: -1}, vllmkv.Array)
+				answer(id, seq, payload)
 			}
-			var end [8]byte
-			binary.BigEndian.PutUint64(end[:], vllmkv.ReplaySentinelSeq)
-			_ = r.Send(zmq4.NewMsgFrom(id, []byte{}, []byte{}, end[:], []byte{}))
+			answer(id, vllmkv.ReplaySentinelSeq, []byte{})
 		}
 	}()
 	t.Cleanup(func() { cancel(); r.Close(); <-done })
 	return "tcp://" + r.Addr().String()
 }
 
+// TestGapFilledByReplay: a gap is filled from the replay endpoint, whichever of the answer
+// shapes it uses; an answer of no known shape fails the replay and the worker is cleared.
 func TestGapFilledByReplay(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		shape int
+	}{{"topic", shapeTopic}, {"vllm", shapeVLLM}, {"bare", shapeBare}, {"bad-seq", shapeBadSeq}} {
+		t.Run(c.name, func(t *testing.T) { testGapFilledByReplay(t, c.shape) })
+	}
+}
+
+func testGapFilledByReplay(t *testing.T, shape int) {
 	ln, ev := engineListener(t)
 	topic := vllmkv.FormatTopic("127.0.0.1:8001", "m")
 	prompt := toks(0, 12)
@@ -336,7 +373,7 @@ func TestGapFilledByReplay(t *testing.T) {
 		2: {stored([]uint64{2}, 1, true, prompt[4:8], 4)},
 		3: {stored([]uint64{3}, 2, true, prompt[8:12], 4)},
 	}
-	rep := replayServer(t, topic, missed)
+	rep := replayServer(t, topic, missed, shape)
 	sk := newSink()
 	s, _ := New(Options{Sink: sk, Connect: true, Replay: true})
 	defer s.Close()
@@ -348,12 +385,58 @@ func TestGapFilledByReplay(t *testing.T) {
 	eventually(t, "a key", func() bool { return len(sk.held("b")) == 1 })
 	p.sendSeq(4, vllmkv.Event{Kind: vllmkv.BlockRemoved, Hashes: []uint64{3}})
 	want := vllmkv.BlockKeys(nil, prompt, 4, -1)
+	if shape == shapeBadSeq {
+		eventually(t, "the failed replay's clear", func() bool { return testutil.ToFloat64(s.m.resyncs.WithLabelValues("clear")) == 1 })
+		if testutil.ToFloat64(s.m.replayErrors) < 1 || len(sk.held("b")) != 0 || sk.clears("b") != 2 {
+			t.Fatalf("replay errors %v, held %v, clears %d", testutil.ToFloat64(s.m.replayErrors), sk.held("b"), sk.clears("b"))
+		}
+		return
+	}
 	eventually(t, "the replayed keys, then the removal", func() bool {
 		h := sk.held("b")
 		return len(h) == 2 && h[want[0]] && h[want[1]]
 	})
 	if testutil.ToFloat64(s.m.resyncs.WithLabelValues("replay")) != 1 || sk.clears("b") != 1 {
 		t.Fatalf("replays %v, clears %d (want 1 and only the first contact's)", testutil.ToFloat64(s.m.resyncs.WithLabelValues("replay")), sk.clears("b"))
+	}
+}
+
+// TestReplayMessageShapes: each known answer shape is read, with its topic or none; anything
+// else is refused without a panic or an allocation by its claims.
+func TestReplayMessageShapes(t *testing.T) {
+	payload, _ := vllmkv.EncodePayload(vllmkv.Batch{Events: []vllmkv.Event{{Kind: vllmkv.AllBlocksCleared}}, Rank: -1}, vllmkv.Map)
+	seq := func(n uint64) []byte { return binary.BigEndian.AppendUint64(nil, n) }
+	end := seq(vllmkv.ReplaySentinelSeq)
+	for _, c := range []struct {
+		name   string
+		frames [][]byte
+		topic  string
+		end    bool
+		err    bool
+	}{
+		{"topic", [][]byte{{}, []byte("kv@h:1@m"), seq(7), payload}, "kv@h:1@m", false, false},
+		{"topic, no delimiter", [][]byte{[]byte("kv@h:1@m"), seq(7), payload}, "kv@h:1@m", false, false},
+		{"vllm", [][]byte{{}, seq(7), payload}, "", false, false},
+		{"bare", [][]byte{seq(7), payload}, "", false, false},
+		{"topic sentinel", [][]byte{{}, {}, end, {}}, "", true, false},
+		{"vllm sentinel", [][]byte{{}, end, {}}, "", true, false},
+		{"bare sentinel", [][]byte{end, {}}, "", true, false},
+		{"one frame", [][]byte{seq(7)}, "", false, true},
+		{"five frames", [][]byte{{}, {}, {}, seq(7), payload}, "", false, true},
+		{"four frames, no delimiter", [][]byte{{1}, []byte("t"), seq(7), payload}, "", false, true},
+		{"a 7-byte seq", [][]byte{seq(7)[1:], payload}, "", false, true},
+		{"a 9-byte seq", [][]byte{{}, append(seq(7), 0), payload}, "", false, true},
+		{"a payload claiming 2^32 events", [][]byte{seq(7), {0x92, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0xdd, 0xff, 0xff, 0xff, 0xff}}, "", false, true},
+		{"garbage payload", [][]byte{seq(7), []byte("not msgpack")}, "", false, true},
+	} {
+		b, isEnd, err := replayMessage(c.frames, vllmkv.Limits{})
+		if (err != nil) != c.err || isEnd != c.end {
+			t.Errorf("%s: end %v, err %v", c.name, isEnd, err)
+			continue
+		}
+		if !c.err && !c.end && (b.Topic != c.topic || b.Seq != 7 || len(b.Events) != 1) {
+			t.Errorf("%s: %+v", c.name, b)
+		}
 	}
 }
 

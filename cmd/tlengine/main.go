@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/tlgw/tlgw/internal/vllmkv"
 	"github.com/tlgw/tlgw/sim/engine"
 	"github.com/tlgw/tlgw/sim/faults"
 )
@@ -27,6 +28,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	var cfg engine.Config
 	var role, gateways, fault, logLevel, endpoints, loraList string
 	var loraSwapMS int
+	var kvEvents, kvFormat, kvReplay string
 	fs.StringVar(&cfg.ID, "id", "", "worker id (required)")
 	fs.StringVar(&cfg.Model, "model", "", "the model id this engine serves (required)")
 	fs.StringVar(&role, "role", "unified", "unified, prefill or decode")
@@ -50,6 +52,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&cfg.MaxLoRAs, "max-loras", 4, "GPU slots for LoRA adapters: adapters whose requests run at once")
 	fs.IntVar(&loraSwapMS, "lora-swap-ms", 20, "milliseconds to load an adapter into a slot, added to that request's time to first token (0: none)")
 	fs.BoolVar(&cfg.AllowRuntimeLoRA, "allow-runtime-lora", false, "serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter")
+	fs.StringVar(&kvEvents, "kv-events", "", "publish vLLM-format KV-cache events over ZMQ (R22): zmq://HOST:PORT or tcp://HOST:PORT (empty: off); binding, * is every interface and port 0 any free port; POST "+engine.GapPath+" then withholds the next batch from live subscribers (a gap, for tests)")
+	fs.BoolVar(&cfg.KVEvents.Bind, "kv-events-bind", true, "the KV event PUB binds --kv-events (advertised in heartbeats as kv_events_endpoint); false: it connects to a consumer there, redialling every 500 ms while it is absent")
+	fs.StringVar(&kvFormat, "kv-events-format", "array", "KV event encoding: array (vLLM's array_like) or map (newer vLLM)")
+	fs.StringVar(&kvReplay, "kv-replay", "", "HOST:PORT of a ZMQ ROUTER that replays the last 1024 KV event batches from a requested seq (empty: none)")
+	fs.BoolVar(&cfg.KVEvents.ReplayTopic, "kv-replay-topic", true, "replay answers carry the topic frame [topic, seq, payload]; false: vLLM's [seq, payload]")
+	fs.Uint64Var(&cfg.KVEvents.HashSeed, "kv-hash-seed", 0, "seed of the KV blocks' hashes in KV events (0: derived from --id, so a restarted engine names blocks as before)")
 	fs.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -91,6 +99,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if loraSwapMS == 0 {
 		cfg.LoRASwap = -1 // none
 	}
+	if err := parseKVEvents(&cfg.KVEvents, kvEvents, kvFormat, kvReplay); err != nil {
+		fmt.Fprintln(stderr, "tlengine:", err)
+		return 2
+	}
 	cfg.Fault, cfg.Role = f, engine.Role(role)
 	cfg.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 	// Signals are taken before the engine starts: a SIGTERM right after the address line is
@@ -102,11 +114,52 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "tlengine:", err)
 		return 1
 	}
-	// One machine-readable line with the real addresses (port 0 resolved).
+	// Machine-readable lines with the real addresses (port 0 resolved); the KV events line, when
+	// publishing, comes first so that a reader of the listening line has both.
+	if events, replay := e.KVEventsAddrs(); events != "" {
+		mode := "bind"
+		if !cfg.KVEvents.Bind {
+			mode = "connect"
+		}
+		if replay == "" {
+			replay = "-"
+		}
+		fmt.Fprintf(stdout, "tlengine kv-events mode=%s events=%s replay=%s\n", mode, events, replay)
+	}
 	fmt.Fprintf(stdout, "tlengine listening http=%s grpc=%s kv=%s\n", e.HTTPAddr, e.GRPCAddr, e.KVAddr)
 	cfg.Logger.Info("tlengine serving", "id", cfg.ID, "model", cfg.Model, "role", role, "fault", f.String(),
 		"gateways", cfg.Gateways)
 	<-ctx.Done()
 	e.Close()
 	return 0
+}
+
+// parseKVEvents reads --kv-events (zmq:// or tcp://HOST:PORT), --kv-events-format and
+// --kv-replay (HOST:PORT, tcp:// allowed) into k; the addresses are checked by the engine.
+func parseKVEvents(k *engine.KVEventsConfig, events, format, replay string) error {
+	switch format {
+	case "array":
+		k.Format = vllmkv.Array
+	case "map":
+		k.Format = vllmkv.Map
+	default:
+		return fmt.Errorf("--kv-events-format %q: want array or map", format)
+	}
+	if events != "" {
+		addr, ok := strings.CutPrefix(events, "zmq://")
+		if !ok {
+			addr, ok = strings.CutPrefix(events, "tcp://")
+		}
+		if !ok || addr == "" {
+			return fmt.Errorf("--kv-events %q: want zmq://HOST:PORT or tcp://HOST:PORT", events)
+		}
+		k.Addr = addr
+	}
+	if replay != "" {
+		if k.Addr == "" {
+			return fmt.Errorf("--kv-replay needs --kv-events")
+		}
+		k.Replay = strings.TrimPrefix(replay, "tcp://")
+	}
+	return nil
 }

@@ -4,6 +4,9 @@ import (
 	"bytes"
 	"strings"
 	"testing"
+
+	"github.com/tlgw/tlgw/internal/vllmkv"
+	"github.com/tlgw/tlgw/sim/engine"
 )
 
 // TestGatewayFlag: a bad --gateway entry exits 2 before anything starts, naming the entry;
@@ -36,6 +39,55 @@ func TestServingFlags(t *testing.T) {
 		args := append([]string{"--id", "e1", "--model", "smol"}, c.args...)
 		if code := run(args, &stdout, &stderr); code == 0 || !strings.Contains(stderr.String(), strings.TrimPrefix(c.args[0], "--")) || stdout.Len() != 0 {
 			t.Errorf("%v: exit %d, stderr %q", c.args, code, &stderr)
+		}
+	}
+}
+
+// TestKVEventsFlags: --kv-events takes zmq:// or tcp://; the format is array or map; a replay
+// needs events; a connect address needs a host and a port; each failure names its flag.
+func TestKVEventsFlags(t *testing.T) {
+	for _, c := range []struct {
+		events, format, replay string
+		want                   engine.KVEventsConfig
+		err                    string
+	}{
+		{"zmq://*:0", "array", "", engine.KVEventsConfig{Addr: "*:0"}, ""},
+		{"tcp://127.0.0.1:5557", "map", "tcp://127.0.0.1:5558", engine.KVEventsConfig{Addr: "127.0.0.1:5557", Format: vllmkv.Map, Replay: "127.0.0.1:5558"}, ""},
+		{"zmq://h:1", "array", "h:2", engine.KVEventsConfig{Addr: "h:1", Replay: "h:2"}, ""},
+		{"", "array", "", engine.KVEventsConfig{}, ""},
+		{"h:1", "array", "", engine.KVEventsConfig{}, "--kv-events"},
+		{"zmq://", "array", "", engine.KVEventsConfig{}, "--kv-events"},
+		{"zmq://h:1", "json", "", engine.KVEventsConfig{}, "--kv-events-format"},
+		{"", "array", "h:2", engine.KVEventsConfig{}, "--kv-replay"},
+	} {
+		var k engine.KVEventsConfig
+		err := parseKVEvents(&k, c.events, c.format, c.replay)
+		if c.err != "" {
+			if err == nil || !strings.Contains(err.Error(), c.err) {
+				t.Errorf("%q %q %q: %v, want an error naming %s", c.events, c.format, c.replay, err, c.err)
+			}
+			continue
+		}
+		if err != nil || k != c.want {
+			t.Errorf("%q %q %q: %+v, %v; want %+v", c.events, c.format, c.replay, k, err, c.want)
+		}
+	}
+	for _, c := range []struct {
+		args []string
+		code int
+		flag string
+	}{
+		{[]string{"--kv-events", "h:1"}, 2, "kv-events"},
+		{[]string{"--kv-events-format", "xml"}, 2, "kv-events-format"},
+		{[]string{"--kv-replay", "127.0.0.1:0"}, 2, "kv-replay"},
+		{[]string{"--kv-events", "zmq://*:5557", "--kv-events-bind=false"}, 1, "kv-events"},
+		{[]string{"--kv-events", "zmq://127.0.0.1:0", "--kv-replay", "nohost"}, 1, "kv-replay"},
+		{[]string{"--kv-hash-seed", "-1"}, 2, "kv-hash-seed"},
+	} {
+		var stdout, stderr bytes.Buffer
+		args := append([]string{"--id", "e1", "--model", "smol"}, c.args...)
+		if code := run(args, &stdout, &stderr); code != c.code || !strings.Contains(stderr.String(), c.flag) || stdout.Len() != 0 {
+			t.Errorf("%v: exit %d (want %d), stderr %q", c.args, code, c.code, &stderr)
 		}
 	}
 }

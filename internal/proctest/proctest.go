@@ -58,6 +58,10 @@ type Proc struct {
 	HTTPAddr string
 	GRPCAddr string // tlgw: the registry; tlengine: EngineControl
 	KVAddr   string // tlengine only
+	// tlengine with --kv-events (R22): "bind" or "connect", the PUB's address (bound, on the
+	// advertised host; or the one it dials) and the replay ROUTER's ("" when none); all ""
+	// without KV events.
+	KVEventsMode, KVEventsAddr, KVReplayAddr string
 
 	exited  chan struct{} // closed when the process has exited
 	exitErr error         // set before exited is closed
@@ -100,6 +104,8 @@ var (
 	tlgwLine     = regexp.MustCompile(`^tlgw listening http=(\S+) registry=(\S+)$`)
 	tlengineLine = regexp.MustCompile(`^tlengine listening http=(\S+) grpc=(\S+) kv=(\S+)$`)
 	bareLine     = regexp.MustCompile(`^bareproxy listening http=(\S+)$`) // tests/bench/bareproxy
+	// kvEventsLine precedes tlengine's listening line when it publishes KV events; replay=- is none.
+	kvEventsLine = regexp.MustCompile(`^tlengine kv-events mode=(bind|connect) events=(\S+) replay=(\S+)$`)
 )
 
 // StartTLGW runs `bin serve --config` with the given TOML and waits for its listening line.
@@ -136,16 +142,22 @@ func Start(t testing.TB, bin string, args []string) *Proc {
 		t.Fatal(err)
 	}
 	go func() { _, _ = io.Copy(p, stderr) }() // ends when the process's stderr closes
-	addrs := make(chan []string, 1)
+	addrs := make(chan []string, 1)           // http, grpc, kv, then the KV events mode, events, replay
 	go func() {
 		sc := bufio.NewScanner(stdout)
+		kvEvents := []string{"", "", ""}
 		for sc.Scan() {
 			if m := tlgwLine.FindStringSubmatch(sc.Text()); m != nil {
-				addrs <- append(m[1:], "")
+				addrs <- append(m[1:], "", "", "", "")
+			} else if m := kvEventsLine.FindStringSubmatch(sc.Text()); m != nil {
+				kvEvents = m[1:]
+				if kvEvents[2] == "-" {
+					kvEvents[2] = ""
+				}
 			} else if m := tlengineLine.FindStringSubmatch(sc.Text()); m != nil {
-				addrs <- m[1:]
+				addrs <- append(m[1:], kvEvents...)
 			} else if m := bareLine.FindStringSubmatch(sc.Text()); m != nil {
-				addrs <- []string{m[1], "", ""}
+				addrs <- []string{m[1], "", "", "", "", ""}
 			}
 		}
 	}()
@@ -171,6 +183,7 @@ func Start(t testing.TB, bin string, args []string) *Proc {
 	select {
 	case a := <-addrs:
 		p.HTTPAddr, p.GRPCAddr, p.KVAddr = a[0], a[1], a[2]
+		p.KVEventsMode, p.KVEventsAddr, p.KVReplayAddr = a[3], a[4], a[5]
 	case <-p.exited:
 		t.Fatalf("process exited before listening: %v\n%s", p.exitErr, p.Logs())
 	case <-time.After(20 * time.Second):

@@ -102,6 +102,9 @@ func (e *Engine) table() []route {
 		{"", "GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) }},
 		{"", "GET /metrics", e.met.handler().ServeHTTP},
 	}
+	if e.cfg.KVEvents.Addr != "" {
+		rs = append(rs, route{"", "POST " + GapPath, e.serveKVGap})
+	}
 	if e.cfg.AllowRuntimeLoRA {
 		rs = append(rs,
 			route{"", "POST /v1/load_lora_adapter", e.serveLoadLoRA},

@@ -41,7 +41,7 @@ import (
 	kvv1 "github.com/tlgw/tlgw/contracts/tl/kv/v1"
 	"github.com/tlgw/tlgw/internal/clock"
 	"github.com/tlgw/tlgw/sim/faults"
-	"github.com/tlgw/tlgw/sim/kv"
+	"github.com/tlgw/tlgw/sim/kvpub"
 )
 
 // Role is the engine's serving role.
@@ -101,6 +101,8 @@ type Config struct {
 	// AllowRuntimeLoRA serves POST /v1/load_lora_adapter and /v1/unload_lora_adapter
 	// (--allow-runtime-lora); without it they answer 404 as an unknown path does.
 	AllowRuntimeLoRA bool
+	// KVEvents publishes vLLM-format KV-cache events over ZMQ (--kv-events, R22; zmqevents.go).
+	KVEvents KVEventsConfig
 }
 
 // Engine is a running simulated engine.
@@ -119,9 +121,10 @@ type Engine struct {
 	httpSrv   *http.Server
 	grpcSrv   *grpc.Server
 	kvSrv     *grpc.Server
-	drainAcks atomic.Int32 // gateways whose latest ack asks us to drain
-	handles   handles      // pushed KV held for disaggregated decode
-	kvev      *kvEvents    // KvEvents subscribers and sequence numbers (R18.3)
+	drainAcks atomic.Int32     // gateways whose latest ack asks us to drain
+	handles   handles          // pushed KV held for disaggregated decode
+	kvev      *kvEvents        // KvEvents subscribers and sequence numbers (R18.3)
+	zpub      *kvpub.Publisher // vLLM-format KV events over ZMQ (R22); nil when off
 	sent      atomic.Int64
 	stop      chan struct{}
 	// stopCtx ends when stop closes: it cuts heartbeats and lookups in flight.
@@ -216,6 +219,9 @@ func (c *Config) defaults() error {
 		}
 		names[l.Name] = true
 	}
+	if err := c.checkKVEvents(); err != nil {
+		return err
+	}
 	if c.HTTPListen == "" {
 		c.HTTPListen = "127.0.0.1:0"
 	}
@@ -250,7 +256,7 @@ func Start(cfg Config) (*Engine, error) {
 		gateways:  gateways,
 		hb:        heartbeatLoops{loops: make(map[string]*runningLoop)},
 		cfg:       cfg,
-		sched:     newScheduler(kv.NewPool(cfg.KVBlocks, cfg.BlockSize), cfg.MaxRunning),
+		sched:     newScheduler(cfg.newPool(), cfg.MaxRunning),
 		log:       cfg.Logger.With("engine", cfg.ID),
 		stop:      make(chan struct{}),
 		handles:   handles{m: make(map[string]*kvHandle)},
@@ -286,6 +292,12 @@ func Start(cfg Config) (*Engine, error) {
 			return nil, err
 		}
 		e.advertisedHTTP = dead
+	}
+	if err := e.startZMQEvents(); err != nil {
+		for _, l := range lis {
+			l.Close()
+		}
+		return nil, err
 	}
 	e.stopCtx, e.cancelStop = context.WithCancel(context.Background())
 
@@ -338,6 +350,9 @@ func (e *Engine) Close() {
 		e.grpcSrv.Stop()
 		e.kvSrv.Stop()
 		e.wg.Wait()
+		if e.zpub != nil {
+			e.zpub.Close()
+		}
 		e.dropHandles()
 	})
 }

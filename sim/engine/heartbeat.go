@@ -294,5 +294,7 @@ func (e *Engine) workerStatus() *controlv1.WorkerStatus {
 		LoraAdapters: e.loras.names(),
 		MaxLoras:     uint32(e.cfg.MaxLoRAs),
 		Endpoints:    e.cfg.Endpoints,
+		// R22: the bound vLLM-format KV event PUB (and replay ROUTER); "" when connecting.
+		KvEventsEndpoint: e.KVEventsEndpoint(),
 	}
 }

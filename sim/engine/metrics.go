@@ -69,6 +69,28 @@ func newMetrics(e *Engine) *metrics {
 		}, status(func(s schedStatus) float64 { return float64(s.kv.TotalBlocks) })),
 	)
 	m.reg.MustRegister(newLoRACollector(e.loras))
+	if e.cfg.KVEvents.Addr != "" {
+		// R22: the vLLM-format KV event publisher (zmqevents.go), read at scrape time.
+		m.reg.MustRegister(
+			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "tlengine_kv_events_batches_total",
+				Help: "vLLM-format KV event batches published (encoded and retained for replay)."},
+				func() float64 { return float64(e.KVEventStats().Published) }),
+			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "tlengine_kv_events_dropped_batches_total",
+				Help: "KV event batches dropped because the publisher's queue was full (their seqs were consumed)."},
+				func() float64 { return float64(e.KVEventStats().Dropped) }),
+			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "tlengine_kv_events_withheld_batches_total",
+				Help: "KV event batches kept from live subscribers on demand (POST " + GapPath + ")."},
+				func() float64 { return float64(e.KVEventStats().Withheld) }),
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "tlengine_kv_events_subscribers",
+				Help: "Connections subscribed to the KV event topic."},
+				func() float64 {
+					if e.zpub == nil {
+						return 0
+					}
+					return float64(e.zpub.Subscribers())
+				}),
+		)
+	}
 	m.reg.MustRegister(vllmCollectors(e.cfg.Model, e.cfg.KVBlocks, e.cfg.BlockSize, status)...)
 	return m
 }

@@ -1,0 +1,103 @@
+package e2e
+
+import (
+	"net/http"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/tlgw/tlgw/internal/proctest"
+	"github.com/tlgw/tlgw/sim/engine"
+)
+
+// injectGap asks an engine to withhold its next KV event batch from its live subscribers.
+func injectGap(t *testing.T, p *proctest.Proc) {
+	t.Helper()
+	resp, err := http.Post("http://"+p.HTTPAddr+engine.GapPath, "application/json", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNoContent {
+		t.Fatalf("%s: %d", engine.GapPath, resp.StatusCode)
+	}
+}
+
+// TestEngineKVEventsOverZMQ (R22): a precise_prefix gateway ingests tlengine's vLLM-format KV
+// events from an engine that connects to its [gateway.kv_events] listen address (za, no
+// replay) and from one that binds and is dialled through its heartbeat's kv_events_endpoint
+// (zb, with a replay endpoint answering in vLLM's shape). A gap on zb is filled by replay, one
+// on za clears it; zb killed and started again (same addresses) is forgotten: its seq going
+// back (a restart resync) or, when it was evicted meanwhile, its first batch AllBlocksCleared.
+func TestEngineKVEventsOverZMQ(t *testing.T) {
+	listen := freeAddr(t)
+	cfg := preciseConfig + `
+[gateway.kv_events]
+listen = "` + listen + `"
+`
+	zbArgs := []string{"zb", "--model", "smol", "--http-listen", freeAddr(t),
+		"--kv-events", "zmq://" + freeAddr(t), "--kv-replay", freeAddr(t), "--kv-replay-topic=false", "--kv-events-format", "map"}
+	f := startFleet(t, cfg,
+		[]string{"za", "--model", "smol", "--kv-events", "zmq://" + listen, "--kv-events-bind=false"}, zbArgs)
+	za, zb := f.engines["za"], f.engines["zb"]
+	if za.KVEventsMode != "connect" || za.KVEventsAddr != listen || za.KVReplayAddr != "" ||
+		zb.KVEventsMode != "bind" || !strings.HasPrefix(zb.KVEventsAddr, "127.0.0.1:") || zb.KVReplayAddr == "" {
+		t.Fatalf("kv-events lines: za %s %s %q, zb %s %s %q", za.KVEventsMode, za.KVEventsAddr, za.KVReplayAddr,
+			zb.KVEventsMode, zb.KVEventsAddr, zb.KVReplayAddr)
+	}
+	subscribed := func(p *proctest.Proc) func() bool {
+		return func() bool { return engineMetric(t, p, "tlengine_kv_events_subscribers") == 1 }
+	}
+	eventually(t, "za connected to the gateway's listen address", 10*time.Second, subscribed(za))
+	eventually(t, "the gateway subscribed to zb's endpoint", 10*time.Second, subscribed(zb))
+
+	const events, resyncs = "tlgw_kv_zmq_events_total", "tlgw_kv_zmq_resyncs_total"
+	storedEvents := func() float64 { return metricSum(t, f.base, events, `kind="BlockStored"`) }
+	prompt := func(s string) string { return strings.Repeat(s+" fills several KV blocks of sixteen tokens. ", 6) }
+	for i, p := range []*proctest.Proc{za, zb} {
+		before := storedEvents()
+		complete(t, "http://"+p.HTTPAddr, prompt("a first prompt on "+p.HTTPAddr))
+		eventually(t, []string{"za's", "zb's"}[i]+" BlockStored events at the gateway", 10*time.Second, func() bool {
+			return storedEvents() > before
+		})
+	}
+	if n := metricSum(t, f.base, "tlgw_kv_zmq_decode_errors_total") + metricSum(t, f.base, "tlgw_kv_zmq_unknown_topic_total"); n != 0 {
+		t.Fatalf("%v batches refused", n)
+	}
+
+	// A gap on zb, which has a replay endpoint: filled by replay.
+	injectGap(t, zb)
+	complete(t, "http://"+zb.HTTPAddr, prompt("withheld from zb's live stream"))
+	complete(t, "http://"+zb.HTTPAddr, prompt("after zb's gap"))
+	eventually(t, "zb's gap filled by replay", 10*time.Second, func() bool {
+		return metricSum(t, f.base, resyncs, `how="replay"`) >= 1
+	})
+	// A gap on za, which has none: its entries are cleared.
+	clears := metricSum(t, f.base, resyncs, `how="clear"`)
+	injectGap(t, za)
+	complete(t, "http://"+za.HTTPAddr, prompt("withheld from za's live stream"))
+	complete(t, "http://"+za.HTTPAddr, prompt("after za's gap"))
+	eventually(t, "za's gap cleared", 10*time.Second, func() bool {
+		return metricSum(t, f.base, resyncs, `how="clear"`) > clears
+	})
+	if got := metricSum(t, f.base, "tlgw_kv_zmq_gaps_total"); got < 2 {
+		t.Fatalf("%v gaps counted, want both", got)
+	}
+
+	// zb restarts on the same addresses with an empty cache and its seq back at 0.
+	forgotten := func() float64 {
+		return metricSum(t, f.base, resyncs, `how="restart"`) + metricSum(t, f.base, events, `kind="AllBlocksCleared"`)
+	}
+	before := forgotten()
+	if err := zb.Cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-zb.Exited()
+	zb = proctest.StartEngine(t, tlengineBin, append([]string{"--id", "zb", "--gateway", f.gw.GRPCAddr}, zbArgs[1:]...)...)
+	eventually(t, "the gateway subscribed to the restarted zb", 10*time.Second, subscribed(zb))
+	complete(t, "http://"+zb.HTTPAddr, prompt("the restarted zb's first prompt"))
+	eventually(t, "the restarted zb's state forgotten (a restart resync or its AllBlocksCleared)", 10*time.Second, func() bool {
+		return forgotten() > before
+	})
+}
