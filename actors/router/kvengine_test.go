@@ -69,6 +69,55 @@ func TestPreciseOnEngineEvents(t *testing.T) {
 	}
 }
 
+// TestEngineEventsOutliveHeartbeats (R22): a worker fed by its engine's own events reports no
+// kv_events in its heartbeats (or scrapes); a heartbeat keeps what its events said — the
+// subscriber sends only changes, so a forget would lose the blocks until the engine evicted and
+// stored them again — while a worker that stops being live is forgotten.
+func TestEngineEventsOutliveHeartbeats(t *testing.T) {
+	s, err := NewSim(Config{Policy: config.PolicyPrecisePrefix, LoadFactor: 1.25})
+	if err != nil {
+		t.Fatal(err)
+	}
+	info := WorkerInfo{ID: "w0", Model: "m", HTTPAddress: "127.0.0.1:9", KVEventsEndpoint: "tcp://127.0.0.1:5557"}
+	s.SetWorker(info)
+	s.SetWorker(WorkerInfo{ID: "w1", Model: "m", HTTPAddress: "127.0.0.1:8"})
+	prompt := make([]uint32, 48)
+	for i := range prompt {
+		prompt[i] = uint32(7 + i)
+	}
+	keys := vllmkv.BlockKeys(nil, prompt, 16, -1)
+	// A first message with Clear and no block size yet (the subscriber's first contact), then
+	// the stores.
+	if !s.KVEvents(&KVEvents{WorkerID: "w0", Engine: true, Clear: true}) ||
+		!s.KVEvents(&KVEvents{WorkerID: "w0", Engine: true, BlockSize: 16, Stored: keys}) {
+		t.Fatal("engine events not applied")
+	}
+	for beat := range 3 {
+		s.SetWorker(info)
+		if n := s.KVHeld("w0"); n != len(keys) {
+			t.Fatalf("after heartbeat %d the index holds %d of w0's %d blocks", beat, n, len(keys))
+		}
+		p, ok := s.Pick(&Pick{Model: "m", RequestID: "r", Key: 1, TokenIDs: prompt})
+		if !ok || p.Err != nil || p.WorkerID != "w0" || p.Reason != policy.ReasonPrefix {
+			t.Fatalf("after heartbeat %d: %v %+v, want w0 by prefix", beat, ok, p)
+		}
+		s.Release(p, OutcomeSuccess)
+	}
+	// The tl path is unchanged: a worker that stops reporting kv_events is forgotten.
+	s.SetWorker(WorkerInfo{ID: "w1", Model: "m", HTTPAddress: "127.0.0.1:8", KVEvents: true})
+	if !s.KVEvents(&KVEvents{WorkerID: "w1", Stored: []uint64{1, 2}}) || s.KVHeld("w1") != 2 {
+		t.Fatalf("tl.kv events of w1 not applied: holds %d", s.KVHeld("w1"))
+	}
+	s.SetWorker(WorkerInfo{ID: "w1", Model: "m", HTTPAddress: "127.0.0.1:8"})
+	if n := s.KVHeld("w1"); n != 0 {
+		t.Fatalf("w1 stopped reporting kv_events and the index still holds %d of its ids", n)
+	}
+	s.RemoveWorker("w0")
+	if n := s.KVHeld("w0"); n != 0 {
+		t.Fatalf("a removed worker's %d blocks are still held", n)
+	}
+}
+
 // TestRenderTarget: a pool is rendered on only once its engines report block sizes, on its
 // least loaded member; unknown models and other policies get no target.
 func TestRenderTarget(t *testing.T) {

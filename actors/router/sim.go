@@ -197,6 +197,17 @@ func (s *Sim) KVEvents(ev *KVEvents) bool {
 	}
 }
 
+// KVHeld is how many ids (chunk ids or block keys) the exact index holds for worker id: 0
+// for an unknown worker or with the index off.
+func (s *Sim) KVHeld(id string) int {
+	v := s.st.view
+	sl := v.slots[id]
+	if v.kidx == nil || sl == nil {
+		return 0
+	}
+	return v.kidx.Len(&sl.member)
+}
+
 // ObserveTTFT reports the TTFT a pick's attempt took, as the request actor does under
 // predicted_latency (ObservedTTFT).
 func (s *Sim) ObserveTTFT(p *Picked, ttft time.Duration) {

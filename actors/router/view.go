@@ -422,9 +422,11 @@ func (v *workerView) workerState(m *WorkerState, fx effects) bool {
 		v.dropModel(s.info.Model)
 	}
 	prev := s.pool
-	if v.kidx != nil && (!m.Info.KVEvents || !m.Live) {
+	if v.kidx != nil && (!m.Live || (!m.Info.KVEvents && s.kvBlockSize == 0)) {
 		// It no longer reports what it holds, or it is not live: its events are refused until it
-		// is (kvEvents), so what it holds is unknown until its subscriber's next snapshot.
+		// is (kvEvents), so what it holds is unknown until its subscriber's next snapshot. A
+		// worker whose engine publishes its own events (R22: a block size seen) never reports
+		// kv_events, and its subscriber sends changes only: its heartbeat or scrape keeps them.
 		v.kidx.Forget(&s.member)
 	}
 	var oldLoRAs []string

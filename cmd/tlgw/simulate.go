@@ -22,6 +22,9 @@ const simulateUsage = `usage:
   tlgw simulate --trace lora --adapters K [--max-loras N] [--lora-swap-ms X] …
       requests for K LoRA adapters (R21) that every engine serves in N GPU slots: the router's
       adapter pick (lora) against the adapter-unaware least_outstanding
+  tlgw simulate … --kv-events vllm [--kv-gap F [--kv-replay]]
+      precise_prefix's engines publish vLLM's own KV events (R22) instead of tl.kv chunk ids;
+      a fraction F of event batches is lost, and the gateway replays or clears the worker
 `
 
 // runSimulate runs `tlgw simulate`. Exit codes: 0 done, 1 the run or its output failed, 2 bad
@@ -48,6 +51,9 @@ func runSimulate(args []string, stdout, stderr io.Writer) int {
 	adapters := fs.Int("adapters", fleet.DefaultAdapters, fmt.Sprintf("--trace lora: the LoRA adapters, every engine serving all of them (1 to %d)", fleet.MaxAdapters))
 	maxLoRAs := fs.Int("max-loras", fleet.DefaultMaxLoRAs, "--trace lora: each engine's GPU slots for adapters, as vLLM's --max-loras")
 	swapMs := fs.Float64("lora-swap-ms", float64(fleet.DefaultLoRASwap)/float64(time.Millisecond), "--trace lora: what loading an adapter into a slot adds to its request's prefill, in ms (≥ 0)")
+	kvEvents := fs.String("kv-events", fleet.KVEventsTL, "the KV events precise_prefix's engines publish: tl (tl.kv chunk ids) or vllm (vLLM's block events, keyed by token ids)")
+	kvGap := fs.Float64("kv-gap", 0, fmt.Sprintf("--kv-events vllm: the fraction of event batches lost on their way (0 to %v)", fleet.MaxKVGap))
+	kvReplay := fs.Bool("kv-replay", false, "--kv-events vllm: the gateway replays a gap's lost batches from the engine (else it clears the worker)")
 	if err := fs.Parse(args); err != nil {
 		if err == flag.ErrHelp {
 			return 0
@@ -90,6 +96,10 @@ func runSimulate(args []string, stdout, stderr io.Writer) int {
 		return bad("--adapters must be at least 1, got %d", *adapters)
 	case *maxLoRAs < 1:
 		return bad("--max-loras must be at least 1, got %d", *maxLoRAs)
+	case *kvEvents != fleet.KVEventsTL && *kvEvents != fleet.KVEventsVLLM:
+		return bad("--kv-events must be %s or %s, got %q", fleet.KVEventsTL, fleet.KVEventsVLLM, *kvEvents)
+	case !(*kvGap >= 0 && *kvGap <= fleet.MaxKVGap):
+		return bad("--kv-gap must be a fraction of batches from 0 to %v, got %v", fleet.MaxKVGap, *kvGap)
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
@@ -99,6 +109,11 @@ func runSimulate(args []string, stdout, stderr io.Writer) int {
 	for _, name := range []string{"adapters", "max-loras", "lora-swap-ms"} {
 		if set[name] && *trace != fleet.TraceLoRA {
 			return bad("--%s is for --trace lora only", name)
+		}
+	}
+	for _, name := range []string{"kv-gap", "kv-replay"} {
+		if set[name] && *kvEvents != fleet.KVEventsVLLM {
+			return bad("--%s is for --kv-events vllm only", name)
 		}
 	}
 	var pols []string
@@ -112,7 +127,8 @@ func runSimulate(args []string, stdout, stderr io.Writer) int {
 	}
 	o := fleet.Options{Trace: *trace, Workers: *workers, Requests: *requests, Load: loads[0], Policies: pols,
 		Seed: *seed, Heterogeneous: *hetero, SLOTTFT: time.Duration(*slo * float64(time.Millisecond)),
-		RestartEvery: *restartEvery, LoadFactor: *loadFactor, Admission: *adm, WarmupMinBytes: *warmMin}
+		RestartEvery: *restartEvery, LoadFactor: *loadFactor, Admission: *adm, WarmupMinBytes: *warmMin,
+		KVEvents: *kvEvents, KVGap: *kvGap, KVReplay: *kvReplay}
 	if *warmMin == 0 {
 		o.WarmupMinBytes = -1
 	}

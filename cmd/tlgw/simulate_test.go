@@ -103,6 +103,13 @@ func TestSimulateBadFlags(t *testing.T) {
 		{[]string{"--trace", "lora", "--max-loras", "1025"}, "max_loras must be 1 to 1024"},
 		{[]string{"--trace", "lora", "--policies", "prefix_aware"}, `the lora trace compares [least_outstanding lora], not "prefix_aware"`},
 		{[]string{"--policies", "lora"}, `policy "lora" is the lora trace's only`},
+		// The vLLM event path's flags.
+		{[]string{"--kv-events", "zmq"}, `--kv-events must be tl or vllm, got "zmq"`},
+		{[]string{"--kv-events", "vllm", "--kv-gap", "-0.1"}, "--kv-gap must be a fraction of batches from 0 to 0.5"},
+		{[]string{"--kv-events", "vllm", "--kv-gap", "0.6"}, "--kv-gap must be a fraction of batches from 0 to 0.5"},
+		{[]string{"--kv-events", "vllm", "--kv-gap", "NaN"}, "--kv-gap must be a fraction of batches"},
+		{[]string{"--kv-gap", "0.01"}, "--kv-gap is for --kv-events vllm only"},
+		{[]string{"--kv-replay"}, "--kv-replay is for --kv-events vllm only"},
 	} {
 		var stdout, stderr bytes.Buffer
 		if code := run(append([]string{"simulate"}, tc.args...), &stdout, &stderr); code != 2 {
@@ -197,6 +204,26 @@ func TestSimulateSweep(t *testing.T) {
 }
 
 // simulateJSON runs `tlgw simulate` with args (JSON output) and returns its results.
+// TestSimulateVLLMEvents: --kv-events vllm, --kv-gap and --kv-replay reach the engines:
+// precise_prefix's engines publish batches, a gap loses some of them, and replay fills every
+// gap it sees where clearing does not.
+func TestSimulateVLLMEvents(t *testing.T) {
+	base := []string{"--trace", "shared-prefix", "--workers", "4", "--requests", "600", "--load", "0.8", "--seed", "1",
+		"--policies", "precise_prefix", "--kv-events", "vllm"}
+	plain := simulateJSON(t, base...)[0]
+	clear := simulateJSON(t, append(base, "--kv-gap", "0.05")...)[0]
+	replay := simulateJSON(t, append(base, "--kv-gap", "0.05", "--kv-replay")...)[0]
+	if plain.KVBatches == 0 || plain.KVLost != 0 || plain.Completed != plain.Requests {
+		t.Fatalf("--kv-events vllm: %+v", plain)
+	}
+	if clear.KVLost == 0 || clear.KVClears == 0 || clear.KVReplays != 0 {
+		t.Fatalf("--kv-gap 0.05: %+v", clear)
+	}
+	if replay.KVGaps == 0 || replay.KVReplays != replay.KVGaps || replay.KVClears != 0 {
+		t.Fatalf("--kv-gap 0.05 --kv-replay: %+v", replay)
+	}
+}
+
 func simulateJSON(t *testing.T, args ...string) []fleet.Result {
 	t.Helper()
 	var stdout, stderr bytes.Buffer

@@ -46,6 +46,8 @@ type engine struct {
 	// counters of pools a restart replaced.
 	removed         []uint64
 	oldHit, oldLook uint64
+	// vk is its vLLM-format event publisher and their subscriber (vllm.go; nil on the tl path).
+	vk *vllmKV
 	// lora is its adapters' GPU slots (nil on a trace without adapters).
 	lora *loraSlots
 }

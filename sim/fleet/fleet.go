@@ -32,6 +32,7 @@ import (
 	"github.com/tlgw/tlgw/internal/config"
 	"github.com/tlgw/tlgw/internal/oai"
 	"github.com/tlgw/tlgw/internal/prefixindex"
+	"github.com/tlgw/tlgw/internal/vllmkv"
 	"github.com/tlgw/tlgw/sim/kv"
 )
 
@@ -90,6 +91,14 @@ type Options struct {
 	Adapters int
 	MaxLoRAs int
 	LoRASwap time.Duration
+	// KVEvents is the format of the events precise_prefix's engines report (and
+	// predicted_latency's, which reads the same index): KVEventsTL ("" too), tlengine's chunk
+	// ids (precise.go), or KVEventsVLLM, a vLLM engine's own block events (vllm.go). On the
+	// vLLM path KVGap (0 to MaxKVGap) is the fraction of event batches lost on their way, and
+	// KVReplay whether the gateway replays a gap from the engine (else it clears the worker).
+	KVEvents string
+	KVGap    float64
+	KVReplay bool
 	// audit: tests check the engine model as the run goes (audit.go).
 	audit bool
 }
@@ -119,6 +128,15 @@ type Result struct {
 	SwapsPer1k float64 `json:"swaps_per_1k"`
 	LoRAWaits  int     `json:"lora_waits"`
 	OfferedRPS float64 `json:"offered_rps"`
+	// The vLLM event path (Options.KVEvents = "vllm"): event batches the engines published,
+	// those lost on the way, the gaps the subscriber saw, how many it replayed and how many
+	// cleared the worker, and stored events it could not key (their parent was lost).
+	KVBatches  int     `json:"kv_batches,omitempty"`
+	KVLost     int     `json:"kv_lost,omitempty"`
+	KVGaps     int     `json:"kv_gaps,omitempty"`
+	KVReplays  int     `json:"kv_replays,omitempty"`
+	KVClears   int     `json:"kv_clears,omitempty"`
+	KVOrphans  int     `json:"kv_orphans,omitempty"`
 	SimSeconds float64 `json:"sim_seconds"` // simulated time until the last request ended
 }
 
@@ -219,6 +237,12 @@ func (o *Options) defaults() error {
 		return fmt.Errorf("adapters must be 1 to %d, got %d", MaxAdapters, o.Adapters)
 	case lora && (o.MaxLoRAs < 1 || o.MaxLoRAs > MaxAdapters):
 		return fmt.Errorf("max_loras must be 1 to %d, got %d", MaxAdapters, o.MaxLoRAs)
+	case o.KVEvents != "" && o.KVEvents != KVEventsTL && o.KVEvents != KVEventsVLLM:
+		return fmt.Errorf("kv events must be %q or %q, got %q", KVEventsTL, KVEventsVLLM, o.KVEvents)
+	case !(o.KVGap >= 0 && o.KVGap <= MaxKVGap):
+		return fmt.Errorf("the kv event gap must be a fraction of batches from 0 to %v, got %v", MaxKVGap, o.KVGap)
+	case o.KVEvents != KVEventsVLLM && (o.KVGap != 0 || o.KVReplay):
+		return fmt.Errorf("a kv event gap and replay are the %q events' only", KVEventsVLLM)
 	}
 	for _, p := range o.Policies {
 		switch {
@@ -434,7 +458,10 @@ type runner struct {
 	index    bool // a prefix index is on: picks carry the prompt's chunk hashes
 	observe  bool // predicted_latency: the router hears each request's TTFT at its first token
 	audit    *audit
-	precise  bool // precise_prefix: the engines report what they hold (precise.go)
+	precise  bool       // precise_prefix: the engines report what they hold (precise.go)
+	vllm     bool       // precise and Options.KVEvents = "vllm": in their own events (vllm.go)
+	gap      *rand.Rand // the vLLM path's lost batches (Options.KVGap)
+	kv       kvStats
 
 	toks   []uint32     // scratch: a prompt's tokens
 	body   []byte       // scratch: a request body
@@ -494,10 +521,17 @@ func runPolicy(o *Options, ms []EngineModel, tr *trace, arrivals []int64, pol st
 	if o.audit {
 		r.audit = &audit{order: make([][]int32, len(ms))}
 	}
+	if r.vllm = precise && o.KVEvents == KVEventsVLLM; r.vllm {
+		r.gap = rand.New(rand.NewPCG(o.Seed, 0x6b76676170)) // "kvgap"
+	}
 	width := len(strconv.Itoa(len(ms) - 1))
 	for i, m := range ms {
 		id := fmt.Sprintf("w%0*d", width, i)
 		r.engines = append(r.engines, newEngine(id, m))
+		if r.vllm {
+			r.engines[i].vk = &vllmKV{tr: vllmkv.NewTracker(kvMaxBlocks), needClear: true}
+			r.engines[i].pool = r.newVLLMPool(int32(i))
+		}
 		if len(tr.adapters) > 0 {
 			r.engines[i].lora = newLoRASlots(o.MaxLoRAs)
 		}
@@ -582,6 +616,10 @@ func (r *runner) beat(i int32) {
 	info := router.WorkerInfo{ID: e.id, Model: model, HTTPAddress: "sim:" + e.id,
 		QueueDepth: int64(e.queued()), Running: int64(e.run), KVFreeBlocks: int64(st.FreeBlocks),
 		KVTotalBlocks: int64(st.TotalBlocks), BlockSize: int64(e.model.BlockSize), KVEvents: true}
+	if r.vllm {
+		// A vLLM engine serves no tl.kv stream: it publishes its own events (vllm.go).
+		info.KVEvents, info.KVEventsEndpoint = false, "tcp://"+e.id+".sim:5557"
+	}
 	if e.lora != nil {
 		info.LoRAAdapters, info.MaxLoRAs = r.tr.adapters, e.lora.max // read-only, shared
 	}
@@ -644,9 +682,14 @@ func (r *runner) pick(i int32) (*router.Picked, error) {
 		r.hashes = prefixindex.Hashes(r.hashes, rendered)
 		p.PrefixHashes = r.hashes
 	}
+	if r.vllm {
+		// The prompt as the engine tokenizes it (its render endpoint's answer).
+		p.TokenIDs = r.prompt(i)
+	}
 	if r.o.Admission {
 		// An admitted pick, as the request actor makes it: the router keeps it while it waits.
 		p.PrefixHashes = slices.Clone(p.PrefixHashes)
+		p.TokenIDs = slices.Clone(p.TokenIDs)
 		p.Requester = actor.NewPID("sim", "request/"+p.RequestID)
 		p.Admit = &router.AdmitInfo{PromptTokens: r.tr.reqs[i].promptTokens()}
 	}
@@ -881,6 +924,9 @@ func (r *runner) result(pol string) Result {
 		}
 	}
 	res.SwapsPer1k = round(float64(res.Swaps)*1000/float64(len(r.tr.reqs)), 2)
+	k := r.kv
+	res.KVBatches, res.KVLost, res.KVGaps, res.KVReplays, res.KVClears, res.KVOrphans =
+		k.batches, k.lost, k.gaps, k.replays, k.clears, k.orphans
 	return res
 }
 

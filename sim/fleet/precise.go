@@ -20,7 +20,7 @@ import (
 
 // watch hooks engine i's pool's evictions, for precise_prefix.
 func (r *runner) watch(i int32) {
-	if !r.precise {
+	if !r.precise || r.vllm {
 		return
 	}
 	e := r.engines[i]
@@ -29,7 +29,7 @@ func (r *runner) watch(i int32) {
 
 // tag reports the chunks of request i's prompt that seq's blocks now hold.
 func (r *runner) tag(i, eng int32, seq *kv.Seq) {
-	if !r.precise {
+	if !r.precise || r.vllm {
 		return
 	}
 	e := r.engines[eng]
@@ -107,6 +107,10 @@ func (r *runner) restart(i int32) {
 	st := e.pool.Stats()
 	e.oldHit += st.HitTokens
 	e.oldLook += st.LookupTokens
+	if r.vllm {
+		r.restartVLLM(i)
+		return
+	}
 	e.pool.OnUntag(nil)
 	e.removed = e.removed[:0]
 	e.pool = kv.NewPool(e.model.KVBlocks, e.model.BlockSize)

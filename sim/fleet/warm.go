@@ -75,7 +75,7 @@ func (r *runner) startWarm(k int32, seq *kv.Seq, cached int) {
 	e := r.engines[wj.eng]
 	wj.seq, wj.pool, wj.start, wj.cached = seq, e.pool, r.now, cached
 	r.audit.started(wj.eng, warmEntry(k))
-	if r.precise {
+	if r.precise && !r.vllm {
 		r.tagWarm(k, seq)
 	}
 	end := r.now + int64(len(wj.toks)-cached)*int64(e.model.PrefillPerToken) + int64(e.model.DecodePerToken)
