@@ -101,3 +101,64 @@ listen = "` + listen + `"
 		return forgotten() > before
 	})
 }
+
+// TestVLLMEventsRouteToTheHolder (R22 acceptance): with gateway.tokenizer = "engine", a prompt
+// warmed directly on engine vb (never through the gateway; the larger id, so a pick by load
+// would take va) is routed to vb three times in a row, matched block by block on vb's own
+// vLLM-format events (vb binds and publishes maps; va connects to the gateway and publishes
+// arrays); the gateway rendered it once and answered the repeats from its cache. vb killed
+// and started again (seq back at 0, AllBlocksCleared) is forgotten: the next repeat goes to va.
+func TestVLLMEventsRouteToTheHolder(t *testing.T) {
+	const lookups, hits = "tlengine_prefix_cache_lookup_tokens_total", "tlengine_prefix_cache_hit_tokens_total"
+	listen := freeAddr(t)
+	cfg := preciseConfig + `tokenizer = "engine"
+
+[gateway.kv_events]
+listen = "` + listen + `"
+`
+	vbArgs := []string{"vb", "--model", "smol", "--http-listen", freeAddr(t),
+		"--kv-events", "zmq://" + freeAddr(t), "--kv-events-format", "map"}
+	f := startFleet(t, cfg, []string{"va", "--model", "smol", "--kv-events", "zmq://" + listen, "--kv-events-bind=false"}, vbArgs)
+	va, vb := f.engines["va"], f.engines["vb"]
+	subscribed := func(p *proctest.Proc) func() bool {
+		return func() bool { return engineMetric(t, p, "tlengine_kv_events_subscribers") == 1 }
+	}
+	eventually(t, "va connected", 10*time.Second, subscribed(va))
+	eventually(t, "vb dialled", 10*time.Second, subscribed(vb))
+
+	prompt := strings.Repeat("A long system prompt that only engine vb has seen, in its own KV blocks. ", 30)
+	stored := func() float64 { return metricSum(t, f.base, "tlgw_kv_zmq_events_total", `kind="BlockStored"`) }
+	before := stored()
+	complete(t, "http://"+vb.HTTPAddr, prompt) // behind the gateway's back
+	eventually(t, "vb's BlockStored at the gateway", 10*time.Second, func() bool { return stored() > before })
+
+	for i := range 3 {
+		vbHits := engineMetric(t, vb, hits)
+		complete(t, f.base, prompt)
+		if got := engineMetric(t, va, lookups); got != 0 {
+			t.Fatalf("repeat %d went to va (%v tokens looked up there)", i, got)
+		}
+		if got := engineMetric(t, vb, hits); got <= vbHits {
+			t.Fatalf("repeat %d: vb served it without a cache hit (%v hit tokens, %v before)", i, got, vbHits)
+		}
+	}
+	tok := func(o string) float64 { return metricSum(t, f.base, "tlgw_tokenizer_requests_total", `outcome="`+o+`"`) }
+	if tok("render") != 1 || tok("cache") != 2 || tok("fallback") != 0 {
+		t.Fatalf("tokenizer outcomes: render %v cache %v partial %v fallback %v", tok("render"), tok("cache"), tok("partial"), tok("fallback"))
+	}
+
+	// vb restarts on the same addresses: its seq goes back to 0 with AllBlocksCleared.
+	if err := vb.Cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-vb.Exited()
+	vb = proctest.StartEngine(t, tlengineBin, append([]string{"--id", "vb", "--gateway", f.gw.GRPCAddr}, vbArgs[1:]...)...)
+	eventually(t, "vb re-dialled", 10*time.Second, subscribed(vb))
+	eventually(t, "the index forgot vb's blocks", 10*time.Second, func() bool {
+		return metricSum(t, f.base, "tlgw_kv_index_entries") == 0
+	})
+	complete(t, f.base, prompt)
+	if got := engineMetric(t, va, lookups); got == 0 {
+		t.Fatal("after vb's restart the repeat still went to vb")
+	}
+}
