@@ -155,6 +155,13 @@ func (g *rig) run(t target, body string, stream bool, conns int, d time.Duration
 	if err := os.WriteFile(script, []byte(wrkScript(fmt.Sprintf(body, t.model), t.key, stream)), 0o600); err != nil {
 		b.Fatal(err)
 	}
+	return g.runScript(t, script, "/v1/completions", conns, d)
+}
+
+// runScript drives t's path with wrk and the Lua script at script (which prints the WRK line
+// of wrkScript's done) for d at conns connections.
+func (g *rig) runScript(t target, script, path string, conns int, d time.Duration) phase {
+	b := g.b
 	threads := min(2, conns)
 	m0, err := t.mallocs()
 	if err != nil {
@@ -162,7 +169,7 @@ func (g *rig) run(t target, body string, stream bool, conns int, d time.Duration
 	}
 	c0, e0 := cpuOf(b, t.proc), cpuOf(b, g.engines...)
 	out, err := exec.Command("taskset", "-c", loadCore, "wrk", "-t", strconv.Itoa(threads), "-c", strconv.Itoa(conns),
-		"-d", fmt.Sprintf("%ds", max(1, int(d.Seconds()))), "--timeout", "10s", "-s", script, t.base+"/v1/completions").CombinedOutput()
+		"-d", fmt.Sprintf("%ds", max(1, int(d.Seconds()))), "--timeout", "10s", "-s", script, t.base+path).CombinedOutput()
 	if err != nil {
 		b.Fatalf("wrk: %v\n%s", err, out)
 	}
