@@ -24,7 +24,7 @@ const simulateUsage = `usage:
       adapter pick (lora) against the adapter-unaware least_outstanding
   tlgw simulate … --kv-events vllm [--kv-gap F [--kv-replay]]
       precise_prefix's engines publish vLLM's own KV events (R22) instead of tl.kv chunk ids;
-      a fraction F of event batches is lost, and the gateway replays or clears the worker
+      a fraction F of event batches is lost, and the gateway replays the gap or keeps the worker's entries
 `
 
 // runSimulate runs `tlgw simulate`. Exit codes: 0 done, 1 the run or its output failed, 2 bad
@@ -53,7 +53,7 @@ func runSimulate(args []string, stdout, stderr io.Writer) int {
 	swapMs := fs.Float64("lora-swap-ms", float64(fleet.DefaultLoRASwap)/float64(time.Millisecond), "--trace lora: what loading an adapter into a slot adds to its request's prefill, in ms (≥ 0)")
 	kvEvents := fs.String("kv-events", fleet.KVEventsTL, "the KV events precise_prefix's engines publish: tl (tl.kv chunk ids) or vllm (vLLM's block events, keyed by token ids)")
 	kvGap := fs.Float64("kv-gap", 0, fmt.Sprintf("--kv-events vllm: the fraction of event batches lost on their way (0 to %v)", fleet.MaxKVGap))
-	kvReplay := fs.Bool("kv-replay", false, "--kv-events vllm: the gateway replays a gap's lost batches from the engine (else it clears the worker)")
+	kvReplay := fs.Bool("kv-replay", false, "--kv-events vllm: the gateway replays a gap's lost batches from the engine (else it keeps the worker's entries)")
 	if err := fs.Parse(args); err != nil {
 		if err == flag.ErrHelp {
 			return 0

@@ -211,13 +211,13 @@ func TestSimulateVLLMEvents(t *testing.T) {
 	base := []string{"--trace", "shared-prefix", "--workers", "4", "--requests", "600", "--load", "0.8", "--seed", "1",
 		"--policies", "precise_prefix", "--kv-events", "vllm"}
 	plain := simulateJSON(t, base...)[0]
-	clear := simulateJSON(t, append(base, "--kv-gap", "0.05")...)[0]
+	kept := simulateJSON(t, append(base, "--kv-gap", "0.05")...)[0]
 	replay := simulateJSON(t, append(base, "--kv-gap", "0.05", "--kv-replay")...)[0]
 	if plain.KVBatches == 0 || plain.KVLost != 0 || plain.Completed != plain.Requests {
 		t.Fatalf("--kv-events vllm: %+v", plain)
 	}
-	if clear.KVLost == 0 || clear.KVClears == 0 || clear.KVReplays != 0 {
-		t.Fatalf("--kv-gap 0.05: %+v", clear)
+	if kept.KVLost == 0 || kept.KVKept != kept.KVGaps || kept.KVClears != 0 || kept.KVReplays != 0 {
+		t.Fatalf("--kv-gap 0.05: %+v", kept)
 	}
 	if replay.KVGaps == 0 || replay.KVReplays != replay.KVGaps || replay.KVClears != 0 {
 		t.Fatalf("--kv-gap 0.05 --kv-replay: %+v", replay)

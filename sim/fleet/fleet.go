@@ -129,12 +129,14 @@ type Result struct {
 	LoRAWaits  int     `json:"lora_waits"`
 	OfferedRPS float64 `json:"offered_rps"`
 	// The vLLM event path (Options.KVEvents = "vllm"): event batches the engines published,
-	// those lost on the way, the gaps the subscriber saw, how many it replayed and how many
-	// cleared the worker, and stored events it could not key (their parent was lost).
+	// those lost on the way, the gaps the subscriber saw, how many it replayed and how many it
+	// passed keeping the worker's entries, the clears (a tracker over its bound), and stored
+	// events it could not key (their parent was lost).
 	KVBatches  int     `json:"kv_batches,omitempty"`
 	KVLost     int     `json:"kv_lost,omitempty"`
 	KVGaps     int     `json:"kv_gaps,omitempty"`
 	KVReplays  int     `json:"kv_replays,omitempty"`
+	KVKept     int     `json:"kv_kept,omitempty"`
 	KVClears   int     `json:"kv_clears,omitempty"`
 	KVOrphans  int     `json:"kv_orphans,omitempty"`
 	SimSeconds float64 `json:"sim_seconds"` // simulated time until the last request ended
@@ -925,8 +927,8 @@ func (r *runner) result(pol string) Result {
 	}
 	res.SwapsPer1k = round(float64(res.Swaps)*1000/float64(len(r.tr.reqs)), 2)
 	k := r.kv
-	res.KVBatches, res.KVLost, res.KVGaps, res.KVReplays, res.KVClears, res.KVOrphans =
-		k.batches, k.lost, k.gaps, k.replays, k.clears, k.orphans
+	res.KVBatches, res.KVLost, res.KVGaps, res.KVReplays, res.KVKept, res.KVClears, res.KVOrphans =
+		k.batches, k.lost, k.gaps, k.replays, k.kept, k.clears, k.orphans
 	return res
 }
 

@@ -22,9 +22,10 @@ import (
 //
 // Options.KVGap loses each batch on its way with that probability (the run's own seeded RNG):
 // the subscriber sees a seq gap at the next batch that arrives, and as kvzmq does it either
-// replays the lost batches from the engine (Options.KVReplay) or clears the worker, here and in
-// the router; the blocks a lost batch stored are then unknown (their children are orphans,
-// not indexed) until the engine stores them again. The simulated engines heartbeat as a vLLM
+// replays the lost batches from the engine (Options.KVReplay) or keeps the worker's entries:
+// the blocks a lost batch stored are then unknown (their children are orphans, not indexed)
+// until the engine stores them again, and those it removed stay in the index (stale) until the
+// engine stores them again or the worker's bound clears it. The simulated engines heartbeat as a vLLM
 // worker is seen (no tl.kv stream: WorkerInfo.KVEvents false), so prefix warm-ups, which need
 // every worker of the pool to key its cache on the rendered prompt, are off on this path.
 
@@ -73,7 +74,7 @@ type vllmKV struct {
 
 // kvStats are a run's counts of the vLLM event path (Result's kv_* fields).
 type kvStats struct {
-	batches, lost, gaps, replays, clears, orphans int
+	batches, lost, gaps, replays, kept, clears, orphans int
 }
 
 // vllmSeed is engine i's hash seed after restarts restarts (never 0, NewPool's own hash).
@@ -145,8 +146,7 @@ func (r *runner) receive(e *engine, b vllmkv.Batch) {
 		if r.kvReplay(e, v.last+1, b.Seq) {
 			r.kv.replays++
 		} else {
-			r.kv.clears++
-			r.kvClear(e)
+			r.kv.kept++ // as kvzmq: the worker's entries stay (see the package comment)
 		}
 	}
 	r.kvApply(e, b)
