@@ -50,6 +50,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&cfg.MaxLoRAs, "max-loras", 4, "GPU slots for LoRA adapters: adapters whose requests run at once")
 	fs.IntVar(&loraSwapMS, "lora-swap-ms", 20, "milliseconds to load an adapter into a slot, added to that request's time to first token (0: none)")
 	fs.BoolVar(&cfg.AllowRuntimeLoRA, "allow-runtime-lora", false, "serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter")
+	fs.StringVar(&cfg.PD, "pd", "tl", "disaggregation protocol besides EngineControl: tl, vllm (kv_transfer_params) or sglang (bootstrap rooms)")
+	fs.IntVar(&cfg.BootstrapPort, "bootstrap-port", 8998, "the KV side channel's port under --pd vllm or sglang on a prefill or unified engine (sglang's bootstrap port; 0: any)")
+	fs.DurationVar(&cfg.PDTimeout, "pd-timeout", 30*time.Second, "how long a decode waits for its KV under --pd vllm or sglang (a bootstrap room's prefill, the transfer)")
 	fs.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -105,7 +108,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	// One machine-readable line with the real addresses (port 0 resolved).
 	fmt.Fprintf(stdout, "tlengine listening http=%s grpc=%s kv=%s\n", e.HTTPAddr, e.GRPCAddr, e.KVAddr)
 	cfg.Logger.Info("tlengine serving", "id", cfg.ID, "model", cfg.Model, "role", role, "fault", f.String(),
-		"gateways", cfg.Gateways)
+		"gateways", cfg.Gateways, "pd", cfg.PD, "bootstrap", e.BootstrapAddr)
 	<-ctx.Done()
 	e.Close()
 	return 0

@@ -101,6 +101,15 @@ type Config struct {
 	// AllowRuntimeLoRA serves POST /v1/load_lora_adapter and /v1/unload_lora_adapter
 	// (--allow-runtime-lora); without it they answer 404 as an unknown path does.
 	AllowRuntimeLoRA bool
+	// PD is the disaggregation protocol spoken besides EngineControl (R22, pd.go): "tl"
+	// (default: ours only), "vllm" (kv_transfer_params) or "sglang" (bootstrap rooms).
+	PD string
+	// BootstrapPort is the side channel's port under vllm or sglang on a prefill or unified
+	// engine (--bootstrap-port, 8998 by default there; 0 here binds any port).
+	BootstrapPort int
+	// PDTimeout bounds a decode's wait for its KV: a bootstrap room's prefill, the fetch
+	// (--pd-timeout, default 30 s).
+	PDTimeout time.Duration
 }
 
 // Engine is a running simulated engine.
@@ -113,6 +122,10 @@ type Engine struct {
 	HTTPAddr string // the real bound addresses
 	GRPCAddr string
 	KVAddr   string
+	// BootstrapAddr is the PD side channel's address ("" when it does not run, pd.go).
+	BootstrapAddr string
+	bootSrv       *http.Server
+	pdt           *pdTable // KV held for remote decodes, rooms waited on (pd.go)
 	// advertisedHTTP is what heartbeats report: HTTPAddr, or a dead address under --fault refuse.
 	advertisedHTTP string
 
@@ -216,6 +229,9 @@ func (c *Config) defaults() error {
 		}
 		names[l.Name] = true
 	}
+	if err := c.checkPDConfig(); err != nil {
+		return err
+	}
 	if c.HTTPListen == "" {
 		c.HTTPListen = "127.0.0.1:0"
 	}
@@ -258,6 +274,7 @@ func Start(cfg Config) (*Engine, error) {
 		serves:    make(map[string]bool),
 		loras:     newLoRAs(cfg.Clock, cfg.MaxLoRAs, cfg.LoRASwap, cfg.LoRAs),
 		responses: newResponseStore(maxStoredResponses, maxStoredResponseBytes),
+		pdt:       newPDTable(),
 	}
 	for _, n := range cfg.Endpoints {
 		e.serves[n] = true
@@ -287,6 +304,13 @@ func Start(cfg Config) (*Engine, error) {
 		}
 		e.advertisedHTTP = dead
 	}
+	boot, err := e.startSideChannel(e.HTTPAddr)
+	if err != nil {
+		for _, l := range lis {
+			l.Close()
+		}
+		return nil, err
+	}
 	e.stopCtx, e.cancelStop = context.WithCancel(context.Background())
 
 	e.httpSrv = &http.Server{Handler: e.routes(), ReadHeaderTimeout: 10 * time.Second}
@@ -309,6 +333,11 @@ func Start(cfg Config) (*Engine, error) {
 	go func() { defer e.wg.Done(); _ = e.httpSrv.Serve(lis[0]) }()
 	go func() { defer e.wg.Done(); _ = e.grpcSrv.Serve(lis[1]) }()
 	go func() { defer e.wg.Done(); _ = e.kvSrv.Serve(lis[2]) }()
+	if boot != nil {
+		e.bootSrv = &http.Server{Handler: e.sideChannel(), ReadHeaderTimeout: 10 * time.Second}
+		e.wg.Add(1)
+		go func() { defer e.wg.Done(); _ = e.bootSrv.Serve(boot) }()
+	}
 	if len(cfg.Gateways) > 0 && cfg.Fault.Kind != faults.NoHeartbeat {
 		e.startHeartbeats()
 	}
@@ -335,10 +364,14 @@ func (e *Engine) Close() {
 		if err := e.httpSrv.Shutdown(ctx); err != nil {
 			_ = e.httpSrv.Close()
 		}
+		if e.bootSrv != nil {
+			_ = e.bootSrv.Close() // its waits end on e.stop
+		}
 		e.grpcSrv.Stop()
 		e.kvSrv.Stop()
 		e.wg.Wait()
 		e.dropHandles()
+		e.dropPD()
 	})
 }
 
