@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
 
@@ -224,6 +225,8 @@ func (r *requestActor) stepPrefilling(c actor.Context, msg any) {
 		return
 	}
 	r.releaseWorker(c, p.Prefill.Worker, router.OutcomeSuccess) // the prefill worker's part is done
+	r.d.Metrics.pdPhase(p.PDProtocol, pdPhasePrefill, time.Since(r.pdAt))
+	r.pdAt = time.Now()
 	r.become(Attempting)
 	r.startAttempt(c)
 }

@@ -306,7 +306,7 @@ func (r *requestActor) faultStep(c actor.Context, msg any) bool {
 	}
 	// The result of the I/O request_timeout cancelled (Receive has dropped stale ones).
 	switch m := msg.(type) {
-	case attemptResult, firstEvent, bufferedResult, tokenized:
+	case attemptResult, firstEvent, bufferedResult, tokenized, remotePrefilled:
 		discard(m)
 	case prefilled:
 		if m.err == nil {

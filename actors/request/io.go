@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tlgw/tlgw/actors/router"
+	"github.com/tlgw/tlgw/internal/config"
 	"github.com/tlgw/tlgw/internal/errs"
 	"github.com/tlgw/tlgw/internal/oai"
 )
@@ -50,6 +51,8 @@ func (r *requestActor) upstreamBody() ([]byte, error) {
 	if r.seedFixed {
 		key += "|seed"
 	}
+	pd := r.pdBodyKey() // the engines' protocols' fields (pd.go)
+	key += pd
 	if r.upBody != nil && r.upBodyFor == key {
 		return r.upBody, nil
 	}
@@ -89,6 +92,11 @@ func (r *requestActor) upstreamBody() ([]byte, error) {
 			return nil, err
 		}
 	}
+	if pd != "" {
+		if b, err = r.pdBody(b); err != nil {
+			return nil, err
+		}
+	}
 	r.upBody, r.upBodyFor = b, key
 	return b, nil
 }
@@ -100,6 +108,10 @@ var (
 
 // attempt sends the request to the picked engine (Attempting).
 func (r *requestActor) attempt(c actor.Context) {
+	if p := r.picked; p.Prefill != nil && p.PDProtocol == config.PDSGLang {
+		r.attemptSGLang(c)
+		return
+	}
 	body, err := r.upstreamBody()
 	if err != nil {
 		r.fail(c, fmt.Errorf("%v: %w", err, errs.ErrInvalidRequest))

@@ -29,6 +29,11 @@ type Metrics struct {
 	timeouts    *prometheus.CounterVec
 	budget      *prometheus.CounterVec
 	warmups     [numWarmResults]prometheus.Counter // tlgw_prefix_warmups_sent_total{result}
+	// The disaggregated phases (R22) by protocol (a route's pd_protocol: "tl", "vllm" or
+	// "sglang", from the configuration) and fixed phase and retry names: bounded series.
+	pdPhases   *prometheus.HistogramVec
+	pdFailures *prometheus.CounterVec
+	pdRetries  *prometheus.CounterVec
 
 	// The series every request touches, resolved once: WithLabelValues hashes its labels and
 	// takes the vector's lock on each call, and a request made about six such calls. The label
@@ -108,9 +113,23 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	for i, name := range warmResultNames {
 		m.warmups[i] = warmups.WithLabelValues(name)
 	}
+	m.pdPhases = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name: "tlgw_pd_phase_seconds",
+		Help: "Disaggregated requests' phases by protocol (tl, vllm, sglang): prefill (tl: tokenize and Prefill; vllm: the prefill call) " +
+			"and decode_first_byte (the decode attempt to its first byte; sglang: both calls at once).",
+		Buckets: prometheus.ExponentialBucketsRange(1e-4, 300, 20),
+	}, []string{"protocol", "phase"})
+	m.pdFailures = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tlgw_pd_failures_total",
+		Help: "Disaggregated attempts that failed before the decode's first byte, by protocol and the phase that failed (prefill, decode).",
+	}, []string{"protocol", "phase"})
+	m.pdRetries = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tlgw_pd_retries_total",
+		Help: "What a disaggregated failure before the first byte retried, by protocol: same_params (vllm: another decode worker with the prefill's KV) or new_prefill (a new prefill, or sglang room).",
+	}, []string{"protocol", "retry"})
 	if reg != nil {
 		reg.MustRegister(m.requests, m.transitions, m.failovers, m.interrupts, m.firstByte, m.cascade, m.crashes,
-			m.timeouts, m.budget, stages, warmups)
+			m.timeouts, m.budget, stages, warmups, m.pdPhases, m.pdFailures, m.pdRetries)
 	}
 	return m
 }
@@ -176,4 +195,37 @@ func (m *Metrics) timeout(route, which string) {
 
 func (m *Metrics) budgetSpent(route string) {
 	m.budget.WithLabelValues(route).Inc()
+}
+
+// The phases and retries of the disaggregated metrics (R22).
+const (
+	pdPhasePrefill    = "prefill"
+	pdPhaseDecode     = "decode_first_byte"
+	pdRetrySameParams = "same_params"
+	pdRetryNewPrefill = "new_prefill"
+)
+
+// pdLabel is a protocol label: the configuration's names only.
+func pdLabel(protocol string) string {
+	switch protocol {
+	case "tl", "vllm", "sglang":
+		return protocol
+	}
+	return UnknownLabel
+}
+
+func (m *Metrics) pdPhase(protocol, phase string, d time.Duration) {
+	m.pdPhases.WithLabelValues(pdLabel(protocol), phase).Observe(d.Seconds())
+}
+
+// pdFailure counts a failure of phase (pdPhasePrefill, or pdPhaseDecode for the decode).
+func (m *Metrics) pdFailure(protocol, phase string) {
+	if phase == pdPhaseDecode {
+		phase = "decode"
+	}
+	m.pdFailures.WithLabelValues(pdLabel(protocol), phase).Inc()
+}
+
+func (m *Metrics) pdRetry(protocol, retry string) {
+	m.pdRetries.WithLabelValues(pdLabel(protocol), retry).Inc()
 }

@@ -261,6 +261,17 @@ type requestActor struct {
 	watchers []*actor.PID
 	kvHandle string   // a pushed KV handle on the decode worker, until consumed or released
 	kvAt     Endpoint // the decode worker's KV address, where Release goes
+	// The engines' own disaggregation protocols (R22, pd.go): kvParams is the vLLM prefill
+	// worker's kv_transfer_params object (at most maxKVParams bytes; nil: none yet), passed
+	// verbatim to the decode; decodeRetried says a decode with these params already failed
+	// once and tried another decode worker; decodeOnly asks the next pick for a decode worker
+	// alone; room is the current SGLang attempt's bootstrap_room; pdAt is when the current
+	// phase (prefill, decode) began, for tlgw_pd_phase_seconds.
+	kvParams      []byte
+	decodeRetried bool
+	decodeOnly    bool
+	room          uint64
+	pdAt          time.Time
 	// cascadeHold is the buffer budget's bytes of a cascade step's answer (nil: none), from
 	// its read until it is judged, or the request ends.
 	cascadeHold *bufHold
@@ -394,7 +405,7 @@ func (r *requestActor) leave(c actor.Context) {
 		// The router sees the actor stop: a queued pick leaves. An answer already on its way
 		// is given back if it is handled (Receive), else its workers see the actor stop.
 		r.finish(c, statusClientGone)
-	case Tokenizing, Attempting, CascadeStep:
+	case Tokenizing, RemotePrefill, Attempting, CascadeStep:
 		r.endIO() // its late result is discarded; nothing it carries is held
 		r.releaseAll(c.Send)
 		r.release(c, r.finishing(statusClientGone))
@@ -488,7 +499,7 @@ func (r *requestActor) pick(c actor.Context) {
 		PrefixHash: prefixHash(r.x.Req.PrefixKey), PrefixHashes: r.hashes, Exclude: r.exclude,
 		Step: r.cascadeStep, Tag: tag, SLOTTFTMs: r.x.SLOTTFTMs, Endpoint: r.x.Kind,
 		Response: r.x.Response, Owner: r.x.Owner, Continues: r.x.Response != "" && r.x.Method == "",
-		TokenIDs: r.x.TokenIDs,
+		TokenIDs: r.x.TokenIDs, DecodeOnly: r.decodeOnly,
 	}
 	if r.d.Admission && (r.x.Response == "" || p.Continues) { // a stored response's read or delete is no generation
 		// Every pick of the request names its admission: the router admits the first it
@@ -638,13 +649,15 @@ func (r *requestActor) releaseAll(send func(*actor.PID, any)) {
 
 // blame is the worker whose part failed with err, and the HTTP address it was picked at: the
 // prefill worker while tokenizing or prefilling (unless the prefill worker says its push to
-// the decode worker failed), else the picked (unified or decode) worker; nil while routing.
+// the decode worker failed), or when its call of an SGLang pair failed (prefillLegError), else
+// the picked (unified or decode) worker; nil while routing.
 func (r *requestActor) blame(err error) (*actor.PID, string, string) {
 	p := r.picked
 	switch {
 	case p == nil:
 		return nil, "", ""
-	case r.state == Tokenizing || r.state == Prefilling && !errors.Is(err, ErrDecodeTarget):
+	case r.state == Tokenizing || r.state == RemotePrefill || r.state == Prefilling && !errors.Is(err, ErrDecodeTarget),
+		r.state == Attempting && p.Prefill != nil && errors.As(err, new(prefillLegError)):
 		return p.Prefill.Worker, p.Prefill.WorkerID, p.Prefill.HTTPAddress
 	}
 	return p.Worker, p.WorkerID, p.HTTPAddress

@@ -19,7 +19,13 @@ const (
 	// Prefilling: disaggregated, the prefill worker computes the prompt's KV and pushes it to
 	// the decode worker.
 	Prefilling
-	// Attempting: the request is on its way to an engine; nothing has reached the client.
+	// RemotePrefill: disaggregated over vLLM's protocol (R22), the prefill worker answers
+	// call 1 (max_tokens 1, kv_transfer_params do_remote_decode) with the parameters that name
+	// the KV it holds for the decode.
+	RemotePrefill
+	// Attempting: the request is on its way to an engine; nothing has reached the client. A
+	// disaggregated request over SGLang's protocol (R22) is here with both of its calls: the
+	// decode worker's, whose answer the client gets, and the prefill worker's, at once.
 	Attempting
 	// CascadeStep: a non-final cascade step's answer is being read in full, to be judged.
 	CascadeStep
@@ -33,7 +39,7 @@ const (
 	Done
 )
 
-var stateNames = [...]string{"routing", "tokenizing", "prefilling", "attempting", "cascade_step", "relaying", "releasing", "done"}
+var stateNames = [...]string{"routing", "tokenizing", "prefilling", "remote_prefill", "attempting", "cascade_step", "relaying", "releasing", "done"}
 
 func (s State) String() string {
 	if int(s) < len(stateNames) {
@@ -57,14 +63,15 @@ var machine [Done + 1]stateSpec
 
 func init() {
 	machine = [Done + 1]stateSpec{
-		Routing:     {(*requestActor).stepRouting, []State{Attempting, Tokenizing, Routing, Done}},
-		Tokenizing:  {(*requestActor).stepTokenizing, []State{Prefilling, Routing, Done}},
-		Prefilling:  {(*requestActor).stepPrefilling, []State{Attempting, Routing, Releasing, Done}},
-		Attempting:  {(*requestActor).stepAttempting, []State{Relaying, CascadeStep, Routing, Releasing, Done}},
-		CascadeStep: {(*requestActor).stepCascade, []State{Routing, Releasing, Done}},
-		Relaying:    {(*requestActor).stepRelaying, []State{Releasing, Done}},
-		Releasing:   {(*requestActor).stepReleasing, []State{Routing, Done}},
-		Done:        {nil, nil},
+		Routing:       {(*requestActor).stepRouting, []State{Attempting, Tokenizing, RemotePrefill, Routing, Done}},
+		Tokenizing:    {(*requestActor).stepTokenizing, []State{Prefilling, Routing, Done}},
+		Prefilling:    {(*requestActor).stepPrefilling, []State{Attempting, Routing, Releasing, Done}},
+		RemotePrefill: {(*requestActor).stepRemotePrefill, []State{Attempting, Routing, Done}},
+		Attempting:    {(*requestActor).stepAttempting, []State{Relaying, CascadeStep, Routing, Releasing, Done}},
+		CascadeStep:   {(*requestActor).stepCascade, []State{Routing, Releasing, Done}},
+		Relaying:      {(*requestActor).stepRelaying, []State{Releasing, Done}},
+		Releasing:     {(*requestActor).stepReleasing, []State{Routing, Done}},
+		Done:          {nil, nil},
 	}
 }
 

@@ -51,7 +51,7 @@ func TestTheTableDrivesTheMachine(t *testing.T) {
 	if allowed(Done+1, Done) {
 		t.Error("a state outside the table moves")
 	}
-	if got := (Done + 1).String(); got != "state(8)" {
+	if got := (Done + 1).String(); got != "state(9)" {
 		t.Errorf("an unknown state reads %q", got)
 	}
 	// A request in Releasing gets its step from the table: the Release's answer runs the

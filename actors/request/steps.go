@@ -14,6 +14,7 @@ import (
 
 	"github.com/tlgw/tlgw/actors/router"
 	"github.com/tlgw/tlgw/internal/cascade"
+	"github.com/tlgw/tlgw/internal/config"
 	"github.com/tlgw/tlgw/internal/errs"
 	"github.com/tlgw/tlgw/internal/oai"
 )
@@ -86,6 +87,8 @@ func resultGen(msg any) (int, bool) {
 	case prefilled:
 		return m.gen, true
 	case releasedKV:
+		return m.gen, true
+	case remotePrefilled:
 		return m.gen, true
 	}
 	return 0, false
@@ -202,7 +205,18 @@ func (r *requestActor) onPicked(c actor.Context, p *router.Picked) {
 	r.acquire(p)
 	r.warmup(c, p)
 	r.armRequestTimeout(c)
-	if p.Prefill != nil {
+	r.decodeOnly = false
+	r.pdAt = time.Now()
+	switch {
+	case p.Prefill != nil && p.PDProtocol == config.PDVLLM:
+		r.become(RemotePrefill)
+		r.remotePrefill(c)
+		return
+	case p.Prefill != nil && p.PDProtocol == config.PDSGLang:
+		r.become(Attempting) // both calls at once (attemptSGLang)
+		r.startAttempt(c)
+		return
+	case p.Prefill != nil:
 		r.become(Tokenizing)
 		r.tokenize(c)
 		return
@@ -235,6 +249,7 @@ func (r *requestActor) failover(c actor.Context, err error) {
 	r.releaseAll(c.Send)
 	r.logger().Info("attempt failed before the first byte", "worker", id, "outcome", o.String(), "err", err)
 	r.d.Metrics.failovers.WithLabelValues(r.route).Inc()
+	r.pdFailover(worker)
 	r.lastErr = err
 	r.attempts++
 	r.exclude = append(r.exclude, id)
@@ -402,6 +417,7 @@ func (r *requestActor) stepFirstEvent(c actor.Context, m firstEvent) {
 func (r *requestActor) relay(c actor.Context, resp *http.Response, first []byte, buf *[]byte) {
 	p := r.picked
 	r.stopFirstByteTimer()
+	r.pdCommitted(c)
 	body := resp.Body
 	if isSSE(resp) {
 		r.stopRequestTimer() // a stream's bound is stream_idle_timeout from here

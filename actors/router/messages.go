@@ -74,6 +74,14 @@ type WorkerInfo struct {
 	// kv_events_endpoint, a static worker's), as internal/vllmkv.ParseEndpoint accepts it; ""
 	// = none advertised (the engine may still connect to [gateway.kv_events] listen).
 	KVEventsEndpoint string
+	// BootstrapPort is the engine's SGLang bootstrap port (R22), which a pd_protocol =
+	// "sglang" route names in bootstrap_port when the engine is its prefill worker: a static
+	// worker's configured bootstrap_port. 0 = not known, which picks read as
+	// config.DefaultBootstrapPort (8998). Decision: a heartbeating engine has no way to say
+	// its port (WorkerStatus has no field for it, and a new proto field is a contract change
+	// for every engine adapter), so it gets SGLang's default; an SGLang prefill engine on
+	// another port is configured as a static worker (or an engine pool) with bootstrap_port.
+	BootstrapPort int
 	// LoRAAdapters are the LoRA adapters the engine serves besides Model (R21: a heartbeat's
 	// lora_adapters; a scraped engine's /v1/models entries whose parent is Model), sorted,
 	// without duplicates, at most MaxLoRAAdapters. MaxLoRAs is how many it runs at once (0 =
@@ -264,6 +272,10 @@ type Pick struct {
 	// *Picked when it leaves. Later picks of the Key (failover, cascade steps, repeated picks)
 	// keep the allowed workers it was admitted with and move the gate's bookkeeping.
 	Admit *AdmitInfo
+	// DecodeOnly asks a disaggregated route for a decode worker alone (no prefill worker):
+	// a pd_protocol = "vllm" request whose decode failed before its first byte tries another
+	// decode worker with the KV its prefill worker still holds (R22). Other routes ignore it.
+	DecodeOnly bool
 }
 
 // AdmitInfo is what the admission classifier reads of a request.
@@ -333,6 +345,9 @@ type Picked struct {
 	// Prefill is the prefill worker of a disaggregated route (Worker is then the decode
 	// worker); nil otherwise.
 	Prefill *PickedWorker
+	// PDProtocol is the disaggregated route's protocol (config.PDTL, PDVLLM or PDSGLang; R22)
+	// when the pick is disaggregated: Prefill is set, or the Pick was DecodeOnly. "" otherwise.
+	PDProtocol string
 	// Admitted: the request went through the admission queue; its turn ends when the
 	// requester stops.
 	Admitted bool
@@ -403,6 +418,9 @@ type PickedWorker struct {
 	Reg         uint64 // Worker's registration (WorkerInfo.Reg)
 	HTTPAddress string
 	GRPCAddress string
+	// BootstrapPort is the worker's SGLang bootstrap port (WorkerInfo.BootstrapPort, its
+	// default filled in); set on a disaggregated pick's prefill worker.
+	BootstrapPort int
 }
 
 // ListWorkers asks for every registered worker; the reply is *WorkerList.

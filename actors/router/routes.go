@@ -72,11 +72,11 @@ func (t *routeTable) resolve(m *Pick, v *workerView) target {
 	var model, routeID string
 	stepIdx, steps := 0, 1
 	var accept *cascade.Accept
-	disagg := false
+	disagg, pd := false, ""
 	if rt := t.byName[m.Model]; rt != nil {
 		routeID = rt.id
 		model, stepIdx, steps, accept = rt.target(t.canary, m.RequestID, m.Step)
-		disagg = rt.disaggregated
+		disagg, pd = rt.disaggregated, rt.cfg.PD()
 	} else if served(m.Model) {
 		model, routeID = m.Model, m.Model
 	} else {
@@ -90,6 +90,11 @@ func (t *routeTable) resolve(m *Pick, v *workerView) target {
 	t2 := target{
 		out: &Picked{Tag: m.Tag, Route: routeID, ServedModel: model, Step: stepIdx, Steps: steps, Accept: accept},
 		key: poolKey{model: model, role: role}, disagg: disagg, endpoint: m.Endpoint,
+	}
+	if disagg {
+		t2.out.PDProtocol = pd
+		// A decode worker alone: its request carries the KV its first prefill left (R22).
+		t2.disagg = !m.DecodeOnly
 	}
 	if v.models[model] == 0 {
 		if len(v.loraIdx[model]) > 0 {

@@ -318,7 +318,8 @@ func (v *workerView) choose(ch choice, out *Picked, fx effects) bool {
 			return false
 		}
 		out.Prefill = &PickedWorker{Ticket: v.reserve(p, ch.requester, fx), Worker: p.pid, WorkerID: p.info.ID,
-			Reg: p.info.Reg, HTTPAddress: p.info.HTTPAddress, GRPCAddress: p.info.GRPCAddress}
+			Reg: p.info.Reg, HTTPAddress: p.info.HTTPAddress, GRPCAddress: p.info.GRPCAddress,
+			BootstrapPort: bootstrapPort(p.info)}
 	}
 	out.Ticket = v.reserve(s, ch.requester, fx)
 	v.decisions[reason].Inc()
@@ -333,6 +334,15 @@ func (v *workerView) choose(ch choice, out *Picked, fx effects) bool {
 	out.Worker, out.WorkerID, out.WorkerReg, out.HTTPAddress = s.pid, s.info.ID, s.info.Reg, s.info.HTTPAddress
 	out.GRPCAddress, out.KVAddress, out.Reason = s.info.GRPCAddress, s.info.KVAddress, reason
 	return true
+}
+
+// bootstrapPort is info's SGLang bootstrap port, SGLang's default when it has none (see
+// WorkerInfo.BootstrapPort).
+func bootstrapPort(info WorkerInfo) int {
+	if info.BootstrapPort > 0 {
+		return info.BootstrapPort
+	}
+	return config.DefaultBootstrapPort
 }
 
 // chunkTokens is about how many tokens a 64-byte prompt chunk makes (4 bytes a token).

@@ -6,6 +6,7 @@ import (
 
 	"github.com/tlgw/tlgw/internal/config"
 	"github.com/tlgw/tlgw/internal/errs"
+	"github.com/tlgw/tlgw/internal/oai"
 )
 
 // TestViewCountsPicksUntilTheWorkerReports: a pick sends the worker its Acquire and counts in
@@ -232,5 +233,36 @@ func TestViewDrainEchoIsRoutable(t *testing.T) {
 	r.report(w)
 	if row := r.row(t, "w1"); !row.Routable {
 		t.Fatalf("not draining: %+v", row)
+	}
+}
+
+// TestViewPDProtocolPick (R22): a disaggregated pick names its route's pd_protocol ("tl"
+// when none is given) and its prefill worker's bootstrap port (SGLang's 8998 when the worker
+// has none, as a heartbeating one); a DecodeOnly pick reserves a decode worker alone, and an
+// endpoint a disaggregated route does not split names no protocol.
+func TestViewPDProtocolPick(t *testing.T) {
+	r := newRig(t, Config{Routes: []config.Route{
+		{Model: "sg", Targets: []string{config.TargetDisaggregated}, PDProtocol: config.PDSGLang},
+		{Model: "pd", Targets: []string{config.TargetDisaggregated}},
+	}})
+	r.joinRole("d1", "sg", RoleDecode, 0)
+	r.joinWith("p1", "sg", RolePrefill, 0, func(i *WorkerInfo) { i.BootstrapPort = 9100 })
+	r.joinRole("d2", "pd", RoleDecode, 0)
+	r.joinRole("p2", "pd", RolePrefill, 0)
+	p := r.st.pick(&Pick{Model: "sg", Endpoint: oai.Completions}, r)
+	if p.Err != nil || p.PDProtocol != config.PDSGLang || p.Prefill == nil || p.Prefill.BootstrapPort != 9100 {
+		t.Fatalf("sglang pick: %+v prefill %+v", p, p.Prefill)
+	}
+	p = r.st.pick(&Pick{Model: "pd", Endpoint: oai.Chat}, r)
+	if p.Err != nil || p.PDProtocol != config.PDTL || p.Prefill == nil || p.Prefill.BootstrapPort != config.DefaultBootstrapPort {
+		t.Fatalf("default pick: %+v prefill %+v", p, p.Prefill)
+	}
+	before := r.inFlight("p1")
+	p = r.st.pick(&Pick{Model: "sg", Endpoint: oai.Completions, DecodeOnly: true}, r)
+	if p.Err != nil || p.WorkerID != "d1" || p.Prefill != nil || p.PDProtocol != config.PDSGLang || r.inFlight("p1") != before {
+		t.Fatalf("decode-only pick: %+v (prefill in flight %d → %d)", p, before, r.inFlight("p1"))
+	}
+	if p = r.st.pick(&Pick{Model: "sg", Endpoint: oai.Embeddings}, r); p.Err != nil || p.Prefill != nil || p.PDProtocol != "" {
+		t.Fatalf("embeddings on a disaggregated route: %+v", p)
 	}
 }

@@ -36,6 +36,9 @@ type Target struct {
 	// KVEventsEndpoint is the engine's vLLM-format KV-event endpoint (R22), passed through to
 	// its WorkerInfo.
 	KVEventsEndpoint string
+	// BootstrapPort is the engine's SGLang bootstrap port (R22), passed through to its
+	// WorkerInfo.
+	BootstrapPort int
 }
 
 // DefaultInterval is a target's scrape interval when it names none.

@@ -58,6 +58,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&kvReplay, "kv-replay", "", "HOST:PORT of a ZMQ ROUTER that replays the last 1024 KV event batches from a requested seq (empty: none)")
 	fs.BoolVar(&cfg.KVEvents.ReplayTopic, "kv-replay-topic", true, "replay answers carry the topic frame [topic, seq, payload]; false: vLLM's [seq, payload]")
 	fs.Uint64Var(&cfg.KVEvents.HashSeed, "kv-hash-seed", 0, "seed of the KV blocks' hashes in KV events (0: derived from --id, so a restarted engine names blocks as before)")
+	fs.StringVar(&cfg.PD, "pd", "tl", "disaggregation protocol besides EngineControl: tl, vllm (kv_transfer_params) or sglang (bootstrap rooms)")
+	fs.IntVar(&cfg.BootstrapPort, "bootstrap-port", 8998, "the KV side channel's port under --pd vllm or sglang on a prefill or unified engine (sglang's bootstrap port; 0: any)")
+	fs.DurationVar(&cfg.PDTimeout, "pd-timeout", 30*time.Second, "how long a decode waits for its KV under --pd vllm or sglang (a bootstrap room's prefill, the transfer)")
 	fs.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -128,7 +131,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintf(stdout, "tlengine listening http=%s grpc=%s kv=%s\n", e.HTTPAddr, e.GRPCAddr, e.KVAddr)
 	cfg.Logger.Info("tlengine serving", "id", cfg.ID, "model", cfg.Model, "role", role, "fault", f.String(),
-		"gateways", cfg.Gateways)
+		"gateways", cfg.Gateways, "pd", cfg.PD, "bootstrap", e.BootstrapAddr)
 	<-ctx.Done()
 	e.Close()
 	return 0

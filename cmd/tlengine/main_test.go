@@ -34,6 +34,9 @@ func TestServingFlags(t *testing.T) {
 		{[]string{"--lora", "a,a"}},
 		{[]string{"--lora-swap-ms", "-1"}},
 		{[]string{"--max-loras", "-2"}},
+		{[]string{"--pd", "nixl"}},
+		{[]string{"--bootstrap-port", "70000"}},
+		{[]string{"--pd-timeout", "-1s"}},
 	} {
 		var stdout, stderr bytes.Buffer
 		args := append([]string{"--id", "e1", "--model", "smol"}, c.args...)

@@ -70,6 +70,7 @@ func targets(ws []config.StaticWorker) []scrape.Target {
 			Kind: scrape.Kind(w.Metrics), MetricsURL: w.MetricsURL,
 			Interval: time.Duration(w.ScrapeInterval), KVTotalBlocks: w.KVTotalBlocks,
 			Endpoints: config.StaticEndpoints(w.Endpoints), KVEventsEndpoint: w.KVEventsEndpoint,
+			BootstrapPort: w.BootstrapPort,
 		})
 	}
 	return out
@@ -89,6 +90,7 @@ func (s scrapeSink) Scraped(t scrape.Target, st scrape.Status) {
 		KVTotalBlocks: st.KVTotalBlocks, BlockSize: st.BlockSize, Static: true,
 		LoRAAdapters: st.LoRAAdapters, MaxLoRAs: st.MaxLoRAs, RunningLoRAs: st.RunningLoRAs,
 		MaxModelLen: st.MaxModelLen, Endpoints: t.Endpoints, KVEventsEndpoint: t.KVEventsEndpoint,
+		BootstrapPort: t.BootstrapPort,
 	}
 	_ = s.gw.Scraped(info, time.Duration(s.gw.MissLimit())*t.Interval)
 }

@@ -166,7 +166,8 @@ vllm:lora_requests_info{max_lora="2",running_lora_adapters="sql",waiting_lora_ad
 	})
 	want := router.WorkerInfo{
 		LoRAAdapters: []string{"chat", "sql"}, MaxLoRAs: 2, RunningLoRAs: []string{"sql"}, MaxModelLen: 8192,
-		Endpoints: oai.EndpointSet(0).With(oai.Completions).With(oai.Embeddings),
+		Endpoints:     oai.EndpointSet(0).With(oai.Completions).With(oai.Embeddings),
+		BootstrapPort: config.DefaultBootstrapPort, // R22: the table's default reaches the worker
 	}
 	if diff := cmp.Diff(want, got, cmpopts.IgnoreFields(router.WorkerInfo{}, "ID", "Reg", "Model", "Role", "HTTPAddress",
 		"QueueDepth", "Running", "KVFreeBlocks", "KVTotalBlocks", "BlockSize", "LastHeartbeat", "Static")); diff != "" {

@@ -30,6 +30,26 @@ type Route struct {
 	Backends []Backend     `json:"backends,omitempty"`
 	Cascade  []CascadeStep `json:"cascade,omitempty"`
 	Targets  []string      `json:"targets,omitempty"`
+	// PDProtocol is how a disaggregated route's prefill and decode workers are driven (R22):
+	// PDTL (our EngineControl/Prefill, KV push and release), PDVLLM (vLLM's two HTTP calls
+	// with kv_transfer_params) or PDSGLang (SGLang's bootstrap room, both at once). "" is
+	// PDTL; any value on a route that is not disaggregated is refused.
+	PDProtocol string `json:"pd_protocol,omitempty"`
+}
+
+// The disaggregation protocols of a route's pd_protocol (R22).
+const (
+	PDTL     = "tl"
+	PDVLLM   = "vllm"
+	PDSGLang = "sglang"
+)
+
+// PD is the route's disaggregation protocol with the default filled in (PDTL).
+func (r Route) PD() string {
+	if r.PDProtocol == "" {
+		return PDTL
+	}
+	return r.PDProtocol
 }
 
 // Backend is one branch of a route's weighted split. A weight left out
@@ -187,6 +207,16 @@ func validateRoutes(routes []Route, base path, ps *problems) {
 				}
 			}
 		}
+
+		if r.PDProtocol != "" {
+			pp := rp.with(key("pd_protocol"))
+			switch {
+			case r.PDProtocol != PDTL && r.PDProtocol != PDVLLM && r.PDProtocol != PDSGLang:
+				ps.add(pp, "%q is not one of %q, %q, %q", r.PDProtocol, PDTL, PDVLLM, PDSGLang)
+			case len(r.Targets) != 1 || r.Targets[0] != TargetDisaggregated:
+				ps.add(pp, "is only for a disaggregated route (targets = [%q])", TargetDisaggregated)
+			}
+		}
 	}
 }
 
@@ -205,6 +235,9 @@ func NormalizeRoutes(routes []Route) []Route {
 			Backends: slices.Clone(r.Backends),
 			Cascade:  slices.Clone(r.Cascade),
 			Targets:  slices.Clone(r.Targets),
+			// PDProtocol stays as given: "" reads as "tl" (Route.PD), so tables that never
+			// named one look the same in the admin API as before.
+			PDProtocol: r.PDProtocol,
 		}
 		if len(out[i].Targets) == 0 {
 			out[i].Targets = []string{TargetUnified}

@@ -38,7 +38,14 @@ type StaticWorker struct {
 	// "tcp://HOST:PORT", optionally "?replay=tcp://HOST:PORT" for its replay endpoint. The
 	// gateway connects to it when [gateway.kv_events] connect is on.
 	KVEventsEndpoint string `json:"kv_events_endpoint,omitempty"`
+	// BootstrapPort is the engine's SGLang bootstrap port (R22: a prefill worker of a
+	// pd_protocol = "sglang" route), 1–65535; 0 in the table is DefaultBootstrapPort.
+	BootstrapPort int `json:"bootstrap_port,omitempty"`
 }
+
+// DefaultBootstrapPort is SGLang's default bootstrap port: a static worker's when it names
+// none, and every heartbeating worker's (WorkerStatus has no field for it).
+const DefaultBootstrapPort = 8998
 
 // Duration is a time.Duration written as a Go duration string ("2s") in TOML and JSON.
 type Duration time.Duration
@@ -62,7 +69,8 @@ func (d *Duration) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
-// NormalizeStaticWorkers fills defaults: role unified, scrape interval 2s, metrics URL.
+// NormalizeStaticWorkers fills defaults: role unified, scrape interval 2s, metrics URL,
+// bootstrap port 8998.
 func NormalizeStaticWorkers(ws []StaticWorker) []StaticWorker {
 	out := make([]StaticWorker, len(ws))
 	for i, w := range ws {
@@ -71,6 +79,9 @@ func NormalizeStaticWorkers(ws []StaticWorker) []StaticWorker {
 		}
 		if w.ScrapeInterval == 0 {
 			w.ScrapeInterval = Duration(2 * time.Second)
+		}
+		if w.BootstrapPort == 0 {
+			w.BootstrapPort = DefaultBootstrapPort
 		}
 		if w.MetricsURL == "" && w.HTTPAddress != "" {
 			w.MetricsURL = "http://" + w.HTTPAddress + "/metrics"
@@ -138,6 +149,9 @@ func validateStaticWorkers(ws []StaticWorker, base path, ps *problems) {
 		}
 		if w.KVTotalBlocks < 0 {
 			ps.add(at("kv_total_blocks"), "must be >= 0")
+		}
+		if w.BootstrapPort < 0 || w.BootstrapPort > 65535 {
+			ps.add(at("bootstrap_port"), "%d is not a port: want 1 to 65535", w.BootstrapPort)
 		}
 		if _, err := vllmkv.ParseEndpoint(w.KVEventsEndpoint); err != nil {
 			ps.add(at("kv_events_endpoint"), "%v", err)

@@ -92,3 +92,56 @@ func insertFirst(body []byte, name string, value []byte) []byte {
 	}
 	return append(out, body[open+1:]...)
 }
+
+// DeleteField returns a new body without any top-level member whose key is name (compared on
+// the decoded key, as SetField does); every other byte is the input's. A body without the key
+// comes back as it is. The gateway uses it to take stream_options out of a vLLM prefill call
+// (R22), which must not be streamed.
+func DeleteField(body []byte, name string) ([]byte, error) {
+	type member struct{ start, end int } // from the key's opening quote to the value's end
+	var members []member
+	var drop []int
+	s := scanner{data: body}
+	it, err := openTop(&s)
+	if err != nil {
+		return nil, err
+	}
+	var buf [6 * maxKeyLen]byte
+	for {
+		k, ok, err := it.next()
+		if err != nil {
+			return nil, err
+		}
+		if !ok {
+			break
+		}
+		if err := s.value(1); err != nil {
+			return nil, err
+		}
+		if string(keyName(body, k, &buf)) == name {
+			drop = append(drop, len(members))
+		}
+		members = append(members, member{k.start - 1, s.pos})
+	}
+	if err := finish(&s); err != nil {
+		return nil, err
+	}
+	if len(drop) == 0 {
+		return body, nil
+	}
+	out := make([]byte, 0, len(body))
+	prev := 0
+	for _, i := range drop {
+		from, to := members[i].start, members[i].end
+		switch {
+		case i > 0:
+			from = members[i-1].end // the comma before it goes with it
+		case i+1 < len(members):
+			to = members[i+1].start // the first member: the comma after it goes with it
+		}
+		from = max(from, prev)
+		out = append(out, body[prev:from]...)
+		prev = to
+	}
+	return append(out, body[prev:]...), nil
+}

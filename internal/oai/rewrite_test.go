@@ -269,3 +269,31 @@ func TestParseAllocs(t *testing.T) {
 		t.Errorf("Parse allocates %v times, want at most 3", allocs)
 	}
 }
+
+// TestDeleteField: a top-level member goes with its comma, wherever it sits; nested ones and
+// other bytes stay; a body without it is returned as is; bad JSON is an error.
+func TestDeleteField(t *testing.T) {
+	for _, c := range []struct{ in, want string }{
+		{`{"a":1,"stream_options":{"include_usage":true},"b":2}`, `{"a":1,"b":2}`},
+		{`{"stream_options":null, "a":1}`, `{"a":1}`},
+		{`{"a":1 , "stream_options":{}}`, `{"a":1}`},
+		{`{"stream_options":{}}`, `{}`},
+		{`{"stream\u005foptions":1,"a":{"stream_options":1}}`, `{"a":{"stream_options":1}}`},
+		{`{"a":1,"stream_options":1,"stream_options":2,"b":3}`, `{"a":1,"b":3}`},
+		{`{"stream_options":1,"stream_options":2}`, `{}`},
+		{`{"a":1}`, `{"a":1}`},
+	} {
+		got, err := DeleteField([]byte(c.in), "stream_options")
+		if err != nil || string(got) != c.want {
+			t.Errorf("DeleteField(%s) = %s, %v; want %s", c.in, got, err, c.want)
+		}
+		if !json.Valid(got) {
+			t.Errorf("DeleteField(%s) = %s: not JSON", c.in, got)
+		}
+	}
+	for _, bad := range []string{``, `[1]`, `{"a":}`, `{"a":1} x`} {
+		if _, err := DeleteField([]byte(bad), "a"); err == nil {
+			t.Errorf("DeleteField(%q): no error", bad)
+		}
+	}
+}

@@ -103,6 +103,15 @@ type Config struct {
 	AllowRuntimeLoRA bool
 	// KVEvents publishes vLLM-format KV-cache events over ZMQ (--kv-events, R22; zmqevents.go).
 	KVEvents KVEventsConfig
+	// PD is the disaggregation protocol spoken besides EngineControl (R22, pd.go): "tl"
+	// (default: ours only), "vllm" (kv_transfer_params) or "sglang" (bootstrap rooms).
+	PD string
+	// BootstrapPort is the side channel's port under vllm or sglang on a prefill or unified
+	// engine (--bootstrap-port, 8998 by default there; 0 here binds any port).
+	BootstrapPort int
+	// PDTimeout bounds a decode's wait for its KV: a bootstrap room's prefill, the fetch
+	// (--pd-timeout, default 30 s).
+	PDTimeout time.Duration
 }
 
 // Engine is a running simulated engine.
@@ -115,6 +124,10 @@ type Engine struct {
 	HTTPAddr string // the real bound addresses
 	GRPCAddr string
 	KVAddr   string
+	// BootstrapAddr is the PD side channel's address ("" when it does not run, pd.go).
+	BootstrapAddr string
+	bootSrv       *http.Server
+	pdt           *pdTable // KV held for remote decodes, rooms waited on (pd.go)
 	// advertisedHTTP is what heartbeats report: HTTPAddr, or a dead address under --fault refuse.
 	advertisedHTTP string
 
@@ -222,6 +235,9 @@ func (c *Config) defaults() error {
 	if err := c.checkKVEvents(); err != nil {
 		return err
 	}
+	if err := c.checkPDConfig(); err != nil {
+		return err
+	}
 	if c.HTTPListen == "" {
 		c.HTTPListen = "127.0.0.1:0"
 	}
@@ -264,6 +280,7 @@ func Start(cfg Config) (*Engine, error) {
 		serves:    make(map[string]bool),
 		loras:     newLoRAs(cfg.Clock, cfg.MaxLoRAs, cfg.LoRASwap, cfg.LoRAs),
 		responses: newResponseStore(maxStoredResponses, maxStoredResponseBytes),
+		pdt:       newPDTable(),
 	}
 	for _, n := range cfg.Endpoints {
 		e.serves[n] = true
@@ -293,9 +310,19 @@ func Start(cfg Config) (*Engine, error) {
 		}
 		e.advertisedHTTP = dead
 	}
+	boot, err := e.startSideChannel(e.HTTPAddr)
+	if err != nil {
+		for _, l := range lis {
+			l.Close()
+		}
+		return nil, err
+	}
 	if err := e.startZMQEvents(); err != nil {
 		for _, l := range lis {
 			l.Close()
+		}
+		if boot != nil {
+			boot.Close()
 		}
 		return nil, err
 	}
@@ -321,6 +348,11 @@ func Start(cfg Config) (*Engine, error) {
 	go func() { defer e.wg.Done(); _ = e.httpSrv.Serve(lis[0]) }()
 	go func() { defer e.wg.Done(); _ = e.grpcSrv.Serve(lis[1]) }()
 	go func() { defer e.wg.Done(); _ = e.kvSrv.Serve(lis[2]) }()
+	if boot != nil {
+		e.bootSrv = &http.Server{Handler: e.sideChannel(), ReadHeaderTimeout: 10 * time.Second}
+		e.wg.Add(1)
+		go func() { defer e.wg.Done(); _ = e.bootSrv.Serve(boot) }()
+	}
 	if len(cfg.Gateways) > 0 && cfg.Fault.Kind != faults.NoHeartbeat {
 		e.startHeartbeats()
 	}
@@ -347,6 +379,9 @@ func (e *Engine) Close() {
 		if err := e.httpSrv.Shutdown(ctx); err != nil {
 			_ = e.httpSrv.Close()
 		}
+		if e.bootSrv != nil {
+			_ = e.bootSrv.Close() // its waits end on e.stop
+		}
 		e.grpcSrv.Stop()
 		e.kvSrv.Stop()
 		e.wg.Wait()
@@ -354,6 +389,7 @@ func (e *Engine) Close() {
 			e.zpub.Close()
 		}
 		e.dropHandles()
+		e.dropPD()
 	})
 }
 

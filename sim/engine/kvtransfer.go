@@ -36,6 +36,9 @@ type kvHandle struct {
 	firstLogprob float32
 	draws        uint64
 	lease        clock.Timer
+	// regenerate: the KV came for an engine protocol (R22, pd.go), which sends no first
+	// token: the run samples every token itself, from its own seed.
+	regenerate bool
 }
 
 // handles is the table of held KV handles. Whoever deletes a handle from the map owns its

@@ -160,11 +160,19 @@ func (e *Engine) serveInference(w http.ResponseWriter, r *http.Request, chat boo
 	req, err := parseRequest(body, chat, e.checkModel)
 	var prompt []uint32
 	var handle *kvHandle
+	var pd *pdRequest
+	if err == nil {
+		pd, err = e.parsePD(body, req) // R22: vllm's kv_transfer_params, sglang's bootstrap room
+	}
+	id := fmt.Sprintf("%s-%s-%d", endpoint, e.cfg.ID, reqSeq.Add(1))
 	if err == nil {
 		prompt = sampler.Tokenize(req.prompt)
-		if id := r.Header.Get("X-TL-KV-Handle"); id != "" {
+		if hid := r.Header.Get("X-TL-KV-Handle"); hid != "" {
 			// Disaggregated decode: the pushed KV becomes this request's sequence.
-			handle, err = e.takeHandle(id, prompt)
+			handle, err = e.takeHandle(hid, prompt)
+		} else if pd != nil && pd.decode {
+			// The engines' protocols: the KV is fetched from the prefill engine (pd.go).
+			handle, err = e.fetchRemote(r.Context(), pd, id, prompt)
 		}
 	}
 	if err != nil {
@@ -178,7 +186,8 @@ func (e *Engine) serveInference(w http.ResponseWriter, r *http.Request, chat boo
 		return
 	}
 	x := &run{e: e, w: w, r: r, req: req, prompt: prompt, handle: handle, chunks: promptChunks(req, body, prompt),
-		id: fmt.Sprintf("%s-%s-%d", endpoint, e.cfg.ID, reqSeq.Add(1)), out: out, errw: writeAPIError}
+		id: id, out: out, errw: writeAPIError}
+	e.preparePD(x, pd)
 	e.generate(endpoint, x)
 }
 
@@ -211,6 +220,10 @@ type run struct {
 	out     format   // the answer's wire shape
 	errw    errShape // how errors are written
 	lora    string   // the adapter the request runs on, "" for the base model
+	// pd is the request's half of an engine protocol's disaggregation (nil: none), and
+	// prefilled runs once its prompt is prefilled (pd.go).
+	pd        *pdRequest
+	prefilled func(*kv.Seq) error
 
 	promptTokens int
 	cached       int
@@ -272,8 +285,14 @@ func (x *run) execute() error {
 	}
 	defer e.sched.release(seq)
 	e.tagChunks(seq, x.chunks) // its prompt's KV is computed and cached
+	if x.prefilled != nil {
+		if err := x.prefilled(seq); err != nil {
+			x.errw(x.w, err)
+			return err
+		}
+	}
 	var gen tokenSource
-	if x.handle != nil {
+	if x.handle != nil && !x.handle.regenerate {
 		gen = resume(x.req.model, prompt, x.req.params, x.handle)
 	} else {
 		gen = sampler.NewGenerator(x.req.model, prompt, x.req.params)
