@@ -142,7 +142,9 @@ listen = "` + listen + `"
 			t.Fatalf("repeat %d: vb served it without a cache hit (%v hit tokens, %v before)", i, got, vbHits)
 		}
 	}
-	tok := func(o string) float64 { return metricSum(t, f.base, "tlgw_tokenizer_requests_total", `outcome="`+o+`"`) }
+	tok := func(o string) float64 {
+		return metricSum(t, f.base, "tlgw_tokenizer_requests_total", `outcome="`+o+`"`)
+	}
 	if tok("render") != 1 || tok("cache") != 2 || tok("fallback") != 0 {
 		t.Fatalf("tokenizer outcomes: render %v cache %v partial %v fallback %v", tok("render"), tok("cache"), tok("partial"), tok("fallback"))
 	}
