@@ -25,8 +25,8 @@ import (
 // replays the lost batches from the engine (Options.KVReplay) or clears the worker, here and in
 // the router; the blocks a lost batch stored are then unknown (their children are orphans,
 // not indexed) until the engine stores them again. The simulated engines heartbeat as a vLLM
-// worker is seen (no tl.kv stream: WorkerInfo.KVEvents false), so prefix warm-ups, which need
-// every worker of the pool to key its cache on the rendered prompt, are off on this path.
+// worker is seen (no tl.kv stream: WorkerInfo.KVEvents false), so prefix warm-ups are cut in
+// tokens on this path (router.Warmup.Tokens: the matched blocks' token ids, warm.go).
 
 // The event formats of Options.KVEvents.
 const (
