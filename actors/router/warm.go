@@ -116,6 +116,8 @@ func (v *workerView) warm(ch choice, s *slot, out *Picked, fx effects) {
 			return
 		}
 		minDepth, most = warmBlocks(v.warmMin, bs), len(ch.tokens)/bs
+		// Sent as a completions request: a member that does not serve one is no target
+		// (a copy of exclude plus at most the pool's members, only when some is restricted).
 		exclude, _ = v.endpointExclude(pl, oai.Completions, exclude)
 	case pl.kvMembers == len(pl.members):
 		minDepth, slack, most = v.warmMin, warmSlack(s.info.BlockSize), len(ch.hashes)

@@ -82,7 +82,9 @@ func TokenWarmupBody(ids []uint32, n int, model string) (out []byte, ok bool) {
 	if err != nil {
 		return nil, false
 	}
-	out = make([]byte, 0, len(name)+11*n+40) // at most 10 digits and a comma an id
+	// n ≤ len(ids), which the render answer bounds (enginetok.MaxTokens); at most
+	// 10 digits and a comma an id.
+	out = make([]byte, 0, len(name)+11*n+40)
 	out = append(append(append(out, `{"model":`...), name...), `,"prompt":[`...)
 	for i, id := range ids[:n] {
 		if i > 0 {
