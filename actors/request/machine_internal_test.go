@@ -139,9 +139,11 @@ type mrig struct {
 	// ("": by nobody).
 	steps  []string
 	accept *cascade.Accept
-	// warm, when set, gives every pick a warm-up of warmBytes on this worker.
-	warm      string
-	warmBytes int
+	// warm, when set, gives every pick a warm-up of warmBytes (or warmTokens: one cut in
+	// tokens) on this worker.
+	warm       string
+	warmBytes  int
+	warmTokens int
 	// silent: the router keeps the picks it gets (held) and answers none.
 	silent bool
 	held   []heldPick
@@ -220,7 +222,7 @@ func (m *mrig) answer(c actor.Context, p *router.Pick) *router.Picked {
 		m.mu.Unlock()
 		return nil
 	}
-	pool, prefill, steps, accept, warm, warmBytes := m.pool, m.prefill, m.steps, m.accept, m.warm, m.warmBytes
+	pool, prefill, steps, accept, warm, warmBytes, warmTokens := m.pool, m.prefill, m.steps, m.accept, m.warm, m.warmBytes, m.warmTokens
 	m.mu.Unlock()
 	ans := &router.Picked{Tag: p.Tag, Route: "r", ServedModel: "served", Steps: 1}
 	if len(steps) > 0 {
@@ -248,7 +250,7 @@ func (m *mrig) answer(c actor.Context, p *router.Pick) *router.Picked {
 		}
 		if warm != "" {
 			ans.Warm = &router.Warmup{PickedWorker: router.PickedWorker{Ticket: m.nextTicket(), Worker: m.worker(warm),
-				WorkerID: warm, Reg: regOf(warm), HTTPAddress: warm + ".http"}, Bytes: warmBytes}
+				WorkerID: warm, Reg: regOf(warm), HTTPAddress: warm + ".http"}, Bytes: warmBytes, Tokens: warmTokens}
 		}
 		return ans
 	}

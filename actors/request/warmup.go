@@ -14,8 +14,9 @@ import (
 
 // Prefix warm-ups (router.Warmup, actors/router/warm.go). A pick may carry one: a ticket on
 // another worker and a length. The request actor builds the warm-up from its own body at once
-// (oai.WarmupBody: the leading part of the prompt, one token, not streamed) and sends it on a
-// goroutine of its own, off the client's path: the client's answer never waits for it, and it
+// (oai.WarmupBody: the leading part of the prompt, one token, not streamed; or, for a length in
+// tokens, oai.TokenWarmupBody: a completions request of the pick's first token ids, at most
+// as many as the pick carried) and sends it on a goroutine of its own, off the client's path: the client's answer never waits for it, and it
 // does not end with the request. The goroutine releases the ticket when the warm-up has ended,
 // with no verdict (a warm-up's failure is not held against the engine: client traffic judges
 // engines, R14.2). The worker watches the request actor, as for every ticket the router
@@ -85,7 +86,18 @@ func (r *requestActor) warmup(c actor.Context, p *router.Picked) {
 		return
 	}
 	release := &router.Release{Ticket: w.Ticket, Outcome: router.OutcomeNone}
-	body, ok := oai.WarmupBody(r.x.Kind, r.x.Body, w.Bytes, p.ServedModel)
+	var body []byte
+	var ok bool
+	path := r.x.Path
+	if w.Tokens > 0 {
+		// Cut in tokens (an engine-keyed pool, R22): the pick's own token ids, which the
+		// router cut into the blocks it matched, as a completions prompt whatever the
+		// request's kind (a chat's ids already hold its template's render).
+		body, ok = oai.TokenWarmupBody(r.x.TokenIDs, w.Tokens, p.ServedModel)
+		path = oai.Completions.Path()
+	} else {
+		body, ok = oai.WarmupBody(r.x.Kind, r.x.Body, w.Bytes, p.ServedModel)
+	}
 	if !ok || !r.d.Warmups.take() {
 		r.d.Metrics.warmups[warmSkipped].Inc()
 		c.Send(w.Worker, release)
@@ -94,7 +106,7 @@ func (r *requestActor) warmup(c actor.Context, p *router.Picked) {
 	// The router's approximate prefix index learns the copy now, and only for a warm-up that
 	// is sent: a skipped one leaves its target holding nothing.
 	c.Send(r.d.Router, &router.WarmupSent{WorkerID: w.WorkerID, Reg: w.Reg, Hashes: w.Hashes})
-	url := "http://" + w.HTTPAddress + r.x.Path
+	url := "http://" + w.HTTPAddress + path
 	tr, timeout, root, m, count := r.d.Transport, r.requestTimeout(), c.ActorSystem().Root, r.d.Metrics, r.d.Warmups
 	clk := r.clock()
 	run := func() {

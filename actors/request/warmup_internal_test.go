@@ -1,6 +1,7 @@
 package request
 
 import (
+	"encoding/json"
 	"net/http"
 	"slices"
 	"sync"
@@ -11,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/tlgw/tlgw/actors/router"
+	"github.com/tlgw/tlgw/internal/oai"
 )
 
 // warmResults is tlgw_prefix_warmups_sent_total by result.
@@ -216,6 +218,94 @@ func TestWarmupSentTellsTheRouter(t *testing.T) {
 			}
 			if len(got) != 1 || got[0].WorkerID != "w2" || got[0].Reg != regOf("w2") {
 				t.Fatalf("told the router %+v, want one WarmupSent for w2", got)
+			}
+		})
+	}
+}
+
+// TestWarmupInTokens (R22): a warm-up cut in tokens goes to its worker as a one-token
+// completions request, for the served model, whose prompt is exactly the pick's first
+// Warmup.Tokens token ids — for a chat request too, whose ids hold its template's render.
+// A length beyond the ids the pick carried, or a pick without ids, sends nothing: the ticket
+// is released with no verdict and the warm-up counted as skipped.
+func TestWarmupInTokens(t *testing.T) {
+	ids := make([]uint32, 70)
+	for i := range ids {
+		ids[i] = uint32(3000 + 7*i)
+	}
+	chat := `{"model":"m","messages":[{"role":"user","content":"hello world"}],"max_tokens":50}`
+	for _, tc := range []struct {
+		name   string
+		chat   bool
+		ids    []uint32
+		tokens int
+		sent   bool
+	}{
+		{"completions", false, ids, 64, true},
+		{"chat", true, ids, 32, true},
+		{"all the ids", false, ids, 70, true},
+		{"beyond the ids", false, ids, 71, false},
+		{"no ids", false, nil, 16, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := newMRig(t)
+			m.pool, m.warm, m.warmTokens = []string{"w1"}, "w2", tc.tokens
+			m.d.Warmups = NewWarmups(1)
+			var mu sync.Mutex
+			var url string
+			m.upstream = func(worker string, req *http.Request, _ string) (*http.Response, error) {
+				if worker == "w2" {
+					mu.Lock()
+					url = req.URL.String()
+					mu.Unlock()
+				}
+				return reply(200, "application/json", okJSON), nil
+			}
+			r := m.start(`{"model":"m","prompt":"hello world","max_tokens":50}`, func(x *Exchange) {
+				x.TokenIDs = tc.ids
+				if tc.chat {
+					req, err := oai.Parse(oai.Chat, []byte(chat))
+					if err != nil {
+						t.Fatal(err)
+					}
+					x.Kind, x.Path, x.Body, x.Req = oai.Chat, "/v1/chat/completions", []byte(chat), req
+				}
+			})
+			if w := r.wait(t); w.Code != 200 {
+				t.Fatalf("%d %s", w.Code, w.Body)
+			}
+			if got := m.expectReleases(2); len(got["w2"]) != 1 || got["w2"][0] != router.OutcomeNone || len(got["w1"]) != 1 {
+				t.Fatalf("released %v", got)
+			}
+			bodies := m.bodiesOf("w2")
+			if !tc.sent {
+				if len(bodies) != 0 || warmResults(m.d.Metrics) != [numWarmResults]float64{warmSkipped: 1} {
+					t.Fatalf("sent %q, results %v; want a skipped warm-up", bodies, warmResults(m.d.Metrics))
+				}
+				return
+			}
+			if len(bodies) != 1 {
+				t.Fatalf("w2 got %q", bodies)
+			}
+			var got struct {
+				Model     string   `json:"model"`
+				Prompt    []uint32 `json:"prompt"`
+				MaxTokens int      `json:"max_tokens"`
+				Stream    bool     `json:"stream"`
+			}
+			if err := json.Unmarshal([]byte(bodies[0]), &got); err != nil {
+				t.Fatalf("w2 got %s: %v", bodies[0], err)
+			}
+			if got.Model != "served" || got.MaxTokens != 1 || got.Stream || len(got.Prompt) != tc.tokens || !slices.Equal(got.Prompt, ids[:tc.tokens]) {
+				t.Fatalf("w2 got %s, want the first %d ids for the served model", bodies[0], tc.tokens)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if url != "http://w2.http/v1/completions" {
+				t.Fatalf("the warm-up went to %s", url)
+			}
+			if warmResults(m.d.Metrics) != [numWarmResults]float64{warmOK: 1} {
+				t.Fatalf("results %v", warmResults(m.d.Metrics))
 			}
 		})
 	}

@@ -382,13 +382,18 @@ type ObservedTTFT struct {
 // IgnoreDeadLetterLogging: the router may be stopping.
 func (*ObservedTTFT) IgnoreDeadLetterLogging() {}
 
-// Warmup is a prefix warm-up reserved by a pick (Picked.Warm): a one-token request whose
-// rendered prompt is the first Bytes bytes of the request's (oai.WarmupBody), sent to Worker.
-// Ticket is named on the requester like any other; the warm-up releases it when it has ended,
-// and the worker when the requester stops, whichever comes first.
+// Warmup is a prefix warm-up reserved by a pick (Picked.Warm), sent to Worker: a one-token
+// request whose rendered prompt is the first Bytes bytes of the request's (oai.WarmupBody), or,
+// in a pool keyed by its engines' own events (R22), a completions request whose prompt is the
+// first Tokens of the pick's token ids (Pick.TokenIDs; oai.TokenWarmupBody). Exactly one of
+// Bytes and Tokens is positive. Ticket is named on the requester like any other; the warm-up
+// releases it when it has ended, and the worker when the requester stops, whichever comes
+// first.
 type Warmup struct {
 	PickedWorker
 	Bytes int
+	// Tokens is a whole number of the pool's KV blocks, at most len(Pick.TokenIDs).
+	Tokens int
 	// Hashes are the copied prefix's chunk hashes (the pick's, cut to Bytes), echoed in
 	// WarmupSent; nil when the router keeps no approximate prefix index.
 	Hashes []uint64

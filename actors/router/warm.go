@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/tlgw/tlgw/actors/router/policy"
+	"github.com/tlgw/tlgw/internal/oai"
 	"github.com/tlgw/tlgw/internal/prefixindex"
 )
 
@@ -17,9 +18,11 @@ import (
 // matched prefix (oai.WarmupBody: the request's own kind, its prompt or leading messages cut
 // at the prefix's end), off the client's path, so that the next spill finds the prefix cached.
 //
-// Warm-ups go only to pools whose every member reports kv_events: those engines key their
-// cache on the rendered prompt (R18.3), so a warm-up whose render agrees with the request's
-// fills the blocks the request's prompt needs. A warm-up costs the target what the spill would
+// Warm-ups go to pools whose every member reports kv_events: those engines key their cache on
+// the rendered prompt (R18.3), so a warm-up whose render agrees with the request's fills the
+// blocks the request's prompt needs. They go too to pools keyed by their engines' own events
+// (R22) for picks that carry token ids: there the warm-up is the matched blocks' token ids
+// (Warmup.Tokens), sent as a completions prompt, which fills exactly those blocks. A warm-up costs the target what the spill would
 // have (the prefix's prefill) and counts in its load like a request.
 //
 // Bounds: at most one warm-up for every warmPicks prefix picks (after a first burst of
@@ -74,22 +77,55 @@ func warmSlack(blockSize int64) int {
 	return 1 + int((min(blockSize, 1<<16)*4+prefixindex.ChunkBytes-1)/prefixindex.ChunkBytes)
 }
 
+// warmBlocks is how many of a pool's blocks of bs tokens make Config.WarmupMinBytes (minChunks
+// chunks of about chunkTokens tokens), at least one: the least an engine-keyed pool's matched
+// prefix must be to be warmed.
+func warmBlocks(minChunks, bs int) int {
+	return max((minChunks*chunkTokens+bs-1)/bs, 1)
+}
+
 // warm reserves a prefix warm-up for the pick just made into out, when the pool's policy asks
 // for one (policy.Warmer) and a claim is free.
+//
+// A pool keyed by its engines' own events (R22, kvBlockSize > 0) matched the pick's block keys,
+// cut from its token ids: its warm-up is cut in blocks. Those engines cache whole blocks of the
+// tokens they are given, so a copy of the matched blocks' tokens (Warmup.Tokens, sent as a
+// completions prompt of token ids) holds every one of them (no slack), and its target must
+// serve completions. Such a pool without the pick's token ids (the approximate index's
+// fallback) warms nothing: its chunks follow the rendered prompt, its engines' caches do not.
 func (v *workerView) warm(ch choice, s *slot, out *Picked, fx effects) {
 	if v.warmCredit = min(v.warmCredit+1, warmBurst*warmPicks); v.warmCredit < warmPicks {
 		return
 	}
 	pl := v.pools[ch.key]
-	if pl == nil || pl.kvMembers != len(pl.members) {
+	if pl == nil {
 		return
 	}
 	w, ok := pl.p.(policy.Warmer)
 	if !ok {
 		return
 	}
-	m, chunks, id := w.Warm(v.warmMin, warmSlack(s.info.BlockSize), ch.exclude)
-	if m == nil || chunks > len(ch.hashes) {
+	// The rule: the least depth, the slack, and the most the pick allows (in chunks of
+	// rendered bytes, or in the pool's blocks of tokens).
+	bs := pl.kvBlockSize
+	var minDepth, slack, most int
+	exclude := ch.exclude
+	switch {
+	case bs > 0:
+		if len(ch.tokens) < bs {
+			return
+		}
+		minDepth, most = warmBlocks(v.warmMin, bs), len(ch.tokens)/bs
+		// Sent as a completions request: a member that does not serve one is no target
+		// (a copy of exclude plus at most the pool's members, only when some is restricted).
+		exclude, _ = v.endpointExclude(pl, oai.Completions, exclude)
+	case pl.kvMembers == len(pl.members):
+		minDepth, slack, most = v.warmMin, warmSlack(s.info.BlockSize), len(ch.hashes)
+	default:
+		return
+	}
+	m, depth, id := w.Warm(minDepth, slack, exclude)
+	if m == nil || depth > most {
 		return
 	}
 	t := m.Ref.(*slot)
@@ -98,13 +134,20 @@ func (v *workerView) warm(ch choice, s *slot, out *Picked, fx effects) {
 	}
 	v.warmCredit -= warmPicks
 	out.Warm = &Warmup{PickedWorker: PickedWorker{Ticket: v.reserve(t, ch.requester, fx), Worker: t.pid, Reg: t.info.Reg,
-		WorkerID: t.info.ID, HTTPAddress: t.info.HTTPAddress, GRPCAddress: t.info.GRPCAddress},
-		Bytes: chunks * prefixindex.ChunkBytes}
-	if v.pidx != nil {
-		// The index learns the copy when the requester has sent it (warmupSent). The pick's
-		// hashes are its requester's, which may reuse them: a copy (the prefix's chunks, held
-		// while the requester holds the answer).
-		out.Warm.Hashes = slices.Clone(ch.hashes[:chunks])
+		WorkerID: t.info.ID, HTTPAddress: t.info.HTTPAddress, GRPCAddress: t.info.GRPCAddress}}
+	switch {
+	case bs > 0:
+		// The target's own events tell the exact index when its engine has stored the copy;
+		// the approximate index (chunks of rendered bytes) learns nothing of it.
+		out.Warm.Tokens = depth * bs
+	default:
+		out.Warm.Bytes = depth * prefixindex.ChunkBytes
+		if v.pidx != nil {
+			// The index learns the copy when the requester has sent it (warmupSent). The
+			// pick's hashes are its requester's, which may reuse them: a copy (the prefix's
+			// chunks, held while the requester holds the answer).
+			out.Warm.Hashes = slices.Clone(ch.hashes[:depth])
+		}
 	}
 	v.warmups.Inc()
 }

@@ -2,6 +2,7 @@ package oai
 
 import (
 	"encoding/json"
+	"strconv"
 	"unicode/utf8"
 )
 
@@ -63,6 +64,35 @@ func WarmupBody(kind Kind, body []byte, n int, model string) (out []byte, ok boo
 		return out, err == nil
 	}
 	return nil, false
+}
+
+// TokenWarmupBody builds a prefix warm-up cut in tokens (R22, actors/router/warm.go): a
+// one-token, non-streamed completions request for model whose prompt is the first n of ids (a
+// request's token ids as its engines tokenize it, whatever the request's own kind). An engine
+// takes a prompt of token ids as it is (no chat template, no special tokens added), so the
+// copy fills exactly the KV blocks those ids make. ok is false when n is not in 1…len(ids).
+//
+// Example: TokenWarmupBody([]uint32{7, 8, 9}, 2, "m") is
+// {"model":"m","prompt":[7,8],"max_tokens":1}.
+func TokenWarmupBody(ids []uint32, n int, model string) (out []byte, ok bool) {
+	if n <= 0 || n > len(ids) {
+		return nil, false
+	}
+	name, err := json.Marshal(model)
+	if err != nil {
+		return nil, false
+	}
+	// n ≤ len(ids), which the render answer bounds (enginetok.MaxTokens); at most
+	// 10 digits and a comma an id.
+	out = make([]byte, 0, len(name)+11*n+40)
+	out = append(append(append(out, `{"model":`...), name...), `,"prompt":[`...)
+	for i, id := range ids[:n] {
+		if i > 0 {
+			out = append(out, ',')
+		}
+		out = strconv.AppendUint(out, uint64(id), 10)
+	}
+	return append(out, `],"max_tokens":1}`...), true
 }
 
 type warmCompletion struct {

@@ -3,6 +3,7 @@ package oai_test
 import (
 	"bytes"
 	"encoding/json"
+	"slices"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -153,4 +154,43 @@ func FuzzWarmupBody(f *testing.F) {
 			t.Fatalf("warm-up %q is not JSON", warm)
 		}
 	})
+}
+
+// TestTokenWarmupBody (R22): a warm-up cut in tokens is a completions request for the model,
+// one token, not streamed, whose prompt is exactly the first n ids, for every n in 1…len; any
+// other n builds nothing.
+func TestTokenWarmupBody(t *testing.T) {
+	ids := []uint32{0, 7, 4294967295, 31, 100000}
+	for n := 1; n <= len(ids); n++ {
+		warm, ok := oai.TokenWarmupBody(ids, n, `se"rved`)
+		if !ok {
+			t.Fatalf("n = %d: nothing built", n)
+		}
+		req, err := oai.Parse(oai.Completions, warm)
+		if err != nil {
+			t.Fatalf("warm-up %s does not parse: %v", warm, err)
+		}
+		var got struct {
+			Model     string   `json:"model"`
+			Prompt    []uint32 `json:"prompt"`
+			MaxTokens int      `json:"max_tokens"`
+		}
+		if err := json.Unmarshal(warm, &got); err != nil {
+			t.Fatal(err)
+		}
+		if req.Stream || got.Model != `se"rved` || got.MaxTokens != 1 || !slices.Equal(got.Prompt, ids[:n]) {
+			t.Fatalf("n = %d: warm-up %s", n, warm)
+		}
+	}
+	if warm, _ := oai.TokenWarmupBody(ids, 2, "m"); string(warm) != `{"model":"m","prompt":[0,7],"max_tokens":1}` {
+		t.Fatalf("warm-up %s", warm)
+	}
+	for _, n := range []int{0, -1, len(ids) + 1} {
+		if warm, ok := oai.TokenWarmupBody(ids, n, "m"); ok || warm != nil {
+			t.Fatalf("n = %d built %s", n, warm)
+		}
+	}
+	if _, ok := oai.TokenWarmupBody(nil, 1, "m"); ok {
+		t.Fatal("a warm-up of no ids")
+	}
 }

@@ -25,9 +25,9 @@ import (
 // replays the lost batches from the engine (Options.KVReplay) or keeps the worker's entries:
 // the blocks a lost batch stored are then unknown (their children are orphans, not indexed)
 // until the engine stores them again, and those it removed stay in the index (stale) until the
-// engine stores them again or the worker's bound clears it. The simulated engines heartbeat as a vLLM
-// worker is seen (no tl.kv stream: WorkerInfo.KVEvents false), so prefix warm-ups, which need
-// every worker of the pool to key its cache on the rendered prompt, are off on this path.
+// engine stores them again or the worker's bound clears it. The simulated engines heartbeat as
+// a vLLM worker is seen (no tl.kv stream: WorkerInfo.KVEvents false), so prefix warm-ups are
+// cut in tokens on this path (router.Warmup.Tokens: the matched blocks' token ids, warm.go).
 
 // The event formats of Options.KVEvents.
 const (

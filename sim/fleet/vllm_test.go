@@ -43,8 +43,9 @@ func TestVLLMEventsDeterministic(t *testing.T) {
 
 // TestVLLMEventsMatchTL: routing by the engines' own block events finds as much of the prompts
 // cached as routing by tlengine's chunk ids: within half a point of hit rate and 3% of TTFT
-// p99, with warm-ups off (the vLLM path has none: vllm.go) and with restarts (AllBlocksCleared
-// against CLEARED); with warm-ups on, the hit rate stays within a point.
+// p99, with warm-ups off and with restarts (AllBlocksCleared against CLEARED); with warm-ups on
+// (the vLLM path's cut in tokens, the tl path's in rendered bytes) both run warm-ups, the hit
+// rate stays within a point and the vLLM path's p99 no more than 3% above the tl path's.
 func TestVLLMEventsMatchTL(t *testing.T) {
 	for _, o := range []Options{
 		{WarmupMinBytes: -1},
@@ -54,18 +55,21 @@ func TestVLLMEventsMatchTL(t *testing.T) {
 		tl := vllmRun(t, o)
 		o.KVEvents = KVEventsVLLM
 		v := vllmRun(t, o)
-		t.Logf("warm-ups %d, restarts %v: tl hit %.4f p99 %.1f; vllm hit %.4f p99 %.1f (%d batches)",
-			o.WarmupMinBytes, o.RestartEvery, tl.HitRate, tl.TTFTP99Ms, v.HitRate, v.TTFTP99Ms, v.KVBatches)
+		t.Logf("warm-ups %d, restarts %v: tl hit %.4f p99 %.1f (%d warm-ups); vllm hit %.4f p99 %.1f (%d warm-ups, %d batches)",
+			o.WarmupMinBytes, o.RestartEvery, tl.HitRate, tl.TTFTP99Ms, tl.Warmups, v.HitRate, v.TTFTP99Ms, v.Warmups, v.KVBatches)
 		band := 0.005
 		if o.WarmupMinBytes == 0 {
 			band = 0.01
-		} else if rel := math.Abs(v.TTFTP99Ms-tl.TTFTP99Ms) / tl.TTFTP99Ms; rel > 0.03 {
-			t.Errorf("restarts %v: vllm p99 %.1f ms against tl's %.1f", o.RestartEvery, v.TTFTP99Ms, tl.TTFTP99Ms)
+			if tl.Warmups == 0 || v.Warmups == 0 || v.TTFTP99Ms > 1.03*tl.TTFTP99Ms {
+				t.Errorf("warm-ups on: vllm p99 %.1f ms (%d warm-ups) against tl's %.1f (%d)", v.TTFTP99Ms, v.Warmups, tl.TTFTP99Ms, tl.Warmups)
+			}
+		} else if rel := math.Abs(v.TTFTP99Ms-tl.TTFTP99Ms) / tl.TTFTP99Ms; rel > 0.03 || v.Warmups != 0 {
+			t.Errorf("restarts %v: vllm p99 %.1f ms (%d warm-ups) against tl's %.1f", o.RestartEvery, v.TTFTP99Ms, v.Warmups, tl.TTFTP99Ms)
 		}
 		if math.Abs(v.HitRate-tl.HitRate) > band {
 			t.Errorf("warm-ups %d, restarts %v: vllm hit rate %.4f against tl's %.4f", o.WarmupMinBytes, o.RestartEvery, v.HitRate, tl.HitRate)
 		}
-		if v.KVBatches == 0 || v.KVOrphans != 0 || v.KVGaps != 0 || v.Warmups != 0 {
+		if v.KVBatches == 0 || v.KVOrphans != 0 || v.KVGaps != 0 {
 			t.Errorf("vllm without gaps: %+v", v)
 		}
 	}

@@ -1,6 +1,8 @@
 package fleet
 
 import (
+	"slices"
+
 	"github.com/tlgw/tlgw/actors/router"
 	"github.com/tlgw/tlgw/internal/oai"
 	"github.com/tlgw/tlgw/internal/prefixindex"
@@ -9,7 +11,8 @@ import (
 
 // Prefix warm-ups (router.Warmup): when a pick asks for one, the engine it names gets a
 // one-token request whose prompt is the picked request's rendered prompt cut to the warm-up's
-// bytes — the tokens that lie wholly within them. It queues and runs as any request (a
+// bytes — the tokens that lie wholly within them — or, cut in tokens (--kv-events vllm), the
+// first Warmup.Tokens of the prompt's token ids. It queues and runs as any request (a
 // running slot, its prompt's KV, the prefill of what it does not hold, one decode step), its
 // chunks are reported as a request's are, and the router's ticket is released when it ends.
 // It is not a client request: it adds nothing to the TTFT, tokens or SLO figures, but its
@@ -36,7 +39,15 @@ func (r *runner) warmup(i int32, w *router.Warmup) {
 	r.sim.WarmupSent(w)
 	k := int32(len(r.warms))
 	eng := r.byID[w.WorkerID]
-	r.warms = append(r.warms, warmJob{w: w, req: i, eng: eng, toks: warmTokens(nil, r.o.Seed, r.tr.reqs[i].msgs, w.Bytes)})
+	var toks []uint32
+	if w.Tokens > 0 {
+		// Cut in tokens (an engine-keyed pool): the pick's first token ids, as the request
+		// actor sends them (oai.TokenWarmupBody); the router never asks for more than it had.
+		toks = slices.Clone(r.prompt(i)[:w.Tokens])
+	} else {
+		toks = warmTokens(nil, r.o.Seed, r.tr.reqs[i].msgs, w.Bytes)
+	}
+	r.warms = append(r.warms, warmJob{w: w, req: i, eng: eng, toks: toks})
 	r.warmLive++
 	r.audit.placed(eng, warmEntry(k))
 	e := r.engines[eng]
