@@ -75,7 +75,7 @@ type Options struct {
 	MinBackoff, MaxBackoff time.Duration
 }
 
-// maxReplayBatches bounds the batches one replay may return.
+// maxReplayBatches bounds the batches one replay may return (the sentinel aside).
 const maxReplayBatches = 1 << 16
 
 func (o *Options) defaults() {
