@@ -175,8 +175,7 @@ func TestOwnerSeqEdges(t *testing.T) {
 }
 
 // TestOwnerGapReplayRange: a gap [from, to) takes exactly the replayed batches from..to-1: older
-// ones are skipped, the live batch's seq and later end the replay (the live batch is applied
-// once, live).
+// ones are skipped, the live batch's seq ends the replay (the live batch is applied once, live).
 func TestOwnerGapReplayRange(t *testing.T) {
 	r := newOwnerRig(t, Options{Replay: true}, "tcp://127.0.0.1:2")
 	r.step(bt(1, root(1)))
@@ -188,6 +187,11 @@ func TestOwnerGapReplayRange(t *testing.T) {
 	if h := r.sk.held("w"); len(h) != 5 {
 		t.Fatalf("held %d keys, want 5", len(h))
 	}
+	// The replay ends at the live batch's seq: what the endpoint does after it (here, fail)
+	// does not matter.
+	r.retained, r.fail = []vllmkv.Batch{bt(6, root(6)), bt(7, root(7))}, errors.New("connection reset")
+	r.want("gap 6", r.step(bt(7, root(7))), []msg{{BlockSize: 4, Stored: keyed(6)}, {BlockSize: 4, Stored: keyed(7)}})
+	r.wantCounts("gap 6", counts{Batches: 4, Gaps: 2, Replay: 2})
 }
 
 // TestOwnerGapReplayFailures: a gap replay (3..5, before the live 6) that does not fill the
