@@ -75,7 +75,7 @@ type Options struct {
 	MinBackoff, MaxBackoff time.Duration
 }
 
-// maxReplayBatches bounds the batches one replay may return.
+// maxReplayBatches bounds the batches one replay may return (the sentinel aside).
 const maxReplayBatches = 1 << 16
 
 func (o *Options) defaults() {
@@ -143,6 +143,10 @@ type Subscriber struct {
 	// conns: accepted connections, at most o.MaxConns.
 	conns  map[net.Conn]struct{}
 	closed bool
+
+	// fetch is the replay source the owners ask to fill a gap: replayFrom over the worker's
+	// replay endpoint (tests of the owner's seq logic put a source without sockets here).
+	fetch func(ctx context.Context, endpoint string, from uint64, f func(vllmkv.Batch) bool) error
 }
 
 // New returns a Subscriber, listening when o.Listen is set.
@@ -150,6 +154,9 @@ func New(o Options) (*Subscriber, error) {
 	o.defaults()
 	s := &Subscriber{o: o, m: newMetrics(o.Registerer), owners: map[string]*owner{},
 		byTopic: map[topicKey]*owner{}, hosts: map[netip.Addr]int{}, conns: map[net.Conn]struct{}{}}
+	s.fetch = func(ctx context.Context, endpoint string, from uint64, f func(vllmkv.Batch) bool) error {
+		return replayFrom(ctx, s.o, endpoint, from, maxReplayBatches, f)
+	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	if o.Listen != "" {
 		ln, err := net.Listen("tcp", o.Listen)

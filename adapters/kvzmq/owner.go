@@ -127,7 +127,7 @@ func (ow *owner) replay(ctx context.Context, from, to uint64) bool {
 	t := ow.s.o.Clock.AfterFunc(ow.s.o.ReplayTimeout, cancel)
 	defer t.Stop()
 	next := from
-	err := replayFrom(rctx, ow.s.o, ow.ep.Replay, from, func(b vllmkv.Batch) bool {
+	err := ow.s.fetch(rctx, ow.ep.Replay, from, func(b vllmkv.Batch) bool {
 		if b.Seq < next || b.Seq >= to {
 			return b.Seq < to // older than wanted: skip; at or past the live batch: done
 		}

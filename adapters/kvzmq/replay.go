@@ -15,14 +15,11 @@ import (
 	"github.com/tlgw/tlgw/internal/zmtpguard"
 )
 
-// errReplayEnd: the replay endpoint's sentinel arrived.
-var errReplayEnd = errors.New("replay ended")
-
 // replayFrom asks a replay endpoint (a ROUTER, "tcp://host:port") for every retained batch with
 // seq ≥ from: it sends [empty delimiter, from as 8 bytes big-endian] from a DEALER and hands
-// each batch to f until the sentinel (seq 2^64−1), f returning false, ctx ending, or
-// maxReplayBatches batches. An answer has one of the shapes replayMessage reads.
-func replayFrom(ctx context.Context, o Options, endpoint string, from uint64, f func(vllmkv.Batch) bool) error {
+// each batch to f until the sentinel (seq 2^64−1), f returning false, or ctx ending; a replay
+// of more than max batches fails. An answer has one of the shapes replayMessage reads.
+func replayFrom(ctx context.Context, o Options, endpoint string, from uint64, max int, f func(vllmkv.Batch) bool) error {
 	d := net.Dialer{Timeout: o.DialTimeout}
 	c, err := d.DialContext(ctx, "tcp", strings.TrimPrefix(endpoint, "tcp://"))
 	if err != nil {
@@ -41,7 +38,7 @@ func replayFrom(ctx context.Context, o Options, endpoint string, from uint64, f 
 	if err := zc.SendMsg(zmq4.NewMsgFrom([]byte{}, seq[:])); err != nil {
 		return err
 	}
-	for n := 0; n < maxReplayBatches; n++ {
+	for n := 0; n <= max; n++ { // max batches, then the sentinel
 		msg, err := zc.RecvMsg()
 		if err != nil {
 			return err
@@ -56,11 +53,14 @@ func replayFrom(ctx context.Context, o Options, endpoint string, from uint64, f 
 		if end {
 			return nil
 		}
+		if n == max {
+			break // a batch past max: f never sees it
+		}
 		if !f(b) {
 			return nil
 		}
 	}
-	return fmt.Errorf("replay: more than %d batches", maxReplayBatches)
+	return fmt.Errorf("replay: more than %d batches", max)
 }
 
 // errReplayShape: a replay answer of none of the known shapes.
