@@ -20,6 +20,7 @@ import (
 	"github.com/tlgw/tlgw/internal/clock"
 	"github.com/tlgw/tlgw/internal/gwtest"
 	"github.com/tlgw/tlgw/sim/faults"
+	"github.com/tlgw/tlgw/sim/sampler"
 )
 
 func start(t *testing.T, cfg Config) *Engine {
@@ -610,5 +611,39 @@ func only(model string) modelCheck {
 			return modelNotFound(m)
 		}
 		return nil
+	}
+}
+
+// TestTokenIDPrompt: a completions prompt given as the token ids /tokenize answers is the same
+// prompt (the same answer for a seed, the same prompt tokens, its blocks cached under the same
+// chain); an id outside the vocabulary is refused.
+func TestTokenIDPrompt(t *testing.T) {
+	e := start(t, Config{})
+	text := strings.Repeat("Token ids are a prompt too. ", 8)
+	_, tb := post(t, e, "/tokenize", `{"model":"smol","prompt":"`+text+`"}`)
+	var tok struct {
+		Tokens []uint32 `json:"tokens"`
+	}
+	if err := json.Unmarshal(tb, &tok); err != nil || len(tok.Tokens) < 32 {
+		t.Fatalf("tokenize: %s", tb)
+	}
+	ids, _ := json.Marshal(tok.Tokens)
+	var byText, byIDs completion
+	_, a := post(t, e, "/v1/completions", `{"model":"smol","prompt":"`+text+`","max_tokens":6,"seed":7}`)
+	resp, b := post(t, e, "/v1/completions", `{"model":"smol","prompt":`+string(ids)+`,"max_tokens":6,"seed":7}`)
+	if resp.StatusCode != 200 || json.Unmarshal(a, &byText) != nil || json.Unmarshal(b, &byIDs) != nil {
+		t.Fatalf("%d %s", resp.StatusCode, b)
+	}
+	if byIDs.Choices[0].Text != byText.Choices[0].Text || byIDs.Usage.PromptTokens != len(tok.Tokens) {
+		t.Fatalf("by ids %q (%d prompt tokens), by text %q (%d ids)", byIDs.Choices[0].Text, byIDs.Usage.PromptTokens,
+			byText.Choices[0].Text, len(tok.Tokens))
+	}
+	if st := e.sched.pool.Stats(); st.HitTokens == 0 {
+		t.Fatal("the token-id prompt found none of the text prompt's blocks cached")
+	}
+	for _, bad := range []string{`[-1]`, `[4294967296]`, fmt.Sprintf(`[%d]`, sampler.VocabSize), `[]`, `[1.5]`} {
+		if resp, b := post(t, e, "/v1/completions", `{"model":"smol","prompt":`+bad+`,"max_tokens":1}`); resp.StatusCode != 400 {
+			t.Fatalf("prompt %s: %d %s", bad, resp.StatusCode, b)
+		}
 	}
 }

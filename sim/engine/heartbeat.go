@@ -288,7 +288,10 @@ func (e *Engine) workerStatus() *controlv1.WorkerStatus {
 		// The KV pool's tokens per block (--block-size): capacity = kv_total_blocks × block_size.
 		BlockSize: uint32(e.cfg.BlockSize),
 		Draining:  st.Draining,
-		KvEvents:  true, // KvEvents/Subscribe on GrpcAddress (R18.3)
+		// KvEvents/Subscribe on GrpcAddress (R18.3), unless the engine publishes vLLM-format
+		// events (--kv-events): then it is seen as a vLLM engine is, with no tl.kv stream (its
+		// blocks would be indexed twice, by chunk id and by block key).
+		KvEvents: e.zpub == nil,
 		// R21: the adapters served besides the base model, the GPU slots for them, the serving
 		// endpoints.
 		LoraAdapters: e.loras.names(),

@@ -213,8 +213,8 @@ func parseStop(raw json.RawMessage) ([]string, error) {
 	return many, nil
 }
 
-// parsePrompt accepts a string or an array holding one string (batched prompts are not
-// supported by the simulator: one request, one sequence).
+// parsePrompt accepts a string, an array holding one string, or an array of token ids
+// (batched prompts are not supported by the simulator: one request, one sequence).
 func parsePrompt(raw json.RawMessage) (string, error) {
 	raw = bytes.TrimSpace(raw)
 	if len(raw) == 0 || string(raw) == "null" {
@@ -228,7 +228,17 @@ func parsePrompt(raw json.RawMessage) (string, error) {
 	if err := json.Unmarshal(raw, &arr); err == nil && len(arr) == 1 {
 		return arr[0], nil
 	}
-	return "", badRequest(`"prompt" must be a string (or an array with one string)`)
+	// Token ids (as vLLM takes them; the gateway's warm-ups cut in tokens send them): the
+	// prompt is their text, which tokenizes back to the same ids.
+	var ids []int64
+	if err := json.Unmarshal(raw, &ids); err == nil && len(ids) > 0 {
+		in, err := idsInput(ids, "prompt")
+		if err != nil {
+			return "", err
+		}
+		return in.text, nil
+	}
+	return "", badRequest(`"prompt" must be a string, an array with one string, or an array of token ids`)
 }
 
 func parseMessages(raw json.RawMessage) ([]sampler.Message, error) {

@@ -107,7 +107,7 @@ listen = "` + listen + `"
 // would take va) is routed to vb three times in a row, matched block by block on vb's own
 // vLLM-format events (vb binds and publishes maps; va connects to the gateway and publishes
 // arrays); the gateway rendered it once and answered the repeats from its cache. vb killed
-// and started again (seq back at 0, AllBlocksCleared) is forgotten: the next repeat goes to va.
+// and started again is forgotten at its first batch (seq back at 0): the next repeat goes to va.
 func TestVLLMEventsRouteToTheHolder(t *testing.T) {
 	const lookups, hits = "tlengine_prefix_cache_lookup_tokens_total", "tlengine_prefix_cache_hit_tokens_total"
 	listen := freeAddr(t)
@@ -150,17 +150,90 @@ listen = "` + listen + `"
 	}
 
 	// vb restarts on the same addresses: its seq goes back to 0 with AllBlocksCleared.
+	held := metricSum(t, f.base, "tlgw_kv_index_entries")
+	if held == 0 {
+		t.Fatal("the index held nothing of vb before its restart")
+	}
 	if err := vb.Cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	<-vb.Exited()
 	vb = proctest.StartEngine(t, tlengineBin, append([]string{"--id", "vb", "--gateway", f.gw.GRPCAddr}, vbArgs[1:]...)...)
 	eventually(t, "vb re-dialled", 10*time.Second, subscribed(vb))
+	// Its AllBlocksCleared went out before the gateway re-dialled (a PUB drops what no
+	// subscriber hears); its first batch since (numbered back from 0, or a first contact when
+	// its new registration replaced the subscription) tells the gateway, which then holds only
+	// that batch's few blocks.
+	batches := metricSum(t, f.base, "tlgw_kv_zmq_batches_total")
+	complete(t, "http://"+vb.HTTPAddr, "another prompt, of three blocks or so: one two three four five six seven")
 	eventually(t, "the index forgot vb's blocks", 10*time.Second, func() bool {
-		return metricSum(t, f.base, "tlgw_kv_index_entries") == 0
+		n := metricSum(t, f.base, "tlgw_kv_index_entries")
+		return metricSum(t, f.base, "tlgw_kv_zmq_batches_total") > batches && n > 0 && n < held/4
 	})
 	complete(t, f.base, prompt)
 	if got := engineMetric(t, va, lookups); got == 0 {
 		t.Fatal("after vb's restart the repeat still went to vb")
+	}
+}
+
+// TestTokenWarmupOnVLLMEvents (R22): two engines that publish vLLM-format KV events (no tl.kv
+// stream), a gateway that tokenizes through them. A 14 KB prompt is cached on vb only; two
+// streams of it through the gateway both go to vb, and the second leaves vb at the
+// bounded-load cap (⌈1.25·3/2⌉ = 2) with no other holder: the router reserves va for a warm-up
+// cut in vb's matched blocks, and the gateway sends va a one-token completions request of
+// those blocks' token ids. va's engine stores the blocks and publishes them, so the third
+// request, which vb at the cap cannot take, goes to va for its prefix and is served from va's
+// cache.
+func TestTokenWarmupOnVLLMEvents(t *testing.T) {
+	const lookups, hits = "tlengine_prefix_cache_lookup_tokens_total", "tlengine_prefix_cache_hit_tokens_total"
+	listen := freeAddr(t)
+	cfg := preciseConfig + `tokenizer = "engine"
+tokenizer_timeout = "5s"
+
+[gateway.kv_events]
+listen = "` + listen + `"
+`
+	engineArgs := func(id string) []string {
+		return []string{id, "--model", "smol", "--decode-per-token", "10ms", // a 400-token stream runs 4 s
+			"--kv-events", "zmq://" + listen, "--kv-events-bind=false"}
+	}
+	f := startFleet(t, cfg, engineArgs("va"), engineArgs("vb"))
+	va, vb := f.engines["va"], f.engines["vb"]
+	for _, p := range []*proctest.Proc{va, vb} {
+		eventually(t, p.HTTPAddr+" connected", 10*time.Second, func() bool {
+			return engineMetric(t, p, "tlengine_kv_events_subscribers") == 1
+		})
+	}
+	prompt := strings.Repeat("A long shared system prompt that only one engine has cached so far. ", 200)
+	complete(t, "http://"+vb.HTTPAddr, prompt) // behind the gateway's back
+	eventually(t, "the gateway's index holds vb's blocks", 10*time.Second, func() bool {
+		return metricSum(t, f.base, "tlgw_kv_index_entries") > 100
+	})
+	entries := metricSum(t, f.base, "tlgw_kv_index_entries")
+	openStream(t, f.base, prompt)
+	openStream(t, f.base, prompt)
+	if got := engineMetric(t, va, hits); got != 0 {
+		t.Fatalf("va served a stream (%v hit tokens): both should be on vb", got)
+	}
+	// The warm-up is the matched blocks' tokens: va's engine looks them all up and publishes
+	// a block per 16 (vb's streams add their own blocks as they decode: a lower bound).
+	eventually(t, "the warm-up ran on va and va's engine published its blocks", 10*time.Second, func() bool {
+		warmed := engineMetric(t, va, lookups)
+		return metricSum(t, f.base, "tlgw_prefix_warmups_sent_total", `result="ok"`) == 1 && warmed >= 16*100 &&
+			metricSum(t, f.base, "tlgw_kv_index_entries") >= entries+warmed/16-1
+	})
+	if got := metricSum(t, f.base, "tlgw_prefix_warmups_total"); got != 1 {
+		t.Fatalf("tlgw_prefix_warmups_total = %v, want 1", got)
+	}
+	vaLookups, vaHits := engineMetric(t, va, lookups), engineMetric(t, va, hits)
+	if vaLookups != 16*float64(int(vaLookups)/16) {
+		t.Fatalf("va's warm-up looked up %v tokens, not a whole number of blocks of 16", vaLookups)
+	}
+	complete(t, f.base, prompt) // vb is at the cap
+	if got := engineMetric(t, va, lookups); got <= vaLookups {
+		t.Fatal("the third request did not go to va")
+	}
+	if got := engineMetric(t, va, hits) - vaHits; got < 0.9*vaLookups {
+		t.Fatalf("va served the third request with %v tokens from its cache; its warm-up prefilled %v", got, vaLookups)
 	}
 }
