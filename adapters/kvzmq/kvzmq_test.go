@@ -263,7 +263,9 @@ func TestListenBindsTopicsToTheConnectionsHost(t *testing.T) {
 	}
 }
 
-func TestGapClearsWithoutReplay(t *testing.T) {
+// TestGapKeptWithoutReplay: a gap that cannot be replayed keeps the worker's entries (only the
+// lost batches' blocks are unknown); a seq that goes back clears.
+func TestGapKeptWithoutReplay(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
 	ln, ep := engineListener(t)
 	sk := newSink()
@@ -275,12 +277,13 @@ func TestGapClearsWithoutReplay(t *testing.T) {
 	eventually(t, "a key", func() bool { return len(sk.held("b")) == 1 })
 	p.seq += 5 // five batches lost
 	p.send(stored([]uint64{2}, 0, false, toks(50, 4), 4))
-	eventually(t, "only the new key", func() bool {
+	eventually(t, "both keys", func() bool {
 		h := sk.held("b")
-		return len(h) == 1 && h[vllmkv.BlockKeys(nil, toks(50, 4), 4, -1)[0]]
+		return len(h) == 2 && h[vllmkv.BlockKeys(nil, toks(50, 4), 4, -1)[0]] && h[vllmkv.BlockKeys(nil, toks(0, 4), 4, -1)[0]]
 	})
-	if testutil.ToFloat64(s.m.gaps) != 1 || testutil.ToFloat64(s.m.resyncs.WithLabelValues("clear")) != 1 {
-		t.Fatal("the gap or its clear was not counted")
+	if testutil.ToFloat64(s.m.gaps) != 1 || testutil.ToFloat64(s.m.resyncs.WithLabelValues("kept")) != 1 ||
+		testutil.ToFloat64(s.m.resyncs.WithLabelValues("clear")) != 0 {
+		t.Fatal("the gap, kept, was not counted so")
 	}
 	// A seq that goes back (a restarted engine) clears too.
 	p.seq = 0
@@ -355,7 +358,7 @@ func replayServer(t *testing.T, topic string, batches map[uint64][]vllmkv.Event,
 }
 
 // TestGapFilledByReplay: a gap is filled from the replay endpoint, whichever of the answer
-// shapes it uses; an answer of no known shape fails the replay and the worker is cleared.
+// shapes it uses; an answer of no known shape fails the replay and the gap is kept.
 func TestGapFilledByReplay(t *testing.T) {
 	for _, c := range []struct {
 		name  string
@@ -386,8 +389,8 @@ func testGapFilledByReplay(t *testing.T, shape int) {
 	p.sendSeq(4, vllmkv.Event{Kind: vllmkv.BlockRemoved, Hashes: []uint64{3}})
 	want := vllmkv.BlockKeys(nil, prompt, 4, -1)
 	if shape == shapeBadSeq {
-		eventually(t, "the failed replay's clear", func() bool { return testutil.ToFloat64(s.m.resyncs.WithLabelValues("clear")) == 1 })
-		if testutil.ToFloat64(s.m.replayErrors) < 1 || len(sk.held("b")) != 0 || sk.clears("b") != 2 {
+		eventually(t, "the failed replay's gap kept", func() bool { return testutil.ToFloat64(s.m.resyncs.WithLabelValues("kept")) == 1 })
+		if testutil.ToFloat64(s.m.replayErrors) < 1 || len(sk.held("b")) != 1 || sk.clears("b") != 1 {
 			t.Fatalf("replay errors %v, held %v, clears %d", testutil.ToFloat64(s.m.replayErrors), sk.held("b"), sk.clears("b"))
 		}
 		return

@@ -27,7 +27,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		batches: c("tlgw_kv_zmq_batches_total", "KV event batches applied or resynced from (R22)."),
 		gaps:    c("tlgw_kv_zmq_gaps_total", "KV event seq gaps: batches a worker published that the gateway missed."),
 		resyncs: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tlgw_kv_zmq_resyncs_total",
-			Help: "Resyncs of a worker's KV state: replay (the gap was filled), clear (its entries were dropped), restart (its seq went back)."}, []string{"how"}),
+			Help: "Resyncs of a worker's KV state: replay (a gap was filled), kept (a gap could not be filled: its entries were kept), clear (its entries were dropped: over a bound), restart (its seq went back)."}, []string{"how"}),
 		decodeErrors: c("tlgw_kv_zmq_decode_errors_total", "KV event messages or connections refused as malformed or over a bound."),
 		dropped:      c("tlgw_kv_zmq_dropped_batches_total", "KV event batches dropped because the worker's buffer was full (a resync follows)."),
 		orphans:      c("tlgw_kv_zmq_orphan_events_total", "BlockStored events whose parent block is unknown (not indexed)."),
@@ -38,7 +38,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	for _, k := range []string{"BlockStored", "BlockRemoved", "AllBlocksCleared"} {
 		m.events.WithLabelValues(k)
 	}
-	for _, h := range []string{"replay", "clear", "restart"} {
+	for _, h := range []string{"replay", "kept", "clear", "restart"} {
 		m.resyncs.WithLabelValues(h)
 	}
 	if reg != nil {

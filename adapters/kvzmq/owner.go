@@ -104,12 +104,20 @@ func (ow *owner) batch(ctx context.Context, b vllmkv.Batch) {
 		m.resyncs.WithLabelValues("restart").Inc()
 		ow.clear(ctx)
 	default:
+		// Batches were lost. Without a replay that fills them, the worker's entries are kept:
+		// an engine hash names the same tokens for as long as the engine lives, so only the
+		// lost batches' blocks are wrong — their stores unknown (their children are orphans,
+		// not indexed, until the engine stores them again) and their removals left standing
+		// (stale keys, which at worst send a request to a worker that computes that prefix
+		// again and so re-announces it; bounded by max_blocks_per_worker, past which the
+		// tracker clears the worker). Clearing instead would forget the engine's hot
+		// prefixes, which it never announces again while they stay cached: in the simulator
+		// at 1,000 workers with 1% of batches lost, hit rate 0.64 against 0.86 kept.
 		m.gaps.Inc()
-		if !ow.replay(ctx, ow.last+1, b.Seq) {
-			m.resyncs.WithLabelValues("clear").Inc()
-			ow.clear(ctx)
-		} else {
+		if ow.replay(ctx, ow.last+1, b.Seq) {
 			m.resyncs.WithLabelValues("replay").Inc()
+		} else {
+			m.resyncs.WithLabelValues("kept").Inc()
 		}
 	}
 	ow.apply(ctx, b)
@@ -117,7 +125,7 @@ func (ow *owner) batch(ctx context.Context, b vllmkv.Batch) {
 
 // replay asks the worker's replay endpoint for the batches with seq in [from, to) and applies
 // them; it reports whether it filled the gap (false without a replay endpoint, with replay
-// off, or on any failure, in which case the caller clears).
+// off, or on any failure, in which case the caller keeps what it has).
 func (ow *owner) replay(ctx context.Context, from, to uint64) bool {
 	if !ow.s.o.Replay || ow.ep.Replay == "" || from >= to {
 		return from >= to

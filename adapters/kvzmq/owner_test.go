@@ -101,12 +101,13 @@ func (r *ownerRig) want(what string, got, want []msg) {
 }
 
 // counts is the owner's metrics: batches, gaps, resyncs by how, replay errors.
-type counts struct{ Batches, Gaps, Replay, Clear, Restart, ReplayErrors, Orphans, Dropped float64 }
+type counts struct{ Batches, Gaps, Replay, Kept, Clear, Restart, ReplayErrors, Orphans, Dropped float64 }
 
 func (r *ownerRig) counts() counts {
 	m := r.s.m
 	return counts{testutil.ToFloat64(m.batches), testutil.ToFloat64(m.gaps),
-		testutil.ToFloat64(m.resyncs.WithLabelValues("replay")), testutil.ToFloat64(m.resyncs.WithLabelValues("clear")),
+		testutil.ToFloat64(m.resyncs.WithLabelValues("replay")), testutil.ToFloat64(m.resyncs.WithLabelValues("kept")),
+		testutil.ToFloat64(m.resyncs.WithLabelValues("clear")),
 		testutil.ToFloat64(m.resyncs.WithLabelValues("restart")), testutil.ToFloat64(m.replayErrors),
 		testutil.ToFloat64(m.orphans), testutil.ToFloat64(m.dropped)}
 }
@@ -196,14 +197,13 @@ func TestOwnerGapReplayRange(t *testing.T) {
 
 // TestOwnerGapReplayFailures: a gap replay (3..5, before the live 6) that does not fill the
 // whole gap — a hole in it, an end before the live batch, a batch of another worker's topic, an
-// error — clears the worker; one that does (with its topic or none) does not.
+// error — keeps what the worker had and what the replay gave; either way nothing is cleared.
 func TestOwnerGapReplayFailures(t *testing.T) {
 	other := bt(3, root(3))
 	other.Topic = vllmkv.FormatTopic("127.0.0.1:9999", rigModel)
 	noTopic := bt(3, root(3))
 	noTopic.Topic = ""
 	st := func(h uint64) msg { return msg{BlockSize: 4, Stored: keyed(h)} }
-	clr := msg{Clear: true, BlockSize: 4}
 	for _, c := range []struct {
 		name     string
 		retained []vllmkv.Batch
@@ -216,15 +216,15 @@ func TestOwnerGapReplayFailures(t *testing.T) {
 		{"no topic", []vllmkv.Batch{noTopic, bt(4, root(4)), bt(5, root(5))}, nil, true,
 			[]msg{st(3), st(4), st(5), st(6)}},
 		{"a hole", []vllmkv.Batch{bt(3, root(3)), bt(5, root(5))}, nil, false,
-			[]msg{st(3), clr, st(6)}},
+			[]msg{st(3), st(6)}},
 		{"ends early", []vllmkv.Batch{bt(3, root(3)), bt(4, root(4))}, nil, false,
-			[]msg{st(3), st(4), clr, st(6)}},
+			[]msg{st(3), st(4), st(6)}},
 		{"another topic", []vllmkv.Batch{other, bt(4, root(4)), bt(5, root(5))}, nil, false,
-			[]msg{clr, st(6)}},
+			[]msg{st(6)}},
 		{"an error", []vllmkv.Batch{bt(3, root(3)), bt(4, root(4)), bt(5, root(5))}, errors.New("connection reset"), false,
-			[]msg{st(3), st(4), st(5), clr, st(6)}},
+			[]msg{st(3), st(4), st(5), st(6)}},
 		{"nothing", nil, nil, false,
-			[]msg{clr, st(6)}},
+			[]msg{st(6)}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			r := newOwnerRig(t, Options{Replay: true}, "tcp://127.0.0.1:2")
@@ -233,7 +233,7 @@ func TestOwnerGapReplayFailures(t *testing.T) {
 			r.want("the gap", r.step(bt(6, root(6))), c.msgs)
 			want := counts{Batches: 2, Gaps: 1, Replay: 1}
 			if !c.filled {
-				want.Replay, want.Clear = 0, 1
+				want.Replay, want.Kept = 0, 1
 			}
 			if c.fail != nil {
 				want.ReplayErrors = 1
@@ -255,7 +255,8 @@ func TestOwnerFirstContactReplayFailure(t *testing.T) {
 	r.wantCounts("first contact", counts{Batches: 1, ReplayErrors: 1})
 }
 
-// TestOwnerNoReplay: without replay (off, or no endpoint) a gap clears and nothing is asked; a
+// TestOwnerNoReplay: without replay (off, or no endpoint) a gap keeps the worker's entries and
+// nothing is asked; a
 // lost connection or a dropped batch followed by seq+1 missed nothing, so nothing is cleared.
 func TestOwnerNoReplay(t *testing.T) {
 	for _, c := range []struct {
@@ -284,9 +285,12 @@ func TestOwnerNoReplay(t *testing.T) {
 				}
 				return
 			}
-			r.want("a gap", r.step(bt(5, root(5))), []msg{{Clear: true, BlockSize: 4}, {BlockSize: 4, Stored: keyed(5)}})
-			if c := r.counts(); c.Clear != 1 {
+			r.want("a gap", r.step(bt(5, root(5))), []msg{{BlockSize: 4, Stored: keyed(5)}})
+			if c := r.counts(); c.Kept != 1 || c.Clear != 0 {
 				t.Fatalf("metrics %+v", c)
+			}
+			if h := r.sk.held("w"); len(h) != 4 {
+				t.Fatalf("held %v after the gap, want 4 keys", h)
 			}
 			if len(r.asked) != 0 {
 				t.Fatalf("replays asked from %v without replay", r.asked)

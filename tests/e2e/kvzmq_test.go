@@ -28,7 +28,7 @@ func injectGap(t *testing.T, p *proctest.Proc) {
 // events from an engine that connects to its [gateway.kv_events] listen address (za, no
 // replay) and from one that binds and is dialled through its heartbeat's kv_events_endpoint
 // (zb, with a replay endpoint answering in vLLM's shape). A gap on zb is filled by replay, one
-// on za clears it; zb killed and started again (same addresses) is forgotten: its seq going
+// on za keeps its entries; zb killed and started again (same addresses) is forgotten: its seq going
 // back (a restart resync) or, when it was evicted meanwhile, its first batch AllBlocksCleared.
 func TestEngineKVEventsOverZMQ(t *testing.T) {
 	listen := freeAddr(t)
@@ -73,14 +73,19 @@ listen = "` + listen + `"
 	eventually(t, "zb's gap filled by replay", 10*time.Second, func() bool {
 		return metricSum(t, f.base, resyncs, `how="replay"`) >= 1
 	})
-	// A gap on za, which has none: its entries are cleared.
-	clears := metricSum(t, f.base, resyncs, `how="clear"`)
+	// A gap on za, which has none: its entries are kept; the withheld batch's blocks are
+	// unknown, the next batch's are indexed.
+	kept, clears := metricSum(t, f.base, resyncs, `how="kept"`), metricSum(t, f.base, resyncs, `how="clear"`)
+	entries := metricSum(t, f.base, "tlgw_kv_index_entries")
 	injectGap(t, za)
 	complete(t, "http://"+za.HTTPAddr, prompt("withheld from za's live stream"))
 	complete(t, "http://"+za.HTTPAddr, prompt("after za's gap"))
-	eventually(t, "za's gap cleared", 10*time.Second, func() bool {
-		return metricSum(t, f.base, resyncs, `how="clear"`) > clears
+	eventually(t, "za's gap kept", 10*time.Second, func() bool {
+		return metricSum(t, f.base, resyncs, `how="kept"`) > kept && metricSum(t, f.base, "tlgw_kv_index_entries") > entries
 	})
+	if got := metricSum(t, f.base, resyncs, `how="clear"`); got != clears {
+		t.Fatalf("za's gap cleared it (%v clears, %v before)", got, clears)
+	}
 	if got := metricSum(t, f.base, "tlgw_kv_zmq_gaps_total"); got < 2 {
 		t.Fatalf("%v gaps counted, want both", got)
 	}
