@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tlgw/tlgw/actors/router"
+	"github.com/tlgw/tlgw/internal/clock"
 	"github.com/tlgw/tlgw/internal/config"
 	"github.com/tlgw/tlgw/internal/enginetok"
 	"github.com/tlgw/tlgw/internal/oai"
@@ -43,6 +44,7 @@ type EngineTokens struct {
 	transport http.RoundTripper
 	tokenize  bool
 	timeout   time.Duration
+	clock     clock.Clock // times the renders' budget and their latency
 	cache     *enginetok.Cache
 	bg        chan struct{}  // background render slots: bounds their goroutines
 	wg        sync.WaitGroup // background renders, for Close
@@ -63,12 +65,16 @@ const (
 )
 
 // NewEngineTokens builds the engine tokenizer: target is the router's RenderTarget, transport
-// the engine-facing one, cfg the gateway's tokenizer settings; reg (may be nil) receives
+// the engine-facing one, cfg the gateway's tokenizer settings, clk the gateway's clock (nil:
+// the real one); reg (may be nil) receives
 // tlgw_tokenizer_requests_total{outcome}, tlgw_tokenizer_render_seconds and
 // tlgw_tokenizer_cache_entries.
 func NewEngineTokens(target func(*router.RenderTarget) (*router.RenderTargetReply, error),
-	transport http.RoundTripper, cfg config.Gateway, reg prometheus.Registerer) *EngineTokens {
-	t := &EngineTokens{target: target, transport: transport, tokenize: cfg.TokenizerEndpoint == config.TokenizerTokenize,
+	transport http.RoundTripper, cfg config.Gateway, clk clock.Clock, reg prometheus.Registerer) *EngineTokens {
+	if clk == nil {
+		clk = clock.Real{}
+	}
+	t := &EngineTokens{target: target, transport: transport, clock: clk, tokenize: cfg.TokenizerEndpoint == config.TokenizerTokenize,
 		timeout: cfg.TokenizerTimeout, cache: enginetok.NewCache(0, 0), bg: make(chan struct{}, maxBackground),
 		outcomes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tlgw_tokenizer_requests_total",
@@ -120,7 +126,7 @@ func (t *EngineTokens) TokenIDs(ctx context.Context, kind oai.Kind, model, id st
 			t.wg.Add(1)
 			go func() { // bounded by t.bg; ends within t.timeout
 				defer func() { <-t.bg; t.wg.Done() }()
-				bctx, cancel := context.WithTimeout(context.Background(), t.timeout)
+				bctx, cancel := t.budget(context.Background())
 				defer cancel()
 				if full, err := t.render(bctx, kind, tg, body); err == nil {
 					t.cache.Store(tg.ServedModel, rendered, full)
@@ -130,11 +136,11 @@ func (t *EngineTokens) TokenIDs(ctx context.Context, kind oai.Kind, model, id st
 		}
 		return ids
 	}
-	start := time.Now()
-	rctx, cancel := context.WithTimeout(ctx, t.timeout)
+	start := t.clock.Now()
+	rctx, cancel := t.budget(ctx)
 	full, err := t.render(rctx, kind, tg, body)
 	cancel()
-	t.latency.Observe(time.Since(start).Seconds())
+	t.latency.Observe(t.clock.Now().Sub(start).Seconds())
 	if err != nil {
 		t.outcomes.WithLabelValues(tokFallback).Inc()
 		return nil
@@ -142,6 +148,13 @@ func (t *EngineTokens) TokenIDs(ctx context.Context, kind oai.Kind, model, id st
 	t.outcomes.WithLabelValues(tokRender).Inc()
 	t.cache.Store(tg.ServedModel, rendered, full)
 	return full
+}
+
+// budget is ctx cancelled once tokenizer_timeout has passed on the gateway's clock.
+func (t *EngineTokens) budget(ctx context.Context) (context.Context, context.CancelFunc) {
+	c, cancel := context.WithCancel(ctx)
+	tm := t.clock.AfterFunc(t.timeout, cancel)
+	return c, func() { tm.Stop(); cancel() }
 }
 
 // Close waits for the background renders (each ends within the timeout).

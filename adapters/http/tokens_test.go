@@ -14,6 +14,7 @@ import (
 
 	"github.com/tlgw/tlgw/actors/router"
 	httpapi "github.com/tlgw/tlgw/adapters/http"
+	"github.com/tlgw/tlgw/internal/clock"
 	"github.com/tlgw/tlgw/internal/config"
 	"github.com/tlgw/tlgw/internal/oai"
 )
@@ -60,7 +61,7 @@ func chatBody(user string) []byte {
 		`"},{"role":"user","content":"` + user + `"}]}`)
 }
 
-func newTokens(t *testing.T, addr string, endpoint string, timeout time.Duration) (*httpapi.EngineTokens, *prometheus.Registry) {
+func newTokens(t *testing.T, addr string, endpoint string, timeout time.Duration, clk clock.Clock) (*httpapi.EngineTokens, *prometheus.Registry) {
 	reg := prometheus.NewRegistry()
 	cfg := config.Gateway{TokenizerEndpoint: endpoint, TokenizerTimeout: timeout}
 	tk := httpapi.NewEngineTokens(func(m *router.RenderTarget) (*router.RenderTargetReply, error) {
@@ -68,7 +69,7 @@ func newTokens(t *testing.T, addr string, endpoint string, timeout time.Duration
 			return &router.RenderTargetReply{}, nil
 		}
 		return &router.RenderTargetReply{Address: addr, ServedModel: "served"}, nil
-	}, httpapi.NewTransport(), cfg, reg)
+	}, httpapi.NewTransport(), cfg, clk, reg)
 	t.Cleanup(tk.Close)
 	return tk, reg
 }
@@ -94,7 +95,7 @@ func outcome(reg *prometheus.Registry, o string) float64 {
 // background for the next time; another model's pool that needs no ids costs no call.
 func TestEngineTokensRenderAndCache(t *testing.T) {
 	eng := newRenderEngine(t, nil)
-	tk, reg := newTokens(t, eng.addr(), config.TokenizerRender, time.Second)
+	tk, reg := newTokens(t, eng.addr(), config.TokenizerRender, time.Second, nil)
 	ctx := context.Background()
 	body := chatBody("hello")
 	ids := tk.TokenIDs(ctx, oai.Chat, "public", "r1", body, nil)
@@ -140,7 +141,7 @@ func TestEngineTokensRenderAndCache(t *testing.T) {
 	if c := eng.calls(); c[len(c)-1] != "POST /v1/completions/render" {
 		t.Fatalf("completions went to %s", c[len(c)-1])
 	}
-	tz, _ := newTokens(t, eng.addr(), config.TokenizerTokenize, time.Second)
+	tz, _ := newTokens(t, eng.addr(), config.TokenizerTokenize, time.Second, nil)
 	if got := tz.TokenIDs(ctx, oai.Chat, "public", "r8", body, nil); len(got) == 0 {
 		t.Fatal("tokenize gave nothing")
 	}
@@ -149,14 +150,15 @@ func TestEngineTokensRenderAndCache(t *testing.T) {
 	}
 }
 
-// TestEngineTokensFallBack: a render that is late, fails, or answers something else than token
-// ids (a hostile engine: too large, negative ids) gives no ids, within the time budget, and is
-// counted; nothing is cached.
+// TestEngineTokensFallBack: a render that is late (past tokenizer_timeout on the gateway's
+// clock), fails, or answers something else than token ids (a hostile engine: too large,
+// negative ids) gives no ids and is counted; nothing is cached.
 func TestEngineTokensFallBack(t *testing.T) {
-	release := make(chan struct{})
+	release, arrived := make(chan struct{}), make(chan struct{}, 1)
 	defer close(release)
 	cases := map[string]func(w http.ResponseWriter, r *http.Request, body []byte){
 		"slow": func(w http.ResponseWriter, r *http.Request, _ []byte) {
+			arrived <- struct{}{}
 			select {
 			case <-release:
 			case <-r.Context().Done():
@@ -172,13 +174,31 @@ func TestEngineTokensFallBack(t *testing.T) {
 	for name, h := range cases {
 		t.Run(name, func(t *testing.T) {
 			eng := newRenderEngine(t, h)
-			tk, reg := newTokens(t, eng.addr(), config.TokenizerRender, 100*time.Millisecond)
-			start := time.Now()
-			if got := tk.TokenIDs(context.Background(), oai.Chat, "public", "r", chatBody("q"), nil); got != nil {
-				t.Fatalf("ids %v", got[:min(len(got), 4)])
+			fc := clock.NewFake(time.Unix(0, 0))
+			tk, reg := newTokens(t, eng.addr(), config.TokenizerRender, 50*time.Millisecond, fc)
+			got := make(chan []uint32, 1)
+			go func() { got <- tk.TokenIDs(context.Background(), oai.Chat, "public", "r", chatBody("q"), nil) }()
+			if name == "slow" {
+				select {
+				case <-arrived:
+				case <-time.After(10 * time.Second):
+					t.Fatal("the render never reached the engine")
+				}
+				fc.Advance(49 * time.Millisecond)
+				select {
+				case ids := <-got:
+					t.Fatalf("answered %v before the budget", ids)
+				default:
+				}
+				fc.Advance(time.Millisecond)
 			}
-			if el := time.Since(start); el > 2*time.Second {
-				t.Fatalf("took %v with a 100ms budget", el)
+			select {
+			case ids := <-got:
+				if ids != nil {
+					t.Fatalf("ids %v", ids[:min(len(ids), 4)])
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("no answer")
 			}
 			if outcome(reg, "fallback") != 1 || tk.CacheStats().Entries != 0 {
 				t.Fatalf("fallback %v, entries %d", outcome(reg, "fallback"), tk.CacheStats().Entries)

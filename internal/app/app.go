@@ -235,7 +235,7 @@ func Start(cfg *config.Config, o Options) (*App, error) {
 	var static httpapi.StaticWorkers = a.static
 	var tokens httpapi.TokenSource
 	if g.Tokenizer == config.TokenizerEngine && policy.ReadsOf(g.RoutePolicy).KVEvents {
-		a.tokens = httpapi.NewEngineTokens(gw.RenderTarget, o.Transport, g, reg)
+		a.tokens = httpapi.NewEngineTokens(gw.RenderTarget, o.Transport, g, o.Clock, reg)
 		tokens = a.tokens
 	}
 	if cfg.Cluster.Enabled {
