@@ -256,11 +256,15 @@ func TestFullQueueDropsAndConsumesTheSeq(t *testing.T) {
 	p.o.defaults()
 	p.Publish(stored(1, 1))
 	p.Publish(stored(2, 2))
-	if p.Stats().Dropped != 1 || p.next != 2 {
-		t.Fatalf("dropped %d, next seq %d", p.Stats().Dropped, p.next)
+	if p.Stats().Dropped != 1 || p.NextSeq() != 2 {
+		t.Fatalf("dropped %d, next seq %d", p.Stats().Dropped, p.NextSeq())
 	}
 	if b := <-p.in; b.seq != 0 {
 		t.Fatalf("queued seq %d", b.seq)
+	}
+	p.Publish(stored(3, 3)) // a place again: seq 1 stays a gap
+	if b := <-p.in; b.seq != 2 || p.Stats().Dropped != 1 || p.NextSeq() != 3 {
+		t.Fatalf("after the drop: queued seq %d, dropped %d, next %d", b.seq, p.Stats().Dropped, p.NextSeq())
 	}
 }
 
