@@ -111,7 +111,7 @@ func TestBindPublishesInOrder(t *testing.T) {
 		}
 		for i := range 3 {
 			b := s.recv()
-			if b.Seq != uint64(i) || b.Topic != topic || len(b.Events) != 1 || b.Events[0].Hashes[0] != uint64(100+i) || b.Events[0].Medium != "GPU" {
+			if b.Seq != uint64(i) || b.Topic != topic || b.Rank != -1 || len(b.Events) != 1 || b.Events[0].Hashes[0] != uint64(100+i) || b.Events[0].Medium != "GPU" {
 				t.Fatalf("format %d: batch %d is %+v", f, i, b)
 			}
 		}
@@ -126,30 +126,41 @@ func TestBindPublishesInOrder(t *testing.T) {
 	}
 }
 
-// replayClient sends one replay request from a DEALER and returns the answers' frames up to
-// and including the sentinel (at most 2048 messages).
-func replayClient(t *testing.T, addr string, from uint64) [][][]byte {
+// dealer is a replay client's DEALER end of one connection.
+type dealer struct {
+	t  *testing.T
+	zc *zmq4.Conn
+}
+
+func dialDealer(t *testing.T, addr string) *dealer {
 	t.Helper()
 	c, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
+	t.Cleanup(func() { c.Close() })
 	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
 	zc, err := zmq4.Open(c, null.Security(), zmq4.Dealer, nil, false, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return &dealer{t: t, zc: zc}
+}
+
+// request sends one replay request and returns the answers' frames up to and including the
+// sentinel (at most 2048 messages).
+func (d *dealer) request(from uint64) [][][]byte {
+	d.t.Helper()
 	var seq [8]byte
 	binary.BigEndian.PutUint64(seq[:], from)
-	if err := zc.SendMsg(zmq4.NewMsgFrom([]byte{}, seq[:])); err != nil {
-		t.Fatal(err)
+	if err := d.zc.SendMsg(zmq4.NewMsgFrom([]byte{}, seq[:])); err != nil {
+		d.t.Fatal(err)
 	}
 	var out [][][]byte
 	for range 2048 {
-		msg, err := zc.RecvMsg()
+		msg, err := d.zc.RecvMsg()
 		if err != nil {
-			t.Fatal(err)
+			d.t.Fatal(err)
 		}
 		out = append(out, msg.Frames)
 		n := len(msg.Frames)
@@ -157,8 +168,14 @@ func replayClient(t *testing.T, addr string, from uint64) [][][]byte {
 			return out
 		}
 	}
-	t.Fatal("no sentinel")
+	d.t.Fatal("no sentinel")
 	return nil
+}
+
+// replayClient sends one replay request on a connection of its own.
+func replayClient(t *testing.T, addr string, from uint64) [][][]byte {
+	t.Helper()
+	return dialDealer(t, addr).request(from)
 }
 
 // TestWithheldBatchIsAGapThatReplayFills: a withheld batch's seq is skipped on the live stream;
@@ -239,11 +256,15 @@ func TestFullQueueDropsAndConsumesTheSeq(t *testing.T) {
 	p.o.defaults()
 	p.Publish(stored(1, 1))
 	p.Publish(stored(2, 2))
-	if p.Stats().Dropped != 1 || p.next != 2 {
-		t.Fatalf("dropped %d, next seq %d", p.Stats().Dropped, p.next)
+	if p.Stats().Dropped != 1 || p.NextSeq() != 2 {
+		t.Fatalf("dropped %d, next seq %d", p.Stats().Dropped, p.NextSeq())
 	}
 	if b := <-p.in; b.seq != 0 {
 		t.Fatalf("queued seq %d", b.seq)
+	}
+	p.Publish(stored(3, 3)) // a place again: seq 1 stays a gap
+	if b := <-p.in; b.seq != 2 || p.Stats().Dropped != 1 || p.NextSeq() != 3 {
+		t.Fatalf("after the drop: queued seq %d, dropped %d, next %d", b.seq, p.Stats().Dropped, p.NextSeq())
 	}
 }
 
