@@ -505,10 +505,9 @@ func TestVLLMPrefillAnswers(t *testing.T) {
 func TestSGLangReleasesPrefillAtFirstByte(t *testing.T) {
 	r := newRig(t, rigOpt{routes: pdRoute(config.PDSGLang)})
 	var p, d stand
-	pCalls := make(chan struct{}, 8)  // one per prefill call (one expected)
-	more := make(chan struct{})       // closed when the decode is to finish its stream
-	stop := make(chan struct{})       // the test's end: a held handler returns
-	t.Cleanup(func() { close(stop) }) // runs before the engines' servers close
+	pCalls := make(chan struct{}, 8) // one per prefill call (one expected)
+	more := make(chan struct{})      // closed when the decode is to finish its stream
+	stop := make(chan struct{})      // the test's end: a held handler returns
 	sp := r.engine(t, "p", func(w http.ResponseWriter, _ *http.Request, body string) {
 		answer(w, p.record(t, body), "prefilled")
 		pCalls <- struct{}{}
@@ -530,6 +529,7 @@ func TestSGLangReleasesPrefillAtFirstByte(t *testing.T) {
 		}
 		fmt.Fprint(w, "data: {\"choices\":[{\"text\":\" second\"}]}\n\ndata: [DONE]\n\n")
 	})
+	t.Cleanup(func() { close(stop) }) // registered after the engines: runs before their servers close
 	r.beatPD("p", router.RolePrefill, sp.URL, 0)
 	r.beatPD("d", router.RoleDecode, sd.URL, 0)
 	client := *r.srv.Client()
