@@ -148,13 +148,16 @@ func kvTransferParams(answer []byte) ([]byte, error) {
 		return nil, errors.New("the prefill answer is not JSON")
 	}
 	raw, ok := oai.Field(answer, "kv_transfer_params")
-	raw = bytes.TrimSpace(raw)
-	switch {
-	case !ok:
+	if !ok {
 		return nil, errors.New("the prefill answer has no kv_transfer_params (is the engine a KV producer?)")
-	case len(raw) == 0 || raw[0] != '{':
+	}
+	// Checks as ifs, not a switch's cases: go test -cover counts no case expression, so a
+	// mutation tester would leave their mutants unrun (the same in this file below).
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || raw[0] != '{' {
 		return nil, errors.New("the prefill answer's kv_transfer_params is not an object")
-	case len(raw) > maxKVParams:
+	}
+	if len(raw) > maxKVParams {
 		return nil, fmt.Errorf("the prefill answer's kv_transfer_params is over %d bytes", maxKVParams)
 	}
 	return bytes.Clone(raw), nil
@@ -170,14 +173,15 @@ func (r *requestActor) stepRemotePrefill(c actor.Context, msg any) {
 	}
 	r.endIO()
 	p := r.picked
-	switch {
-	case m.err != nil:
+	if m.err != nil {
 		r.failover(c, fmt.Errorf("prefill worker %s: %w", p.Prefill.WorkerID, m.err))
 		return
-	case m.status >= 500 || m.status == http.StatusTooManyRequests:
+	}
+	if m.status >= 500 || m.status == http.StatusTooManyRequests {
 		r.failover(c, statusError{what: "prefill worker " + p.Prefill.WorkerID, status: m.status})
 		return
-	case m.status != http.StatusOK:
+	}
+	if m.status != http.StatusOK {
 		r.releaseWorker(c, p.Prefill.Worker, router.OutcomeSuccess) // it answered the request
 		r.committed = true
 		r.writeHeaders(m.header)
@@ -199,10 +203,10 @@ func (r *requestActor) stepRemotePrefill(c actor.Context, msg any) {
 // upstreamBody's cache: a vLLM decode's params, an SGLang attempt's room.
 func (r *requestActor) pdBodyKey() string {
 	p := r.picked
-	switch {
-	case r.kvParams != nil && p.PDProtocol == config.PDVLLM:
+	if r.kvParams != nil && p.PDProtocol == config.PDVLLM {
 		return "|kv"
-	case p.Prefill != nil && p.PDProtocol == config.PDSGLang:
+	}
+	if p.Prefill != nil && p.PDProtocol == config.PDSGLang {
 		return "|room" + strconv.FormatUint(r.room, 10)
 	}
 	return ""
@@ -280,23 +284,7 @@ func (sp sglangPair) run(ctx context.Context, gen int) any {
 			cancel(prefillLegError{err})
 		}
 	}()
-	h := http.Header{"Content-Type": jsonContentType, "X-Request-Id": {sp.id}}
-	if sp.stream {
-		h["Accept"] = sseAccept
-	}
-	var res any
-	req, err := upstreamRequest(legs, "", sp.decodeURL, sp.body, h)
-	if err == nil {
-		var resp *http.Response
-		resp, err = sp.tr.RoundTrip(req)
-		switch {
-		case err != nil:
-		case sp.stream && resp.StatusCode == http.StatusOK && isSSE(resp):
-			res = readFirstEvent(gen, resp)
-		default:
-			res = attemptResult{gen: gen, resp: resp}
-		}
-	}
+	res, err := sp.decode(legs, gen)
 	mu.Lock()
 	defer mu.Unlock()
 	var leg prefillLegError
@@ -312,6 +300,27 @@ func (sp sglangPair) run(ctx context.Context, gen int) any {
 	}
 	committed = true
 	return res
+}
+
+// decode is the pair's decode call: its answer (a stream's first event read, as an ordinary
+// attempt reads it) or its failure.
+func (sp sglangPair) decode(ctx context.Context, gen int) (any, error) {
+	h := http.Header{"Content-Type": jsonContentType, "X-Request-Id": {sp.id}}
+	if sp.stream {
+		h["Accept"] = sseAccept
+	}
+	req, err := upstreamRequest(ctx, "", sp.decodeURL, sp.body, h)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := sp.tr.RoundTrip(req)
+	if err != nil {
+		return nil, err
+	}
+	if sp.stream && resp.StatusCode == http.StatusOK && isSSE(resp) {
+		return readFirstEvent(gen, resp), nil
+	}
+	return attemptResult{gen: gen, resp: resp}, nil
 }
 
 // prefill is the pair's prefill call: a transport failure or a 5xx is its failure; any other

@@ -1,14 +1,17 @@
 package request_test
 
 import (
+	"bufio"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/tlgw/tlgw/actors/router"
 	"github.com/tlgw/tlgw/internal/config"
@@ -439,5 +442,118 @@ func TestPDNoSpliceAfterFirstByte(t *testing.T) {
 				r.InFlight(id, 0)
 			}
 		})
+	}
+}
+
+// TestVLLMPrefillAnswers (R22, R6): call 1's 5xx and 429, and a 200 whose kv_transfer_params
+// are unusable (none, no object, over their bound), fail over to the other prefill worker and,
+// both failing, are the gateway's own error, the engine's body never relayed; any other status
+// is the client's answer, the engine's body as it gave it. No decode is called either way.
+func TestVLLMPrefillAnswers(t *testing.T) {
+	over := `{"pad":"` + strings.Repeat("x", 256<<10) + `"}`
+	for _, c := range []struct {
+		status   int
+		answer   string
+		failover bool
+	}{
+		{500, `{"error":"engine says 500"}`, true},
+		{503, `{"error":"engine says 503"}`, true},
+		{429, `{"error":"engine says 429"}`, true},
+		{200, `{"choices":[{"text":"x"}]}`, true},
+		{200, `{"choices":[{"text":"x"}],"kv_transfer_params":"engine says params"}`, true},
+		{200, `{"choices":[{"text":"x"}],"kv_transfer_params":` + over + `}`, true},
+		{499, `{"error":"engine says 499"}`, false},
+		{404, `{"error":"engine says 404"}`, false},
+	} {
+		t.Run(fmt.Sprint(c.status, " ", c.answer[:min(len(c.answer), 40)]), func(t *testing.T) {
+			r := newRig(t, rigOpt{routes: pdRoute(config.PDVLLM)})
+			var p1, p2, d stand
+			prefill := func(s *stand) func(http.ResponseWriter, *http.Request, string) {
+				return func(w http.ResponseWriter, _ *http.Request, body string) {
+					s.record(t, body)
+					w.Header().Set("Content-Type", "application/json")
+					w.WriteHeader(c.status)
+					fmt.Fprint(w, c.answer)
+				}
+			}
+			s1, s2 := r.engine(t, "p1", prefill(&p1)), r.engine(t, "p2", prefill(&p2))
+			sd := r.engine(t, "d", func(w http.ResponseWriter, _ *http.Request, body string) { answer(w, d.record(t, body), "decoded") })
+			r.beatPD("p1", router.RolePrefill, s1.URL, 0)
+			r.beatPD("p2", router.RolePrefill, s2.URL, 0)
+			r.beatPD("d", router.RoleDecode, sd.URL, 0)
+			resp, got := r.post(t, "/v1/completions", "", `{"model":"smol-pd","prompt":"hello","max_tokens":5}`)
+			calls := len(p1.got()) + len(p2.got())
+			if c.failover {
+				if resp.StatusCode != http.StatusServiceUnavailable || strings.Contains(got, "engine says") || calls != 2 {
+					t.Fatalf("client: %d %s; prefill calls %d, want 2", resp.StatusCode, got, calls)
+				}
+			} else if resp.StatusCode != c.status || got != c.answer || calls != 1 {
+				t.Fatalf("client: %d %s; prefill calls %d, want the engine's %d from 1", resp.StatusCode, got, calls, c.status)
+			}
+			if n := len(d.got()); n != 0 {
+				t.Fatalf("%d decode calls after the prefill answered %d", n, c.status)
+			}
+			for _, id := range []string{"p1", "p2", "d"} {
+				r.InFlight(id, 0)
+			}
+		})
+	}
+}
+
+// TestSGLangReleasesPrefillAtFirstByte (R22): an SGLang pair's prefill worker is released as
+// soon as the decode's first event is in (its part is done), while the decode's stream goes on.
+func TestSGLangReleasesPrefillAtFirstByte(t *testing.T) {
+	r := newRig(t, rigOpt{routes: pdRoute(config.PDSGLang)})
+	var p, d stand
+	pCalls := make(chan struct{}, 8) // one per prefill call (one expected)
+	more := make(chan struct{})      // closed when the decode is to finish its stream
+	stop := make(chan struct{})      // the test's end: a held handler returns
+	sp := r.engine(t, "p", func(w http.ResponseWriter, _ *http.Request, body string) {
+		answer(w, p.record(t, body), "prefilled")
+		pCalls <- struct{}{}
+	})
+	sd := r.engine(t, "d", func(w http.ResponseWriter, _ *http.Request, body string) {
+		d.record(t, body)
+		select { // as an engine, the decode starts once its room's prefill came
+		case <-pCalls:
+		case <-stop:
+			return
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "data: {\"choices\":[{\"text\":\"first\"}]}\n\n")
+		http.NewResponseController(w).Flush()
+		select {
+		case <-more:
+		case <-stop:
+			return
+		}
+		fmt.Fprint(w, "data: {\"choices\":[{\"text\":\" second\"}]}\n\ndata: [DONE]\n\n")
+	})
+	t.Cleanup(func() { close(stop) }) // registered after the engines: runs before their servers close
+	r.beatPD("p", router.RolePrefill, sp.URL, 0)
+	r.beatPD("d", router.RoleDecode, sd.URL, 0)
+	client := *r.srv.Client()
+	client.Timeout = 10 * time.Second // bounds every read below
+	resp, err := client.Post(r.srv.URL+"/v1/completions", "application/json",
+		strings.NewReader(`{"model":"smol-pd","prompt":"hello","max_tokens":5,"stream":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	rd := bufio.NewReader(resp.Body)
+	first, err := rd.ReadString('\n')
+	if err != nil || !strings.Contains(first, `"first"`) {
+		t.Fatalf("the first event: %q %v", first, err)
+	}
+	r.InFlight("p", 0) // released at the decode's first byte
+	r.InFlight("d", 1) // the decode still streams
+	close(more)
+	rest, err := io.ReadAll(rd)
+	if err != nil || !strings.Contains(string(rest), `" second"`) || !strings.HasSuffix(string(rest), "data: [DONE]\n\n") {
+		t.Fatalf("the rest of the stream: %q %v", rest, err)
+	}
+	r.InFlight("d", 0)
+	if len(p.got()) != 1 || len(d.got()) != 1 {
+		t.Fatalf("calls: p %d d %d; want 1 1", len(p.got()), len(d.got()))
 	}
 }
