@@ -59,6 +59,7 @@ type App struct {
 	log      *slog.Logger
 	canary   router.CanaryKey // this process's canary key (R20); a cluster's stored one replaces it
 	httpSrv  *http.Server
+	drain    *drainGate // keeps the listener open while requests finish (Shutdown)
 	grpcLis  *grpcapi.Listener
 	engines  *grpcapi.Engines
 	kvs      *grpcapi.KVSubscriber // nil unless route_policy = "precise_prefix"
@@ -251,7 +252,8 @@ func Start(cfg *config.Config, o Options) (*App, error) {
 		RenderPrompts: deps.PrefixHashes,
 		Tokens:        tokens,
 	})
-	a.httpSrv = newHTTPServer(a.HTTP, g)
+	a.drain = newDrainGate()
+	a.httpSrv = newHTTPServer(a.drain.wrap(a.HTTP), g)
 	if cfg.Cluster.Enabled {
 		if err := a.startCluster(a.self); err != nil {
 			_ = httpLis.Close()
@@ -287,10 +289,12 @@ func bufferBudget(limit int64) *request.BufferBudget {
 // Err delivers a listener's failure while serving.
 func (a *App) Err() <-chan error { return a.serveErr }
 
-// Shutdown drains: new inference requests get 503 shutting_down at once, in-flight requests
-// and streams may finish until ctx ends (the configured grace period), then everything stops.
+// Shutdown drains: new inference requests get 503 shutting_down and /readyz 503 at once, on
+// a listener kept open while in-flight requests and streams finish, until ctx ends (the
+// configured grace period); then everything stops.
 func (a *App) Shutdown(ctx context.Context) error {
 	a.HTTP.SetDraining()
+	a.drain.wait(ctx)
 	err := a.httpSrv.Shutdown(ctx)
 	if err != nil {
 		_ = a.httpSrv.Close() // grace period over: cut what is left
