@@ -268,6 +268,21 @@ func (g *Gateway) Scraped(info router.WorkerInfo, ttl time.Duration) error {
 	return ack.Err
 }
 
+// ScrapedAs is Scraped under another credential than the static workers' (an engine pool's,
+// registry.CredentialPool).
+func (g *Gateway) ScrapedAs(credential string, info router.WorkerInfo, ttl time.Duration) error {
+	ack, err := ask[*registry.Ack](g, g.Registry, &registry.Heartbeat{Info: info, TTL: ttl, Credential: credential})
+	if err != nil {
+		return err
+	}
+	return ack.Err
+}
+
+// Retire removes the worker id registered under credential now (registry.Retire).
+func (g *Gateway) Retire(id, credential string) {
+	g.System.Root.Send(g.Registry, &registry.Retire{ID: id, Credential: credential})
+}
+
 // ScrapeFailed records a static worker's failed scrape.
 func (g *Gateway) ScrapeFailed(id, reason string) {
 	g.System.Root.Send(g.Registry, &registry.ScrapeFailed{ID: id, Reason: reason})

@@ -51,6 +51,18 @@ type Quota struct {
 // no heartbeat can take over a static worker's id.
 const CredentialStatic = "\x00static"
 
+// CredentialPool is the credential of an engine pool's scrapes (R23): apart from the static
+// workers', so a static worker and a pool's worker never share an id.
+const CredentialPool = "\x00pool"
+
+// Retire removes a live worker registered with Credential now (R23: an engine pool's worker
+// whose record vanished, once drained), as its deadline would; no reply. An unknown id, or
+// one registered with another credential, is left alone.
+type Retire struct {
+	ID         string
+	Credential string
+}
+
 // Refusals in Ack.Err; the heartbeat changed nothing.
 var (
 	// ErrTooManyWorkers: a new id beyond Config.MaxWorkers (gRPC ResourceExhausted).
@@ -247,13 +259,21 @@ func (r *registryActor) Receive(c actor.Context) {
 		if e := st.entries[m.ID]; e != nil {
 			c.Send(e.pid, &worker.ScrapeError{Reason: m.Reason})
 		}
+	case *Retire:
+		if e := st.entries[m.ID]; e != nil && e.cred == m.Credential {
+			c.Send(e.pid, &worker.Retire{})
+		}
 	case *worker.Expired:
 		e := st.entries[m.ID]
 		if e == nil || e.sent != m.Seq {
 			return // a newer heartbeat is on its way to the worker: it revives
 		}
-		st.cfg.Logger.Info("worker evicted: heartbeat deadline passed", "worker", m.ID,
-			"last_heartbeat", e.info.LastHeartbeat, "ttl", st.cfg.TTL)
+		if m.Retired {
+			st.cfg.Logger.Info("worker removed: retired", "worker", m.ID)
+		} else {
+			st.cfg.Logger.Info("worker evicted: heartbeat deadline passed", "worker", m.ID,
+				"last_heartbeat", e.info.LastHeartbeat, "ttl", st.cfg.TTL)
+		}
 		delete(st.entries, m.ID)
 		c.Stop(e.pid)
 		st.evicted(e)

@@ -828,3 +828,39 @@ func TestCredentialQuotas(t *testing.T) {
 		t.Fatalf("an id after the evictions: %v", a.Err)
 	}
 }
+
+// TestRetire: a Retire removes a worker registered under its credential at once, as its
+// deadline would (it reports not live, then leaves); another credential's, or an unknown id,
+// is left alone.
+func TestRetire(t *testing.T) {
+	f := newFixture(t, nil)
+	f.beat("p/10.0.0.1:8000", "smol", CredentialPool, 2*time.Second)
+	f.state()
+	f.beat("s1", "smol", CredentialStatic, 2*time.Second)
+	f.state()
+	f.sys.Root.Send(f.reg, &Retire{ID: "s1", Credential: CredentialPool})
+	f.sys.Root.Send(f.reg, &Retire{ID: "nobody", Credential: CredentialPool})
+	f.quiet("a Retire under another credential, or of nobody")
+
+	f.sys.Root.Send(f.reg, &Retire{ID: "p/10.0.0.1:8000", Credential: CredentialPool})
+	if s := f.state(); s.Live || s.Info.ID != "p/10.0.0.1:8000" {
+		t.Fatalf("state after Retire: %+v live %v", s.Info, s.Live)
+	}
+	if w := f.evict(); w.ID != "p/10.0.0.1:8000" {
+		t.Fatalf("evicted %q", w.ID)
+	}
+	pid := f.pids["p/10.0.0.1:8000"]
+	f.settle()
+	if _, alive := f.sys.ProcessRegistry.Get(pid); alive {
+		t.Fatalf("the retired worker's actor %v is still running", pid)
+	}
+	// A second Retire, and the retired worker's deadline, change nothing.
+	f.sys.Root.Send(f.reg, &Retire{ID: "p/10.0.0.1:8000", Credential: CredentialPool})
+	f.clk.Advance(time.Second)
+	f.quiet("after the retirement")
+	// The id registers afresh on its next scrape.
+	f.beat("p/10.0.0.1:8000", "smol", CredentialPool, 2*time.Second)
+	if s := f.state(); !s.Live {
+		t.Fatal("the id is not live again after a new scrape")
+	}
+}

@@ -32,7 +32,14 @@ type SetDrained struct{ Drained bool }
 type Expired struct {
 	ID  string
 	Seq uint64
+	// Retired: not the deadline but a Retire ended the worker.
+	Retired bool
 }
+
+// Retire ends a live worker now, as its deadline would (R23: an engine pool's record vanished
+// and its drain is over): it leaves routing and asks the registry to stop it, which a newer
+// status still on its way overrides as it overrides an expiry.
+type Retire struct{}
 
 // deadline is the worker's own heartbeat timer firing; gen discards stale timers.
 type deadline struct{ gen uint64 }
@@ -172,6 +179,13 @@ func (w *workerActor) Receive(c actor.Context) {
 		st.live = false
 		w.report(c)
 		c.Send(st.cfg.Registry, &Expired{ID: st.info.ID, Seq: st.seq})
+	case *Retire:
+		if !st.live {
+			return
+		}
+		st.live = false
+		w.report(c)
+		c.Send(st.cfg.Registry, &Expired{ID: st.info.ID, Seq: st.seq, Retired: true})
 	case failDecay:
 		if m.gen != st.failGen {
 			return

@@ -31,6 +31,9 @@ func (s *Store) run(ctx context.Context) {
 			upAt, err = s.session(ctx)
 		}
 		s.setUp(false)
+		s.mu.Lock()
+		s.pushRatesLocked(false)
+		s.mu.Unlock()
 		if ctx.Err() != nil {
 			return
 		}
@@ -126,6 +129,20 @@ func (s *Store) session(parent context.Context) (time.Time, error) {
 	probe := make(chan struct{}, 1)
 	t := s.cfg.Clock.AfterFunc(s.cfg.ProbeInterval, func() { probe <- struct{}{} })
 	defer func() { t.Stop() }()
+	// The rate-limit exchange: published at once, then every RateInterval (one timer).
+	var published []byte // what this session last put under ratelimits/
+	rates := make(chan struct{}, 1)
+	var rt interface{ Stop() bool }
+	if s.cfg.Rates != nil {
+		s.mu.Lock()
+		lease := s.lease
+		s.mu.Unlock()
+		if published, err = s.publishRates(ctx, lease, nil); err != nil {
+			return upAt, err
+		}
+		rt = s.cfg.Clock.AfterFunc(s.cfg.RateInterval, func() { rates <- struct{}{} })
+		defer func() { rt.Stop() }()
+	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -147,12 +164,31 @@ func (s *Store) session(parent context.Context) (time.Time, error) {
 				return upAt, err
 			}
 			t = s.cfg.Clock.AfterFunc(s.cfg.ProbeInterval, func() { probe <- struct{}{} })
+		case <-rates:
+			if published, err = s.publishSession(ctx, published); err != nil {
+				return upAt, err
+			}
+			rt = s.cfg.Clock.AfterFunc(s.cfg.RateInterval, func() { rates <- struct{}{} })
+		case <-s.ratesNow:
+			if s.cfg.Rates != nil {
+				if published, err = s.publishSession(ctx, published); err != nil {
+					return upAt, err
+				}
+			}
 		}
 	}
 }
 
+// publishSession is publishRates under the session's lease.
+func (s *Store) publishSession(ctx context.Context, last []byte) ([]byte, error) {
+	s.mu.Lock()
+	lease := s.lease
+	s.mu.Unlock()
+	return s.publishRates(ctx, lease, last)
+}
+
 // readDirs names read's ranges, in order.
-var readDirs = [...]string{KeyRoutes, KeyStaticWorkers, DirReplicas, DirDrained, KeyCanary}
+var readDirs = [...]string{KeyRoutes, KeyStaticWorkers, DirReplicas, DirDrained, KeyCanary, DirRates}
 
 // read takes what the store follows under the prefix, at one revision: the two tables,
 // replicas/ and the keys of drained/ (a drain's value says nothing). Each directory is read
@@ -167,6 +203,7 @@ func (s *Store) read(ctx context.Context) (int64, []*mvccpb.KeyValue, error) {
 		clientv3.OpGet(s.key(DirReplicas), clientv3.WithPrefix(), clientv3.WithLimit(int64(s.maxReplicas)+1)),
 		clientv3.OpGet(s.key(DirDrained), clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithLimit(int64(s.maxDrained)+1)),
 		clientv3.OpGet(s.key(KeyCanary)),
+		clientv3.OpGet(s.key(DirRates), clientv3.WithPrefix(), clientv3.WithLimit(int64(s.maxReplicas)+1)),
 	).Commit()
 	if err != nil {
 		return 0, nil, s.overBound(err)
@@ -180,7 +217,7 @@ func (s *Store) read(ctx context.Context) (int64, []*mvccpb.KeyValue, error) {
 		if rr == nil {
 			return 0, nil, fmt.Errorf("etcd's answer %d is not a range", i)
 		}
-		if bound := [...]int{1, 1, s.maxReplicas, s.maxDrained, 1}[i]; len(rr.Kvs) > bound {
+		if bound := [...]int{1, 1, s.maxReplicas, s.maxDrained, 1, s.maxReplicas}[i]; len(rr.Kvs) > bound {
 			s.log.Error("more entries under a directory than the store's bound: the first are kept", "directory", readDirs[i], "bound", bound, "listed", rr.Count)
 		}
 		kvs = append(kvs, rr.Kvs...)
@@ -289,6 +326,7 @@ func (s *Store) applySnapshot(rev int64, kvs []*mvccpb.KeyValue) {
 	defer s.mu.Unlock()
 	drains := make(map[string]bool)
 	s.replicas = make(map[string]Replica)
+	s.rates = make(map[string]rateEntry)
 	for _, kv := range kvs {
 		name := strings.TrimPrefix(string(kv.Key), s.prefix)
 		switch {
@@ -304,6 +342,8 @@ func (s *Store) applySnapshot(rev int64, kvs []*mvccpb.KeyValue) {
 			}
 		case strings.HasPrefix(name, DirReplicas):
 			s.putReplicaLocked(name, kv.Value)
+		case strings.HasPrefix(name, DirRates):
+			s.putRatesLocked(name, kv.Value)
 		}
 	}
 	changed := false
@@ -325,6 +365,7 @@ func (s *Store) applySnapshot(rev int64, kvs []*mvccpb.KeyValue) {
 		s.pushDrainsLocked()
 	}
 	s.pushReplicasLocked()
+	s.pushRatesLocked(true)
 }
 
 // applyEvents takes one watch answer's changes, in revision order. What it tells the
@@ -335,7 +376,7 @@ func (s *Store) applySnapshot(rev int64, kvs []*mvccpb.KeyValue) {
 func (s *Store) applyEvents(evs []*clientv3.Event) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var drains, replicas, reseed bool
+	var drains, replicas, rates, reseed bool
 	routes, static := s.routes, s.static
 	for _, ev := range evs {
 		name := strings.TrimPrefix(string(ev.Kv.Key), s.prefix)
@@ -363,6 +404,13 @@ func (s *Store) applyEvents(evs []*clientv3.Event) {
 				delete(s.replicas, strings.TrimPrefix(name, DirReplicas))
 			}
 			replicas = true
+		case strings.HasPrefix(name, DirRates):
+			if put {
+				s.putRatesLocked(name, ev.Kv.Value)
+			} else {
+				delete(s.rates, strings.TrimPrefix(name, DirRates))
+			}
+			rates = true
 		}
 	}
 	s.applyRoutesLocked(routes.rev, routes.rows)
@@ -372,6 +420,9 @@ func (s *Store) applyEvents(evs []*clientv3.Event) {
 	}
 	if replicas {
 		s.pushReplicasLocked()
+	}
+	if rates {
+		s.pushRatesLocked(true)
 	}
 	if reseed {
 		s.bg.Add(1)

@@ -10,6 +10,7 @@
 //	P canary_key       the canary draw's key, 64 hex digits (R20): the first replica stores its
 //	                   own, every replica draws with the stored one
 //	P replicas/<id>    a live replica (leased): {"id","http_address","grpc_address","started_at"}
+//	P ratelimits/<id>  a live replica's per-key rate-limit usage (leased, binary; rates.go)
 //
 // etcd is the one owner of these facts. A replica's router, registry and scrapers hold the
 // last state the store applied to them, so requests keep flowing while etcd is away; writes
@@ -63,9 +64,9 @@ const (
 	MaxDrained      = 10000   // drained models; more keys are ignored (and logged)
 	MaxModelIDLen   = 256     // a drained model id
 	// MaxAnswer bounds any one answer from etcd: a session's read, a watch answer. The read
-	// at its largest, with every key as long as the bounds let it be, is 22.2 MiB: both
-	// tables (2 × MaxTableBytes), MaxReplicas+1 entries of MaxReplicaBytes, and the keys of
-	// MaxDrained+1 drained models (each up to 1,032 bytes: a 256-byte prefix, "drained/" and
+	// at its largest, with every key as long as the bounds let it be, is 30.4 MiB: both
+	// tables (2 × MaxTableBytes), MaxReplicas+1 entries of MaxReplicaBytes and as many of
+	// MaxRateBytes, and the keys of MaxDrained+1 drained models (each up to 1,032 bytes: a 256-byte prefix, "drained/" and
 	// a model id path-escaped). An answer over it ends the session (logged, and retried with
 	// backoff) instead of growing the process without end; the replica keeps serving what it
 	// last applied.
@@ -89,6 +90,9 @@ type Applier struct {
 	// CanaryKey installs the canary draw's key the replicas share (R20); nil = not followed.
 	CanaryKey func(key [32]byte)
 }
+
+// RateInterval is how often a replica publishes its rate-limit usage (rates.go) by default.
+const RateInterval = time.Second
 
 // Replica is one entry of replicas/ (GET /admin/v1/replicas).
 type Replica struct {
@@ -116,6 +120,10 @@ type Config struct {
 	// OpTimeout bounds every etcd call (default 2 s); ProbeInterval is how often the store
 	// checks etcd is there (default 1 s).
 	OpTimeout, ProbeInterval time.Duration
+	// Rates is the limiter whose usage this replica exchanges with the others (rates.go);
+	// nil: none. RateInterval is how often it publishes (default RateInterval).
+	Rates        RateLimits
+	RateInterval time.Duration
 	// maxAnswer, maxDrained and maxReplicas replace MaxAnswer, MaxDrained and MaxReplicas
 	// (tests lower them).
 	maxAnswer, maxDrained, maxReplicas int
@@ -142,8 +150,10 @@ type Store struct {
 	// with its key (its lease ends with its replica).
 	maxDrained, maxReplicas int
 	replicas                map[string]Replica
+	rates                   map[string]rateEntry // other replicas' usage: at most maxReplicas, deleted with the key
 	lease                   clientv3.LeaseID
-	canary                  *[32]byte // the canary key last applied (nil: none yet)
+	ratesNow                chan struct{} // asks the session to publish its usage now (cap 1)
+	canary                  *[32]byte     // the canary key last applied (nil: none yet)
 
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -177,6 +187,9 @@ func Start(cfg Config) (*Store, error) {
 	if cfg.ProbeInterval <= 0 {
 		cfg.ProbeInterval = time.Second
 	}
+	if cfg.RateInterval <= 0 {
+		cfg.RateInterval = RateInterval
+	}
 	cfg.maxAnswer = cmp.Or(cfg.maxAnswer, MaxAnswer)
 	cfg.maxDrained = cmp.Or(cfg.maxDrained, MaxDrained)
 	cfg.maxReplicas = cmp.Or(cfg.maxReplicas, MaxReplicas)
@@ -202,7 +215,8 @@ func Start(cfg Config) (*Store, error) {
 			Logger: zap.NewNop(), // failures are reported by the store, once, through slog
 		},
 		m:       newMetrics(cfg.Registerer),
-		drained: make(map[string]int64), replicas: make(map[string]Replica),
+		drained: make(map[string]int64), replicas: make(map[string]Replica), rates: make(map[string]rateEntry),
+		ratesNow:   make(chan struct{}, 1),
 		maxDrained: cfg.maxDrained, maxReplicas: cfg.maxReplicas,
 		routes: table[config.Route]{rows: cfg.SeedRoutes}, static: table[config.StaticWorker]{rows: cfg.SeedStatic},
 		cancel: cancel, done: make(chan struct{}),

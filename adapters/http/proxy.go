@@ -32,10 +32,10 @@ func (s *Server) inference(w http.ResponseWriter, r *http.Request, kind oai.Kind
 		s.metrics.reject(writeError(w, fmt.Errorf("the gateway is shutting down: %w", errs.ErrShuttingDown)))
 		return
 	}
-	// The key's limits (R13.5, R20), this replica's share of them (R16). The window and the
-	// in-flight count are keyed by the configured key's index, never by anything the client
-	// wrote.
-	lim := km.limits.PerReplica(int(s.replicas.Load()))
+	// The key's limits (R13.5, R20), this replica's share of them (R16: following the
+	// replicas' traffic, ratelimit.Share). The window and the in-flight count are keyed by the
+	// configured key's index, never by anything the client wrote.
+	lim := s.limiter.Share(km.index, km.limits, int(s.replicas.Load()))
 	limited := km.index >= 0 && lim.Any()
 	if limited {
 		if lim.RPM > 0 || lim.TPM > 0 {
@@ -319,7 +319,7 @@ func (s *Server) storedResponse(w http.ResponseWriter, r *http.Request, method, 
 		s.metrics.reject(ew.Error(w, fmt.Errorf("a response id is 1 to %d printable ASCII characters: %w", oai.MaxResponseIDLen, errs.ErrInvalidRequest)))
 		return
 	}
-	lim := km.limits.PerReplica(int(s.replicas.Load()))
+	lim := s.limiter.Share(km.index, km.limits, int(s.replicas.Load()))
 	if km.index >= 0 && lim.Any() {
 		if lim.RPM > 0 {
 			st, ok := s.limiter.Allow(km.index, lim)

@@ -110,7 +110,7 @@ type Server struct {
 	serve     func(*request.Exchange)
 	keys      *keyring
 	limiter   *ratelimit.Limiter // per-key rpm/tpm (R13.5)
-	replicas  atomic.Int64       // live gateway replicas: each enforces ⌈limit / replicas⌉ (R16)
+	replicas  atomic.Int64       // live gateway replicas: each enforces its share of a key's limits (R16)
 	maxBody   int64
 	log       *slog.Logger
 	metrics   *httpMetrics
@@ -147,6 +147,12 @@ func New(o Options) *Server {
 		renderPrompts: o.RenderPrompts, replicaFn: o.Replicas, tokens: o.Tokens,
 	}
 	s.replicas.Store(1)
+	if o.Registerer != nil {
+		o.Registerer.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "tlgw_ratelimit_even_shares_total",
+			Help: "Per-key limit shares taken as ⌈limit / replicas⌉ in a cluster because the replicas' traffic could not be exchanged through etcd (R13.5, R16).",
+		}, func() float64 { return float64(s.limiter.Fallbacks()) }))
+	}
 	s.mux = s.routes()
 	if o.Gatherer != nil {
 		s.metricsH = promhttp.HandlerFor(o.Gatherer, promhttp.HandlerOpts{})
@@ -179,6 +185,9 @@ func NewCheckedTransport(control func(network, address string, c syscall.RawConn
 		ForceAttemptHTTP2:   false,
 	}
 }
+
+// RateLimits is the per-key limiter, whose usage a cluster exchanges between replicas (R16).
+func (s *Server) RateLimits() *ratelimit.Limiter { return s.limiter }
 
 // SetReplicas sets how many gateway replicas share the rate limits (R16); n < 1 counts as 1.
 func (s *Server) SetReplicas(n int) { s.replicas.Store(int64(max(n, 1))) }

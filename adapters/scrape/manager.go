@@ -39,6 +39,21 @@ type Target struct {
 	// BootstrapPort is the engine's SGLang bootstrap port (R22), passed through to its
 	// WorkerInfo.
 	BootstrapPort int
+	// Draining: the target is on its way out (R23: an engine pool's record vanished); passed
+	// through to its WorkerInfo, so no new request goes there while its own finish.
+	Draining bool
+	// Series is the worker label of the target's scrape metrics; "" = its ID. An engine pool's
+	// targets share their pool's name (R23: an IP is never a label), and their series stay
+	// when one of them stops (Forget drops them with the pool).
+	Series string
+}
+
+// series is the worker label of t's metrics.
+func (t Target) series() string {
+	if t.Series != "" {
+		return t.Series
+	}
+	return t.ID
 }
 
 // DefaultInterval is a target's scrape interval when it names none.
@@ -273,9 +288,14 @@ func (s *scraper) stop() {
 	defer s.mu.Unlock()
 	s.stopped = true
 	s.cancel()
-	if !s.m.current(s.t.ID) {
+	if s.t.Series == "" && !s.m.current(s.t.ID) {
 		s.m.met.forget(s.t.ID)
 	}
+}
+
+// Forget drops the scrape series labelled series (Target.Series) once no target uses it.
+func (m *Manager) Forget(series string) {
+	m.met.forget(series)
 }
 
 func (s *scraper) run() {
@@ -321,9 +341,9 @@ func (s *scraper) scrapeOnce() {
 		s.mu.Unlock()
 		return
 	}
-	s.m.met.observe(s.t.ID, took, reason)
+	s.m.met.observe(s.t.series(), took, reason)
 	if err == nil {
-		s.m.met.infoRead(s.t.ID, lr, fresh, modelsErr)
+		s.m.met.infoRead(s.t.series(), lr, fresh, modelsErr)
 	}
 	s.mu.Unlock()
 	if err != nil {
@@ -481,7 +501,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "tlgw_scrape_duration_seconds",
-			Help:    "Time taken by each scrape of a static worker's metrics page, failed ones included.",
+			Help:    "Time taken by each scrape of a static worker's metrics page (worker: its id; an engine pool's engines: the pool's name), failed ones included.",
 			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
 		}, []string{"worker"}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{

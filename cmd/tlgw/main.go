@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"os/signal"
 	"runtime/debug"
@@ -110,7 +111,13 @@ func serve(args []string, stdout, stderr io.Writer) int {
 	path := fs.String("config", "", "TOML configuration file (required; an empty file serves defaults)")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	cpuProfile := fs.String("cpu-profile", "", "write a CPU profile of the whole run to this file (pprof; cmd/tlgw/default.pgo is one)")
+	dnsServer := fs.String("dns-server", "", "resolve engine names (engine pools, named engine addresses) through this DNS server, HOST:PORT, instead of the system's resolver")
 	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	resolver, err := dnsResolver(*dnsServer)
+	if err != nil {
+		fmt.Fprintf(stderr, "tlgw serve: --dns-server: %v\n", err)
 		return 2
 	}
 	if *path == "" {
@@ -144,7 +151,7 @@ func serve(args []string, stdout, stderr io.Writer) int {
 	// printed must drain and stop it (and write the profile), not kill the process.
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	a, err := app.Start(cfg, app.Options{Logger: log})
+	a, err := app.Start(cfg, app.Options{Logger: log, Resolver: resolver})
 	if err != nil {
 		fmt.Fprintf(stderr, "tlgw serve: %v\n", err)
 		return 1
@@ -187,4 +194,19 @@ func startCPUProfile(path string) (stop func() error, err error) {
 		pprof.StopCPUProfile()
 		return f.Close()
 	}, nil
+}
+
+// dnsResolver is a resolver that asks the DNS server at addr only (nil for "": the system's).
+func dnsResolver(addr string) (*net.Resolver, error) {
+	if addr == "" {
+		return nil, nil
+	}
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil || host == "" || port == "" {
+		return nil, fmt.Errorf("%q is not HOST:PORT", addr)
+	}
+	return &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, network, addr)
+	}}, nil
 }

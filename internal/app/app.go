@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/tlgw/tlgw/actors/gateway"
+	"github.com/tlgw/tlgw/actors/registry"
 	"github.com/tlgw/tlgw/actors/request"
 	"github.com/tlgw/tlgw/actors/router"
 	"github.com/tlgw/tlgw/actors/router/admission"
@@ -66,6 +67,7 @@ type App struct {
 	kvz      *kvzmq.Subscriber     // the engines' own KV events (R22); nil unless precise_prefix with connect or listen
 	tokens   *httpapi.EngineTokens // gateway.tokenizer = "engine" (R22); nil otherwise
 	static   *staticWorkers
+	pools    *enginePools    // [[gateway.engine_pools]] (R23)
 	store    *cluster.Store  // the control plane in etcd (R16); nil without [cluster]
 	self     cluster.Replica // this replica
 	clock    clock.Clock
@@ -230,8 +232,10 @@ func Start(cfg *config.Config, o Options) (*App, error) {
 	if o.ActorOptions != nil {
 		reqOpts = append(reqOpts, o.ActorOptions("request")...)
 	}
-	a.static = &staticWorkers{mgr: scrape.NewManager(scrapeSink{gw: gw}, o.Clock, reg, scrape.WithDialControl(rules.Control, o.Resolver)), rules: rules}
+	a.static = &staticWorkers{mgr: scrape.NewManager(scrapeSink{gw: gw, cred: registry.CredentialStatic}, o.Clock, reg, scrape.WithDialControl(rules.Control, o.Resolver)), rules: rules}
 	a.static.start(g.StaticWorkers)
+	a.pools = newEnginePools(gw, o.Clock, reg, rules, o.Resolver, o.Logger)
+	a.pools.pools.Set(g.EnginePools)
 	var core httpapi.Core = gw
 	var static httpapi.StaticWorkers = a.static
 	var tokens httpapi.TokenSource
@@ -259,6 +263,7 @@ func Start(cfg *config.Config, o Options) (*App, error) {
 			_ = httpLis.Close()
 			_ = grpcLis.Close()
 			a.static.mgr.Close()
+			a.pools.close()
 			a.stopActors()
 			return nil, err
 		}
@@ -304,6 +309,7 @@ func (a *App) Shutdown(ctx context.Context) error {
 		a.store.Close() // revokes this replica's lease: the others count one replica less at once
 	}
 	a.static.mgr.Close()
+	a.pools.close()
 	a.stopActors()
 	a.engines.Close()
 	return err

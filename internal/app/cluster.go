@@ -33,7 +33,8 @@ func replicaID(cfg *config.Config, httpAddr string) (string, error) {
 }
 
 // startCluster connects this replica to the control plane (R16): etcd's tables drive the
-// router, the registry's drains, the static scrapers and the rate limits' replica count.
+// router, the registry's drains, the static scrapers, and the rate limits' replica count and
+// the replicas' exchanged per-key usage (each replica's share follows its traffic).
 func (a *App) startCluster(self cluster.Replica) error {
 	gw, static, api := a.Gateway, a.static, a.HTTP
 	s, err := cluster.Start(cluster.Config{
@@ -47,6 +48,7 @@ func (a *App) startCluster(self cluster.Replica) error {
 			Replicas:  api.SetReplicas,
 			CanaryKey: gw.SetCanaryKey,
 		},
+		Rates: api.RateLimits(),
 		Clock: a.clock, Logger: a.log, Registerer: a.Registry,
 	})
 	if err != nil {

@@ -79,7 +79,12 @@ func targets(ws []config.StaticWorker) []scrape.Target {
 // scrapeSink turns scrapes into the registry's heartbeats (R1 with the last successful scrape
 // in place of the last heartbeat). The scraper has held the LoRA names to a heartbeat's rules
 // (R21); the endpoints are the table's.
-type scrapeSink struct{ gw *gateway.Gateway }
+// cred is the registry credential of the reports: the static workers' or the engine
+// pools' (R23).
+type scrapeSink struct {
+	gw   *gateway.Gateway
+	cred string
+}
 
 var roleOf = map[string]router.Role{"unified": router.RoleUnified, "prefill": router.RolePrefill, "decode": router.RoleDecode}
 
@@ -90,9 +95,9 @@ func (s scrapeSink) Scraped(t scrape.Target, st scrape.Status) {
 		KVTotalBlocks: st.KVTotalBlocks, BlockSize: st.BlockSize, Static: true,
 		LoRAAdapters: st.LoRAAdapters, MaxLoRAs: st.MaxLoRAs, RunningLoRAs: st.RunningLoRAs,
 		MaxModelLen: st.MaxModelLen, Endpoints: t.Endpoints, KVEventsEndpoint: t.KVEventsEndpoint,
-		BootstrapPort: t.BootstrapPort,
+		BootstrapPort: t.BootstrapPort, Draining: t.Draining,
 	}
-	_ = s.gw.Scraped(info, time.Duration(s.gw.MissLimit())*t.Interval)
+	_ = s.gw.ScrapedAs(s.cred, info, time.Duration(s.gw.MissLimit())*t.Interval)
 }
 
 func (s scrapeSink) Failed(t scrape.Target, reason string, _ error) {

@@ -103,6 +103,8 @@ type Gateway struct {
 	Routes                 []Route       // [[gateway.routes]], normalized (NormalizeRoutes); nil when none
 	// StaticWorkers are [[gateway.static_workers]], normalized (NormalizeStaticWorkers).
 	StaticWorkers []StaticWorker
+	// EnginePools are [[gateway.engine_pools]] (R23, pools.go), normalized.
+	EnginePools []EnginePool
 	// R21 (gateway_lora.go): lora_load_on_demand, and [[gateway.lora_adapters]].
 	LoRALoadOnDemand bool
 	LoRAAdapters     []LoRAAdapter
@@ -431,6 +433,7 @@ type fileGateway struct {
 	fileGatewayFaults
 	fileGatewayLoRA
 	fileGatewayKV
+	fileGatewayPools
 }
 
 type fileAuth struct {
@@ -555,6 +558,7 @@ func (fg *fileGateway) apply(g *Gateway, ps *problems) {
 		validateStaticWorkers(fg.StaticWorkers, base, ps)
 		g.StaticWorkers = NormalizeStaticWorkers(fg.StaticWorkers)
 	}
+	fg.fileGatewayPools.apply(g, base, ps) // after the static workers: their ids are checked against the pools'
 }
 
 // named sets dst to the value called *src in names; an unknown name is a

@@ -159,6 +159,19 @@ consecutive_failures = 2
 base_ejection = "10s"
 max_ejection = "40s"
 max_ejected_percent = 34
+
+[[gateway.engine_pools]]
+name = "pool"
+model = "m"
+dns = "engines.ns.svc:8000"
+metrics = "sglang"
+scrape_interval = "1s"
+refresh = "5s"
+role = "decode"
+kv_total_blocks = 10
+endpoints = ["chat"]
+kv_events_endpoint = "tcp://{ip}:5557"
+bootstrap_port = 9001
 `
 	cfg, err := Parse([]byte(src), env(nil))
 	if err != nil {
@@ -193,6 +206,10 @@ max_ejected_percent = 34
 		// R22
 		KVEvents:  KVEvents{Listen: "127.0.0.1:5557", MaxBlocksPerWorker: 100},
 		Tokenizer: TokenizerEngine, TokenizerEndpoint: TokenizerTokenize, TokenizerTimeout: 20 * time.Millisecond,
+		// R23
+		EnginePools: []EnginePool{{Name: "pool", Model: "m", DNS: "engines.ns.svc:8000", Metrics: "sglang",
+			ScrapeInterval: Duration(time.Second), Refresh: Duration(5 * time.Second), Role: "decode", KVTotalBlocks: 10,
+			Endpoints: []string{"chat"}, KVEventsEndpoint: "tcp://{ip}:5557", BootstrapPort: 9001}},
 	}
 	if diff := cmp.Diff(want, cfg.Gateway); diff != "" {
 		t.Fatalf("(-want +got):\n%s", diff)
@@ -548,6 +565,7 @@ func TestSchemaDefaults(t *testing.T) {
 		"outlier.max_ejected_percent":  g.Outlier.MaxEjectedPercent,
 		"routes":                       []any{},
 		"static_workers":               []any{},
+		"engine_pools":                 []any{},
 		"lora_load_on_demand":          g.LoRALoadOnDemand,
 		"lora_adapters":                []any{},
 		// R22

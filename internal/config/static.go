@@ -156,17 +156,23 @@ func validateStaticWorkers(ws []StaticWorker, base path, ps *problems) {
 		if _, err := vllmkv.ParseEndpoint(w.KVEventsEndpoint); err != nil {
 			ps.add(at("kv_events_endpoint"), "%v", err)
 		}
-		var set oai.EndpointSet
-		for j, name := range w.Endpoints {
-			k, ok := oai.KindByEndpoint(name)
-			switch {
-			case !ok:
-				ps.add(at("endpoints").with(index(j)), "%q is not an endpoint: want one of %s", name, endpointNames)
-			case set.Has(k):
-				ps.add(at("endpoints").with(index(j)), "%q is listed twice", name)
-			}
-			set = set.With(k)
+		validateEndpointNames(w.Endpoints, at("endpoints"), ps)
+	}
+}
+
+// validateEndpointNames checks endpoint names (a static worker's, a pool's): each from the
+// catalogue, none twice.
+func validateEndpointNames(names []string, at path, ps *problems) {
+	var set oai.EndpointSet
+	for j, name := range names {
+		k, ok := oai.KindByEndpoint(name)
+		switch {
+		case !ok:
+			ps.add(at.with(index(j)), "%q is not an endpoint: want one of %s", name, endpointNames)
+		case set.Has(k):
+			ps.add(at.with(index(j)), "%q is listed twice", name)
 		}
+		set = set.With(k)
 	}
 }
 

@@ -11,6 +11,7 @@ package ratelimit
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -61,6 +62,10 @@ type Limiter struct {
 	now  func() time.Time
 	mu   sync.Mutex
 	keys map[int]*window // by configured key index: at most one per [[auth.keys]] entry with a limit
+	// peers is what the other replicas last published of their traffic (share.go); nil:
+	// none usable, each replica takes ⌈limit / replicas⌉.
+	peers     atomic.Pointer[Peers]
+	fallbacks atomic.Int64 // shares taken as ⌈limit / replicas⌉ in a cluster for want of peers
 }
 
 // window is one key's buckets: requests and tokens counted in the second sec of each slot,
@@ -69,6 +74,12 @@ type window struct {
 	sec      [Slots]int64 // the Unix second a slot holds (a slot of another second is stale)
 	requests [Slots]int64
 	tokens   [Slots]int64
+	// What the key's limits refused in each second: requests (rpm, tpm before the body),
+	// tokens asked by refused reservations, and requests refused for max_in_flight. With
+	// what was admitted, they are the key's demand at this replica (share.go).
+	refused   [Slots]int64
+	refusedTk [Slots]int64
+	refusedIF [Slots]int64
 	// reserved is the tokens reserved by the key's requests being served (Reserve, until
 	// Settle); inFlight is those requests (Enter, until Leave). Both are 0 once every
 	// request of the key has ended.
@@ -98,6 +109,7 @@ func (w *window) slot(s int64) int {
 	i := int(((s % Slots) + Slots) % Slots)
 	if w.sec[i] != s {
 		w.sec[i], w.requests[i], w.tokens[i] = s, 0, 0
+		w.refused[i], w.refusedTk[i], w.refusedIF[i] = 0, 0, 0
 	}
 	return i
 }
@@ -158,6 +170,7 @@ func (l *Limiter) Allow(key int, lim Limits) (Status, bool) {
 		wait = max(wait, w.retryAfter(now, s, held-lim.TPM, &w.tokens))
 	}
 	if wait > 0 {
+		w.refused[w.slot(s)]++
 		st.RetryAfter = wait
 		st.RemainingRequests, st.RemainingTokens = max(lim.RPM-reqs, 0), max(lim.TPM-held, 0)
 		return st, false
@@ -187,6 +200,7 @@ func (l *Limiter) Reserve(key int, lim Limits, tokens int64) (Status, int64, boo
 	reqs, toks := w.sums(s)
 	st.RemainingRequests = max(lim.RPM-reqs, 0)
 	if over := toks + w.reserved + r - lim.TPM; over > 0 {
+		w.refusedTk[w.slot(s)] += r
 		st.RetryAfter = w.retryAfter(now, s, over-1, &w.tokens)
 		st.RemainingTokens = max(lim.TPM-toks-w.reserved, 0)
 		return st, 0, false
@@ -216,10 +230,12 @@ func (l *Limiter) Settle(key int, reserved, used int64) {
 // max_in_flight; 0 = no limit): false, and nothing is counted. The caller calls Leave exactly
 // once for each Enter that returned true.
 func (l *Limiter) Enter(key int, lim Limits) bool {
+	s := l.now().Unix()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	w := l.window(key)
 	if lim.InFlight > 0 && w.inFlight >= lim.InFlight {
+		w.refusedIF[w.slot(s)]++
 		return false
 	}
 	w.inFlight++
