@@ -136,7 +136,12 @@ func TestExamplesAreCurrent(t *testing.T) {
 				t.Fatalf("%s is stale: re-render it with\n  helm template tlgw deploy/helm/tlgw --namespace %s --kube-version %s -f %s > %s",
 					golden, exampleNamespace, kubeVersion, strings.TrimPrefix(vf, "../../"), strings.TrimPrefix(golden, "../../"))
 			}
-			checkRelease(t, got, loadValues(t, vf))
+			cfg := checkRelease(t, got, loadValues(t, vf))
+			// The single replica follows its vLLM pods through the headless Service's records.
+			if strings.HasPrefix(filepath.Base(vf), "single-vllm") &&
+				(len(cfg.Gateway.EnginePools) != 1 || cfg.Gateway.EnginePools[0].DNS != "vllm-headless."+exampleNamespace+".svc.cluster.local:8000") {
+				t.Fatalf("engine pools %+v: one over vllm-headless", cfg.Gateway.EnginePools)
+			}
 		})
 	}
 }
@@ -361,7 +366,7 @@ func stripComments(doc string) string {
 }
 
 // checkRelease is every property of a rendering of the chart with values v.
-func checkRelease(t *testing.T, out string, v values) {
+func checkRelease(t *testing.T, out string, v values) *config.Config {
 	t.Helper()
 	r := decodeRelease(t, out)
 	if len(r.deployments) != 1 || len(r.configMaps) != 1 {
@@ -557,7 +562,7 @@ func checkRelease(t *testing.T, out string, v values) {
 		if len(external) > 0 && fmt.Sprint(cfg.Cluster.EtcdEndpoints) != fmt.Sprint(external) {
 			t.Fatalf("etcd_endpoints %v, values say %v", cfg.Cluster.EtcdEndpoints, external)
 		}
-		return
+		return cfg
 	}
 	if len(r.statefulSets) != 1 {
 		t.Fatalf("%d StatefulSets", len(r.statefulSets))
@@ -586,6 +591,7 @@ func checkRelease(t *testing.T, out string, v values) {
 	if len(ss.Spec.VolumeClaimTemplates) != 1 {
 		t.Fatal("etcd keeps its data on a PersistentVolumeClaim")
 	}
+	return cfg
 }
 
 // checkPodSecurity: non-root with a numeric UID, no privilege escalation, every capability
