@@ -12,13 +12,17 @@ import (
 	"github.com/tlgw/tlgw/internal/config"
 )
 
-// routesDoc and staticDoc are the stored tables: the admin API's body shapes.
+// routesDoc, staticDoc and poolsDoc are the stored tables: the admin API's body shapes.
 type routesDoc struct {
 	Routes []config.Route `json:"routes"`
 }
 
 type staticDoc struct {
 	StaticWorkers []config.StaticWorker `json:"static_workers"`
+}
+
+type poolsDoc struct {
+	EnginePools []config.EnginePool `json:"engine_pools"`
 }
 
 func marshal(v any) (string, error) {
@@ -78,6 +82,23 @@ func decodeStatic(b []byte) ([]config.StaticWorker, error) {
 		return nil, err
 	}
 	return config.NormalizeStaticWorkers(*d.StaticWorkers), nil
+}
+
+// decodePools reads a stored engine pool table and validates it as a PUT's body would be.
+func decodePools(b []byte) ([]config.EnginePool, error) {
+	var d struct {
+		EnginePools *[]config.EnginePool `json:"engine_pools"`
+	}
+	if err := decodeStrict(b, MaxTableBytes, &d); err != nil {
+		return nil, err
+	}
+	if d.EnginePools == nil {
+		return nil, fmt.Errorf(`"engine_pools" is missing`)
+	}
+	if err := config.ValidateEnginePools(*d.EnginePools); err != nil {
+		return nil, err
+	}
+	return config.NormalizeEnginePools(*d.EnginePools), nil
 }
 
 // decodeReplica reads a replicas/<id> value; the id in it must be the key's.

@@ -188,9 +188,9 @@ func (s *Store) publishSession(ctx context.Context, last []byte) ([]byte, error)
 }
 
 // readDirs names read's ranges, in order.
-var readDirs = [...]string{KeyRoutes, KeyStaticWorkers, DirReplicas, DirDrained, KeyCanary, DirRates}
+var readDirs = [...]string{KeyRoutes, KeyStaticWorkers, KeyEnginePools, DirReplicas, DirDrained, KeyCanary, DirRates}
 
-// read takes what the store follows under the prefix, at one revision: the two tables,
+// read takes what the store follows under the prefix, at one revision: the three tables,
 // replicas/ and the keys of drained/ (a drain's value says nothing). Each directory is read
 // up to one entry past its bound, and nothing else under the prefix is read, so what a
 // session holds at once does not grow with what anyone else put there.
@@ -200,6 +200,7 @@ func (s *Store) read(ctx context.Context) (int64, []*mvccpb.KeyValue, error) {
 	resp, err := s.c().Txn(octx).Then(
 		clientv3.OpGet(s.key(KeyRoutes)),
 		clientv3.OpGet(s.key(KeyStaticWorkers)),
+		clientv3.OpGet(s.key(KeyEnginePools)),
 		clientv3.OpGet(s.key(DirReplicas), clientv3.WithPrefix(), clientv3.WithLimit(int64(s.maxReplicas)+1)),
 		clientv3.OpGet(s.key(DirDrained), clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithLimit(int64(s.maxDrained)+1)),
 		clientv3.OpGet(s.key(KeyCanary)),
@@ -217,7 +218,7 @@ func (s *Store) read(ctx context.Context) (int64, []*mvccpb.KeyValue, error) {
 		if rr == nil {
 			return 0, nil, fmt.Errorf("etcd's answer %d is not a range", i)
 		}
-		if bound := [...]int{1, 1, s.maxReplicas, s.maxDrained, 1, s.maxReplicas}[i]; len(rr.Kvs) > bound {
+		if bound := [...]int{1, 1, 1, s.maxReplicas, s.maxDrained, 1, s.maxReplicas}[i]; len(rr.Kvs) > bound {
 			s.log.Error("more entries under a directory than the store's bound: the first are kept", "directory", readDirs[i], "bound", bound, "listed", rr.Count)
 		}
 		kvs = append(kvs, rr.Kvs...)
@@ -252,12 +253,15 @@ func (s *Store) probe(ctx context.Context) error {
 // stored).
 func (s *Store) seed(ctx context.Context) error {
 	s.mu.Lock()
-	routes, static := s.cfg.SeedRoutes, s.cfg.SeedStatic
+	routes, static, pools := s.cfg.SeedRoutes, s.cfg.SeedStatic, s.cfg.SeedPools
 	s.mu.Unlock()
 	for _, t := range []struct {
 		name string
 		doc  any
-	}{{KeyRoutes, routesDoc{Routes: nonNil(routes)}}, {KeyStaticWorkers, staticDoc{StaticWorkers: nonNil(static)}}, {KeyCanary, nil}} {
+	}{
+		{KeyRoutes, routesDoc{Routes: nonNil(routes)}}, {KeyStaticWorkers, staticDoc{StaticWorkers: nonNil(static)}},
+		{KeyEnginePools, poolsDoc{EnginePools: nonNil(pools)}}, {KeyCanary, nil},
+	} {
 		val := hex.EncodeToString(s.cfg.CanaryKey[:])
 		if t.doc != nil {
 			var err error
@@ -334,6 +338,8 @@ func (s *Store) applySnapshot(rev int64, kvs []*mvccpb.KeyValue) {
 			s.putRoutesKV(kv)
 		case name == KeyStaticWorkers:
 			s.putStaticKV(kv)
+		case name == KeyEnginePools:
+			s.putPoolsKV(kv)
 		case name == KeyCanary:
 			s.putCanaryLocked(kv.Value)
 		case strings.HasPrefix(name, DirDrained):
@@ -377,12 +383,12 @@ func (s *Store) applyEvents(evs []*clientv3.Event) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var drains, replicas, rates, reseed bool
-	routes, static := s.routes, s.static
+	routes, static, pools := s.routes, s.static, s.pools
 	for _, ev := range evs {
 		name := strings.TrimPrefix(string(ev.Kv.Key), s.prefix)
 		put := ev.Type == clientv3.EventTypePut
 		switch {
-		case name == KeyRoutes || name == KeyStaticWorkers || name == KeyCanary:
+		case name == KeyRoutes || name == KeyStaticWorkers || name == KeyEnginePools || name == KeyCanary:
 			if !put {
 				// A deleted table is put back as this replica last applied it (a table always
 				// exists, so its ETag is always a revision); a deleted canary key, by the
@@ -392,6 +398,8 @@ func (s *Store) applyEvents(evs []*clientv3.Event) {
 				s.putCanaryLocked(ev.Kv.Value)
 			} else if name == KeyRoutes {
 				routes = s.nextRoutes(routes, ev.Kv)
+			} else if name == KeyEnginePools {
+				pools = s.nextPools(pools, ev.Kv)
 			} else {
 				static = s.nextStatic(static, ev.Kv)
 			}
@@ -415,6 +423,7 @@ func (s *Store) applyEvents(evs []*clientv3.Event) {
 	}
 	s.applyRoutesLocked(routes.rev, routes.rows)
 	s.applyStaticLocked(static.rev, static.rows)
+	s.applyPoolsLocked(pools.rev, pools.rows)
 	if drains {
 		s.pushDrainsLocked()
 	}
@@ -452,7 +461,7 @@ func (s *Store) applyDrainLocked(name string, put bool, rev int64) bool {
 // reseed puts a deleted table back (the configured table if none was ever applied).
 func (s *Store) reseed() {
 	s.mu.Lock()
-	s.cfg.SeedRoutes, s.cfg.SeedStatic = s.routes.rows, s.static.rows
+	s.cfg.SeedRoutes, s.cfg.SeedStatic, s.cfg.SeedPools = s.routes.rows, s.static.rows, s.pools.rows
 	s.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.OpTimeout)
 	defer cancel()
@@ -497,6 +506,11 @@ func (s *Store) putStaticKV(kv *mvccpb.KeyValue) {
 	s.applyStaticLocked(t.rev, t.rows)
 }
 
+func (s *Store) putPoolsKV(kv *mvccpb.KeyValue) {
+	t := s.nextPools(s.pools, kv)
+	s.applyPoolsLocked(t.rev, t.rows)
+}
+
 // nextRoutes is the route table after a put of kv on top of cur: the put's rows, or cur's
 // when the stored table is invalid (the last good table keeps serving, under the stored
 // revision, so an operator's PUT with If-Match: that revision can replace what is there).
@@ -509,6 +523,12 @@ func (s *Store) nextRoutes(cur table[config.Route], kv *mvccpb.KeyValue) table[c
 func (s *Store) nextStatic(cur table[config.StaticWorker], kv *mvccpb.KeyValue) table[config.StaticWorker] {
 	return nextTable(cur, kv, decodeStatic, func(err error) {
 		s.log.Error("the stored static worker table is invalid; keeping the last good one", "revision", kv.ModRevision, "err", err)
+	})
+}
+
+func (s *Store) nextPools(cur table[config.EnginePool], kv *mvccpb.KeyValue) table[config.EnginePool] {
+	return nextTable(cur, kv, decodePools, func(err error) {
+		s.log.Error("the stored engine pool table is invalid; keeping the last good one", "revision", kv.ModRevision, "err", err)
 	})
 }
 
@@ -543,6 +563,16 @@ func (s *Store) applyStaticLocked(rev int64, ws []config.StaticWorker) {
 	s.static = table[config.StaticWorker]{rev: rev, rows: ws}
 	if s.cfg.Apply.Static != nil {
 		s.cfg.Apply.Static(uint64(rev), ws)
+	}
+}
+
+func (s *Store) applyPoolsLocked(rev int64, pools []config.EnginePool) {
+	if rev <= s.pools.rev {
+		return
+	}
+	s.pools = table[config.EnginePool]{rev: rev, rows: pools}
+	if s.cfg.Apply.Pools != nil {
+		s.cfg.Apply.Pools(uint64(rev), pools)
 	}
 }
 

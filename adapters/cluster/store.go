@@ -1,11 +1,12 @@
 // Package cluster is the control plane several gateway replicas share (SPEC R16): the route
-// table, the static worker table and the drained models live in etcd under one prefix, every
+// table, the static worker table, the engine pool table (R23) and the drained models live in etcd under one prefix, every
 // replica applies each change through a watch, and each replica holds a lease under replicas/.
 //
 // Keys under the prefix P:
 //
 //	P routes           {"routes":[…]}: the route table; its mod revision is the ETag and the epoch
 //	P static_workers   {"static_workers":[…]}: the static worker table; its mod revision is the ETag
+//	P engine_pools     {"engine_pools":[…]}: the engine pool table (R23); its mod revision is the ETag
 //	P drained/<model>  a drained model (the key exists while it is drained; model path-escaped)
 //	P canary_key       the canary draw's key, 64 hex digits (R20): the first replica stores its
 //	                   own, every replica draws with the stored one
@@ -50,6 +51,7 @@ import (
 const (
 	KeyRoutes        = "routes"
 	KeyStaticWorkers = "static_workers"
+	KeyEnginePools   = "engine_pools"
 	KeyCanary        = "canary_key"
 	DirDrained       = "drained/"
 	DirReplicas      = "replicas/"
@@ -58,19 +60,19 @@ const (
 // Bounds on what the store accepts from etcd (anyone with write access to the prefix can put
 // anything there).
 const (
-	MaxTableBytes   = 4 << 20 // a routes or static_workers value
+	MaxTableBytes   = 4 << 20 // a routes, static_workers or engine_pools value
 	MaxReplicaBytes = 4 << 10 // a replicas/ value
 	MaxReplicas     = 1024    // replicas listed; more keys are ignored (and logged)
 	MaxDrained      = 10000   // drained models; more keys are ignored (and logged)
 	MaxModelIDLen   = 256     // a drained model id
 	// MaxAnswer bounds any one answer from etcd: a session's read, a watch answer. The read
-	// at its largest, with every key as long as the bounds let it be, is 30.4 MiB: both
-	// tables (2 × MaxTableBytes), MaxReplicas+1 entries of MaxReplicaBytes and as many of
+	// at its largest, with every key as long as the bounds let it be, is 34.4 MiB: the three
+	// tables (3 × MaxTableBytes), MaxReplicas+1 entries of MaxReplicaBytes and as many of
 	// MaxRateBytes, and the keys of MaxDrained+1 drained models (each up to 1,032 bytes: a 256-byte prefix, "drained/" and
 	// a model id path-escaped). An answer over it ends the session (logged, and retried with
 	// backoff) instead of growing the process without end; the replica keeps serving what it
 	// last applied.
-	MaxAnswer = 32 << 20
+	MaxAnswer = 36 << 20
 	// maxWrite bounds what the store sends etcd in one call: a table and the transaction
 	// around it.
 	maxWrite = MaxTableBytes + 64<<10
@@ -83,6 +85,8 @@ type Applier struct {
 	Routes func(rev uint64, routes []config.Route)
 	// Static installs the static worker table at epoch rev.
 	Static func(rev uint64, ws []config.StaticWorker)
+	// Pools installs the engine pool table (R23) at epoch rev.
+	Pools func(rev uint64, pools []config.EnginePool)
 	// Drains sets the drained models to exactly this set (sorted).
 	Drains func(models []string)
 	// Replicas tells the live replica count (≥ 1: this replica counts itself).
@@ -111,6 +115,7 @@ type Config struct {
 	// Seed is what this replica's configuration holds: stored only where etcd has no table yet.
 	SeedRoutes []config.Route
 	SeedStatic []config.StaticWorker
+	SeedPools  []config.EnginePool
 	// CanaryKey is this replica's own canary key: stored where etcd has none yet.
 	CanaryKey  [32]byte
 	Apply      Applier
@@ -142,6 +147,7 @@ type Store struct {
 	up      bool
 	routes  table[config.Route]
 	static  table[config.StaticWorker]
+	pools   table[config.EnginePool]
 	drained map[string]int64 // model → revision it was last seen at; < 0 = undrained at -rev
 	live    int              // entries of drained that are drained (> 0)
 	// The bounds on what etcd may list (MaxDrained, MaxReplicas; tests lower them): drained
@@ -219,6 +225,7 @@ func Start(cfg Config) (*Store, error) {
 		ratesNow:   make(chan struct{}, 1),
 		maxDrained: cfg.maxDrained, maxReplicas: cfg.maxReplicas,
 		routes: table[config.Route]{rows: cfg.SeedRoutes}, static: table[config.StaticWorker]{rows: cfg.SeedStatic},
+		pools:  table[config.EnginePool]{rows: cfg.SeedPools},
 		cancel: cancel, done: make(chan struct{}),
 	}
 	s.m.replicas.Set(1)
@@ -313,6 +320,18 @@ func (s *Store) PutStatic(ifMatch uint64, ws []config.StaticWorker) (uint64, err
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.applyStaticLocked(rev, ws)
+	return uint64(rev), nil
+}
+
+// PutPools is PutRoutes for the engine pool table (R23); pools are valid and normalized.
+func (s *Store) PutPools(ifMatch uint64, pools []config.EnginePool) (uint64, error) {
+	rev, err := s.putTable(KeyEnginePools, "engine pool table", ifMatch, poolsDoc{EnginePools: nonNil(pools)})
+	if err != nil {
+		return 0, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.applyPoolsLocked(rev, pools)
 	return uint64(rev), nil
 }
 

@@ -32,6 +32,8 @@ type applied struct {
 	routes       []config.Route
 	static       uint64
 	ws           []config.StaticWorker
+	poolRev      uint64
+	pools        []config.EnginePool
 	drains       []string
 	replicas     int
 	pushes       int // calls into the applier, of every kind
@@ -62,6 +64,13 @@ func (a *applied) applier() Applier {
 		Static: func(rev uint64, ws []config.StaticWorker) {
 			a.mu.Lock()
 			a.static, a.ws = rev, ws
+			a.pushes++
+			a.mu.Unlock()
+			a.poke()
+		},
+		Pools: func(rev uint64, ps []config.EnginePool) {
+			a.mu.Lock()
+			a.poolRev, a.pools = rev, ps
 			a.pushes++
 			a.mu.Unlock()
 			a.poke()
@@ -804,7 +813,7 @@ func TestTableWriteBounds(t *testing.T) {
 }
 
 // TestReadAtTheBoundsFits: the largest state the store accepts, with every key as long as its
-// bounds allow, is read within MaxAnswer: both tables of MaxTableBytes, MaxReplicas entries
+// bounds allow, is read within MaxAnswer: the three tables of MaxTableBytes, MaxReplicas entries
 // of MaxReplicaBytes and MaxDrained drained models of MaxModelIDLen bytes that escape to
 // three times that, under a prefix of 256 bytes.
 func TestReadAtTheBoundsFits(t *testing.T) {
@@ -852,6 +861,7 @@ func TestReadAtTheBoundsFits(t *testing.T) {
 	table := func(doc string) string { return doc + strings.Repeat(" ", MaxTableBytes-len(doc)) }
 	commit([]clientv3.Op{clientv3.OpPut(prefix+KeyRoutes, table(`{"routes":[{"model":"big"}]}`))})
 	commit([]clientv3.Op{clientv3.OpPut(prefix+KeyStaticWorkers, table(`{"static_workers":[]}`))})
+	commit([]clientv3.Op{clientv3.OpPut(prefix+KeyEnginePools, table(`{"engine_pools":[{"name":"big","model":"m","dns":"big.svc:8000","metrics":"vllm"}]}`))})
 	got := newApplied()
 	s, err := Start(Config{
 		Cluster: config.Cluster{Enabled: true, EtcdEndpoints: []string{etcd.Endpoint()}, Prefix: prefix, LeaseTTL: 2 * time.Second},
@@ -866,7 +876,8 @@ func TestReadAtTheBoundsFits(t *testing.T) {
 	awaitCond(t, 20*time.Second, "store up", s.Up)
 	slices.Sort(want)
 	got.await(t, 5*time.Second, "everything read", func(x *applied) bool {
-		return slices.Equal(x.drains, want) && x.replicas == MaxReplicas+1 && slices.Equal(routeModels(x.routes), []string{"big"})
+		return slices.Equal(x.drains, want) && x.replicas == MaxReplicas+1 && slices.Equal(routeModels(x.routes), []string{"big"}) &&
+			slices.Equal(poolNames(x.pools), []string{"big"})
 	})
 }
 

@@ -357,6 +357,52 @@ func (s *Server) putStatic(w http.ResponseWriter, r *http.Request) {
 	s.writeStatic(w, next, ws)
 }
 
+func (s *Server) writePools(w http.ResponseWriter, epoch uint64, ps []config.EnginePool) {
+	if ps == nil {
+		ps = []config.EnginePool{}
+	}
+	w.Header().Set("ETag", etag(epoch))
+	writeJSON(w, http.StatusOK, map[string]any{"epoch": epoch, "engine_pools": ps})
+}
+
+func (s *Server) getPools(w http.ResponseWriter, _ *http.Request) {
+	epoch, ps := s.pools.EnginePools()
+	s.writePools(w, epoch, ps)
+}
+
+// putPools replaces the engine pool table (R23) under If-Match, like PUT
+// /admin/v1/static-workers: 428 without If-Match, 412 when stale, 400 invalid_engine_pool for
+// an invalid table or unknown fields (the body is bounded as every admin body is); a rejected
+// PUT changes nothing.
+func (s *Server) putPools(w http.ResponseWriter, r *http.Request) {
+	var in struct {
+		Epoch *uint64              `json:"epoch"` // accepted and ignored
+		Pools *[]config.EnginePool `json:"engine_pools"`
+	}
+	if !s.readPut(w, r, "engine pools", errs.ErrInvalidEnginePool, &in) {
+		return
+	}
+	if in.Pools == nil {
+		writeError(w, fmt.Errorf(`engine pools: "engine_pools" is required: %w`, errs.ErrInvalidEnginePool))
+		return
+	}
+	if err := config.ValidateEnginePools(*in.Pools); err != nil {
+		writeError(w, fmt.Errorf("%v: %w", err, errs.ErrInvalidEnginePool))
+		return
+	}
+	epoch, ok := s.ifMatch(w, r)
+	if !ok {
+		return
+	}
+	ps := config.NormalizeEnginePools(*in.Pools)
+	next, err := s.pools.PutEnginePools(epoch, ps)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	s.writePools(w, next, ps)
+}
+
 // getReplicas serves GET /admin/v1/replicas (R16): the replicas holding a lease in etcd, or
 // this process alone without [cluster].
 func (s *Server) getReplicas(w http.ResponseWriter, _ *http.Request) {

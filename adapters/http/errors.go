@@ -62,6 +62,8 @@ func mapError(err error) (status int, typ, code string) {
 		return http.StatusBadRequest, "invalid_request_error", "invalid_route"
 	case errors.Is(err, errs.ErrInvalidStaticWorker):
 		return http.StatusBadRequest, "invalid_request_error", "invalid_static_worker"
+	case errors.Is(err, errs.ErrInvalidEnginePool):
+		return http.StatusBadRequest, "invalid_request_error", "invalid_engine_pool"
 	case errors.Is(err, errs.ErrUpstreamTimeout):
 		return http.StatusGatewayTimeout, "upstream_error", "upstream_timeout"
 	case errors.Is(err, errs.ErrUpstream):

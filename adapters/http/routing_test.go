@@ -51,6 +51,7 @@ func TestRoutingTable(t *testing.T) {
 		{"GET", "/admin/v1/models/smol:drain", "sk-admin", 405, "method_not_allowed", "POST"},
 		{"POST", "/admin/v1/models/smol:stop", "sk-admin", 404, "not_found", ""},
 		{"GET", "/admin/v1/static-workers", "sk-admin", 404, "not_found", ""}, // no static table
+		{"GET", "/admin/v1/engine-pools", "sk-admin", 404, "not_found", ""},   // no pool table
 		{"GET", "/admin/v1/nope", "", 401, "invalid_api_key", ""},
 		{"GET", "/admin/v1/nope", "sk-admin", 404, "not_found", ""},
 

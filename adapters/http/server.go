@@ -49,6 +49,15 @@ type StaticWorkers interface {
 	PutStaticWorkers(ifMatch uint64, workers []config.StaticWorker) (uint64, error)
 }
 
+// EnginePools is the engine pool table (R23) behind GET/PUT /admin/v1/engine-pools, with the
+// same optimistic concurrency as the static workers.
+type EnginePools interface {
+	EnginePools() (epoch uint64, pools []config.EnginePool)
+	// PutEnginePools replaces the table if ifMatch is its epoch (errs.ErrEtagMismatch
+	// otherwise); pools are already validated and normalized.
+	PutEnginePools(ifMatch uint64, pools []config.EnginePool) (uint64, error)
+}
+
 // Replica is one row of GET /admin/v1/replicas (R16).
 type Replica struct {
 	ID          string    `json:"id"`
@@ -84,6 +93,7 @@ type Options struct {
 	Logger       *slog.Logger
 	Admission    Admission
 	Static       StaticWorkers // nil: the static-workers admin path answers 404
+	Pools        EnginePools   // nil: the engine-pools admin path answers 404
 	// Replicas lists the gateway's replicas (R16); nil: an empty list.
 	Replicas func() Replicas
 	// Registerer receives the HTTP metrics; Gatherer serves /metrics. Either may be nil.
@@ -118,6 +128,7 @@ type Server struct {
 	draining  atomic.Bool
 	admission Admission
 	static    StaticWorkers
+	pools     EnginePools
 	replicaFn func() Replicas
 
 	renderPrompts bool
@@ -141,7 +152,7 @@ func New(o Options) *Server {
 		o.Logger = slog.Default()
 	}
 	s := &Server{
-		core: o.Core, serve: o.Serve, keys: newKeyring(o.Keys), limiter: ratelimit.New(o.Now), maxBody: o.MaxBodyBytes, admission: o.Admission, static: o.Static,
+		core: o.Core, serve: o.Serve, keys: newKeyring(o.Keys), limiter: ratelimit.New(o.Now), maxBody: o.MaxBodyBytes, admission: o.Admission, static: o.Static, pools: o.Pools,
 		log: o.Logger, metrics: newHTTPMetrics(o.Registerer),
 		maxInFlight: o.MaxInFlight, bodyTimeout: o.BodyReadTimeout, writeTimeout: o.ClientWriteTimeout,
 		renderPrompts: o.RenderPrompts, replicaFn: o.Replicas, tokens: o.Tokens,
@@ -317,6 +328,9 @@ func (s *Server) routes() *http.ServeMux {
 	route(m, admin, "/admin/v1/routes", on("GET", admin(s.getRoutes)), on("PUT", admin(s.putRoutes)))
 	if s.static != nil {
 		route(m, admin, "/admin/v1/static-workers", on("GET", admin(s.getStatic)), on("PUT", admin(s.putStatic)))
+	}
+	if s.pools != nil {
+		route(m, admin, "/admin/v1/engine-pools", on("GET", admin(s.getPools)), on("PUT", admin(s.putPools)))
 	}
 	route(m, admin, "/admin/v1/models/{action...}", on("POST", admin(s.drainModel)))
 	m.HandleFunc("/admin/", admin(notFound))

@@ -235,9 +235,11 @@ func Start(cfg *config.Config, o Options) (*App, error) {
 	a.static = &staticWorkers{mgr: scrape.NewManager(scrapeSink{gw: gw, cred: registry.CredentialStatic}, o.Clock, reg, scrape.WithDialControl(rules.Control, o.Resolver)), rules: rules}
 	a.static.start(g.StaticWorkers)
 	a.pools = newEnginePools(gw, o.Clock, reg, rules, o.Resolver, o.Logger)
-	a.pools.pools.Set(g.EnginePools)
+	a.pools.start(g.EnginePools)
+	a.static.pools = a.pools
 	var core httpapi.Core = gw
 	var static httpapi.StaticWorkers = a.static
+	pools := poolTable{enginePools: a.pools, static: a.static}
 	var tokens httpapi.TokenSource
 	if g.Tokenizer == config.TokenizerEngine && policy.ReadsOf(g.RoutePolicy).KVEvents {
 		a.tokens = httpapi.NewEngineTokens(gw.RenderTarget, o.Transport, g, o.Clock, reg)
@@ -245,9 +247,10 @@ func Start(cfg *config.Config, o Options) (*App, error) {
 	}
 	if cfg.Cluster.Enabled {
 		core, static = clusterCore{Gateway: gw, app: a}, clusterStatic{staticWorkers: a.static, app: a}
+		pools.app = a
 	}
 	a.HTTP = httpapi.New(httpapi.Options{
-		Static: static, Replicas: a.replicas,
+		Static: static, Pools: pools, Replicas: a.replicas,
 		Core: core, Keys: cfg.Auth.Keys, MaxBodyBytes: g.MaxBodyBytes, Logger: o.Logger,
 		Admission:  httpAdmission(cfg),
 		Serve:      func(x *request.Exchange) { request.Spawn(gw.System, deps, x, reqOpts...) },

@@ -33,17 +33,19 @@ func replicaID(cfg *config.Config, httpAddr string) (string, error) {
 }
 
 // startCluster connects this replica to the control plane (R16): etcd's tables drive the
-// router, the registry's drains, the static scrapers, and the rate limits' replica count and
-// the replicas' exchanged per-key usage (each replica's share follows its traffic).
+// router, the registry's drains, the static scrapers, the engine pools (R23), and the rate
+// limits' replica count and the replicas' exchanged per-key usage (each replica's share
+// follows its traffic).
 func (a *App) startCluster(self cluster.Replica) error {
 	gw, static, api := a.Gateway, a.static, a.HTTP
 	s, err := cluster.Start(cluster.Config{
 		Cluster: a.cfg.Cluster, Self: self,
-		SeedRoutes: a.cfg.Gateway.Routes, SeedStatic: a.cfg.Gateway.StaticWorkers,
+		SeedRoutes: a.cfg.Gateway.Routes, SeedStatic: a.cfg.Gateway.StaticWorkers, SeedPools: a.cfg.Gateway.EnginePools,
 		CanaryKey: a.canary,
 		Apply: cluster.Applier{
 			Routes:    gw.InstallRoutes,
 			Static:    static.install,
+			Pools:     a.pools.install,
 			Drains:    gw.SyncDrains,
 			Replicas:  api.SetReplicas,
 			CanaryKey: gw.SetCanaryKey,
@@ -117,6 +119,9 @@ type clusterStatic struct {
 }
 
 func (c clusterStatic) PutStaticWorkers(ifMatch uint64, ws []config.StaticWorker) (uint64, error) {
+	if err := c.poolConflict(ws); err != nil {
+		return 0, err
+	}
 	return c.app.store.PutStatic(ifMatch, ws)
 }
 

@@ -23,6 +23,16 @@ type staticWorkers struct {
 	ws    []config.StaticWorker
 	mgr   *scrape.Manager
 	rules engineaddr.Rules // the configuration's engine rules, which a PUT table follows (R20)
+	pools *enginePools     // whose ids a PUT table must stay out of (R23)
+}
+
+// poolConflict refuses a table with a worker inside an engine pool's ids.
+func (s *staticWorkers) poolConflict(ws []config.StaticWorker) error {
+	_, ps := s.pools.EnginePools()
+	if err := config.PoolIDConflict(ws, ps); err != nil {
+		return fmt.Errorf("%v: %w", err, errs.ErrInvalidStaticWorker)
+	}
+	return nil
 }
 
 // start installs the configured table as epoch 1.
@@ -50,6 +60,9 @@ func (s *staticWorkers) StaticWorkers() (uint64, []config.StaticWorker) {
 func (s *staticWorkers) PutStaticWorkers(ifMatch uint64, ws []config.StaticWorker) (uint64, error) {
 	if err := config.StaticWorkerAddresses(ws, s.rules); err != nil {
 		return 0, fmt.Errorf("%v: %w", err, errs.ErrInvalidStaticWorker)
+	}
+	if err := s.poolConflict(ws); err != nil {
+		return 0, err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()

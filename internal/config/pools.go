@@ -236,6 +236,19 @@ func checkPoolIDs(g *Gateway, base path, ps *problems) {
 	}
 }
 
+// PoolIDConflict is checkPoolIDs for two tables set apart (PUT /admin/v1/engine-pools or
+// /admin/v1/static-workers): the first static worker whose id lies in a pool's id space, or nil.
+func PoolIDConflict(ws []StaticWorker, pools []EnginePool) error {
+	for _, w := range ws {
+		for _, p := range pools {
+			if strings.HasPrefix(w.ID, p.Name+"/") {
+				return fmt.Errorf("static worker %q lies in engine pool %q's ids (%s/<ip:port>)", w.ID, p.Name, p.Name)
+			}
+		}
+	}
+	return nil
+}
+
 // fileGatewayPools is the [gateway] key of R23's engine pools.
 type fileGatewayPools struct {
 	EnginePools []EnginePool `json:"engine_pools"`

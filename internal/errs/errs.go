@@ -19,6 +19,8 @@ var (
 	ErrInvalidRoute = errors.New("invalid route")
 	// ErrInvalidStaticWorker: a static worker table failed validation (400).
 	ErrInvalidStaticWorker = errors.New("invalid static worker")
+	// ErrInvalidEnginePool: an engine pool table failed validation (400 invalid_engine_pool).
+	ErrInvalidEnginePool = errors.New("invalid engine pool")
 	// ErrInvalidRequest: a client request is malformed (400 invalid_request_error).
 	ErrInvalidRequest = errors.New("invalid request")
 	// ErrBodyTooLarge: a request body exceeds the configured limit (413).
