@@ -104,3 +104,21 @@ func TestPeerLoadKeepsTheHitRate(t *testing.T) {
 		t.Fatalf("hit rate: 1 replica %.4f, 4 with peer load %.4f, 4 blind %.4f", h1, hp, hb)
 	}
 }
+
+func TestValidateReplicas(t *testing.T) {
+	base := Options{Trace: TraceSharedPrefix, Workers: 2, Requests: 10, Load: 0.5, Policies: []string{"round_robin"}}
+	for _, c := range []struct {
+		replicas int
+		delay    time.Duration
+		ok       bool
+	}{
+		{0, 0, true}, {1, 0, true}, {MaxReplicas, MaxReportDelay, true},
+		{-1, 0, false}, {MaxReplicas + 1, 0, false}, {2, -time.Millisecond, false}, {2, MaxReportDelay + 1, false},
+	} {
+		o := base
+		o.Replicas, o.ReportDelay = c.replicas, c.delay
+		if err := o.Validate(); (err == nil) != c.ok {
+			t.Errorf("replicas %d, delay %v: %v, want ok %v", c.replicas, c.delay, err, c.ok)
+		}
+	}
+}
