@@ -63,6 +63,11 @@ type Config struct {
 	// adapter-unaware least_outstanding that policy.PickLoRA is measured against; the gateway
 	// never sets it.
 	LoRAUnaware bool
+	// PeerLoad counts in a worker's load what its engine reports running and queued beyond
+	// this router's own picks (view.go: slot.peer): the load of the gateway's other replicas,
+	// which share the engines (R23). Off, a worker's load is this router's in-flight count and
+	// the engine's queue, as with one gateway.
+	PeerLoad bool
 }
 
 // state survives restarts of the router actor: a panic while handling one message must not

@@ -38,6 +38,10 @@ type slot struct {
 	// worker's clock), and whether its address refused a connection since its last heartbeat.
 	failLoad    int64
 	unreachable bool
+	// peer (Config.PeerLoad): the engine's running and queued requests beyond this router's
+	// own in flight, as of its last heartbeat or scrape — the other replicas' load on it;
+	// peerIn is how much of it its pool counts (pool.peer).
+	peer, peerIn int64
 	// R22: the block size of the engine's own KV events (0 = none seen): a request's token ids
 	// are cut by it for the router's block keys.
 	kvBlockSize int
@@ -100,6 +104,9 @@ type pool struct {
 	// restricted counts the members that may not serve some endpoint (slot.restrictedIn,
 	// endpoints.go): 0 lets a pick skip the endpoint check.
 	restricted int
+	// peer is its members' peer load (slot.peer, Config.PeerLoad), told to a policy that is a
+	// policy.PeerLoader.
+	peer int64
 	// kvBlockSize is the block size of its members' own (vLLM-format) KV events (R22; 0 =
 	// none seen): a pick's token ids are cut by it into the router's block keys. A pool whose
 	// engines use two block sizes takes the last one reported.
@@ -115,6 +122,18 @@ func (pl *pool) countKV(s *slot) {
 		} else {
 			pl.kvMembers--
 		}
+	}
+}
+
+// setPeer counts peer as member s's peer load in the pool's, and tells its policy.
+func (pl *pool) setPeer(s *slot, peer int64) {
+	if peer == s.peerIn {
+		return
+	}
+	pl.peer += peer - s.peerIn
+	s.peerIn = peer
+	if p, ok := pl.p.(policy.PeerLoader); ok {
+		p.SetPeerLoad(pl.peer)
 	}
 }
 
@@ -183,6 +202,7 @@ type workerView struct {
 	// onDemand is [[gateway.lora_adapters]] by name when lora_load_on_demand is on (nil: off).
 	onDemand    map[string]*config.LoRAAdapter
 	loraUnaware bool // Config.LoRAUnaware: the simulator's baseline
+	peerLoad    bool // Config.PeerLoad
 }
 
 func newWorkerView(cfg Config, clk clock.Clock) *workerView {
@@ -198,6 +218,7 @@ func newWorkerView(cfg Config, clk clock.Clock) *workerView {
 		gauges:    cfg.Metrics.workerGauges(),
 		warmMin:   warmMinChunks(cfg.WarmupMinBytes), warmCredit: warmBurst * warmPicks,
 		warmups: cfg.Metrics.warmups, loraUnaware: cfg.LoRAUnaware, fallbackBlocks: cfg.FallbackIndexBlocks,
+		peerLoad: cfg.PeerLoad,
 	}
 	if cfg.PrefixIndexBlocks > 0 {
 		v.pidx = prefixindex.New(cfg.PrefixIndexBlocks)
@@ -452,6 +473,12 @@ func (v *workerView) workerState(m *WorkerState, fx effects) bool {
 	if m.AcqSeen >= s.acqSeen {
 		s.reported, s.acqSeen, s.failLoad = m.InFlight, m.AcqSeen, m.FailLoad
 	}
+	if v.peerLoad {
+		// The engine's count holds this router's requests too (and, late, some that ended
+		// since it counted): what it reports beyond them is the other replicas'. Both are
+		// bounded by the report's validation of running and queue depth.
+		s.peer = max(0, s.info.Running+s.info.QueueDepth-s.inFlight())
+	}
 	if s.live {
 		v.models[s.info.Model]++
 	}
@@ -460,6 +487,7 @@ func (v *workerView) workerState(m *WorkerState, fx effects) bool {
 		// keeps its state (round robin counters, ring position).
 		prev.p.SetWeight(&s.member, s.info.KVTotalBlocks)
 		prev.p.SetLoad(&s.member, s.load())
+		prev.setPeer(s, s.peer)
 		prev.countKV(s)
 		prev.countRestricted(s)
 		v.setState(s, s.stateName())
@@ -489,6 +517,7 @@ func (v *workerView) joinPool(s *slot) {
 		v.pools[key] = pl
 	}
 	pl.p.Add(&s.member, s.load(), s.info.KVTotalBlocks)
+	pl.setPeer(s, s.peer)
 	pl.members[s.info.ID] = s
 	pl.ids = nil
 	s.pool = pl
@@ -506,6 +535,7 @@ func (v *workerView) leavePool(s *slot) {
 		return
 	}
 	s.pool.p.Remove(&s.member)
+	s.pool.setPeer(s, 0)
 	if s.kvIn {
 		s.pool.kvMembers--
 		s.kvIn = false

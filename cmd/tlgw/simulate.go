@@ -25,6 +25,9 @@ const simulateUsage = `usage:
   tlgw simulate … --kv-events vllm [--kv-gap F [--kv-replay]]
       precise_prefix's engines publish vLLM's own KV events (R22) instead of tl.kv chunk ids;
       a fraction F of event batches is lost, and the gateway replays the gap or keeps the worker's entries
+  tlgw simulate … --replicas N[,N…] [--report-delay D]
+      N gateway replicas (R23), each a router of its own, clients spread over them round robin;
+      every engine's heartbeats and KV events reach every replica D after they are sent
 `
 
 // runSimulate runs `tlgw simulate`. Exit codes: 0 done, 1 the run or its output failed, 2 bad
@@ -54,6 +57,9 @@ func runSimulate(args []string, stdout, stderr io.Writer) int {
 	kvEvents := fs.String("kv-events", fleet.KVEventsTL, "the KV events precise_prefix's engines publish: tl (tl.kv chunk ids) or vllm (vLLM's block events, keyed by token ids)")
 	kvGap := fs.Float64("kv-gap", 0, fmt.Sprintf("--kv-events vllm: the fraction of event batches lost on their way (0 to %v)", fleet.MaxKVGap))
 	kvReplay := fs.Bool("kv-replay", false, "--kv-events vllm: the gateway replays a gap's lost batches from the engine (else it keeps the worker's entries)")
+	replicas := fs.String("replicas", "1", fmt.Sprintf("gateway replicas in front of the fleet (1 to %d), each a router of its own; a comma-separated list runs each", fleet.MaxReplicas))
+	reportDelay := fs.Duration("report-delay", 0, fmt.Sprintf("how long an engine's heartbeat or KV event message takes to reach the replicas (0 to %v)", fleet.MaxReportDelay))
+	peerLoad := fs.Bool("peer-load", true, "--replicas over 1: each replica counts the load its engines report beyond its own requests (false: blind to the other replicas' but for the engines' queues)")
 	if err := fs.Parse(args); err != nil {
 		if err == flag.ErrHelp {
 			return 0
@@ -70,6 +76,10 @@ func runSimulate(args []string, stdout, stderr io.Writer) int {
 	loads, ok := parseLoads(*load)
 	if !ok {
 		loads = nil
+	}
+	reps, ok := parseReplicas(*replicas)
+	if !ok {
+		reps = nil
 	}
 	switch {
 	case *workers < 1:
@@ -100,6 +110,10 @@ func runSimulate(args []string, stdout, stderr io.Writer) int {
 		return bad("--kv-events must be %s or %s, got %q", fleet.KVEventsTL, fleet.KVEventsVLLM, *kvEvents)
 	case !(*kvGap >= 0 && *kvGap <= fleet.MaxKVGap):
 		return bad("--kv-gap must be a fraction of batches from 0 to %v, got %v", fleet.MaxKVGap, *kvGap)
+	case len(reps) == 0:
+		return bad("--replicas must be 1 to %d (or a comma-separated list of such), got %q", fleet.MaxReplicas, *replicas)
+	case *reportDelay < 0 || *reportDelay > fleet.MaxReportDelay:
+		return bad("--report-delay must be 0 to %v, got %v", fleet.MaxReportDelay, *reportDelay)
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
@@ -128,7 +142,7 @@ func runSimulate(args []string, stdout, stderr io.Writer) int {
 	o := fleet.Options{Trace: *trace, Workers: *workers, Requests: *requests, Load: loads[0], Policies: pols,
 		Seed: *seed, Heterogeneous: *hetero, SLOTTFT: time.Duration(*slo * float64(time.Millisecond)),
 		RestartEvery: *restartEvery, LoadFactor: *loadFactor, Admission: *adm, WarmupMinBytes: *warmMin,
-		KVEvents: *kvEvents, KVGap: *kvGap, KVReplay: *kvReplay}
+		KVEvents: *kvEvents, KVGap: *kvGap, KVReplay: *kvReplay, ReportDelay: *reportDelay, NoPeerLoad: !*peerLoad}
 	if *warmMin == 0 {
 		o.WarmupMinBytes = -1
 	}
@@ -141,17 +155,25 @@ func runSimulate(args []string, stdout, stderr io.Writer) int {
 	}
 	o.Engine = fleet.DefaultEngine
 	o.Engine.KVBlocks = *kvBlocks
-	for _, l := range loads { // every load of a sweep is checked before the first runs
-		o.Load = l
-		if err := o.Validate(); err != nil {
-			return bad("%v", err)
+	for _, n := range reps { // every run is checked before the first starts
+		for _, l := range loads {
+			o.Load, o.Replicas = l, n
+			if err := o.Validate(); err != nil {
+				return bad("%v", err)
+			}
 		}
 	}
-	rep, err := fleet.Sweep(o, loads)
-	if err != nil {
-		fmt.Fprintf(stderr, "tlgw simulate: %v\n", err)
-		return 1
+	rep := &fleet.Report{}
+	for _, n := range reps {
+		o.Replicas = n
+		r, err := fleet.Sweep(o, loads)
+		if err != nil {
+			fmt.Fprintf(stderr, "tlgw simulate: %v\n", err)
+			return 1
+		}
+		rep.Results = append(rep.Results, r.Results...)
 	}
+	var err error
 	if *format == "json" {
 		err = rep.WriteJSON(stdout)
 	} else {
@@ -181,6 +203,24 @@ func writePlot(path string, rep *fleet.Report) error {
 
 // maxLoads bounds a sweep's loads.
 const maxLoads = 32
+
+// parseReplicas reads --replicas: one count from 1 to fleet.MaxReplicas, or up to maxLoads of
+// them separated by commas; ok is false for anything else.
+func parseReplicas(s string) ([]int, bool) {
+	parts := strings.Split(s, ",")
+	if len(parts) > maxLoads {
+		return nil, false
+	}
+	out := make([]int, 0, len(parts))
+	for _, p := range parts {
+		n, err := strconv.Atoi(strings.TrimSpace(p))
+		if err != nil || n < 1 || n > fleet.MaxReplicas {
+			return nil, false
+		}
+		out = append(out, n)
+	}
+	return out, true
+}
 
 // parseLoads reads --load: one positive finite fraction, or up to maxLoads of them separated by
 // commas (a rate sweep); ok is false for anything else.

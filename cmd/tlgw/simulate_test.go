@@ -264,3 +264,39 @@ func TestSimulateLoRA(t *testing.T) {
 		t.Fatalf("markdown:\n%s", stdout.String())
 	}
 }
+
+// --replicas and --report-delay (R23): bad values exit 2 naming the flag; a list runs each
+// count, and the Markdown gains a replicas column.
+func TestSimulateReplicasFlags(t *testing.T) {
+	for _, args := range [][]string{
+		{"--replicas", "0"}, {"--replicas", "65"}, {"--replicas", "two"}, {"--replicas", "1,x"}, {"--replicas", ""},
+		{"--report-delay", "-1ms"}, {"--report-delay", "11s"},
+	} {
+		var stdout, stderr bytes.Buffer
+		all := append([]string{"simulate", "--workers", "2", "--requests", "20"}, args...)
+		if code := run(all, &stdout, &stderr); code != 2 || !strings.Contains(stderr.String(), args[0]) {
+			t.Errorf("%v: exit %d, stderr %q; want 2 naming %s", args, code, stderr.String(), args[0])
+		}
+	}
+	var stdout, stderr bytes.Buffer
+	args := []string{"simulate", "--workers", "4", "--requests", "200", "--policies", "least_outstanding,precise_prefix",
+		"--replicas", "1,3", "--report-delay", "50ms", "--seed", "2"}
+	if code := run(args, &stdout, &stderr); code != 0 {
+		t.Fatalf("exit %d, stderr %q", code, stderr.String())
+	}
+	out := stdout.String()
+	for _, want := range []string{"| replicas | policy |", "| 1 | least_outstanding |", "| 1 | precise_prefix |",
+		"| 3 | least_outstanding |", "| 3 | precise_prefix |"} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("no %q in:\n%s", want, out)
+		}
+	}
+	// One replica without a delay is today's output, without the column.
+	stdout.Reset()
+	if code := run([]string{"simulate", "--workers", "2", "--requests", "50", "--replicas", "1", "--format", "json"}, &stdout, &stderr); code != 0 {
+		t.Fatalf("exit %d, stderr %q", code, stderr.String())
+	}
+	if strings.Contains(stdout.String(), "replicas") || strings.Contains(stdout.String(), "report_delay") {
+		t.Fatalf("one replica's JSON names replicas:\n%s", stdout.String())
+	}
+}

@@ -99,6 +99,16 @@ type Options struct {
 	KVEvents string
 	KVGap    float64
 	KVReplay bool
+	// Replicas is the gateway's replicas in front of the fleet (replicas.go; 0 or 1: one
+	// router), 1 to MaxReplicas; ReportDelay how long an engine's report (heartbeat, KV event
+	// message) takes to reach them (0: at once, as before replicas were simulated), 0 to
+	// MaxReportDelay.
+	// With more than one replica each router counts the load its engines report beyond its own
+	// picks (router.Config.PeerLoad) unless NoPeerLoad: the design before replicas were
+	// measured, each replica blind to the others' requests but for the engines' queues.
+	Replicas    int
+	ReportDelay time.Duration
+	NoPeerLoad  bool
 	// audit: tests check the engine model as the run goes (audit.go).
 	audit bool
 }
@@ -140,6 +150,10 @@ type Result struct {
 	KVClears   int     `json:"kv_clears,omitempty"`
 	KVOrphans  int     `json:"kv_orphans,omitempty"`
 	SimSeconds float64 `json:"sim_seconds"` // simulated time until the last request ended
+	// Replicas is the run's gateway replicas when more than one (replicas.go), ReportDelayMs
+	// the engines' reports' delay when not 0.
+	Replicas      int     `json:"replicas,omitempty"`
+	ReportDelayMs float64 `json:"report_delay_ms,omitempty"`
 }
 
 // Report is a simulation's output: {"results": [...]}, one per policy in the order asked.
@@ -190,6 +204,9 @@ func (o *Options) defaults() error {
 	}
 	if o.SLOTTFT == 0 {
 		o.SLOTTFT = time.Second
+	}
+	if o.Replicas == 0 {
+		o.Replicas = 1
 	}
 	if o.Parallel <= 0 {
 		o.Parallel = runtime.GOMAXPROCS(0)
@@ -245,6 +262,10 @@ func (o *Options) defaults() error {
 		return fmt.Errorf("the kv event gap must be a fraction of batches from 0 to %v, got %v", MaxKVGap, o.KVGap)
 	case o.KVEvents != KVEventsVLLM && (o.KVGap != 0 || o.KVReplay):
 		return fmt.Errorf("a kv event gap and replay are the %q events' only", KVEventsVLLM)
+	case o.Replicas < 1 || o.Replicas > MaxReplicas:
+		return fmt.Errorf("replicas must be 1 to %d, got %d", MaxReplicas, o.Replicas)
+	case o.ReportDelay < 0 || o.ReportDelay > MaxReportDelay:
+		return fmt.Errorf("the report delay must be 0 to %v, got %v", MaxReportDelay, o.ReportDelay)
 	}
 	for _, p := range o.Policies {
 		switch {
@@ -335,6 +356,10 @@ func Run(o Options) (*Report, error) {
 			res, err := runPolicy(&o, ms, tr, arrivals, pol)
 			out.Results[i], errs[i] = res, err
 			out.Results[i].Load = o.Load
+			if o.Replicas > 1 {
+				out.Results[i].Replicas = o.Replicas
+			}
+			out.Results[i].ReportDelayMs = float64(o.ReportDelay) / float64(time.Millisecond)
 			if res.SimSeconds > 0 {
 				out.Results[i].OfferedRPS = round(rate, 2)
 			}
@@ -374,6 +399,7 @@ const (
 	evRestart  // idx: the engine
 	evFirst    // idx: the request; its first token, which predicted_latency's router hears of
 	evWarmDone // idx: the warm-up (warm.go)
+	evReport   // the oldest report on its way reaches the replicas (replicas.go)
 )
 
 type event struct {
@@ -451,7 +477,7 @@ type runner struct {
 	o        *Options
 	tr       *trace
 	arrivals []int64
-	sim      *router.Sim
+	sims     []*router.Sim // the gateway's replicas (replicas.go): request i's is sims[i mod len]
 	engines  []*engine
 	byID     map[string]int32
 	jobs     []job
@@ -464,6 +490,10 @@ type runner struct {
 	vllm     bool       // precise and Options.KVEvents = "vllm": in their own events (vllm.go)
 	gap      *rand.Rand // the vLLM path's lost batches (Options.KVGap)
 	kv       kvStats
+	// pending is the engines' reports on their way to the replicas from pendHead on
+	// (replicas.go): one Options.ReportDelay's worth.
+	pending  []report
+	pendHead int
 
 	toks   []uint32     // scratch: a prompt's tokens
 	body   []byte       // scratch: a request body
@@ -508,16 +538,21 @@ func runPolicy(o *Options, ms []EngineModel, tr *trace, arrivals []int64, pol st
 		cfg.KVIndexBlocks = o.PrefixIndexBlocks
 		index = true
 	}
+	cfg.PeerLoad = o.Replicas > 1 && !o.NoPeerLoad
 	if o.Admission {
 		cfg.Admission = &router.AdmissionConfig{PolicyName: pol, Queue: admission.Config{
 			Classes:      []admission.ClassConfig{{Name: "default", Quantum: 1, QueueLimit: len(tr.reqs), MaxWait: AdmissionMaxWait}},
 			DefaultClass: "default"}}
 	}
-	s, err := router.NewSim(cfg)
-	if err != nil {
-		return Result{}, err
+	sims := make([]*router.Sim, o.Replicas) // Options.Replicas, at most MaxReplicas
+	for k := range sims {
+		s, err := router.NewSim(cfg)
+		if err != nil {
+			return Result{}, err
+		}
+		sims[k] = s
 	}
-	r := &runner{o: o, tr: tr, arrivals: arrivals, sim: s, index: index, precise: precise,
+	r := &runner{o: o, tr: tr, arrivals: arrivals, sims: sims, index: index, precise: precise,
 		observe: reads.TTFT, byID: make(map[string]int32, len(ms)),
 		jobs: make([]job, len(tr.reqs)), ttft: make([]float64, 0, len(tr.reqs))}
 	if o.audit {
@@ -539,7 +574,7 @@ func runPolicy(o *Options, ms []EngineModel, tr *trace, arrivals []int64, pol st
 		}
 		r.watch(int32(i))
 		r.byID[id] = int32(i)
-		r.beat(int32(i))
+		r.beat(int32(i), true)
 		// Heartbeats are spread over the interval, as independent engines' are.
 		r.q.push(int64(o.Heartbeat)*int64(i+1)/int64(len(ms)), evBeat, int32(i))
 	}
@@ -551,7 +586,9 @@ func runPolicy(o *Options, ms []EngineModel, tr *trace, arrivals []int64, pol st
 	for len(r.q.h) > 0 {
 		ev := r.q.pop()
 		r.now = ev.at
-		s.AdvanceTo(router.SimStart.Add(time.Duration(ev.at)))
+		for _, s := range sims {
+			s.AdvanceTo(router.SimStart.Add(time.Duration(ev.at)))
+		}
 		r.dispatched() // the queue's timers: expiries
 		switch ev.kind {
 		case evArrive:
@@ -565,10 +602,10 @@ func runPolicy(o *Options, ms []EngineModel, tr *trace, arrivals []int64, pol st
 			r.warmDone(ev.idx)
 		case evFirst:
 			j := &r.jobs[ev.idx]
-			r.sim.ObserveTTFT(j.picked, time.Duration(r.now-j.arrival))
+			r.routerOf(ev.idx).ObserveTTFT(j.picked, time.Duration(r.now-j.arrival))
 		case evBeat:
 			if r.busy() {
-				r.beat(ev.idx)
+				r.beat(ev.idx, false)
 				r.q.push(r.now+int64(o.Heartbeat), evBeat, ev.idx)
 			}
 		case evRestart:
@@ -576,6 +613,8 @@ func runPolicy(o *Options, ms []EngineModel, tr *trace, arrivals []int64, pol st
 			if r.arrived < len(arrivals) {
 				r.q.push(r.now+int64(o.RestartEvery), evRestart, (ev.idx+1)%int32(len(ms)))
 			}
+		case evReport:
+			r.reportArrived()
 		case evSample:
 			r.sample()
 			if r.arrived < len(arrivals) {
@@ -588,8 +627,10 @@ func runPolicy(o *Options, ms []EngineModel, tr *trace, arrivals []int64, pol st
 	// after it. And every request ended: it completed or was rejected, and no engine still
 	// runs or queues one.
 	for _, e := range r.engines {
-		if n := s.InFlight(e.id); n != 0 {
-			return Result{}, fmt.Errorf("%s: the router still counts %d requests in flight on %s after the run", pol, n, e.id)
+		for k, s := range sims {
+			if n := s.InFlight(e.id); n != 0 {
+				return Result{}, fmt.Errorf("%s: router %d still counts %d requests in flight on %s after the run", pol, k, n, e.id)
+			}
 		}
 		if e.run != 0 || e.queued() != 0 {
 			return Result{}, fmt.Errorf("%s: %s still runs %d and queues %d requests after the run", pol, e.id, e.run, e.queued())
@@ -611,8 +652,9 @@ func (r *runner) busy() bool { return r.arrived < len(r.arrivals) || r.inFlight 
 
 // beat is engine i's heartbeat: its queue, running set and KV blocks, and as tlengine's the
 // adapters it serves and its max_loras (not which are running: that only a scraped vLLM
-// tells, so the router's belief is what it sent).
-func (r *runner) beat(i int32) {
+// tells, so the router's belief is what it sent). It reaches every replica, at once when now
+// (the first registration) or else after the report delay.
+func (r *runner) beat(i int32, now bool) {
 	e := r.engines[i]
 	st := e.pool.Stats()
 	info := router.WorkerInfo{ID: e.id, Model: model, HTTPAddress: "sim:" + e.id,
@@ -625,7 +667,7 @@ func (r *runner) beat(i int32) {
 	if e.lora != nil {
 		info.LoRAAdapters, info.MaxLoRAs = r.tr.adapters, e.lora.max // read-only, shared
 	}
-	r.sim.SetWorker(info)
+	r.toRouters(info, now)
 }
 
 // prompt fills r.toks with request i's prompt tokens.
@@ -695,7 +737,7 @@ func (r *runner) pick(i int32) (*router.Picked, error) {
 		p.Requester = actor.NewPID("sim", "request/"+p.RequestID)
 		p.Admit = &router.AdmitInfo{PromptTokens: r.tr.reqs[i].promptTokens()}
 	}
-	pk, ok := r.sim.Pick(p)
+	pk, ok := r.routerOf(i).Pick(p)
 	if !ok && !r.o.Admission {
 		return nil, errors.New("queued without admission")
 	}
@@ -723,13 +765,15 @@ func (r *runner) dispatched() {
 	if !r.o.Admission {
 		return
 	}
-	for _, d := range r.sim.Deliveries() {
-		pk, ok := d.Msg.(*router.Picked)
-		if !ok || pk.Tag == 0 || pk.Tag > uint64(len(r.jobs)) {
-			continue
+	for _, s := range r.sims {
+		for _, d := range s.Deliveries() {
+			pk, ok := d.Msg.(*router.Picked)
+			if !ok || pk.Tag == 0 || pk.Tag > uint64(len(r.jobs)) {
+				continue
+			}
+			r.inFlight--
+			r.place(int32(pk.Tag-1), pk)
 		}
-		r.inFlight--
-		r.place(int32(pk.Tag-1), pk)
 	}
 }
 
@@ -749,7 +793,7 @@ func (r *runner) place(i int32, pk *router.Picked) {
 	j.prompt = int32(len(prompt))
 	if !e.fits(len(prompt)) {
 		r.rejected++
-		r.sim.Release(pk, router.OutcomeNone)
+		r.routerOf(i).Release(pk, router.OutcomeNone)
 		r.finished(i, true)
 		return
 	}
@@ -817,7 +861,7 @@ func (r *runner) done(i int32) {
 	r.outTokens += int64(out.n)
 	r.lastDone = r.now
 	r.inFlight--
-	r.sim.Release(j.picked, router.OutcomeSuccess)
+	r.routerOf(i).Release(j.picked, router.OutcomeSuccess)
 	r.finished(i, false)
 	j.picked = nil
 	if a := r.tr.reqs[i].lora - 1; a >= 0 {
@@ -864,7 +908,7 @@ func (r *runner) drain(eng int32) {
 func (r *runner) finished(i int32, aborted bool) {
 	if r.o.Admission {
 		req := &r.tr.reqs[i]
-		r.sim.Finished(&router.Finished{Key: uint64(i) + 1, Tokens: int64(req.promptTokens()) + int64(req.out.n), Aborted: aborted})
+		r.routerOf(i).Finished(&router.Finished{Key: uint64(i) + 1, Tokens: int64(req.promptTokens()) + int64(req.out.n), Aborted: aborted})
 	}
 }
 

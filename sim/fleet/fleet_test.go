@@ -241,13 +241,13 @@ func TestDefaults(t *testing.T) {
 	want := Options{Trace: TraceAgentic, Workers: 1, Requests: 1, Load: 1, Policies: []string{"round_robin"},
 		SLOTTFT: time.Second, Engine: DefaultEngine, Heartbeat: 2 * time.Second, LoadFactor: 1.25,
 		PrefixIndexBlocks: prefixindex.DefaultBlocksPerWorker, Parallel: runtime.GOMAXPROCS(0),
-		WarmupMinBytes: config.DefaultPrefixWarmupMinBytes}
+		WarmupMinBytes: config.DefaultPrefixWarmupMinBytes, Replicas: 1}
 	if diff := cmp.Diff(want, o, cmp.AllowUnexported(Options{})); diff != "" {
 		t.Fatalf("defaults (-want +got):\n%s", diff)
 	}
 	edge := Options{Trace: TraceAgentic, Workers: 1, Requests: 1, Load: MinLoad, Policies: []string{"round_robin"},
 		SLOTTFT: time.Nanosecond, Heartbeat: MinHeartbeat, LoadFactor: 1, PrefixIndexBlocks: 1, Parallel: 1,
-		RestartEvery: MinRestartEvery, WarmupMinBytes: -1, Engine: EngineModel{KVBlocks: 1, BlockSize: 1, MaxRunning: 1}}
+		RestartEvery: MinRestartEvery, WarmupMinBytes: -1, Replicas: 1, Engine: EngineModel{KVBlocks: 1, BlockSize: 1, MaxRunning: 1}}
 	kept := edge
 	if err := edge.defaults(); err != nil {
 		t.Fatalf("edges refused: %v", err)

@@ -80,7 +80,7 @@ func TestLoRASwapOnTheClock(t *testing.T) {
 	}
 	e := newEngine("w0", m)
 	e.lora = newLoRASlots(1)
-	r := &runner{o: &Options{Seed: 3, Engine: m, LoRASwap: 20 * time.Millisecond}, tr: tr, sim: s,
+	r := &runner{o: &Options{Seed: 3, Engine: m, LoRASwap: 20 * time.Millisecond}, tr: tr, sims: []*router.Sim{s},
 		byID: map[string]int32{"w0": 0}, jobs: make([]job, len(tr.reqs)), engines: []*engine{e},
 		audit: &audit{order: make([][]int32, 1)}}
 	for i := range int32(3) {

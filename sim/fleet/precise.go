@@ -95,7 +95,7 @@ func (r *runner) sendKV(e *engine, removed, stored []uint64) {
 			} else {
 				ev.Stored = ids[:n]
 			}
-			r.sim.KVEvents(ev)
+			r.kvToRouters(ev)
 			ids = ids[n:]
 		}
 	}
@@ -116,6 +116,6 @@ func (r *runner) restart(i int32) {
 	e.pool = kv.NewPool(e.model.KVBlocks, e.model.BlockSize)
 	r.watch(i)
 	if r.precise {
-		r.sim.KVEvents(&router.KVEvents{WorkerID: e.id, Clear: true})
+		r.kvToRouters(&router.KVEvents{WorkerID: e.id, Clear: true})
 	}
 }

@@ -24,6 +24,10 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 	var b strings.Builder
 	sweep := len(r.loads()) > 1
 	lora := slices.ContainsFunc(r.Results, func(x Result) bool { return x.Adapters > 0 })
+	replicas := slices.ContainsFunc(r.Results, func(x Result) bool { return x.Replicas > 1 })
+	if replicas {
+		b.WriteString("| replicas ")
+	}
 	if sweep {
 		b.WriteString("| load ")
 	}
@@ -32,6 +36,9 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 		b.WriteString(" swaps_per_1k | lora_waits |")
 	}
 	b.WriteString("\n")
+	if replicas {
+		b.WriteString("|---:")
+	}
 	if sweep {
 		b.WriteString("|---:")
 	}
@@ -41,6 +48,9 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 	}
 	b.WriteString("\n")
 	for _, x := range r.Results {
+		if replicas {
+			fmt.Fprintf(&b, "| %d ", max(x.Replicas, 1))
+		}
 		if sweep {
 			fmt.Fprintf(&b, "| %g ", x.Load)
 		}

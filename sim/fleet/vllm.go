@@ -239,7 +239,7 @@ func (r *runner) kvSend(e *engine) {
 	if len(v.stored) == 0 && len(v.removed) == 0 && !v.needClear {
 		return
 	}
-	ok := r.sim.KVEvents(&router.KVEvents{WorkerID: e.id, Clear: v.needClear, Engine: true, BlockSize: v.blockSize,
+	ok := r.kvToRouters(&router.KVEvents{WorkerID: e.id, Clear: v.needClear, Engine: true, BlockSize: v.blockSize,
 		Stored: v.stored, Removed: v.removed}) // applied before it returns: the buffers are reused
 	v.stored, v.removed = v.stored[:0], v.removed[:0]
 	v.needClear = false

@@ -110,12 +110,12 @@ func TestVLLMClearEmptiesWorker(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		r := &runner{o: o, sim: s, precise: true, vllm: true, gap: rand.New(rand.NewPCG(1, 2))}
+		r := &runner{o: o, sims: []*router.Sim{s}, precise: true, vllm: true, gap: rand.New(rand.NewPCG(1, 2))}
 		e := newEngine("w0", o.Engine)
 		e.vk = &vllmKV{tr: vllmkv.NewTracker(kvMaxBlocks), needClear: true}
 		r.engines = []*engine{e}
 		e.pool = r.newVLLMPool(0)
-		r.beat(0)
+		r.beat(0, true)
 		prompt := func(base uint32, n int) []uint32 {
 			p := make([]uint32, n)
 			for i := range p {

@@ -36,7 +36,7 @@ func warmEntry(k int32) int32 { return ^k }
 
 // warmup starts request i's warm-up w (sent, as the gateway's requester says to the router).
 func (r *runner) warmup(i int32, w *router.Warmup) {
-	r.sim.WarmupSent(w)
+	r.routerOf(i).WarmupSent(w)
 	k := int32(len(r.warms))
 	eng := r.byID[w.WorkerID]
 	var toks []uint32
@@ -121,7 +121,7 @@ func (r *runner) warmDone(k int32) {
 	r.audit.warmEnded(r.now, wj.start+int64(len(wj.toks)-wj.cached)*int64(m.PrefillPerToken)+int64(m.DecodePerToken))
 	r.engines[eng].finish(wj.pool, wj.seq, nil)
 	r.flushKV(eng)
-	r.sim.ReleaseWarm(wj.w, router.OutcomeSuccess)
+	r.routerOf(wj.req).ReleaseWarm(wj.w, router.OutcomeSuccess)
 	wj.w, wj.toks, wj.seq, wj.pool = nil, nil, nil, nil
 	r.warmLive--
 	r.drain(eng)

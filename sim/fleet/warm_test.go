@@ -74,7 +74,7 @@ func handRunner(t *testing.T, m EngineModel, tr *trace) *runner {
 		t.Fatal(err)
 	}
 	s.SetWorker(router.WorkerInfo{ID: "w0", Model: model, KVEvents: true})
-	r := &runner{o: &Options{Seed: 3, Engine: m}, tr: tr, sim: s, precise: true, byID: map[string]int32{"w0": 0},
+	r := &runner{o: &Options{Seed: 3, Engine: m}, tr: tr, sims: []*router.Sim{s}, precise: true, byID: map[string]int32{"w0": 0},
 		jobs: make([]job, len(tr.reqs)), engines: []*engine{newEngine("w0", m)},
 		audit: &audit{order: make([][]int32, 1)}}
 	r.watch(0)
@@ -119,11 +119,11 @@ func TestWarmupIsReported(t *testing.T) {
 	}
 	reason := func(hashes []uint64) policy.Reason {
 		t.Helper()
-		p, ok := r.sim.Pick(&router.Pick{Model: model, RequestID: "probe", Key: 1 << 40, PrefixHashes: hashes})
+		p, ok := r.sims[0].Pick(&router.Pick{Model: model, RequestID: "probe", Key: 1 << 40, PrefixHashes: hashes})
 		if !ok || p.Err != nil {
 			t.Fatalf("probe pick: %+v", p)
 		}
-		r.sim.Release(p, router.OutcomeNone)
+		r.sims[0].Release(p, router.OutcomeNone)
 		return p.Reason
 	}
 	r.place(0, &router.Picked{WorkerID: "w0"})

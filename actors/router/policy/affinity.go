@@ -36,6 +36,7 @@ type Affinity struct {
 	stale   int     // points in ring that belong to removed members
 	n       int
 	total   int64 // sum of member loads, for the cap
+	peer    int64 // PeerLoader
 }
 
 type point struct {
@@ -160,7 +161,10 @@ func (p *Affinity) SetWeight(m *Member, weight int64) { m.weight = weight }
 func (p *Affinity) Len() int { return p.n }
 
 // Cap is the bounded-load cap ⌈c·(m+1)/n⌉ for the pool as it stands.
-func (p *Affinity) Cap() int64 { return boundedCap(p.c, p.total, p.n) }
+func (p *Affinity) Cap() int64 { return peerCap(p.c, p.total, p.peer, p.n) }
+
+// SetPeerLoad implements PeerLoader.
+func (p *Affinity) SetPeerLoad(peer int64) { p.peer = max(peer, 0) }
 
 // Pick implements Policy.
 func (p *Affinity) Pick(key uint64, exclude []string) (*Member, Reason) {

@@ -22,13 +22,36 @@ func boundedCap(c float64, total int64, n int) int64 {
 	return int64(math.Ceil(c * float64(total+1) / float64(n)))
 }
 
+// PeerLoader is a bounded-load policy told the load its members' engines carry beyond the
+// router's own picks (the gateway's other replicas', R23): peer is the pool's total of it.
+// The cap is then the pool's whole load's, ⌈c·(m+peer+1)/n⌉, and each member is taken to
+// carry an even share of peer, ⌊peer/n⌋, beside its own load: the members' order (who is
+// least loaded) stays this router's exact counts, which a stale report would only blur, and
+// the cap follows the engines' total, which moves slowly. peer 0 is the cap without replicas.
+type PeerLoader interface {
+	SetPeerLoad(peer int64)
+}
+
+// peerCap is the cap of PeerLoader for a pool of n members whose own loads sum to total and
+// whose engines report peer more.
+func peerCap(c float64, total, peer int64, n int) int64 {
+	if n == 0 {
+		return 0
+	}
+	return boundedCap(c, total+peer, n) - peer/int64(n)
+}
+
 // loadHeap is the half that prefix_aware and precise_prefix share: the members by (load, id)
 // and their total load, for the bounded-load cap.
 type loadHeap struct {
 	c     float64
 	h     mheap
 	total int64 // sum of member loads, for the cap
+	peer  int64 // PeerLoader
 }
+
+// SetPeerLoad implements PeerLoader.
+func (b *loadHeap) SetPeerLoad(peer int64) { b.peer = max(peer, 0) }
 
 func newLoadHeap(c float64) loadHeap { return loadHeap{c: loadFactor(c), h: mheap{less: less}} }
 
@@ -69,4 +92,4 @@ func (b *loadHeap) SetWeight(m *Member, weight int64) { m.weight = weight }
 func (b *loadHeap) Len() int { return b.h.len() }
 
 // Cap is the bounded-load cap ⌈c·(m+1)/n⌉ for the pool as it stands.
-func (b *loadHeap) Cap() int64 { return boundedCap(b.c, b.total, b.h.len()) }
+func (b *loadHeap) Cap() int64 { return peerCap(b.c, b.total, b.peer, b.h.len()) }

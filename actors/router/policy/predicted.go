@@ -109,6 +109,7 @@ const tokensPerChunk = prefixindex.ChunkBytes / 4
 type PredictedLatency struct {
 	c     float64
 	total int64
+	peer  int64    // PeerLoader
 	rows  []latRow // the members, densely, for the pick's scan; Member.row indexes it
 	byID  map[string]*Member
 	nums  []int32 // row+1 by the prefix index's worker number (a cache checked against the id)
@@ -228,7 +229,10 @@ func (p *PredictedLatency) SetWeight(m *Member, weight int64) { m.weight = weigh
 func (p *PredictedLatency) Len() int { return len(p.rows) }
 
 // Cap is the bounded-load cap ⌈c·(m+1)/n⌉ for the pool as it stands.
-func (p *PredictedLatency) Cap() int64 { return boundedCap(p.c, p.total, len(p.rows)) }
+func (p *PredictedLatency) Cap() int64 { return peerCap(p.c, p.total, p.peer, len(p.rows)) }
+
+// SetPeerLoad implements PeerLoader.
+func (p *PredictedLatency) SetPeerLoad(peer int64) { p.peer = max(peer, 0) }
 
 // Pick implements Policy. key is not read: the request arrives by SetLatencyRequest.
 func (p *PredictedLatency) Pick(_ uint64, exclude []string) (*Member, Reason) {
