@@ -46,6 +46,8 @@ type Config struct {
 	PrefixIndexBlocks int
 	// FallbackIndexBlocks: router.Config's (R22; 0 = off).
 	FallbackIndexBlocks int
+	// PeerLoad: router.Config's (R23: on with [cluster], whose replicas share the engines).
+	PeerLoad bool
 	// KVIndexBlocks bounds precise_prefix's exact index per worker (0 = its default).
 	KVIndexBlocks int
 	// WarmupMinBytes turns the router's prefix warm-ups on (router.Config; 0 = off).
@@ -113,8 +115,8 @@ func Start(cfg Config) (*Gateway, error) {
 		Policy: cfg.Policy, LoadFactor: cfg.LoadFactor, Routes: cfg.Routes, CanaryKey: cfg.CanaryKey,
 		Metrics: cfg.RouterMetrics, Logger: cfg.Logger.With("actor", "router"),
 		Admission: cfg.Admission, Clock: cfg.Clock, PrefixIndexBlocks: cfg.PrefixIndexBlocks,
-		FallbackIndexBlocks: cfg.FallbackIndexBlocks,
-		KVIndexBlocks:       cfg.KVIndexBlocks, WarmupMinBytes: cfg.WarmupMinBytes,
+		FallbackIndexBlocks: cfg.FallbackIndexBlocks, PeerLoad: cfg.PeerLoad,
+		KVIndexBlocks: cfg.KVIndexBlocks, WarmupMinBytes: cfg.WarmupMinBytes,
 		Outlier: cfg.Outlier, LoRALoadOnDemand: cfg.LoRALoadOnDemand, LoRAAdapters: cfg.LoRAAdapters,
 	}, opts("router")...)
 	if err != nil {

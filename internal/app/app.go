@@ -130,7 +130,10 @@ func Start(cfg *config.Config, o Options) (*App, error) {
 		// A request without token ids on a pool keyed by its engines' own events is picked
 		// on the approximate index (R22), turned on when such events first arrive.
 		FallbackIndexBlocks: fallbackIndexBlocks(cfg),
-		Outlier:             g.Outlier,
+		// Replicas share the engines: a worker's load counts the others' requests its engine
+		// reports (R23; measured in tlgw simulate --replicas, docs/simulate.md "Replicas").
+		PeerLoad: cfg.Cluster.Enabled,
+		Outlier:  g.Outlier,
 		// An evicted registration's gRPC connections are closed (R13.4, R20): nothing dials it
 		// any more; another registration's at the same address stay.
 		OnEvict: func(info router.WorkerInfo) {
