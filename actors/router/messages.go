@@ -444,6 +444,9 @@ type WorkerView struct {
 	Unreachable bool
 	// FailLoad is the load its recent failures add (R19), decaying; not part of InFlight.
 	FailLoad int64
+	// ReplicasInFlight is the other replicas' requests on it as they last shared them (R23);
+	// not part of InFlight, which is this replica's own.
+	ReplicasInFlight int64
 	// TTFT is the worker's predicted_latency model (R18.2), nil before its first observation.
 	TTFT *TTFTModelView
 }

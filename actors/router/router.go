@@ -241,6 +241,16 @@ func (st *state) handle(msg any, fx effects) {
 			default:
 			}
 		}
+	case *ReplicaLoad:
+		if st.view.replicaLoad(m) {
+			st.adm.wakeAll(fx)
+		}
+	case *ForgetReplica:
+		if st.view.forgetReplica(m.Replica) {
+			st.adm.wakeAll(fx)
+		}
+	case *GetOwnLoad:
+		fx.respond(st.view.ownLoad())
 	case *Finished:
 		st.adm.finished(m, fx)
 	case *WarmupSent:

@@ -307,3 +307,14 @@ func (s *Sim) RenderTarget(m *RenderTarget) *RenderTargetReply {
 	s.reply = nil
 	return r
 }
+
+// ReplicaLoad hands the router another replica's load table (R23).
+func (s *Sim) ReplicaLoad(m *ReplicaLoad) { s.deliver(m) }
+
+// OwnLoad is the router's own table for the other replicas.
+func (s *Sim) OwnLoad() *OwnLoad {
+	s.deliver(&GetOwnLoad{})
+	r, _ := s.reply.(*OwnLoad)
+	s.reply = nil
+	return r
+}

@@ -42,6 +42,9 @@ type slot struct {
 	// own in flight, as of its last heartbeat or scrape — the other replicas' load on it;
 	// peerIn is how much of it its pool counts (pool.peer).
 	peer, peerIn int64
+	// others is the other replicas' requests on it, as their last tables told (replicas.go):
+	// part of its load.
+	others int64
 	// R22: the block size of the engine's own KV events (0 = none seen): a request's token ids
 	// are cut by it for the router's block keys.
 	kvBlockSize int
@@ -62,8 +65,9 @@ type slot struct {
 
 func (s *slot) inFlight() int64 { return s.reported + int64(s.acqSent-s.acqSeen) }
 
-// load is what load-based policies read: in flight, the engine's queue, and recent failures.
-func (s *slot) load() int64 { return s.inFlight() + s.info.QueueDepth + s.failLoad }
+// load is what load-based policies read: in flight (this replica's and, shared, the other
+// replicas'), the engine's queue, and recent failures.
+func (s *slot) load() int64 { return s.inFlight() + s.others + s.info.QueueDepth + s.failLoad }
 
 func (s *slot) routable() bool {
 	return s.live && !s.info.SelfDraining() && !s.info.AdminDrained && !s.ej.on && !s.unreachable
@@ -201,8 +205,9 @@ type workerView struct {
 	lastMissing  bool
 	// onDemand is [[gateway.lora_adapters]] by name when lora_load_on_demand is on (nil: off).
 	onDemand    map[string]*config.LoRAAdapter
-	loraUnaware bool // Config.LoRAUnaware: the simulator's baseline
-	peerLoad    bool // Config.PeerLoad
+	loraUnaware bool        // Config.LoRAUnaware: the simulator's baseline
+	peerLoad    bool        // Config.PeerLoad
+	share       shareTables // the other replicas' load tables (replicas.go)
 }
 
 func newWorkerView(cfg Config, clk clock.Clock) *workerView {
@@ -475,9 +480,10 @@ func (v *workerView) workerState(m *WorkerState, fx effects) bool {
 	}
 	if v.peerLoad {
 		// The engine's count holds this router's requests too (and, late, some that ended
-		// since it counted): what it reports beyond them is the other replicas'. Both are
-		// bounded by the report's validation of running and queue depth.
-		s.peer = max(0, s.info.Running+s.info.QueueDepth-s.inFlight())
+		// since it counted), and those the other replicas told of: what it reports beyond
+		// them is load no table explains (a replica that shares nothing). All are bounded by
+		// the report's validation of running and queue depth and by the tables' bounds.
+		s.peer = max(0, s.info.Running+s.info.QueueDepth-s.inFlight()-s.others)
 	}
 	if s.live {
 		v.models[s.info.Model]++
@@ -578,6 +584,7 @@ func (v *workerView) remove(s *slot) {
 	}
 	delete(v.slots, s.info.ID)
 	delete(v.byPID, s.pid.Id)
+	v.forgetShared(s.info.ID)
 	if v.pidx != nil {
 		v.pidx.Forget(s.info.ID)
 	}
@@ -610,7 +617,7 @@ func (v *workerView) list(epoch uint64) *WorkerList {
 			continue // evicted (R1): no longer listed
 		}
 		wv := WorkerView{Info: s.info, InFlight: s.inFlight(), Routable: s.routable(), Unreachable: s.unreachable,
-			FailLoad: s.failLoad}
+			FailLoad: s.failLoad, ReplicasInFlight: s.others}
 		if s.ej.on {
 			wv.EjectedUntil, wv.EjectionReason = s.ej.until, s.ej.reason.String()
 		}

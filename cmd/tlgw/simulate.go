@@ -58,6 +58,7 @@ func runSimulate(args []string, stdout, stderr io.Writer) int {
 	kvGap := fs.Float64("kv-gap", 0, fmt.Sprintf("--kv-events vllm: the fraction of event batches lost on their way (0 to %v)", fleet.MaxKVGap))
 	kvReplay := fs.Bool("kv-replay", false, "--kv-events vllm: the gateway replays a gap's lost batches from the engine (else it keeps the worker's entries)")
 	replicas := fs.String("replicas", "1", fmt.Sprintf("gateway replicas in front of the fleet (1 to %d), each a router of its own; a comma-separated list runs each", fleet.MaxReplicas))
+	loadShare := fs.Duration("load-share", 100*time.Millisecond, fmt.Sprintf("--replicas over 1: how often each replica tells the others its in-flight requests per worker (0: they share nothing; else %v to %v)", fleet.MinLoadShare, fleet.MaxReportDelay))
 	reportDelay := fs.Duration("report-delay", 0, fmt.Sprintf("how long an engine's heartbeat or KV event message takes to reach the replicas (0 to %v)", fleet.MaxReportDelay))
 	peerLoad := fs.Bool("peer-load", true, "--replicas over 1: each replica counts the load its engines report beyond its own requests (false: blind to the other replicas' but for the engines' queues)")
 	if err := fs.Parse(args); err != nil {
@@ -112,6 +113,8 @@ func runSimulate(args []string, stdout, stderr io.Writer) int {
 		return bad("--kv-gap must be a fraction of batches from 0 to %v, got %v", fleet.MaxKVGap, *kvGap)
 	case len(reps) == 0:
 		return bad("--replicas must be 1 to %d (or a comma-separated list of such), got %q", fleet.MaxReplicas, *replicas)
+	case *loadShare != 0 && (*loadShare < fleet.MinLoadShare || *loadShare > fleet.MaxReportDelay):
+		return bad("--load-share must be 0 or %v to %v, got %v", fleet.MinLoadShare, fleet.MaxReportDelay, *loadShare)
 	case *reportDelay < 0 || *reportDelay > fleet.MaxReportDelay:
 		return bad("--report-delay must be 0 to %v, got %v", fleet.MaxReportDelay, *reportDelay)
 	}
@@ -142,7 +145,8 @@ func runSimulate(args []string, stdout, stderr io.Writer) int {
 	o := fleet.Options{Trace: *trace, Workers: *workers, Requests: *requests, Load: loads[0], Policies: pols,
 		Seed: *seed, Heterogeneous: *hetero, SLOTTFT: time.Duration(*slo * float64(time.Millisecond)),
 		RestartEvery: *restartEvery, LoadFactor: *loadFactor, Admission: *adm, WarmupMinBytes: *warmMin,
-		KVEvents: *kvEvents, KVGap: *kvGap, KVReplay: *kvReplay, ReportDelay: *reportDelay, NoPeerLoad: !*peerLoad}
+		KVEvents: *kvEvents, KVGap: *kvGap, KVReplay: *kvReplay, ReportDelay: *reportDelay, NoPeerLoad: !*peerLoad,
+		LoadShare: *loadShare}
 	if *warmMin == 0 {
 		o.WarmupMinBytes = -1
 	}

@@ -106,9 +106,13 @@ type Options struct {
 	// With more than one replica each router counts the load its engines report beyond its own
 	// picks (router.Config.PeerLoad) unless NoPeerLoad: the design before replicas were
 	// measured, each replica blind to the others' requests but for the engines' queues.
+	// LoadShare is how often each replica tells the others its own in-flight counts per worker
+	// (router.ReplicaLoad, as adapters/replicaload does; 0: they share nothing), MinLoadShare to
+	// MaxReportDelay.
 	Replicas    int
 	ReportDelay time.Duration
 	NoPeerLoad  bool
+	LoadShare   time.Duration
 	// audit: tests check the engine model as the run goes (audit.go).
 	audit bool
 }
@@ -154,6 +158,8 @@ type Result struct {
 	// the engines' reports' delay when not 0.
 	Replicas      int     `json:"replicas,omitempty"`
 	ReportDelayMs float64 `json:"report_delay_ms,omitempty"`
+	// LoadShareMs is how often the replicas shared their load when they did (Options.LoadShare).
+	LoadShareMs float64 `json:"load_share_ms,omitempty"`
 }
 
 // Report is a simulation's output: {"results": [...]}, one per policy in the order asked.
@@ -266,6 +272,8 @@ func (o *Options) defaults() error {
 		return fmt.Errorf("replicas must be 1 to %d, got %d", MaxReplicas, o.Replicas)
 	case o.ReportDelay < 0 || o.ReportDelay > MaxReportDelay:
 		return fmt.Errorf("the report delay must be 0 to %v, got %v", MaxReportDelay, o.ReportDelay)
+	case o.LoadShare != 0 && (o.LoadShare < MinLoadShare || o.LoadShare > MaxReportDelay):
+		return fmt.Errorf("the load share interval must be 0 or %v to %v, got %v", MinLoadShare, MaxReportDelay, o.LoadShare)
 	}
 	for _, p := range o.Policies {
 		switch {
@@ -360,6 +368,9 @@ func Run(o Options) (*Report, error) {
 				out.Results[i].Replicas = o.Replicas
 			}
 			out.Results[i].ReportDelayMs = float64(o.ReportDelay) / float64(time.Millisecond)
+			if o.Replicas > 1 {
+				out.Results[i].LoadShareMs = float64(o.LoadShare) / float64(time.Millisecond)
+			}
 			if res.SimSeconds > 0 {
 				out.Results[i].OfferedRPS = round(rate, 2)
 			}
@@ -396,10 +407,12 @@ const (
 	evDone          // idx: the request
 	evBeat          // idx: the engine
 	evSample
-	evRestart  // idx: the engine
-	evFirst    // idx: the request; its first token, which predicted_latency's router hears of
-	evWarmDone // idx: the warm-up (warm.go)
-	evReport   // the oldest report on its way reaches the replicas (replicas.go)
+	evRestart     // idx: the engine
+	evFirst       // idx: the request; its first token, which predicted_latency's router hears of
+	evWarmDone    // idx: the warm-up (warm.go)
+	evReport      // the oldest report on its way reaches the replicas (replicas.go)
+	evShare       // idx: the replica; it sends its load table to the others (replicas.go)
+	evShareArrive // the oldest load table on its way reaches the other replicas
 )
 
 type event struct {
@@ -494,6 +507,10 @@ type runner struct {
 	// (replicas.go): one Options.ReportDelay's worth.
 	pending  []report
 	pendHead int
+	// shares is the replicas' load tables on their way to the others from shareHead on
+	// (replicas.go): at most one per replica (shareTransit is far below an interval).
+	shares    []share
+	shareHead int
 
 	toks   []uint32     // scratch: a prompt's tokens
 	body   []byte       // scratch: a request body
@@ -579,6 +596,12 @@ func runPolicy(o *Options, ms []EngineModel, tr *trace, arrivals []int64, pol st
 		r.q.push(int64(o.Heartbeat)*int64(i+1)/int64(len(ms)), evBeat, int32(i))
 	}
 	r.q.push(arrivals[0], evArrive, 0)
+	if len(r.sims) > 1 && o.LoadShare > 0 {
+		for k := range r.sims {
+			// The replicas' ticks are spread over the interval, as independent processes' are.
+			r.q.push(int64(o.LoadShare)*int64(k+1)/int64(len(r.sims)), evShare, int32(k))
+		}
+	}
 	if o.RestartEvery > 0 {
 		r.q.push(int64(o.RestartEvery), evRestart, 0)
 	}
@@ -615,6 +638,13 @@ func runPolicy(o *Options, ms []EngineModel, tr *trace, arrivals []int64, pol st
 			}
 		case evReport:
 			r.reportArrived()
+		case evShare:
+			if r.busy() {
+				r.share(ev.idx)
+				r.q.push(r.now+int64(o.LoadShare), evShare, ev.idx)
+			}
+		case evShareArrive:
+			r.shareArrived()
 		case evSample:
 			r.sample()
 			if r.arrived < len(arrivals) {

@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/tlgw/tlgw/actors/router"
@@ -32,6 +33,42 @@ const MaxReportDelay = 10 * time.Second
 type report struct {
 	info router.WorkerInfo
 	kv   *router.KVEvents
+}
+
+// MinLoadShare bounds Options.LoadShare from below (the product's bound, config's
+// load_share_interval).
+const MinLoadShare = 10 * time.Millisecond
+
+// shareTransit is how long a replica's load table takes to reach the others: one message over
+// the cluster's network, far below the interval.
+const shareTransit = int64(time.Millisecond)
+
+// share is one replica's load table on its way to the others.
+type share struct {
+	from  int
+	table *router.ReplicaLoad
+}
+
+// share sends replica k's own load table to the others (they receive it shareTransit later).
+func (r *runner) share(k int32) {
+	own := r.sims[k].OwnLoad()
+	r.shares = append(r.shares, share{from: int(k), table: &router.ReplicaLoad{Replica: strconv.Itoa(int(k)), Loads: own.Loads}})
+	r.q.push(r.now+shareTransit, evShareArrive, 0)
+}
+
+// shareArrived delivers the oldest load table on its way to every replica but its sender.
+func (r *runner) shareArrived() {
+	sh := r.shares[r.shareHead]
+	r.shares[r.shareHead] = share{}
+	r.shareHead++
+	if r.shareHead == len(r.shares) {
+		r.shares, r.shareHead = r.shares[:0], 0
+	}
+	for k, s := range r.sims {
+		if k != sh.from {
+			s.ReplicaLoad(sh.table)
+		}
+	}
 }
 
 // routerOf is the replica that serves request i.

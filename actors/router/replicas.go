@@ -1,0 +1,150 @@
+package router
+
+import (
+	"cmp"
+	"slices"
+)
+
+// Load sharing between the gateway's replicas (R23). Each replica's worker actors count its
+// own requests only; a router that picked by them alone would let every replica fill the same
+// holder of a hot prefix up to the bounded-load cap, none seeing the others' requests until the
+// engine's next report. So the replicas tell one another their own in-flight counts per worker
+// (adapters/replicaload, about every 100 ms): a router counts what each other replica last told
+// it in that worker's load (slot.others), beside its own exact count, and its policies order and
+// cap by the sum, as one router in front of the whole fleet would. What the engine reports
+// beyond both (a replica that shares nothing, requests from elsewhere) stays the peer load of
+// Config.PeerLoad.
+//
+// A replica's table replaces its previous one whole (an id it no longer names is 0 there); its
+// end (the stream closed, the replica gone) forgets it. Tables name workers by id; an id this
+// router does not know is skipped (not kept: a worker that registers later starts at 0 and
+// gets the replica's count with its next table, at most a share interval later).
+
+// MaxShareReplicas bounds the other replicas whose tables a router keeps (as the cluster
+// follows at most 64 replicas); a table from one more is dropped and counted.
+const MaxShareReplicas = 64
+
+// maxShareInFlight bounds one count of a table (a replica's requests on one worker).
+const maxShareInFlight = 1 << 20
+
+// WorkerLoad is one worker's in-flight requests at one replica.
+type WorkerLoad struct {
+	ID       string
+	InFlight int64
+}
+
+// ReplicaLoad is another replica's whole table: its in-flight requests per worker (the
+// workers it does not name have none of its). Answered with nothing.
+type ReplicaLoad struct {
+	Replica string
+	Loads   []WorkerLoad
+}
+
+// ForgetReplica drops another replica's table: its counts no longer hold (its stream ended).
+type ForgetReplica struct{ Replica string }
+
+// GetOwnLoad asks for this router's own in-flight requests per worker, the table it shares
+// with the other replicas: answered with *OwnLoad.
+type GetOwnLoad struct{}
+
+// OwnLoad is this router's own in-flight requests on each worker that has any, sorted by id.
+type OwnLoad struct{ Loads []WorkerLoad }
+
+// replicaTable is the counts one other replica last told: worker id → its in-flight requests
+// there, only ids of workers this router knows (bounded by them); spare is the previous
+// table's map, cleared and reused for the next.
+type replicaTable struct {
+	counts, spare map[string]int64
+}
+
+// shareTables is the other replicas' tables by replica name, at most MaxShareReplicas.
+type shareTables struct {
+	by      map[string]*replicaTable
+	dropped uint64 // tables refused over MaxShareReplicas
+}
+
+// replicaLoad applies one replica's table; it reports whether some worker's load fell (room may
+// have freed for the admission queue).
+func (v *workerView) replicaLoad(m *ReplicaLoad) (fell bool) {
+	t := v.share.by[m.Replica]
+	if t == nil {
+		if len(v.share.by) >= MaxShareReplicas {
+			v.share.dropped++
+			return false
+		}
+		if v.share.by == nil {
+			v.share.by = make(map[string]*replicaTable)
+		}
+		t = &replicaTable{counts: make(map[string]int64)}
+		v.share.by[m.Replica] = t
+	}
+	next := t.spare
+	if next == nil {
+		next = make(map[string]int64, len(m.Loads))
+	}
+	for _, l := range m.Loads {
+		if l.InFlight <= 0 {
+			continue
+		}
+		if s := v.slots[l.ID]; s != nil && s.live {
+			next[l.ID] = min(l.InFlight, maxShareInFlight) // a repeated id: its last count
+		}
+	}
+	for id, old := range t.counts {
+		if _, ok := next[id]; !ok {
+			fell = v.addOthers(v.slots[id], -old) || fell
+		}
+	}
+	for id, n := range next {
+		fell = v.addOthers(v.slots[id], n-t.counts[id]) || fell
+	}
+	clear(t.counts)
+	t.counts, t.spare = next, t.counts
+	return fell
+}
+
+// forgetReplica drops a replica's table; it reports whether some worker's load fell.
+func (v *workerView) forgetReplica(name string) (fell bool) {
+	t := v.share.by[name]
+	if t == nil {
+		return false
+	}
+	for id, n := range t.counts {
+		fell = v.addOthers(v.slots[id], -n) || fell
+	}
+	delete(v.share.by, name)
+	return fell
+}
+
+// addOthers moves slot s's count of the other replicas' requests by d; it reports whether its
+// load fell.
+func (v *workerView) addOthers(s *slot, d int64) bool {
+	if s == nil || d == 0 {
+		return false
+	}
+	s.others += d
+	if s.pool != nil {
+		s.pool.p.SetLoad(&s.member, s.load())
+	}
+	return d < 0
+}
+
+// forgetShared takes a removed worker out of every replica's table, so a worker registering
+// later under its id starts at 0.
+func (v *workerView) forgetShared(id string) {
+	for _, t := range v.share.by {
+		delete(t.counts, id)
+	}
+}
+
+// ownLoad is this router's table for the other replicas.
+func (v *workerView) ownLoad() *OwnLoad {
+	out := &OwnLoad{}
+	for id, s := range v.slots {
+		if n := s.inFlight(); n > 0 && s.live {
+			out.Loads = append(out.Loads, WorkerLoad{ID: id, InFlight: n})
+		}
+	}
+	slices.SortFunc(out.Loads, func(a, b WorkerLoad) int { return cmp.Compare(a.ID, b.ID) })
+	return out
+}
