@@ -29,7 +29,22 @@ type Cluster struct {
 	Username    string
 	Password    string `json:"-"`
 	PasswordEnv string
+	// LoadShareInterval is how often this replica tells the others its in-flight requests per
+	// worker over their registry ports (R23, adapters/replicaload); 0 turns sharing off.
+	LoadShareInterval time.Duration
+	// AdvertiseAddress is the registry host:port the other replicas dial for load sharing ("" =
+	// registry_listen when it names a host, else this host's first non-loopback address at its
+	// port, resolved at start).
+	AdvertiseAddress string
 }
+
+// Load sharing bounds: a table every MinLoadShare at most often, every MaxLoadShare at least
+// (past that the counts are too old to route by).
+const (
+	DefaultLoadShare = 100 * time.Millisecond
+	MinLoadShare     = 10 * time.Millisecond
+	MaxLoadShare     = 10 * time.Second
+)
 
 // TLS reports whether the etcd connection uses TLS.
 func (c *Cluster) TLS() bool { return c.TLSCA != "" || c.TLSCert != "" }
@@ -37,7 +52,9 @@ func (c *Cluster) TLS() bool { return c.TLSCA != "" || c.TLSCert != "" }
 // MaxReplicaIDLen bounds a replica id: it is part of an etcd key and of the replicas view.
 const MaxReplicaIDLen = 128
 
-func defaultCluster() Cluster { return Cluster{Prefix: "/tlgw/", LeaseTTL: 10 * time.Second} }
+func defaultCluster() Cluster {
+	return Cluster{Prefix: "/tlgw/", LeaseTTL: 10 * time.Second, LoadShareInterval: DefaultLoadShare}
+}
 
 type fileCluster struct {
 	EtcdEndpoints []string `json:"etcd_endpoints"`
@@ -49,6 +66,8 @@ type fileCluster struct {
 	TLSKey        *string  `json:"tls_key"`
 	Username      *string  `json:"username"`
 	PasswordEnv   *string  `json:"password_env"`
+	LoadShare     *string  `json:"load_share_interval"`
+	Advertise     *string  `json:"advertise_address"`
 }
 
 func (fc *fileCluster) apply(c *Cluster, getenv func(string) string, ps *problems) {
@@ -84,6 +103,18 @@ func (fc *fileCluster) apply(c *Cluster, getenv func(string) string, ps *problem
 	setIf(&c.TLSKey, fc.TLSKey)
 	if (c.TLSCert == "") != (c.TLSKey == "") {
 		ps.add(base.with(key("tls_key")), "tls_cert and tls_key go together; give both or neither")
+	}
+	if fc.LoadShare != nil {
+		d, err := time.ParseDuration(*fc.LoadShare)
+		if err != nil || (d != 0 && (d < MinLoadShare || d > MaxLoadShare)) {
+			ps.add(base.with(key("load_share_interval")), "%q must be a duration, 0 (off) or %v to %v", *fc.LoadShare, MinLoadShare, MaxLoadShare)
+		} else {
+			c.LoadShareInterval = d
+		}
+	}
+	setIf(&c.AdvertiseAddress, fc.Advertise)
+	if fc.Advertise != nil && !validHostPort(c.AdvertiseAddress) {
+		ps.add(base.with(key("advertise_address")), "%q is not host:port", c.AdvertiseAddress)
 	}
 	setIf(&c.Username, fc.Username)
 	switch {

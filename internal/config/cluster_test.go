@@ -11,7 +11,8 @@ func TestClusterAbsentIsOneProcess(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.Cluster.Enabled || cfg.Cluster.Prefix != "/tlgw/" || cfg.Cluster.LeaseTTL != 10*time.Second {
+	if cfg.Cluster.Enabled || cfg.Cluster.Prefix != "/tlgw/" || cfg.Cluster.LeaseTTL != 10*time.Second ||
+		cfg.Cluster.LoadShareInterval != 100*time.Millisecond || cfg.Cluster.AdvertiseAddress != "" {
 		t.Fatalf("cluster %+v", cfg.Cluster)
 	}
 }
@@ -29,6 +30,8 @@ tls_cert = "/etc/etcd/client.pem"
 tls_key = "/etc/etcd/client-key.pem"
 username = "tlgw"
 password_env = "ETCD_PW"
+load_share_interval = "250ms"
+advertise_address = "10.0.0.7:50051"
 `), func(k string) string { return env[k] })
 	if err != nil {
 		t.Fatal(err)
@@ -36,8 +39,15 @@ password_env = "ETCD_PW"
 	c := cfg.Cluster
 	if !c.Enabled || len(c.EtcdEndpoints) != 2 || c.EtcdEndpoints[1] != "etcd-1.internal:2379" || c.Prefix != "/prod/tlgw/" ||
 		c.ReplicaID != "gw-0:8080" || c.LeaseTTL != 5*time.Second || !c.TLS() || c.TLSKey != "/etc/etcd/client-key.pem" ||
-		c.Username != "tlgw" || c.Password != "s3cret" || c.PasswordEnv != "ETCD_PW" {
+		c.Username != "tlgw" || c.Password != "s3cret" || c.PasswordEnv != "ETCD_PW" ||
+		c.LoadShareInterval != 250*time.Millisecond || c.AdvertiseAddress != "10.0.0.7:50051" {
 		t.Fatalf("cluster %+v", c)
+	}
+	for v, want := range map[string]time.Duration{"0s": 0, "10ms": 10 * time.Millisecond, "10s": 10 * time.Second} {
+		cfg, err := Parse([]byte("[cluster]\netcd_endpoints=['e:1']\nload_share_interval='"+v+"'\n"), nil)
+		if err != nil || cfg.Cluster.LoadShareInterval != want {
+			t.Fatalf("load_share_interval %s: %v, %v", v, err, cfg)
+		}
 	}
 }
 
@@ -58,6 +68,12 @@ func TestClusterTableProblems(t *testing.T) {
 		"ttl long":          {"[cluster]\netcd_endpoints=['e:1']\nlease_ttl='2h'\n", "cluster.lease_ttl"},
 		"ttl bad":           {"[cluster]\netcd_endpoints=['e:1']\nlease_ttl='soon'\n", "cluster.lease_ttl"},
 		"cert no key":       {"[cluster]\netcd_endpoints=['e:1']\ntls_cert='c.pem'\n", "cluster.tls_key"},
+		"share short":       {"[cluster]\netcd_endpoints=['e:1']\nload_share_interval='9ms'\n", "cluster.load_share_interval"},
+		"share long":        {"[cluster]\netcd_endpoints=['e:1']\nload_share_interval='11s'\n", "cluster.load_share_interval"},
+		"share negative":    {"[cluster]\netcd_endpoints=['e:1']\nload_share_interval='-1s'\n", "cluster.load_share_interval"},
+		"share bad":         {"[cluster]\netcd_endpoints=['e:1']\nload_share_interval='often'\n", "cluster.load_share_interval"},
+		"advertise no port": {"[cluster]\netcd_endpoints=['e:1']\nadvertise_address='10.0.0.7'\n", "cluster.advertise_address"},
+		"advertise empty":   {"[cluster]\netcd_endpoints=['e:1']\nadvertise_address=''\n", "cluster.advertise_address"},
 		"user no password":  {"[cluster]\netcd_endpoints=['e:1']\nusername='u'\n", "cluster.password_env"},
 		"password no user":  {"[cluster]\netcd_endpoints=['e:1']\npassword_env='P'\n", "cluster.username"},
 		"password unset":    {"[cluster]\netcd_endpoints=['e:1']\nusername='u'\npassword_env='UNSET'\n", "cluster.password_env"},
