@@ -3,6 +3,8 @@ package router
 import (
 	"cmp"
 	"slices"
+
+	"github.com/cespare/xxhash/v2"
 )
 
 // Load sharing between the gateway's replicas (R23). Each replica's worker actors count its
@@ -124,7 +126,7 @@ func (v *workerView) addOthers(s *slot, d int64) bool {
 	}
 	s.others += d
 	if s.pool != nil {
-		s.pool.p.SetLoad(&s.member, s.load())
+		s.pool.p.SetLoad(&s.member, s.pool.memberLoad(s))
 	}
 	return d < 0
 }
@@ -135,6 +137,21 @@ func (v *workerView) forgetShared(id string) {
 	for _, t := range v.share.by {
 		delete(t.counts, id)
 	}
+}
+
+// tieKey is a member's policy.Member.Tie: 0 without a salt (id order), else a hash of its id
+// mixed with the salt (never 0, so a salted order never falls back to ids but on a collision).
+func tieKey(salt uint64, id string) uint64 {
+	if salt == 0 {
+		return 0
+	}
+	x := xxhash.Sum64String(id) ^ salt
+	x ^= x >> 33 // a 64-bit finaliser: every salt bit moves every output bit
+	x *= 0xff51afd7ed558ccd
+	x ^= x >> 33
+	x *= 0xc4ceb9fe1a85ec53
+	x ^= x >> 33
+	return x | 1
 }
 
 // ownLoad is this router's table for the other replicas.

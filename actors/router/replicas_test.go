@@ -21,7 +21,7 @@ func (r *rig) ownLoadOf() []WorkerLoad {
 // The other replicas' tables count in a worker's load: picks go where the fleet's whole load is
 // least, a newer table replaces the older whole, and a forgotten replica counts no more.
 func TestReplicaTablesCountInTheLoad(t *testing.T) {
-	r := newRig(t, Config{})
+	r := newRig(t, Config{Policy: "precise_prefix"}) // a bounded-load policy; no prefix: by load
 	r.join("a", "smol", 0)
 	r.join("b", "smol", 0)
 	pickOne := func() string {
@@ -56,6 +56,62 @@ func TestReplicaTablesCountInTheLoad(t *testing.T) {
 	ws := r.st.view.list(0).Workers
 	if ws[1].Info.ID != "b" || ws[1].ReplicasInFlight != 1 || ws[1].InFlight != 0 {
 		t.Fatalf("listing: %+v", ws[1])
+	}
+}
+
+// least_outstanding orders by this replica's own requests (and the engines' queues), not the
+// shared counts, which every replica holds alike between shares; the admission threshold still
+// sees the whole load.
+func TestLeastOutstandingOrdersByItsOwn(t *testing.T) {
+	r := newRig(t, Config{Admission: admissionCfg(nil, 4)})
+	r.join("a", "smol", 0)
+	r.join("b", "smol", 0)
+	r.deliver(nil, &ReplicaLoad{Replica: "r2", Loads: []WorkerLoad{{ID: "a", InFlight: 3}}})
+	q := r.newRequester()
+	q.pick("x", "smol", "")
+	p := q.picked()
+	if p.WorkerID != "a" {
+		t.Fatalf("picked %s, want a (own loads 0 and 0, ties by id)", p.WorkerID)
+	}
+	if s := r.st.view.slots["a"]; s.member.Load() != 1 || s.load() != 4 || !r.st.adm.full(s) {
+		t.Fatalf("a: policy load %d, load %d, full %v; want 1, 4, full", s.member.Load(), s.load(), r.st.adm.full(s))
+	}
+	q.release(p)
+}
+
+// Salted ties: equally loaded members are ordered by a hash of their ids that differs between
+// salts (replicas), and by id without a salt.
+func TestTieKeys(t *testing.T) {
+	if tieKey(0, "a") != 0 || tieKey(0, "b") != 0 {
+		t.Fatal("no salt: ties by id")
+	}
+	ids := make([]string, 64)
+	for i := range ids {
+		ids[i] = fmt.Sprint("w", i)
+	}
+	first := func(salt uint64) string {
+		best := ids[0]
+		for _, id := range ids[1:] {
+			if tieKey(salt, id) < tieKey(salt, best) {
+				best = id
+			}
+		}
+		return best
+	}
+	seen := map[string]bool{}
+	for salt := uint64(1); salt <= 8; salt++ {
+		if tieKey(salt, "w1") == 0 || tieKey(salt, "w1") != tieKey(salt, "w1") {
+			t.Fatal("a salted key is 0 or not stable")
+		}
+		seen[first(salt)] = true
+	}
+	if len(seen) < 5 {
+		t.Fatalf("8 salts put only %d distinct members first among 64", len(seen))
+	}
+	r := newRig(t, Config{TieSalt: 7})
+	r.join("a", "smol", 0)
+	if s := r.st.view.slots["a"]; s.member.Tie != tieKey(7, "a") {
+		t.Fatalf("a's tie %d, want %d", s.member.Tie, tieKey(7, "a"))
 	}
 }
 
@@ -107,7 +163,7 @@ func TestReplicaTablesBounds(t *testing.T) {
 
 // The router's own table lists its own in-flight requests (not the other replicas'), by id.
 func TestOwnLoadTable(t *testing.T) {
-	r := newRig(t, Config{})
+	r := newRig(t, Config{Policy: "precise_prefix"})
 	for _, id := range []string{"c", "a", "b"} {
 		r.join(id, "smol", 0)
 	}

@@ -68,6 +68,9 @@ type Config struct {
 	// which share the engines (R23). Off, a worker's load is this router's in-flight count and
 	// the engine's queue, as with one gateway.
 	PeerLoad bool
+	// TieSalt, when not 0, orders equally loaded workers by a hash of their id salted with it
+	// (policy.Member.Tie) instead of by id: each replica of a gateway gets its own (R23).
+	TieSalt uint64
 }
 
 // state survives restarts of the router actor: a panic while handling one message must not

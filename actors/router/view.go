@@ -115,6 +115,22 @@ type pool struct {
 	// none seen): a pick's token ids are cut by it into the router's block keys. A pool whose
 	// engines use two block sizes takes the last one reported.
 	kvBlockSize int
+	// ownOrder: its policy orders members without the other replicas' requests (slot.others),
+	// by this router's own and the engines' queues: a policy that is not a bounded-load one
+	// (least_outstanding) picks the least loaded member outright, and were the order the
+	// shared counts — the same on every replica between two shares — every replica would send
+	// to the same members until the next share (8 replicas over 1,000 engines: p99 7.8× one
+	// replica's). Each replica balancing its own requests balances their sum. Bounded-load
+	// policies (policy.PeerLoader) count them: their cap must see a holder's whole load.
+	ownOrder bool
+}
+
+// memberLoad is s's load as pool pl's policy reads it.
+func (pl *pool) memberLoad(s *slot) int64 {
+	if pl.ownOrder {
+		return s.load() - s.others
+	}
+	return s.load()
 }
 
 // countKV counts member s in kvMembers while it reports kv_events.
@@ -208,6 +224,7 @@ type workerView struct {
 	loraUnaware bool        // Config.LoRAUnaware: the simulator's baseline
 	peerLoad    bool        // Config.PeerLoad
 	share       shareTables // the other replicas' load tables (replicas.go)
+	tieSalt     uint64      // Config.TieSalt
 }
 
 func newWorkerView(cfg Config, clk clock.Clock) *workerView {
@@ -224,6 +241,7 @@ func newWorkerView(cfg Config, clk clock.Clock) *workerView {
 		warmMin:   warmMinChunks(cfg.WarmupMinBytes), warmCredit: warmBurst * warmPicks,
 		warmups: cfg.Metrics.warmups, loraUnaware: cfg.LoRAUnaware, fallbackBlocks: cfg.FallbackIndexBlocks,
 		peerLoad: cfg.PeerLoad,
+		tieSalt:  cfg.TieSalt,
 	}
 	if cfg.PrefixIndexBlocks > 0 {
 		v.pidx = prefixindex.New(cfg.PrefixIndexBlocks)
@@ -408,7 +426,7 @@ func (v *workerView) reserve(s *slot, requester *actor.PID, fx effects) uint64 {
 	s.acqSent++
 	fx.send(s.pid, &Acquire{Ticket: v.ticket, Requester: requester})
 	if s.pool != nil {
-		s.pool.p.SetLoad(&s.member, s.load())
+		s.pool.p.SetLoad(&s.member, s.pool.memberLoad(s))
 	}
 	return v.ticket
 }
@@ -423,7 +441,7 @@ func (v *workerView) loadReport(m *LoadReport) bool {
 	before := s.load()
 	s.reported, s.acqSeen, s.failLoad = m.InFlight, m.AcqSeen, m.FailLoad
 	if s.pool != nil {
-		s.pool.p.SetLoad(&s.member, s.load())
+		s.pool.p.SetLoad(&s.member, s.pool.memberLoad(s))
 	}
 	return s.load() < before
 }
@@ -449,6 +467,7 @@ func (v *workerView) workerState(m *WorkerState, fx effects) bool {
 		}
 		s = &slot{pid: m.PID}
 		s.member.ID = m.Info.ID
+		s.member.Tie = tieKey(v.tieSalt, m.Info.ID)
 		s.member.Ref = s
 		v.slots[m.Info.ID] = s
 		v.byPID[m.PID.Id] = s
@@ -492,7 +511,7 @@ func (v *workerView) workerState(m *WorkerState, fx effects) bool {
 		// Still routable in the same pool (every heartbeat): update in place, so the policy
 		// keeps its state (round robin counters, ring position).
 		prev.p.SetWeight(&s.member, s.info.KVTotalBlocks)
-		prev.p.SetLoad(&s.member, s.load())
+		prev.p.SetLoad(&s.member, prev.memberLoad(s))
 		prev.setPeer(s, s.peer)
 		prev.countKV(s)
 		prev.countRestricted(s)
@@ -519,10 +538,11 @@ func (v *workerView) joinPool(s *slot) {
 			name = "least_outstanding" // R8: the least loaded prefill worker
 		}
 		p, _ := policy.New(name, policy.Options{LoadFactor: v.loadFactor}) // validated in Props
-		pl = &pool{key: key, name: key.String(), p: p, members: make(map[string]*slot)}
+		_, bounded := p.(policy.PeerLoader)
+		pl = &pool{key: key, name: key.String(), p: p, members: make(map[string]*slot), ownOrder: !bounded}
 		v.pools[key] = pl
 	}
-	pl.p.Add(&s.member, s.load(), s.info.KVTotalBlocks)
+	pl.p.Add(&s.member, pl.memberLoad(s), s.info.KVTotalBlocks)
 	pl.setPeer(s, s.peer)
 	pl.members[s.info.ID] = s
 	pl.ids = nil

@@ -563,6 +563,9 @@ func runPolicy(o *Options, ms []EngineModel, tr *trace, arrivals []int64, pol st
 	}
 	sims := make([]*router.Sim, o.Replicas) // Options.Replicas, at most MaxReplicas
 	for k := range sims {
+		if o.Replicas > 1 {
+			cfg.TieSalt = uint64(k) + 1 // each replica its own order among equally loaded workers, as with [cluster]
+		}
 		s, err := router.NewSim(cfg)
 		if err != nil {
 			return Result{}, err

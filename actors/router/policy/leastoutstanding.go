@@ -19,6 +19,9 @@ func less(a, b *Member) bool {
 	if a.load != b.load {
 		return a.load < b.load
 	}
+	if a.Tie != b.Tie {
+		return a.Tie < b.Tie
+	}
 	return a.ID < b.ID
 }
 

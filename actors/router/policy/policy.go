@@ -63,6 +63,12 @@ func (r Reason) String() string {
 type Member struct {
 	ID  string
 	Ref any // the router's own record for this member; opaque to policies
+	// Tie orders equally loaded members before their ids; the router sets it before Add and
+	// never changes it while the member is in a policy. 0 for every member is id order (one
+	// gateway). Replicas sharing their load (R23) each set their own hash of the id: their
+	// views agree between shares, and with one order they would all send to the same least
+	// loaded members until the next share told them of each other.
+	Tie uint64
 
 	load   int64
 	weight int64

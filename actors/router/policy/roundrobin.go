@@ -10,7 +10,8 @@ import (
 // the id of the last member picked, not as a position, so members joining or leaving never
 // make it skip or repeat anyone: a pick takes the first member whose id sorts after the last
 // one picked (wrapping around), skipping exclusions. Worked example: members a, b, c pick a, b,
-// c, a, …; after b, a member bb joins and is next (bb sorts after b), then c; excluding c
+// c, a, … (a first pick starts at the member of least Tie, the first by id when no member has
+// one); after b, a member bb joins and is next (bb sorts after b), then c; excluding c
 // from the pick after bb gives a. Members sit in a slice sorted by id: a pick is a binary
 // search, O(log n) without exclusions, and never allocates; a join or leave is O(n).
 type RoundRobin struct {
@@ -58,7 +59,15 @@ func (p *RoundRobin) Pick(_ uint64, exclude []string) (*Member, Reason) {
 		return nil, ReasonRoundRobin
 	}
 	start := 0
-	if p.any {
+	if !p.any {
+		// The first pick starts at the member of least Tie (the first id without one): the
+		// replicas of a gateway (R23) each start elsewhere instead of all moving in step.
+		for i, m := range p.ms {
+			if m.Tie < p.ms[start].Tie {
+				start = i
+			}
+		}
+	} else {
 		i, ok := p.find(p.last)
 		if ok {
 			i++
