@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -329,4 +330,47 @@ func (ts *testSharer) tickUntil(t *testing.T, n int, what string, cond func() bo
 
 func startSharerDial() []grpc.DialOption {
 	return []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+}
+
+// logRecorder is a slog handler that keeps every record (at most what a test logs).
+type logRecorder struct {
+	mu   *sync.Mutex
+	recs *[]string // "LEVEL msg key=value …"
+}
+
+func newLogRecorder() (*slog.Logger, func() []string) {
+	r := logRecorder{mu: &sync.Mutex{}, recs: new([]string)}
+	return slog.New(r), func() []string {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return slices.Clone(*r.recs)
+	}
+}
+
+func (logRecorder) Enabled(context.Context, slog.Level) bool { return true }
+
+func (r logRecorder) Handle(_ context.Context, rec slog.Record) error {
+	line := rec.Level.String() + " " + rec.Message
+	rec.Attrs(func(a slog.Attr) bool {
+		line += " " + a.String()
+		return true
+	})
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	*r.recs = append(*r.recs, line)
+	return nil
+}
+
+func (r logRecorder) WithAttrs([]slog.Attr) slog.Handler { return r }
+func (r logRecorder) WithGroup(string) slog.Handler      { return r }
+
+// matching is the lines that start with prefix.
+func matching(lines []string, prefix string) []string {
+	var out []string
+	for _, l := range lines {
+		if strings.HasPrefix(l, prefix) {
+			out = append(out, l)
+		}
+	}
+	return out
 }

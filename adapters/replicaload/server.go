@@ -291,7 +291,7 @@ func receive(stream replicav1.ReplicaLoad_ShareServer, msgs chan<- received, don
 // context ended.
 func (s *Server) next(msgs <-chan received, replaced, ctxDone <-chan struct{}) (*replicav1.LoadTable, error) {
 	idle := make(chan struct{})
-	tm := s.o.Clock.AfterFunc(s.o.IdleTimeout, func() { close(idle) })
+	tm := s.o.Clock.AfterFunc(s.o.IdleTimeout, func() { close(idle) }) // one per wait, stopped on return
 	defer tm.Stop()
 	select {
 	case r := <-msgs:

@@ -123,7 +123,7 @@ func (s *Sharer) Run(ctx context.Context) {
 	}()
 	var last sent
 	ignored := 0
-	wake := make(chan struct{}, 1)
+	wake := make(chan struct{}, 1) // the next tick's signal; one timer is pending at a time
 	for {
 		ignored = s.reconcile(ctx, peers, &wg, last.msg, ignored)
 		last = s.share(ctx, peers, last)
@@ -153,7 +153,7 @@ type sent struct {
 // Refresh has passed since; it answers what was last offered.
 func (s *Sharer) share(ctx context.Context, peers map[string]*peer, last sent) sent {
 	octx, cancel := context.WithCancel(ctx)
-	tm := s.o.Clock.AfterFunc(s.o.Refresh, cancel)
+	tm := s.o.Clock.AfterFunc(s.o.Refresh, cancel) // bounds this call; stopped when it returns
 	loads, err := s.o.Router.OwnLoad(octx)
 	tm.Stop()
 	cancel()
@@ -198,6 +198,8 @@ func (s *Sharer) reconcile(ctx context.Context, peers map[string]*peer, wg *sync
 		}
 		peers[id] = p
 		wg.Add(1)
+		// The peer's one goroutine; it ends soon after p.cancel (a peer closing may overlap
+		// with the same id's new one at a new address, for as long as its close takes).
 		go func() {
 			defer wg.Done()
 			s.runPeer(pctx, p)
@@ -219,7 +221,7 @@ func (s *Sharer) choose(ps []Peer) (map[string]string, int) {
 	slices.SortStableFunc(ok, func(a, b Peer) int { return strings.Compare(a.ID, b.ID) })
 	ok = slices.CompactFunc(ok, func(a, b Peer) bool { return a.ID == b.ID })
 	ignored := max(0, len(ok)-s.o.MaxPeers)
-	want := make(map[string]string, len(ok)-ignored) // at most MaxPeers
+	want := map[string]string{} // at most MaxPeers
 	for _, p := range ok[:len(ok)-ignored] {
 		want[p.ID] = p.Address
 	}
@@ -237,10 +239,7 @@ func (s *Sharer) runPeer(ctx context.Context, p *peer) {
 			return
 		}
 		s.m.failures.Inc()
-		if s.o.Clock.Now().Sub(start) >= maxBackoff {
-			delay = 0
-		}
-		delay = nextBackoff(delay)
+		delay = nextBackoff(delay, s.o.Clock.Now().Sub(start))
 		level := slog.LevelDebug
 		if delay == minBackoff {
 			level = slog.LevelWarn // the first failure after a stream that held
@@ -252,14 +251,20 @@ func (s *Sharer) runPeer(ctx context.Context, p *peer) {
 	}
 }
 
-func nextBackoff(d time.Duration) time.Duration {
+// nextBackoff is the wait before the next try, after a stream that held for held and the
+// wait d before it: twice d within [minBackoff, maxBackoff], or minBackoff again after a
+// stream that held for maxBackoff.
+func nextBackoff(d, held time.Duration) time.Duration {
+	if held >= maxBackoff {
+		return minBackoff
+	}
 	return min(max(2*d, minBackoff), maxBackoff)
 }
 
 // wait waits d on the clock, or until ctx ends (false).
 func (s *Sharer) wait(ctx context.Context, d time.Duration) bool {
 	fire := make(chan struct{})
-	tm := s.o.Clock.AfterFunc(d, func() { close(fire) })
+	tm := s.o.Clock.AfterFunc(d, func() { close(fire) }) // one per wait, stopped if ctx ends first
 	select {
 	case <-fire:
 		return true
@@ -272,6 +277,7 @@ func (s *Sharer) wait(ctx context.Context, d time.Duration) bool {
 // stream is one connection and one Share stream to p: it sends latest, then every table the
 // slot holds, until a send fails or ctx ends. The connection is closed on return.
 func (s *Sharer) stream(ctx context.Context, p *peer, latest **replicav1.LoadTable) error {
+	// The peer's one connection: closed before the next is dialled.
 	conn, err := grpc.NewClient(p.Address, s.o.DialOptions...)
 	if err != nil {
 		return err

@@ -205,7 +205,8 @@ func TestPeersOverTheBoundIgnored(t *testing.T) {
 	live := newLive("a")
 	b := startServer(t, "b", live, nil)
 	c := startServer(t, "c", live, nil)
-	sh := startSharer(t, "a", []Peer{{ID: "c", Address: c.addr}, {ID: "b", Address: b.addr}}, func(o *SharerOptions) { o.MaxPeers = 1 })
+	logger, lines := newLogRecorder()
+	sh := startSharer(t, "a", []Peer{{ID: "c", Address: c.addr}, {ID: "b", Address: b.addr}}, func(o *SharerOptions) { o.MaxPeers, o.Logger = 1, logger })
 	sh.router.setOwn(WorkerLoad{"w", 1})
 	sh.tickUntil(t, 5, "b has the table", holds(b.router, "a", WorkerLoad{"w", 1}))
 	if got := testutil.ToFloat64(sh.sh.m.ignored); got != 1 {
@@ -215,6 +216,9 @@ func TestPeersOverTheBoundIgnored(t *testing.T) {
 	sh.tickUntil(t, 5, "c has the table once b is gone", holds(c.router, "a", WorkerLoad{"w", 1}))
 	if got := testutil.ToFloat64(sh.sh.m.ignored); got != 0 {
 		t.Fatalf("ignored = %v", got)
+	}
+	if got := matching(lines(), "WARN more replicas than"); len(got) != 1 {
+		t.Fatalf("warned %q, want once, when peers were ignored", got)
 	}
 }
 
@@ -287,12 +291,15 @@ func TestNextBackoff(t *testing.T) {
 	var got []time.Duration
 	d := time.Duration(0)
 	for range 8 {
-		d = nextBackoff(d)
+		d = nextBackoff(d, maxBackoff-time.Nanosecond)
 		got = append(got, d)
 	}
 	want := []time.Duration{200 * time.Millisecond, 400 * time.Millisecond, 800 * time.Millisecond, 1600 * time.Millisecond, 3200 * time.Millisecond, 5 * time.Second, 5 * time.Second, 5 * time.Second}
 	if d := cmp.Diff(want, got); d != "" {
 		t.Fatalf("(-want +got):\n%s", d)
+	}
+	if got := nextBackoff(maxBackoff, maxBackoff); got != minBackoff {
+		t.Fatalf("after a stream that held %v: %v", maxBackoff, got)
 	}
 }
 
@@ -320,5 +327,35 @@ func TestNewSharerNeedsItsOptions(t *testing.T) {
 	}
 	if s.bearer != bearer {
 		t.Fatalf("bearer %q", s.bearer)
+	}
+}
+
+// TestSharerLogs: a peer's first failure in a row is a warning naming the peer's answer, the
+// ones after it debug lines; peers over the bound are warned of once, not at every tick.
+func TestSharerLogs(t *testing.T) {
+	b := startServer(t, "b", newLive("a"), nil)
+	c := startServer(t, "c", newLive("a"), nil)
+	logger, lines := newLogRecorder()
+	sh := startSharer(t, "a", []Peer{{ID: "b", Address: b.addr}, {ID: "c", Address: c.addr}}, func(o *SharerOptions) {
+		o.Secret, o.Logger, o.MaxPeers = []byte("not the fleet's"), logger, 1
+	})
+	sh.router.setOwn(WorkerLoad{"w", 1})
+	sh.tickUntil(t, 200, "three failures", func() bool { return testutil.ToFloat64(sh.sh.m.failures) >= 3 })
+	all := lines()
+	var warn, debug []string
+	for _, l := range all {
+		if strings.Contains(l, "a load stream to a replica failed") {
+			if strings.HasPrefix(l, "WARN") {
+				warn = append(warn, l)
+			} else if strings.HasPrefix(l, "DEBUG") {
+				debug = append(debug, l)
+			}
+		}
+	}
+	if len(warn) != 1 || len(debug) < 2 || !strings.Contains(warn[0], "Unauthenticated") || !strings.Contains(warn[0], "replica=b") {
+		t.Fatalf("warnings %q, debug lines %q", warn, debug)
+	}
+	if got := matching(lines(), "WARN more replicas than"); len(got) != 1 || !strings.Contains(got[0], "ignored=1") {
+		t.Fatalf("over the bound: %q", got)
 	}
 }

@@ -42,11 +42,13 @@ type ReplicaLoadClient interface {
 	// holds the sender's last table while the stream lasts and forgets it when
 	// the stream ends.
 	// Unauthenticated: no or a wrong secret. PermissionDenied: the sender is
-	// not a live replica, or names the receiver itself. InvalidArgument: a
-	// table over the bounds, a duplicate or invalid worker id, or a changed
-	// replica_id (the stream ends and the sender's table is forgotten).
-	// ResourceExhausted: the receiver already holds streams from as many
-	// replicas as it accepts.
+	// not a live replica (or no longer is), or names the receiver itself.
+	// InvalidArgument: no table, a table over the bounds, a duplicate or
+	// invalid worker id, or a changed replica_id (the sender's table is
+	// forgotten). ResourceExhausted: the receiver already holds streams from as
+	// many replicas as it accepts. DeadlineExceeded: no table for the
+	// receiver's idle timeout (5 s by default; a sender sends at least every
+	// second). Aborted: a newer stream of the same sender took over.
 	Share(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[LoadTable, ShareAck], error)
 }
 
@@ -84,11 +86,13 @@ type ReplicaLoadServer interface {
 	// holds the sender's last table while the stream lasts and forgets it when
 	// the stream ends.
 	// Unauthenticated: no or a wrong secret. PermissionDenied: the sender is
-	// not a live replica, or names the receiver itself. InvalidArgument: a
-	// table over the bounds, a duplicate or invalid worker id, or a changed
-	// replica_id (the stream ends and the sender's table is forgotten).
-	// ResourceExhausted: the receiver already holds streams from as many
-	// replicas as it accepts.
+	// not a live replica (or no longer is), or names the receiver itself.
+	// InvalidArgument: no table, a table over the bounds, a duplicate or
+	// invalid worker id, or a changed replica_id (the sender's table is
+	// forgotten). ResourceExhausted: the receiver already holds streams from as
+	// many replicas as it accepts. DeadlineExceeded: no table for the
+	// receiver's idle timeout (5 s by default; a sender sends at least every
+	// second). Aborted: a newer stream of the same sender took over.
 	Share(grpc.ClientStreamingServer[LoadTable, ShareAck]) error
 	mustEmbedUnimplementedReplicaLoadServer()
 }
