@@ -7,4 +7,4 @@ package contracts
 
 //go:generate sh -c "GOBIN=\"$(go env GOPATH)/bin\" go install google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12"
 //go:generate sh -c "GOBIN=\"$(go env GOPATH)/bin\" go install google.golang.org/grpc/cmd/protoc-gen-go-grpc@v1.5.1"
-//go:generate sh -c "PATH=\"$(go env GOPATH)/bin:$PATH\" protoc -I . --go_out=. --go_opt=paths=source_relative --go-grpc_out=. --go-grpc_opt=paths=source_relative tl/control/v1/control.proto tl/kv/v1/kv.proto tl/engine/v1/engine.proto"
+//go:generate sh -c "PATH=\"$(go env GOPATH)/bin:$PATH\" protoc -I . --go_out=. --go_opt=paths=source_relative --go-grpc_out=. --go-grpc_opt=paths=source_relative tl/control/v1/control.proto tl/kv/v1/kv.proto tl/engine/v1/engine.proto tl/replica/v1/replica.proto"

@@ -149,13 +149,19 @@ func printable(s string) bool {
 }
 
 // decodeCanaryKey reads a stored canary key: exactly 64 hex digits (R20).
-func decodeCanaryKey(val []byte) ([32]byte, error) {
+func decodeCanaryKey(val []byte) ([32]byte, error) { return decodeHexKey("a canary key", val) }
+
+// decodePeerSecret reads the stored peer secret: exactly 64 hex digits (R23).
+func decodePeerSecret(val []byte) ([32]byte, error) { return decodeHexKey("the peer secret", val) }
+
+// decodeHexKey reads 32 bytes stored as exactly 64 hex digits; what names the key in errors.
+func decodeHexKey(what string, val []byte) ([32]byte, error) {
 	var k [32]byte
 	if len(val) != hex.EncodedLen(len(k)) {
-		return k, fmt.Errorf("cluster: a canary key is 64 hex digits, not %d bytes", len(val))
+		return k, fmt.Errorf("cluster: %s is 64 hex digits, not %d bytes", what, len(val))
 	}
 	if _, err := hex.Decode(k[:], val); err != nil {
-		return [32]byte{}, fmt.Errorf("cluster: a canary key is 64 hex digits: %w", err)
+		return [32]byte{}, fmt.Errorf("cluster: %s is 64 hex digits: %w", what, err)
 	}
 	return k, nil
 }

@@ -10,6 +10,8 @@
 //	P drained/<model>  a drained model (the key exists while it is drained; model path-escaped)
 //	P canary_key       the canary draw's key, 64 hex digits (R20): the first replica stores its
 //	                   own, every replica draws with the stored one
+//	P peer_secret      the secret replicas present to each other's ReplicaLoad service, 64 hex
+//	                   digits (R23): the first replica to ask creates it (secret.go)
 //	P replicas/<id>    a live replica (leased): {"id","http_address","grpc_address","started_at"}
 //	P ratelimits/<id>  a live replica's per-key rate-limit usage (leased, binary; rates.go)
 //
@@ -53,6 +55,7 @@ const (
 	KeyStaticWorkers = "static_workers"
 	KeyEnginePools   = "engine_pools"
 	KeyCanary        = "canary_key"
+	KeyPeerSecret    = "peer_secret"
 	DirDrained       = "drained/"
 	DirReplicas      = "replicas/"
 )
