@@ -48,6 +48,8 @@ type Config struct {
 	FallbackIndexBlocks int
 	// PeerLoad: router.Config's (R23: on with [cluster], whose replicas share the engines).
 	PeerLoad bool
+	// TieSalt: router.Config's (R23: each replica its own order among equally loaded workers).
+	TieSalt uint64
 	// KVIndexBlocks bounds precise_prefix's exact index per worker (0 = its default).
 	KVIndexBlocks int
 	// WarmupMinBytes turns the router's prefix warm-ups on (router.Config; 0 = off).
@@ -115,7 +117,7 @@ func Start(cfg Config) (*Gateway, error) {
 		Policy: cfg.Policy, LoadFactor: cfg.LoadFactor, Routes: cfg.Routes, CanaryKey: cfg.CanaryKey,
 		Metrics: cfg.RouterMetrics, Logger: cfg.Logger.With("actor", "router"),
 		Admission: cfg.Admission, Clock: cfg.Clock, PrefixIndexBlocks: cfg.PrefixIndexBlocks,
-		FallbackIndexBlocks: cfg.FallbackIndexBlocks, PeerLoad: cfg.PeerLoad,
+		FallbackIndexBlocks: cfg.FallbackIndexBlocks, PeerLoad: cfg.PeerLoad, TieSalt: cfg.TieSalt,
 		KVIndexBlocks: cfg.KVIndexBlocks, WarmupMinBytes: cfg.WarmupMinBytes,
 		Outlier: cfg.Outlier, LoRALoadOnDemand: cfg.LoRALoadOnDemand, LoRAAdapters: cfg.LoRAAdapters,
 	}, opts("router")...)
@@ -326,6 +328,22 @@ func (g *Gateway) SyncDrains(models []string) {
 // KVEvents hands a worker's prefix-cache events to the router's exact index (R18.3).
 func (g *Gateway) KVEvents(ev *router.KVEvents) {
 	g.System.Root.Send(g.Router, ev)
+}
+
+// OwnLoad is this replica's own in-flight requests per worker, the table it shares with the
+// other replicas (R23).
+func (g *Gateway) OwnLoad() (*router.OwnLoad, error) {
+	return ask[*router.OwnLoad](g, g.Router, &router.GetOwnLoad{})
+}
+
+// ReplicaLoad hands the router another replica's whole load table (R23).
+func (g *Gateway) ReplicaLoad(replica string, loads []router.WorkerLoad) {
+	g.System.Root.Send(g.Router, &router.ReplicaLoad{Replica: replica, Loads: loads})
+}
+
+// ForgetReplica tells the router another replica's table no longer holds (R23).
+func (g *Gateway) ForgetReplica(replica string) {
+	g.System.Root.Send(g.Router, &router.ForgetReplica{Replica: replica})
 }
 
 // Models lists the model ids clients may use.

@@ -42,6 +42,9 @@ type workerJSON struct {
 	Unreachable bool `json:"unreachable,omitempty"`
 	// R19: the load its recent failures add to in_flight for load-based policies (decaying).
 	FailureLoad int64 `json:"failure_load,omitempty"`
+	// R23: the other replicas' requests on it, as they last shared them (not in in_flight,
+	// which is this replica's own).
+	ReplicasInFlight int64 `json:"replicas_in_flight,omitempty"`
 	// R18.2: predicted_latency's model of this worker, once it has learnt from a streamed request.
 	TTFTModel *ttftModelJSON `json:"ttft_model,omitempty"`
 }
@@ -84,7 +87,7 @@ func (s *Server) listWorkers(w http.ResponseWriter, _ *http.Request) {
 		out.Workers = append(out.Workers, workerJSON{
 			TTFTModel:    model,
 			EjectedUntil: until, EjectionReason: v.EjectionReason,
-			Unreachable: v.Unreachable, FailureLoad: v.FailLoad,
+			Unreachable: v.Unreachable, FailureLoad: v.FailLoad, ReplicasInFlight: v.ReplicasInFlight,
 			ID: in.ID, Role: in.Role.String(), Model: in.Model,
 			Addresses:  addressesJSON{HTTP: in.HTTPAddress, GRPC: in.GRPCAddress, KV: in.KVAddress},
 			QueueDepth: in.QueueDepth, Running: in.Running, InFlight: v.InFlight,

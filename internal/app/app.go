@@ -69,6 +69,7 @@ type App struct {
 	static   *staticWorkers
 	pools    *enginePools    // [[gateway.engine_pools]] (R23)
 	store    *cluster.Store  // the control plane in etcd (R16); nil without [cluster]
+	share    *loadShare      // the replicas' load exchange (R23); nil without it
 	self     cluster.Replica // this replica
 	clock    clock.Clock
 	unwatch  func()
@@ -133,7 +134,10 @@ func Start(cfg *config.Config, o Options) (*App, error) {
 		// Replicas share the engines: a worker's load counts the others' requests its engine
 		// reports (R23; measured in tlgw simulate --replicas, docs/simulate.md "Replicas").
 		PeerLoad: cfg.Cluster.Enabled,
-		Outlier:  g.Outlier,
+		// Each replica its own order among equally loaded workers (R23): with one order,
+		// replicas whose shared counts agree would all send to the same one.
+		TieSalt: tieSalt(cfg.Cluster.Enabled),
+		Outlier: g.Outlier,
 		// An evicted registration's gRPC connections are closed (R13.4, R20): nothing dials it
 		// any more; another registration's at the same address stay.
 		OnEvict: func(info router.WorkerInfo) {
@@ -216,6 +220,16 @@ func Start(cfg *config.Config, o Options) (*App, error) {
 		return nil, err
 	}
 	a.self = cluster.Replica{ID: id, HTTPAddress: a.HTTPAddr, GRPCAddress: a.GRPCAddr, StartedAt: startedAt(o.Clock.Now())}
+	if cfg.Cluster.Enabled {
+		// What the other replicas dial for load sharing (R23): a wildcard listener's own
+		// address is no address to dial.
+		if a.self.GRPCAddress, err = advertiseAddress(cfg.Cluster.AdvertiseAddress, a.GRPCAddr, net.InterfaceAddrs); err != nil {
+			_ = httpLis.Close()
+			_ = grpcLis.Close()
+			a.stopActors()
+			return nil, fmt.Errorf("cluster: %w", err)
+		}
+	}
 	if o.Transport == nil {
 		o.Transport = httpapi.NewCheckedTransport(rules.Control, o.Resolver)
 	}
@@ -275,6 +289,18 @@ func Start(cfg *config.Config, o Options) (*App, error) {
 		}
 	}
 	a.grpcLis = grpcapi.NewListener(gw, regOpts, grpcOpts...)
+	if a.store != nil && cfg.Cluster.LoadShareInterval > 0 {
+		a.share = newLoadShare(a.grpcLis.Server)
+		if err := a.share.start(a, a.store); err != nil {
+			_ = httpLis.Close()
+			_ = grpcLis.Close()
+			a.store.Close()
+			a.static.mgr.Close()
+			a.pools.close()
+			a.stopActors()
+			return nil, err
+		}
+	}
 	go func() {
 		if err := a.httpSrv.Serve(httpLis); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			a.serveErr <- fmt.Errorf("http: %w", err)
@@ -312,6 +338,7 @@ func (a *App) Shutdown(ctx context.Context) error {
 	}
 	a.grpcLis.Stop(ctx)
 	if a.store != nil {
+		a.share.stop()  // the streams to the other replicas end: they forget this one's table
 		a.store.Close() // revokes this replica's lease: the others count one replica less at once
 	}
 	a.static.mgr.Close()
