@@ -2,6 +2,8 @@ package cluster
 
 import (
 	"context"
+	"io"
+	"log/slog"
 	"maps"
 	"slices"
 	"strconv"
@@ -290,23 +292,30 @@ func TestRatesReplicasJoinLeaveAndEtcdAway(t *testing.T) {
 func TestRatesCodec(t *testing.T) {
 	us := []ratelimit.KeyUsage{{Key: 0, Usage: ratelimit.Usage{Requests: 5, RequestDemand: 7}},
 		{Key: 9, Usage: ratelimit.Usage{Tokens: 1 << 40, TokenDemand: 1 << 41, InFlight: 3, InFlightDemand: 4}}}
-	got, partial, err := decodeRates(encodeRates(us))
-	if err != nil || partial || !slices.Equal(got, us) {
-		t.Fatalf("round trip: %+v %v %v", got, partial, err)
+	fp, got, partial, err := decodeRates(encodeRates(0xfeedface12345678, us))
+	if err != nil || partial || !slices.Equal(got, us) || fp != 0xfeedface12345678 {
+		t.Fatalf("round trip: %x %+v %v %v", fp, got, partial, err)
+	}
+	head := []byte{2, 0, 1, 2, 3, 4, 5, 6, 7, 8}
+	with := func(rest ...byte) []byte { return append(slices.Clone(head), rest...) }
+	if _, got, partial, err := decodeRates(with(0)); err != nil || partial || len(got) != 0 {
+		t.Fatalf("no keys: %v %v %v", got, partial, err)
 	}
 	for name, v := range map[string][]byte{
 		"empty":            {},
-		"other version":    {2, 0, 0},
-		"unknown flag":     {1, 2, 0},
-		"count over bound": append([]byte{1, 0}, 0x81, 0x40), // 8193
-		"short":            {1, 0, 1, 0, 1},
-		"trailing":         {1, 0, 0, 7},
-		"descending":       {1, 0, 2, 5, 0, 0, 0, 0, 0, 0, 4, 0, 0, 0, 0, 0, 0},
-		"duplicate":        {1, 0, 2, 5, 0, 0, 0, 0, 0, 0, 5, 0, 0, 0, 0, 0, 0},
-		"partial with key": {1, 1, 1, 5, 0, 0, 0, 0, 0, 0},
+		"version 1":        {1, 0, 0},
+		"other version":    {3, 0, 1, 2, 3, 4, 5, 6, 7, 8, 0},
+		"no fingerprint":   {2, 0, 0},
+		"unknown flag":     {2, 2, 1, 2, 3, 4, 5, 6, 7, 8, 0},
+		"count over bound": with(0x81, 0x40), // 8193
+		"short":            with(1, 0, 1),
+		"trailing":         with(0, 7),
+		"descending":       with(2, 5, 0, 0, 0, 0, 0, 0, 4, 0, 0, 0, 0, 0, 0),
+		"duplicate":        with(2, 5, 0, 0, 0, 0, 0, 0, 5, 0, 0, 0, 0, 0, 0),
+		"partial with key": append([]byte{2, 1, 1, 2, 3, 4, 5, 6, 7, 8}, 1, 5, 0, 0, 0, 0, 0, 0),
 		"too long":         make([]byte, MaxRateBytes+1),
 	} {
-		if _, _, err := decodeRates(v); err == nil {
+		if _, _, _, err := decodeRates(v); err == nil {
 			t.Errorf("%s: accepted", name)
 		}
 	}
@@ -314,8 +323,59 @@ func TestRatesCodec(t *testing.T) {
 	for i := range many {
 		many[i] = ratelimit.KeyUsage{Key: i, Usage: ratelimit.Usage{Requests: 1 << 49, RequestDemand: 1 << 49}}
 	}
-	if _, partial, err := decodeRates(encodeRates(many)); err != nil || !partial {
-		t.Fatalf("usage over the bound: partial %v, err %v", partial, err)
+	if fp, _, partial, err := decodeRates(encodeRates(7, many)); err != nil || !partial || fp != 7 {
+		t.Fatalf("usage over the bound: partial %v, fingerprint %d, err %v", partial, fp, err)
+	}
+}
+
+// The key table's fingerprint follows each key's secret, limits and place, and shows no secret.
+func TestRateKeysFingerprint(t *testing.T) {
+	a := config.Key{Key: "sk-alpha", RPM: 600}
+	b := config.Key{Key: "sk-beta", TPM: 1000}
+	base := RateKeysFingerprint([]config.Key{a, b})
+	if base != RateKeysFingerprint([]config.Key{a, b}) {
+		t.Fatal("not stable")
+	}
+	c := a
+	c.RPM = 601
+	for name, ks := range map[string][]config.Key{
+		"order":  {b, a},
+		"limit":  {c, b},
+		"secret": {{Key: "sk-alphb", RPM: 600}, b},
+		"fewer":  {a},
+		"none":   nil,
+	} {
+		if RateKeysFingerprint(ks) == base {
+			t.Errorf("%s: same fingerprint", name)
+		}
+	}
+}
+
+// A replica whose key table differs, or whose value cannot be read, makes the others take the
+// even share (partial) rather than sum usage by another numbering or miss its traffic.
+func TestRatesOtherKeysAreEvenShare(t *testing.T) {
+	s := &Store{cfg: Config{Self: Replica{ID: "me"}, RateKeys: 11}, rates: map[string]rateEntry{}, maxReplicas: 4,
+		log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	us := []ratelimit.KeyUsage{{Key: 1, Usage: ratelimit.Usage{Requests: 3}}}
+	s.putRatesLocked(DirRates+"same", encodeRates(11, us))
+	s.putRatesLocked(DirRates+"other", encodeRates(12, us))
+	s.putRatesLocked(DirRates+"old", []byte{1, 0, 0})
+	s.putRatesLocked(DirRates+"me", encodeRates(99, us)) // its own: skipped
+	if e := s.rates["same"]; e.partial || !slices.Equal(e.keys, us) {
+		t.Fatalf("same keys: %+v", e)
+	}
+	if e := s.rates["other"]; !e.partial || !e.otherKeys || e.keys != nil {
+		t.Fatalf("other keys: %+v", e)
+	}
+	if e := s.rates["old"]; !e.partial || e.otherKeys {
+		t.Fatalf("unreadable: %+v", e)
+	}
+	if _, ok := s.rates["me"]; ok || len(s.rates) != 3 {
+		t.Fatalf("entries %v", slices.Collect(maps.Keys(s.rates)))
+	}
+	s.putRatesLocked(DirRates+"other", encodeRates(11, us)) // it rolled to the same table
+	if e := s.rates["other"]; e.partial || e.otherKeys {
+		t.Fatalf("after agreeing: %+v", e)
 	}
 }
 

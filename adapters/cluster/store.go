@@ -132,6 +132,9 @@ type Config struct {
 	// nil: none. RateInterval is how often it publishes (default RateInterval).
 	Rates        RateLimits
 	RateInterval time.Duration
+	// RateKeys is the fingerprint of this replica's [[auth.keys]] (RateKeysFingerprint): the
+	// exchange sums usage only between replicas whose key tables agree.
+	RateKeys uint64
 	// maxAnswer, maxDrained and maxReplicas replace MaxAnswer, MaxDrained and MaxReplicas
 	// (tests lower them).
 	maxAnswer, maxDrained, maxReplicas int

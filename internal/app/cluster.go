@@ -50,7 +50,7 @@ func (a *App) startCluster(self cluster.Replica) error {
 			Replicas:  api.SetReplicas,
 			CanaryKey: gw.SetCanaryKey,
 		},
-		Rates: api.RateLimits(),
+		Rates: api.RateLimits(), RateKeys: cluster.RateKeysFingerprint(a.cfg.Auth.Keys),
 		Clock: a.clock, Logger: a.log, Registerer: a.Registry,
 	})
 	if err != nil {
