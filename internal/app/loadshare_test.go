@@ -59,6 +59,9 @@ func TestReplicasShareTheirLoad(t *testing.T) {
 		}
 		return router.WorkerView{}
 	}
+	for _, r := range []*app.App{a, b} {
+		gwtest.Eventually(t, "w1 routable", func() bool { return view(r).Routable })
+	}
 	p, err := a.Gateway.Pick(&router.Pick{Model: "smol", RequestID: "held-on-a"})
 	if err != nil || p.Err != nil {
 		t.Fatalf("pick on a: %v %+v", err, p)
