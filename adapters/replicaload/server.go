@@ -124,26 +124,13 @@ func (s *Server) Share(stream replicav1.ReplicaLoad_ShareServer) error {
 	// which is at the latest when this handler has returned and gRPC has ended the stream.
 	go receive(stream, msgs, done)
 
-	first, err := s.next(msgs, nil, ctx.Done())
+	id, loads, err := s.table(msgs, nil, ctx.Done(), "")
 	s.leavePending()
 	if errors.Is(err, io.EOF) {
 		return s.reject("", codes.InvalidArgument, "the stream ended before its first table")
 	}
 	if err != nil {
 		return err
-	}
-	id := first.GetReplicaId()
-	switch {
-	case !config.ValidReplicaID(id):
-		return s.reject("", codes.PermissionDenied, "the first table's replica_id is not a valid replica id")
-	case id == s.o.Self:
-		return s.reject(id, codes.PermissionDenied, "the first table names this replica itself")
-	case !s.o.Live(id):
-		return s.reject(id, codes.PermissionDenied, "the first table names a replica that is not live")
-	}
-	loads, err := validate(first, id, s.o.MaxWorkers)
-	if err != nil {
-		return s.reject(id, codes.InvalidArgument, "%v", err)
 	}
 	h, err := s.admit(id, loads)
 	if err != nil {
@@ -152,22 +139,57 @@ func (s *Server) Share(stream replicav1.ReplicaLoad_ShareServer) error {
 	defer s.end(id, h)
 	s.log.Info("a replica shares its load", "replica", id)
 	for {
-		t, err := s.next(msgs, h.replaced, ctx.Done())
+		_, loads, err := s.table(msgs, h.replaced, ctx.Done(), id)
 		if errors.Is(err, io.EOF) {
 			return stream.SendAndClose(&replicav1.ShareAck{})
 		}
 		if err != nil {
 			return err
 		}
-		if !s.o.Live(id) {
-			return s.reject(id, codes.PermissionDenied, "the replica is no longer live")
-		}
-		loads, err := validate(t, id, s.o.MaxWorkers)
-		if err != nil {
-			return s.reject(id, codes.InvalidArgument, "%v", err)
-		}
 		if err := s.apply(id, h, loads); err != nil {
 			return err
+		}
+	}
+}
+
+// table reads the stream's next whole table, its parts up to the one that says no more, and
+// answers it validated (validatePart, finish) with the replica it is from: replica, or ("" for
+// the stream's first table) the one its first part names, which must be a valid id, not this
+// replica, and live. io.EOF when the sender closed the stream between two tables; an error
+// with its status code otherwise (a stream that ends inside a table is InvalidArgument).
+func (s *Server) table(msgs <-chan received, replaced, ctxDone <-chan struct{}, replica string) (string, []WorkerLoad, error) {
+	var acc []WorkerLoad // the table's entries so far: at most MaxWorkers (validatePart)
+	for part := 0; ; part++ {
+		t, err := s.next(msgs, replaced, ctxDone)
+		if errors.Is(err, io.EOF) && part > 0 {
+			return "", nil, s.reject(replica, codes.InvalidArgument, "the stream ended inside a table, after %d parts", part)
+		}
+		if err != nil {
+			return "", nil, err
+		}
+		if replica == "" {
+			id := t.GetReplicaId()
+			switch {
+			case !config.ValidReplicaID(id):
+				return "", nil, s.reject("", codes.PermissionDenied, "the first table's replica_id is not a valid replica id")
+			case id == s.o.Self:
+				return "", nil, s.reject(id, codes.PermissionDenied, "the first table names this replica itself")
+			case !s.o.Live(id):
+				return "", nil, s.reject(id, codes.PermissionDenied, "the first table names a replica that is not live")
+			}
+			replica = id
+		} else if part == 0 && !s.o.Live(replica) {
+			return "", nil, s.reject(replica, codes.PermissionDenied, "the replica is no longer live")
+		}
+		if acc, err = validatePart(t, replica, s.o.MaxWorkers, acc); err != nil {
+			return "", nil, s.reject(replica, codes.InvalidArgument, "%v", err)
+		}
+		if !t.GetMore() {
+			loads, err := finish(acc)
+			if err != nil {
+				return "", nil, s.reject(replica, codes.InvalidArgument, "%v", err)
+			}
+			return replica, loads, nil
 		}
 	}
 }

@@ -5,12 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -84,6 +86,12 @@ func many(replica string, n int) *replicav1.LoadTable {
 	return t
 }
 
+// part marks t as a part followed by more.
+func part(t *replicav1.LoadTable) *replicav1.LoadTable {
+	t.More = true
+	return t
+}
+
 func outcome(ts *testServer, o string) float64 {
 	return testutil.ToFloat64(ts.srv.m.tables.WithLabelValues(o))
 }
@@ -117,6 +125,52 @@ func TestServerAppliesAndForgets(t *testing.T) {
 	}
 }
 
+// TestTableInParts: a table larger than the registry port's 64 KiB message bound (5,000
+// workers with 40-byte ids, about 235 KiB) goes from a Sharer to a Server whose gRPC server
+// refuses bigger messages, in parts, and is applied whole, once per table.
+func TestTableInParts(t *testing.T) {
+	srv := startServer(t, "b", newLive("a", "b"), nil)
+	srv.stop()
+	ln, err := net.Listen("tcp", srv.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.router, srv.reg = newRouter(), prometheus.NewRegistry()
+	o := srv.opts
+	o.Router, o.Registerer = srv.router, srv.reg
+	srv.srv = NewServer(o)
+	srv.gs = grpc.NewServer(grpc.MaxRecvMsgSize(64 << 10))
+	srv.srv.Register(srv.gs)
+	srv.done = make(chan struct{})
+	go func() {
+		defer close(srv.done)
+		_ = srv.gs.Serve(ln)
+	}()
+	var own []WorkerLoad
+	for i := range 5000 {
+		own = append(own, WorkerLoad{ID: fmt.Sprintf("pool-with-a-long-name/10.1.%03d.%03d:8000", i/250, i%250), InFlight: int64(1 + i%7)})
+	}
+	if parts := encode("a", sanitize(own, DefaultMaxWorkers), MaxPartBytes); len(parts) < 4 {
+		t.Fatalf("%d parts, want the table split", len(parts))
+	}
+	sh := startSharer(t, "a", []Peer{{ID: "b", Address: srv.addr}}, nil)
+	sh.router.setOwn(own...)
+	sh.tickUntil(t, 50, "the table arrives whole", func() bool {
+		got, ok := srv.router.held("a")
+		return ok && len(got) == len(own)
+	})
+	got, _ := srv.router.held("a")
+	want := sanitize(own, DefaultMaxWorkers)
+	if d := cmp.Diff(want, got); d != "" {
+		t.Fatalf("(-sent +held):\n%s", d)
+	}
+	for _, l := range srv.router.log() {
+		if strings.HasPrefix(l, "set a") && len(l) < 1000 {
+			t.Fatalf("a partial table reached the router: %.200s", l)
+		}
+	}
+}
+
 // TestServerRefusesAttacks: what an attacker can send over a socket, each on a fresh stream:
 // refused with its code, before anything reaches the router.
 func TestServerRefusesAttacks(t *testing.T) {
@@ -144,6 +198,10 @@ func TestServerRefusesAttacks(t *testing.T) {
 		{"oversize id", []string{bearer}, []*replicav1.LoadTable{tbl("a", long+":1")}, codes.InvalidArgument, outcomeRejected},
 		{"empty id", []string{bearer}, []*replicav1.LoadTable{tbl("a", ":1")}, codes.InvalidArgument, outcomeRejected},
 		{"in_flight over the bound", []string{bearer}, []*replicav1.LoadTable{tbl("a", "w:1048577")}, codes.InvalidArgument, outcomeRejected},
+		{"the stream ends inside a table", []string{bearer}, []*replicav1.LoadTable{part(tbl("a", "w:1"))}, codes.InvalidArgument, outcomeRejected},
+		{"parts over the bound", []string{bearer}, []*replicav1.LoadTable{part(many("a", DefaultMaxWorkers)), tbl("a", "x:1")}, codes.InvalidArgument, outcomeRejected},
+		{"an id in two parts", []string{bearer}, []*replicav1.LoadTable{part(tbl("a", "w:1")), tbl("a", "w:2")}, codes.InvalidArgument, outcomeRejected},
+		{"a part of another replica", []string{bearer}, []*replicav1.LoadTable{part(tbl("a", "w:1")), tbl("c", "v:2")}, codes.InvalidArgument, outcomeRejected},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			srv := startServer(t, "b", newLive("a", "b", "a/x", ""), nil) // the invalid ids count as live: only their form refuses them

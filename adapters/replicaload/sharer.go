@@ -98,12 +98,12 @@ type peer struct {
 	Peer
 	// slot holds the latest table the goroutine has not taken yet (capacity 1): a newer table
 	// replaces it, so a slow peer holds up neither the tick nor the others, and nothing queues.
-	slot   chan *replicav1.LoadTable
+	slot   chan []*replicav1.LoadTable
 	cancel context.CancelFunc
 }
 
 // offer puts t in the slot, in place of an unsent older table. Only the tick calls it.
-func (p *peer) offer(t *replicav1.LoadTable) {
+func (p *peer) offer(t []*replicav1.LoadTable) {
 	select {
 	case <-p.slot:
 	default:
@@ -145,7 +145,7 @@ func (s *Sharer) Run(ctx context.Context) {
 // sent is the table last offered to the peers (msg nil: none yet).
 type sent struct {
 	loads []WorkerLoad
-	msg   *replicav1.LoadTable
+	msg   []*replicav1.LoadTable // the table's parts (encode)
 	at    time.Time
 }
 
@@ -166,7 +166,7 @@ func (s *Sharer) share(ctx context.Context, peers map[string]*peer, last sent) s
 	if last.msg != nil && slices.Equal(t, last.loads) && now.Sub(last.at) < s.o.Refresh {
 		return last
 	}
-	msg := encode(s.o.Self, t)
+	msg := encode(s.o.Self, t, MaxPartBytes)
 	for _, p := range peers {
 		p.offer(msg)
 	}
@@ -175,7 +175,7 @@ func (s *Sharer) share(ctx context.Context, peers map[string]*peer, last sent) s
 
 // reconcile follows Peers: a peer gone (or at a new address) is closed, a new one started and
 // offered last (unless nil). It answers how many peers are ignored over MaxPeers.
-func (s *Sharer) reconcile(ctx context.Context, peers map[string]*peer, wg *sync.WaitGroup, last *replicav1.LoadTable, wasIgnored int) int {
+func (s *Sharer) reconcile(ctx context.Context, peers map[string]*peer, wg *sync.WaitGroup, last []*replicav1.LoadTable, wasIgnored int) int {
 	want, ignored := s.choose(s.o.Peers())
 	s.m.ignored.Set(float64(ignored))
 	if ignored > 0 && ignored != wasIgnored {
@@ -192,7 +192,7 @@ func (s *Sharer) reconcile(ctx context.Context, peers map[string]*peer, wg *sync
 			continue
 		}
 		pctx, cancel := context.WithCancel(ctx)
-		p := &peer{Peer: Peer{ID: id, Address: addr}, slot: make(chan *replicav1.LoadTable, 1), cancel: cancel}
+		p := &peer{Peer: Peer{ID: id, Address: addr}, slot: make(chan []*replicav1.LoadTable, 1), cancel: cancel}
 		if last != nil {
 			p.offer(last)
 		}
@@ -230,7 +230,7 @@ func (s *Sharer) choose(ps []Peer) (map[string]string, int) {
 
 // runPeer keeps a stream open to p until ctx ends, redialling with backoff after a failure.
 func (s *Sharer) runPeer(ctx context.Context, p *peer) {
-	var latest *replicav1.LoadTable // the table last taken from the slot: a new stream starts with it
+	var latest []*replicav1.LoadTable // the table last taken from the slot: a new stream starts with it
 	var delay time.Duration
 	for {
 		start := s.o.Clock.Now()
@@ -276,7 +276,7 @@ func (s *Sharer) wait(ctx context.Context, d time.Duration) bool {
 
 // stream is one connection and one Share stream to p: it sends latest, then every table the
 // slot holds, until a send fails or ctx ends. The connection is closed on return.
-func (s *Sharer) stream(ctx context.Context, p *peer, latest **replicav1.LoadTable) error {
+func (s *Sharer) stream(ctx context.Context, p *peer, latest *[]*replicav1.LoadTable) error {
 	// The peer's one connection: closed before the next is dialled.
 	conn, err := grpc.NewClient(p.Address, s.o.DialOptions...)
 	if err != nil {
@@ -289,22 +289,30 @@ func (s *Sharer) stream(ctx context.Context, p *peer, latest **replicav1.LoadTab
 	if err != nil {
 		return err
 	}
-	if *latest != nil {
-		if err := st.Send(*latest); err != nil {
-			return ended(st, err)
-		}
+	if err := sendTable(st, *latest); err != nil {
+		return err
 	}
 	for {
 		select {
 		case t := <-p.slot:
 			*latest = t
-			if err := st.Send(t); err != nil {
-				return ended(st, err)
+			if err := sendTable(st, t); err != nil {
+				return err
 			}
 		case <-ctx.Done():
 			return ctx.Err()
 		}
 	}
+}
+
+// sendTable sends a table's parts in order (nothing for nil).
+func sendTable(st replicav1.ReplicaLoad_ShareClient, parts []*replicav1.LoadTable) error {
+	for _, part := range parts {
+		if err := st.Send(part); err != nil {
+			return ended(st, err)
+		}
+	}
+	return nil
 }
 
 // ended is why a stream's Send failed: io.EOF says the peer ended it, with the status that

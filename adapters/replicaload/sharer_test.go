@@ -170,15 +170,15 @@ func TestSlowPeerHoldsUpNobody(t *testing.T) {
 
 // TestOfferKeepsOnlyTheLatest: a peer's slot holds one table, the newest.
 func TestOfferKeepsOnlyTheLatest(t *testing.T) {
-	p := &peer{slot: make(chan *replicav1.LoadTable, 1)}
+	p := &peer{slot: make(chan []*replicav1.LoadTable, 1)}
 	t1, t2, t3 := tbl("a", "w:1"), tbl("a", "w:2"), tbl("a", "w:3")
-	p.offer(t1)
-	p.offer(t2)
-	if got := <-p.slot; got != t2 || len(p.slot) != 0 {
+	p.offer([]*replicav1.LoadTable{t1})
+	p.offer([]*replicav1.LoadTable{t2})
+	if got := <-p.slot; got[0] != t2 || len(p.slot) != 0 {
 		t.Fatalf("took %v, %d left", got, len(p.slot))
 	}
-	p.offer(t3)
-	if got := <-p.slot; got != t3 {
+	p.offer([]*replicav1.LoadTable{t3})
+	if got := <-p.slot; got[0] != t3 {
 		t.Fatalf("took %v", got)
 	}
 }

@@ -113,7 +113,25 @@ func FuzzValidate(f *testing.F) {
 		}
 
 		clean := sanitize(loads, int(maxWorkers))
-		back, err := validate(encode(replica, clean), replica, int(maxWorkers))
+		partBytes := 1 + int(maxWorkers)*37 // from one entry a part to many
+		err = nil
+		parts := encode(replica, clean, partBytes)
+		var acc []WorkerLoad
+		for i, part := range parts {
+			if part.GetMore() != (i < len(parts)-1) {
+				t.Fatalf("part %d of %d: more %v", i, len(parts), part.GetMore())
+			}
+			if len(part.Workers) > 1 && proto.Size(part) > partBytes {
+				t.Fatalf("part %d of %d entries is %d bytes, over %d", i, len(part.Workers), proto.Size(part), partBytes)
+			}
+			if acc, err = validatePart(part, replica, int(maxWorkers), acc); err != nil {
+				break
+			}
+		}
+		var back []WorkerLoad
+		if err == nil {
+			back, err = finish(acc)
+		}
 		if err != nil {
 			t.Fatalf("a sanitized table refused: %v", err)
 		}

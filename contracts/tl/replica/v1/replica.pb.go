@@ -30,12 +30,18 @@ const (
 
 // LoadTable is one replica's whole view of its own load: every worker it
 // has requests in flight on. A worker not listed has none of its requests.
+// A table larger than one message may be (the registry port takes 64 KiB)
+// is sent in parts: every part but the last says more, and the receiver
+// applies the table when its last part arrives.
 type LoadTable struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// replica_id is the sender's replica id (its replicas/ key).
+	// replica_id is the sender's replica id (its replicas/ key), on every part.
 	ReplicaId string `protobuf:"bytes,1,opt,name=replica_id,json=replicaId,proto3" json:"replica_id,omitempty"`
-	// workers lists each worker at most once (at most 16,384 by default).
-	Workers       []*WorkerLoad `protobuf:"bytes,2,rep,name=workers,proto3" json:"workers,omitempty"`
+	// workers lists each worker at most once over the table's parts (at most
+	// 16,384 by default).
+	Workers []*WorkerLoad `protobuf:"bytes,2,rep,name=workers,proto3" json:"workers,omitempty"`
+	// more: the table continues in the next message.
+	More          bool `protobuf:"varint,3,opt,name=more,proto3" json:"more,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -82,6 +88,13 @@ func (x *LoadTable) GetWorkers() []*WorkerLoad {
 		return x.Workers
 	}
 	return nil
+}
+
+func (x *LoadTable) GetMore() bool {
+	if x != nil {
+		return x.More
+	}
+	return false
 }
 
 // WorkerLoad is the sender's in-flight request count on one worker.
@@ -180,11 +193,12 @@ var File_tl_replica_v1_replica_proto protoreflect.FileDescriptor
 
 const file_tl_replica_v1_replica_proto_rawDesc = "" +
 	"\n" +
-	"\x1btl/replica/v1/replica.proto\x12\rtl.replica.v1\"_\n" +
+	"\x1btl/replica/v1/replica.proto\x12\rtl.replica.v1\"s\n" +
 	"\tLoadTable\x12\x1d\n" +
 	"\n" +
 	"replica_id\x18\x01 \x01(\tR\treplicaId\x123\n" +
-	"\aworkers\x18\x02 \x03(\v2\x19.tl.replica.v1.WorkerLoadR\aworkers\"F\n" +
+	"\aworkers\x18\x02 \x03(\v2\x19.tl.replica.v1.WorkerLoadR\aworkers\x12\x12\n" +
+	"\x04more\x18\x03 \x01(\bR\x04more\"F\n" +
 	"\n" +
 	"WorkerLoad\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x1b\n" +
