@@ -52,11 +52,16 @@ type GetOwnLoad struct{}
 // OwnLoad is this router's own in-flight requests on each worker that has any, sorted by id.
 type OwnLoad struct{ Loads []WorkerLoad }
 
-// replicaTable is the counts one other replica last told: worker id → its in-flight requests
-// there, only ids of workers this router knows (bounded by them); spare is the previous
-// table's map, cleared and reused for the next.
+// replicaTable is what one other replica told: raw, its last table (worker id → its in-flight
+// requests there), and counts, what this router counts of them — for each worker the lesser of
+// its last two tables' counts. A request counts once two tables in a row hold it, and stops as
+// soon as one table no longer does: a request shorter than the share interval (which a table
+// would still show up to an interval after it ended, long after it mattered) never counts, and
+// the replicas keep agreeing on a lightly loaded affinity owner; a long one counts an interval
+// after it started. Both maps hold only ids of workers this router knows (bounded by them);
+// spare is a cleared map reused for the next raw table.
 type replicaTable struct {
-	counts, spare map[string]int64
+	raw, counts, spare map[string]int64
 }
 
 // shareTables is the other replicas' tables by replica name, at most MaxShareReplicas.
@@ -77,7 +82,7 @@ func (v *workerView) replicaLoad(m *ReplicaLoad) (fell bool) {
 		if v.share.by == nil {
 			v.share.by = make(map[string]*replicaTable)
 		}
-		t = &replicaTable{counts: make(map[string]int64)}
+		t = &replicaTable{raw: make(map[string]int64), counts: make(map[string]int64)}
 		v.share.by[m.Replica] = t
 	}
 	next := t.spare
@@ -95,13 +100,22 @@ func (v *workerView) replicaLoad(m *ReplicaLoad) (fell bool) {
 	for id, old := range t.counts {
 		if _, ok := next[id]; !ok {
 			fell = v.addOthers(v.slots[id], -old) || fell
+			delete(t.counts, id)
 		}
 	}
 	for id, n := range next {
-		fell = v.addOthers(v.slots[id], n-t.counts[id]) || fell
+		c := min(n, t.raw[id]) // 0 when the last table did not hold it
+		if d := c - t.counts[id]; d != 0 {
+			fell = v.addOthers(v.slots[id], d) || fell
+		}
+		if c > 0 {
+			t.counts[id] = c
+		} else {
+			delete(t.counts, id)
+		}
 	}
-	clear(t.counts)
-	t.counts, t.spare = next, t.counts
+	clear(t.raw)
+	t.raw, t.spare = next, t.raw
 	return fell
 }
 
@@ -136,6 +150,7 @@ func (v *workerView) addOthers(s *slot, d int64) bool {
 func (v *workerView) forgetShared(id string) {
 	for _, t := range v.share.by {
 		delete(t.counts, id)
+		delete(t.raw, id)
 	}
 }
 

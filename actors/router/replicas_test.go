@@ -7,6 +7,13 @@ import (
 	"pgregory.net/rapid"
 )
 
+// table delivers replica's table twice, as two shares in a row: what it holds counts.
+func (r *rig) table(replica string, loads ...WorkerLoad) {
+	for range 2 {
+		r.deliver(nil, &ReplicaLoad{Replica: replica, Loads: loads})
+	}
+}
+
 // ownLoadOf asks the router for its own table, as the load sharer does.
 func (r *rig) ownLoadOf() []WorkerLoad {
 	q := r.newRequester()
@@ -35,16 +42,16 @@ func TestReplicaTablesCountInTheLoad(t *testing.T) {
 	if got := pickOne(); got != "a" {
 		t.Fatalf("no tables: picked %s, want a (ties to the smaller id)", got)
 	}
-	r.deliver(nil, &ReplicaLoad{Replica: "r2", Loads: []WorkerLoad{{ID: "a", InFlight: 3}}})
+	r.table("r2", WorkerLoad{ID: "a", InFlight: 3})
 	if got := pickOne(); got != "b" {
 		t.Fatalf("r2 has 3 on a: picked %s, want b", got)
 	}
-	r.deliver(nil, &ReplicaLoad{Replica: "r3", Loads: []WorkerLoad{{ID: "b", InFlight: 5}}})
+	r.table("r3", WorkerLoad{ID: "b", InFlight: 5})
 	if got := pickOne(); got != "a" {
 		t.Fatalf("a 3, b 5: picked %s, want a", got)
 	}
 	// r2's next table names b only: a's 3 are gone.
-	r.deliver(nil, &ReplicaLoad{Replica: "r2", Loads: []WorkerLoad{{ID: "b", InFlight: 1}}})
+	r.table("r2", WorkerLoad{ID: "b", InFlight: 1})
 	if a, b := r.st.view.slots["a"].others, r.st.view.slots["b"].others; a != 0 || b != 6 {
 		t.Fatalf("after r2's second table: a %d b %d, want 0 and 6", a, b)
 	}
@@ -66,7 +73,7 @@ func TestLeastOutstandingOrdersByItsOwn(t *testing.T) {
 	r := newRig(t, Config{Admission: admissionCfg(nil, 4)})
 	r.join("a", "smol", 0)
 	r.join("b", "smol", 0)
-	r.deliver(nil, &ReplicaLoad{Replica: "r2", Loads: []WorkerLoad{{ID: "a", InFlight: 3}}})
+	r.table("r2", WorkerLoad{ID: "a", InFlight: 3})
 	q := r.newRequester()
 	q.pick("x", "smol", "")
 	p := q.picked()
@@ -115,6 +122,26 @@ func TestTieKeys(t *testing.T) {
 	}
 }
 
+// A count holds once two tables in a row hold it — the lesser of the two — and falls as soon
+// as one table holds less: a request shorter than a share interval never counts.
+func TestReplicaCountsNeedTwoTables(t *testing.T) {
+	r := newRig(t, Config{Policy: "precise_prefix"})
+	r.join("a", "smol", 0)
+	s := r.st.view.slots["a"]
+	for i, c := range []struct {
+		n, want int64
+	}{{3, 0}, {0, 0}, {2, 0}, {5, 2}, {5, 5}, {1, 1}, {4, 1}, {4, 4}, {0, 0}, {7, 0}} {
+		var ls []WorkerLoad
+		if c.n > 0 {
+			ls = []WorkerLoad{{ID: "a", InFlight: c.n}}
+		}
+		r.deliver(nil, &ReplicaLoad{Replica: "r2", Loads: ls})
+		if s.others != c.want || s.member.Load() != c.want {
+			t.Fatalf("table %d (a: %d): others %d, policy load %d; want %d", i, c.n, s.others, s.member.Load(), c.want)
+		}
+	}
+}
+
 // What a table may not move: unknown workers, counts ≤ 0, counts over the bound (clamped), more
 // replicas than the bound; a removed worker is forgotten, so its id registering again starts at 0.
 func TestReplicaTablesBounds(t *testing.T) {
@@ -126,15 +153,15 @@ func TestReplicaTablesBounds(t *testing.T) {
 	if n := r.st.view.slots["a"].others; n != 0 || len(r.st.view.share.by["r2"].counts) != 0 {
 		t.Fatalf("a %d, r2's table %v: want nothing kept", n, r.st.view.share.by["r2"].counts)
 	}
-	r.deliver(nil, &ReplicaLoad{Replica: "r2", Loads: []WorkerLoad{{ID: "a", InFlight: 1 << 40}}})
+	r.table("r2", WorkerLoad{ID: "a", InFlight: 1 << 40})
 	if n := r.st.view.slots["a"].others; n != maxShareInFlight {
 		t.Fatalf("a %d, want the bound %d", n, maxShareInFlight)
 	}
 	for i := range MaxShareReplicas + 3 {
-		r.deliver(nil, &ReplicaLoad{Replica: fmt.Sprint("x", i), Loads: []WorkerLoad{{ID: "a", InFlight: 1}}})
+		r.table(fmt.Sprint("x", i), WorkerLoad{ID: "a", InFlight: 1})
 	}
-	if n, d := len(r.st.view.share.by), r.st.view.share.dropped; n != MaxShareReplicas || d != 4 {
-		t.Fatalf("%d tables kept, %d dropped; want %d and 4", n, d, MaxShareReplicas)
+	if n, d := len(r.st.view.share.by), r.st.view.share.dropped; n != MaxShareReplicas || d != 8 { // 4 replicas, 2 tables each
+		t.Fatalf("%d tables kept, %d dropped; want %d and 8", n, d, MaxShareReplicas)
 	}
 	if n := r.st.view.slots["a"].others; n != maxShareInFlight+MaxShareReplicas-1 {
 		t.Fatalf("a %d", n)
@@ -170,7 +197,7 @@ func TestOwnLoadTable(t *testing.T) {
 	if got := r.ownLoadOf(); len(got) != 0 {
 		t.Fatalf("idle: %v", got)
 	}
-	r.deliver(nil, &ReplicaLoad{Replica: "r2", Loads: []WorkerLoad{{ID: "a", InFlight: 9}, {ID: "b", InFlight: 9}}})
+	r.table("r2", WorkerLoad{ID: "a", InFlight: 9}, WorkerLoad{ID: "b", InFlight: 9})
 	var held []*Picked
 	qs := r.newRequester()
 	for range 3 {
@@ -198,7 +225,7 @@ func TestPeerLoadIsWhatNoTableExplains(t *testing.T) {
 	q := r.newRequester()
 	q.pick("x", "smol", "")
 	p := q.picked()
-	r.deliver(nil, &ReplicaLoad{Replica: "r2", Loads: []WorkerLoad{{ID: "a", InFlight: 3}}})
+	r.table("r2", WorkerLoad{ID: "a", InFlight: 3})
 	w := r.workers[r.workerPID("a").Id]
 	w.info.Running = 6
 	r.report(w)
@@ -293,7 +320,7 @@ func TestReplicaTablesProperty(t *testing.T) {
 func TestReplicaTableWakesTheQueue(t *testing.T) {
 	r := newRig(t, Config{Admission: admissionCfg(nil, 1)})
 	r.join("w1", "smol", 0)
-	r.deliver(nil, &ReplicaLoad{Replica: "r2", Loads: []WorkerLoad{{ID: "w1", InFlight: 1}}})
+	r.table("r2", WorkerLoad{ID: "w1", InFlight: 1})
 	a := r.newRequester()
 	a.pick("a", "smol", "")
 	a.queued()
@@ -303,7 +330,7 @@ func TestReplicaTableWakesTheQueue(t *testing.T) {
 		t.Fatalf("a after r2's table emptied: %+v", p)
 	}
 	a.release(p)
-	r.deliver(nil, &ReplicaLoad{Replica: "r3", Loads: []WorkerLoad{{ID: "w1", InFlight: 2}}})
+	r.table("r3", WorkerLoad{ID: "w1", InFlight: 2})
 	b := r.newRequester()
 	b.pick("b", "smol", "")
 	b.queued()

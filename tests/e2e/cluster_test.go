@@ -392,6 +392,65 @@ func TestClusterOfThreeReplicas(t *testing.T) {
 		}
 	})
 
+	t.Run("a stream through one replica counts on the others (R23 load sharing)", func(t *testing.T) {
+		var grpcs []string
+		for _, r := range c.replicas {
+			grpcs = append(grpcs, r.GRPCAddr)
+		}
+		proctest.StartEngine(t, tlengineBin, "--id", "slow1", "--model", "slowm", "--decode-per-token", "50ms", "--gateway", strings.Join(grpcs, ","))
+		row := func(i int) (workerRow, bool) {
+			var rows []workerRow
+			c.getJSON(t, i, "/admin/v1/workers", &rows, "workers")
+			for _, w := range rows {
+				if w.ID == "slow1" {
+					return w, true
+				}
+			}
+			return workerRow{}, false
+		}
+		for i := range 3 {
+			eventually(t, fmt.Sprintf("replica %d routes to slow1", i+1), 10*time.Second, func() bool { w, ok := row(i); return ok && w.Routable })
+			eventually(t, fmt.Sprintf("replica %d hears both others", i+1), 10*time.Second, func() bool {
+				return metricSum(t, c.base(i), "tlgw_replica_load_peers") == 2
+			})
+		}
+		req, _ := http.NewRequest("POST", c.base(0)+"/v1/completions", strings.NewReader(`{"model":"slowm","prompt":"x","max_tokens":80,"stream":true}`))
+		req.Header.Set("Authorization", "Bearer "+clusterKey)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		streamed := make(chan string, 1)
+		go func() {
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			streamed <- string(b)
+		}()
+		for _, i := range []int{1, 2} {
+			eventually(t, fmt.Sprintf("replica %d counts replica 1's stream on slow1", i+1), 2*time.Second, func() bool {
+				w, _ := row(i)
+				return w.ReplicasInFlight == 1 && w.InFlight == 0
+			})
+		}
+		if w, _ := row(0); w.InFlight != 1 || w.ReplicasInFlight != 0 {
+			t.Fatalf("replica 1's own view of slow1: %+v", w)
+		}
+		select {
+		case body := <-streamed:
+			if resp.StatusCode != 200 || !strings.HasSuffix(strings.TrimSpace(body), "data: [DONE]") {
+				t.Fatalf("the stream: %d, ends %q", resp.StatusCode, body[max(0, len(body)-60):])
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatal("the stream did not end within 20 s")
+		}
+		for _, i := range []int{1, 2} {
+			eventually(t, fmt.Sprintf("replica %d sees it end", i+1), 2*time.Second, func() bool {
+				w, _ := row(i)
+				return w.ReplicasInFlight == 0
+			})
+		}
+	})
+
 	t.Run("etcd stopped: requests flow, admin writes 503; restarted: a PUT goes through and all converge", func(t *testing.T) {
 		etag := c.etag(t, 0)
 		c.etcd.Stop()

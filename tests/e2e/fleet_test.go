@@ -69,6 +69,8 @@ type workerRow struct {
 	EjectionReason string     `json:"ejection_reason"`
 	// R19: the load the worker's recent failures add (0 when none).
 	FailureLoad int64 `json:"failure_load"`
+	// R23: the other replicas' requests on it, as they last shared them.
+	ReplicasInFlight int `json:"replicas_in_flight"`
 }
 
 func (f *fleet) workers(t *testing.T) []workerRow {
