@@ -98,7 +98,12 @@ func TestServerRestartRedialledWithBackoff(t *testing.T) {
 	sh.router.setOwn(WorkerLoad{"w", 1})
 	sh.tickUntil(t, 5, "the table", holds(b.router, "a", WorkerLoad{"w", 1}))
 	b.restart(t)
-	sh.tickUntil(t, 2000, "the restarted peer has the table", holds(b.router, "a", WorkerLoad{"w", 1}))
+	sh.tickUntil(t, 2000, "the broken stream seen", func() bool { return len(sh.clk.backoffs()) == 1 })
+	// The redial 200 ms later starts its stream with the latest table: no tick sends it (it
+	// is unchanged, and was refreshed when the break was seen).
+	sh.tickUntil(t, 3, "the restarted peer has the table", holds(b.router, "a", WorkerLoad{"w", 1}))
+	sh.router.setOwn(WorkerLoad{"w", 2})
+	sh.tickUntil(t, 2, "the new stream carries the next change", holds(b.router, "a", WorkerLoad{"w", 2}))
 	if d := cmp.Diff([]time.Duration{minBackoff}, sh.clk.backoffs()); d != "" {
 		t.Fatalf("backoffs (-want +got):\n%s", d)
 	}
@@ -116,7 +121,7 @@ func TestServerRestartRedialledWithBackoff(t *testing.T) {
 		t.Fatal(err)
 	}
 	b.serve(t, ln)
-	sh.tickUntil(t, 2000, "the peer back has the table", holds(b.router, "a", WorkerLoad{"w", 1}))
+	sh.tickUntil(t, 2000, "the peer back has the table", holds(b.router, "a", WorkerLoad{"w", 2}))
 	if got, n := testutil.ToFloat64(sh.sh.m.failures), len(sh.clk.backoffs()); got != float64(n) {
 		t.Fatalf("stream failures = %v, backoffs %d", got, n)
 	}
