@@ -209,11 +209,13 @@ type recClock struct {
 
 func newClock() *recClock { return &recClock{Fake: clock.NewFake(time.Unix(1700000000, 0))} }
 
+// AfterFunc schedules f, then counts the wait: once a wait is counted, an Advance fires it.
 func (c *recClock) AfterFunc(d time.Duration, f func()) clock.Timer {
+	tm := c.Fake.AfterFunc(d, f)
 	c.mu.Lock()
 	c.waits = append(c.waits, d)
 	c.mu.Unlock()
-	return c.Fake.AfterFunc(d, f)
+	return tm
 }
 
 // asked is how many waits of length d were asked for.
@@ -310,7 +312,8 @@ func (ts *testSharer) tick(t *testing.T) {
 }
 
 // tickUntil lets ticks run, each once the one before is over, until cond holds: at most n
-// more ticks, and 10 s.
+// more ticks, and 10 s. Ticks run faster than the network: what takes more than one round
+// trip (a failure seen, then a redial after a backoff on the clock) needs a generous n.
 func (ts *testSharer) tickUntil(t *testing.T, n int, what string, cond func() bool) {
 	t.Helper()
 	deadline, last := time.Now().Add(10*time.Second), ts.ticks+n

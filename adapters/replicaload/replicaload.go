@@ -54,7 +54,7 @@ const (
 
 // TableBytes is the largest LoadTable, as encoded, with maxWorkers entries: every worker id of
 // MaxWorkerIDLen bytes, every count MaxInFlight, the replica id of config.MaxReplicaIDLen
-// bytes. A Server's gRPC MaxRecvMsgSize must be at least this (16,384 entries: 4,358,276
+// bytes. A Server's gRPC MaxRecvMsgSize must be at least this (16,384 entries: 4,358,275
 // bytes, over gRPC's default of 4 MiB).
 //
 // An entry is its tag (1 byte), its length (2) and its body: the id's tag (1), length (2) and
