@@ -2,8 +2,16 @@ package app_test
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"io"
 	"log/slog"
+	"math/big"
+	"net"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -17,11 +25,46 @@ import (
 // TestReplicasShareTheirLoad (R23): two replicas over etcd, one engine heartbeating to both. A
 // request held on replica a counts on b as a's (replicas_in_flight), not as b's own; its
 // release takes it away, and so does a's shutdown with one still held, and b keeps no peer table after a left.
-func TestReplicasShareTheirLoad(t *testing.T) {
+func TestReplicasShareTheirLoad(t *testing.T) { shareLoad(t, nil) }
+
+// TestReplicasShareTheirLoadOverMTLS: the same with the registry on mutual TLS ([registry]
+// tls_cert and client_ca): the replicas verify one another against client_ca and present their
+// registry certificate (server and client authentication) to one another.
+func TestReplicasShareTheirLoadOverMTLS(t *testing.T) {
+	p := newPKI(t)
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(99), Subject: pkix.Name{CommonName: "tlgw replica"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		KeyUsage:    x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, p.ca, &key.PublicKey, p.caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kd, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, keyFile := p.write("replica.pem", "CERTIFICATE", der), p.write("replica-key.pem", "PRIVATE KEY", kd)
+	shareLoad(t, func(cfg *config.Config) {
+		cfg.Registry.TLSCert, cfg.Registry.TLSKey, cfg.Registry.ClientCA = cert, keyFile, filepath.Join(p.dir, "ca.pem")
+	})
+}
+
+func shareLoad(t *testing.T, edit func(*config.Config)) {
 	etcd := etcdtest.Start(t)
 	start := func(id string) *app.App {
 		cfg := config.Default()
 		cfg.Gateway.HTTPListen, cfg.Gateway.RegistryListen = "127.0.0.1:0", "127.0.0.1:0"
+		if edit != nil {
+			edit(cfg)
+		}
 		cfg.Cluster = config.Cluster{Enabled: true, EtcdEndpoints: []string{etcd.Endpoint()}, Prefix: "/share/", ReplicaID: id,
 			LeaseTTL: 2 * time.Second, LoadShareInterval: 20 * time.Millisecond}
 		a, err := app.Start(cfg, app.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
