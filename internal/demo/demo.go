@@ -123,6 +123,8 @@ func Banner(httpAddr string) string {
 	base := "http://" + httpAddr
 	return fmt.Sprintf(`tlgw demo is ready on %[1]s (no API key needed)
 
+live operator page: %[1]s/ui (workers, routes, queue, replicas; open it in a browser)
+
 models: smol (2 workers), big (1), auto (cascade: smol, escalated to big unless mean_logprob > -1.0),
         smol-pd (disaggregated smol: prefill + decode workers)
 

@@ -2,6 +2,8 @@ package demo
 
 import (
 	"context"
+	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -37,6 +39,15 @@ func TestDemoRegistryToken(t *testing.T) {
 	if t1, t2 := mustToken(t), mustToken(t); t1 == t2 || len(t1) != 64 {
 		t.Fatalf("tokens %q %q", t1, t2)
 	}
+	// The live page the banner names is served, without a key (the demo has none).
+	resp, err := http.Get("http://" + d.App.HTTPAddr + "/ui")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/html") {
+		t.Fatalf("/ui on the demo: %d %s", resp.StatusCode, resp.Header.Get("Content-Type"))
+	}
 }
 
 func mustToken(t *testing.T) string {
@@ -46,4 +57,12 @@ func mustToken(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return s
+}
+
+// The banner names the live operator page (R24); TestDemoRegistryToken fetches it.
+func TestBannerNamesTheLivePage(t *testing.T) {
+	b := Banner("127.0.0.1:8080")
+	if !strings.Contains(b, "live operator page: http://127.0.0.1:8080/ui") {
+		t.Fatalf("banner without the /ui address:\n%s", b)
+	}
 }
