@@ -25,6 +25,7 @@ import (
 	"github.com/tlgw/tlgw/actors/router"
 	"github.com/tlgw/tlgw/internal/config"
 	"github.com/tlgw/tlgw/internal/errs"
+	"github.com/tlgw/tlgw/internal/history"
 	"github.com/tlgw/tlgw/internal/oai"
 )
 
@@ -96,6 +97,8 @@ type Options struct {
 	Pools        EnginePools   // nil: the engine-pools admin path answers 404
 	// Replicas lists the gateway's replicas (R16); nil: an empty list.
 	Replicas func() Replicas
+	// History is the recent past for GET /admin/v1/history (R24); nil: that path answers 404.
+	History func() history.Snapshot
 	// Registerer receives the HTTP metrics; Gatherer serves /metrics. Either may be nil.
 	Registerer prometheus.Registerer
 	Gatherer   prometheus.Gatherer
@@ -129,6 +132,7 @@ type Server struct {
 	admission Admission
 	static    StaticWorkers
 	pools     EnginePools
+	history   func() history.Snapshot // Options.History
 	replicaFn func() Replicas
 
 	renderPrompts bool
@@ -155,7 +159,7 @@ func New(o Options) *Server {
 		core: o.Core, serve: o.Serve, keys: newKeyring(o.Keys), limiter: ratelimit.New(o.Now), maxBody: o.MaxBodyBytes, admission: o.Admission, static: o.Static, pools: o.Pools,
 		log: o.Logger, metrics: newHTTPMetrics(o.Registerer),
 		maxInFlight: o.MaxInFlight, bodyTimeout: o.BodyReadTimeout, writeTimeout: o.ClientWriteTimeout,
-		renderPrompts: o.RenderPrompts, replicaFn: o.Replicas, tokens: o.Tokens,
+		renderPrompts: o.RenderPrompts, replicaFn: o.Replicas, tokens: o.Tokens, history: o.History,
 	}
 	s.replicas.Store(1)
 	if o.Registerer != nil {
@@ -325,6 +329,11 @@ func (s *Server) routes() *http.ServeMux {
 	route(m, admin, "/admin/v1/queue", on("GET", admin(s.getQueue)))
 	route(m, admin, "/admin/v1/programs", on("GET", admin(s.getPrograms)))
 	route(m, admin, "/admin/v1/replicas", on("GET", admin(s.getReplicas)))
+	if s.history != nil {
+		route(m, admin, "/admin/v1/history", on("GET", admin(func(w http.ResponseWriter, _ *http.Request) {
+			writeJSON(w, http.StatusOK, s.history())
+		})))
+	}
 	route(m, admin, "/admin/v1/routes", on("GET", admin(s.getRoutes)), on("PUT", admin(s.putRoutes)))
 	if s.static != nil {
 		route(m, admin, "/admin/v1/static-workers", on("GET", admin(s.getStatic)), on("PUT", admin(s.putStatic)))

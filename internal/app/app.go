@@ -70,6 +70,7 @@ type App struct {
 	pools    *enginePools    // [[gateway.engine_pools]] (R23)
 	store    *cluster.Store  // the control plane in etcd (R16); nil without [cluster]
 	share    *loadShare      // the replicas' load exchange (R23); nil without it
+	hist     *historySampler // GET /admin/v1/history (R24)
 	self     cluster.Replica // this replica
 	clock    clock.Clock
 	unwatch  func()
@@ -266,8 +267,9 @@ func Start(cfg *config.Config, o Options) (*App, error) {
 		core, static = clusterCore{Gateway: gw, app: a}, clusterStatic{staticWorkers: a.static, app: a}
 		pools.app = a
 	}
+	a.hist = a.startHistory()
 	a.HTTP = httpapi.New(httpapi.Options{
-		Static: static, Pools: pools, Replicas: a.replicas,
+		Static: static, Pools: pools, Replicas: a.replicas, History: a.hist.snapshot,
 		Core: core, Keys: cfg.Auth.Keys, MaxBodyBytes: g.MaxBodyBytes, Logger: o.Logger,
 		Admission:  httpAdmission(cfg),
 		Serve:      func(x *request.Exchange) { request.Spawn(gw.System, deps, x, reqOpts...) },
@@ -284,6 +286,7 @@ func Start(cfg *config.Config, o Options) (*App, error) {
 			_ = grpcLis.Close()
 			a.static.mgr.Close()
 			a.pools.close()
+			a.hist.close()
 			a.stopActors()
 			return nil, err
 		}
@@ -297,6 +300,7 @@ func Start(cfg *config.Config, o Options) (*App, error) {
 			a.store.Close()
 			a.static.mgr.Close()
 			a.pools.close()
+			a.hist.close()
 			a.stopActors()
 			return nil, err
 		}
@@ -337,6 +341,7 @@ func (a *App) Shutdown(ctx context.Context) error {
 		_ = a.httpSrv.Close() // grace period over: cut what is left
 	}
 	a.grpcLis.Stop(ctx)
+	a.hist.close()
 	if a.store != nil {
 		a.share.stop()  // the streams to the other replicas end: they forget this one's table
 		a.store.Close() // revokes this replica's lease: the others count one replica less at once
