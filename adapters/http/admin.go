@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"github.com/tlgw/tlgw/actors/router/admission/thunderagent"
 	"github.com/tlgw/tlgw/internal/config"
 	"github.com/tlgw/tlgw/internal/errs"
+	"github.com/tlgw/tlgw/internal/history"
 )
 
 // workerJSON is one row of GET /admin/v1/workers (SPEC B2).
@@ -417,4 +419,19 @@ func (s *Server) getReplicas(w http.ResponseWriter, _ *http.Request) {
 		v.List = []Replica{}
 	}
 	writeJSON(w, http.StatusOK, v)
+}
+
+// getHistory serves GET /admin/v1/history (R24): every series, or with ?scope=routes those that
+// are not per worker (what the live page draws: a fleet's worker series would be most of it).
+func (s *Server) getHistory(w http.ResponseWriter, r *http.Request) {
+	h := s.history()
+	switch r.URL.Query().Get("scope") {
+	case "", "all":
+	case "routes":
+		h.Series = slices.DeleteFunc(h.Series, func(x history.Series) bool { return x.Worker != "" })
+	default:
+		writeError(w, fmt.Errorf("scope is all (the default) or routes: %w", errs.ErrInvalidRequest))
+		return
+	}
+	writeJSON(w, http.StatusOK, h)
 }

@@ -330,9 +330,7 @@ func (s *Server) routes() *http.ServeMux {
 	route(m, admin, "/admin/v1/programs", on("GET", admin(s.getPrograms)))
 	route(m, admin, "/admin/v1/replicas", on("GET", admin(s.getReplicas)))
 	if s.history != nil {
-		route(m, admin, "/admin/v1/history", on("GET", admin(func(w http.ResponseWriter, _ *http.Request) {
-			writeJSON(w, http.StatusOK, s.history())
-		})))
+		route(m, admin, "/admin/v1/history", on("GET", admin(s.getHistory)))
 	}
 	route(m, admin, "/admin/v1/routes", on("GET", admin(s.getRoutes)), on("PUT", admin(s.putRoutes)))
 	if s.static != nil {

@@ -318,3 +318,91 @@ func (b *burst) send(key, id string) {
 		outcome = resp.Status
 	}()
 }
+
+// chartPoints is what the page's history charts drew: per route, each chart's lines and their
+// points (the figure's data-points).
+type chartPoints struct {
+	Route  string           `json:"route"`
+	Charts []map[string]int `json:"charts"`
+}
+
+// TestHistoryCharts (R24): after a burst of requests the page draws the route's requests/s and
+// TTFT charts from GET /admin/v1/history with points on their lines (two samples, 5 s apart,
+// give the first rate), as SVG built through the DOM under the page's unchanged CSP. With
+// TLGW_UI_CHARTS_SCREENSHOT set, the page's screenshot is written there (docs/ui-charts.png).
+func TestHistoryCharts(t *testing.T) {
+	gw := proctest.StartTLGW(t, tlgwBin, `
+[gateway]
+http_listen = "127.0.0.1:0"
+registry_listen = "127.0.0.1:0"
+heartbeat_interval = "200ms"
+heartbeat_miss_limit = 3
+
+[[gateway.routes]]
+model = "chat"
+backends = [{ model = "smol", weight = 1 }]
+`)
+	base := "http://" + gw.HTTPAddr
+	for _, id := range []string{"c1", "c2"} {
+		proctest.StartEngine(t, tlengineBin, "--id", id, "--model", "smol", "--gateway", gw.GRPCAddr, "--decode-per-token", "2ms")
+	}
+	ctx := newBrowser(t)
+	if err := chromedp.Do(ctx, chromedp.Navigate(base+"/ui")); err != nil {
+		t.Fatal(err)
+	}
+	waitPage(t, ctx, "the page collecting history", 10*time.Second, `document.querySelector("#history .meta").textContent`,
+		func(v string) bool { return strings.Contains(v, "every 5 s") })
+	// Requests every 50 ms until the charts show them (at most 30 s: two or three samples).
+	stop := make(chan struct{})
+	sent := make(chan int, 1)
+	go func() {
+		n := 0
+		defer func() { sent <- n }()
+		tick := time.NewTicker(50 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+			}
+			if n >= 600 {
+				continue
+			}
+			resp, err := http.Post(base+"/v1/completions", "application/json",
+				strings.NewReader(fmt.Sprintf(`{"model":"chat","prompt":"chart %d","max_tokens":4}`, n)))
+			if err == nil {
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+			n++
+		}
+	}()
+	const drawn = `Array.from(document.querySelectorAll("#history .chartrow[data-route]"), r => ({
+		route: r.dataset.route,
+		charts: Array.from(r.querySelectorAll("figure"), f => JSON.parse(f.dataset.points))}))`
+	rows := waitPage(t, ctx, "the chat route's charts with points", 30*time.Second, drawn, func(rows []chartPoints) bool {
+		for _, r := range rows {
+			if r.Route == "chat" && len(r.Charts) == 2 && r.Charts[0]["req"] > 0 && r.Charts[1]["p50"] > 0 && r.Charts[1]["p99"] > 0 {
+				return true
+			}
+		}
+		return false
+	})
+	close(stop)
+	t.Logf("charts drawn: %+v after %d requests", rows, <-sent)
+	// Drawn as SVG elements built through the DOM.
+	if n := run[int](t, ctx, `document.querySelectorAll("#history svg.chart polyline, #history svg.chart circle").length`); n == 0 {
+		t.Fatal("no line drawn")
+	}
+	png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
+	if err != nil {
+		t.Fatalf("screenshot: %v", err)
+	}
+	if p := os.Getenv("TLGW_UI_CHARTS_SCREENSHOT"); p != "" {
+		if err := os.WriteFile(p, png, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("screenshot written to %s", p)
+	}
+}

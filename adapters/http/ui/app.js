@@ -17,6 +17,7 @@
     { name: "routes", path: "/admin/v1/routes", render: renderRoutes },
     { name: "programs", path: "/admin/v1/programs", render: renderPrograms },
     { name: "replicas", path: "/admin/v1/replicas", render: renderReplicas },
+    { name: "history", path: "/admin/v1/history?scope=routes", render: renderHistory },
   ];
 
   let key = readKey();
@@ -291,6 +292,86 @@
         : el("p", { class: "muted" }, "Single process (no [cluster]): routes and workers are kept in memory."),
       table(["Replica", "HTTP", "Registry", "Started"], rows, "No replica listed."));
     setMeta("#replicas", String(rs.length));
+  }
+
+  // ---- history (R24): charts of the last 15 minutes, drawn as SVG through the DOM ----
+
+  const SVG = "http://www.w3.org/2000/svg";
+  const CHART_W = 300, CHART_H = 72, PAD = 2;
+
+  function svg(tag, attrs) {
+    const e = document.createElementNS(SVG, tag);
+    for (const [k, v] of Object.entries(attrs || {})) e.setAttribute(k, String(v));
+    return e;
+  }
+
+  // chart draws lines (each { label, cls, values: [number|null] }) on one scale from 0 to the
+  // highest value; a null breaks a line. Its title and legend are text; its data attributes
+  // say how many points each line has, for tests.
+  function chart(title, unit, lines) {
+    const n = Math.max(0, ...lines.map((l) => l.values.length));
+    let top = 0;
+    for (const l of lines) for (const v of l.values) if (v != null && v > top) top = v;
+    const scale = top > 0 ? top : 1;
+    const g = svg("svg", { viewBox: "0 0 " + CHART_W + " " + CHART_H, class: "chart", role: "img" });
+    g.append(svg("line", { x1: 0, y1: CHART_H - PAD, x2: CHART_W, y2: CHART_H - PAD, class: "axis" }));
+    const drawn = {};
+    for (const l of lines) {
+      let seg = [];
+      let points = 0;
+      const flush = () => {
+        if (seg.length > 1) g.append(svg("polyline", { points: seg.join(" "), class: "line " + l.cls }));
+        else if (seg.length === 1) {
+          const [x, y] = seg[0].split(",");
+          g.append(svg("circle", { cx: x, cy: y, r: 1.5, class: "dot " + l.cls }));
+        }
+        seg = [];
+      };
+      l.values.forEach((v, i) => {
+        if (v == null) return flush();
+        const x = n > 1 ? (i * CHART_W) / (n - 1) : CHART_W / 2;
+        const y = CHART_H - PAD - (v / scale) * (CHART_H - 2 * PAD);
+        seg.push(x.toFixed(1) + "," + y.toFixed(1));
+        points++;
+      });
+      flush();
+      drawn[l.cls] = points;
+    }
+    const last = (l) => { for (let i = l.values.length - 1; i >= 0; i--) if (l.values[i] != null) return l.values[i]; return null; };
+    const legend = lines.map((l) => el("span", { class: "legend " + l.cls },
+      l.label + " " + (last(l) == null ? "—" : fmtNum(last(l)) + unit)));
+    return el("figure", { class: "chartbox", data: { points: JSON.stringify(drawn) } },
+      el("figcaption", null, title, " ", muted("max " + fmtNum(top) + unit)), g, el("div", { class: "legends" }, legend));
+  }
+
+  function fmtNum(v) {
+    return v >= 100 ? Math.round(v).toString() : v >= 10 ? v.toFixed(1) : v.toFixed(2);
+  }
+
+  function renderHistory(data) {
+    const byRoute = new Map(); // route → metric → values
+    let queue = null;
+    for (const s of data.series || []) {
+      if (s.metric === "queue_depth") queue = s.values;
+      if (!s.route) continue;
+      if (!byRoute.has(s.route)) byRoute.set(s.route, {});
+      byRoute.get(s.route)[s.metric] = s.values;
+    }
+    const empty = (vs) => !vs || vs.every((v) => v == null);
+    const charts = [];
+    for (const [route, m] of [...byRoute].sort((a, b) => (a[0] < b[0] ? -1 : 1))) {
+      charts.push(el("div", { class: "chartrow", data: { route } },
+        chart(route + " · requests/s", "/s", [
+          { label: "requests", cls: "req", values: m.requests_per_s || [] },
+          { label: "errors", cls: "err", values: m.errors_per_s || [] }]),
+        empty(m.ttft_p50_ms) && empty(m.ttft_p99_ms) ? null : chart(route + " · time to first byte", " ms", [
+          { label: "p50", cls: "p50", values: m.ttft_p50_ms || [] },
+          { label: "p99", cls: "p99", values: m.ttft_p99_ms || [] }])));
+    }
+    if (queue && !empty(queue)) charts.push(el("div", { class: "chartrow" }, chart("admission queue", "", [{ label: "depth", cls: "queue", values: queue }])));
+    $("#history .body").replaceChildren(...(charts.length ? charts : [el("p", { class: "muted" },
+      data.points < 2 ? "Collecting: a sample every " + data.resolution_s + " s." : "No traffic in the last 15 minutes.")]));
+    setMeta("#history", data.points + " samples · every " + data.resolution_s + " s");
   }
 
   // ---- summary ----
