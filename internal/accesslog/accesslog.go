@@ -93,9 +93,9 @@ type Log struct {
 	errs    prometheus.Counter
 
 	// The writer's own (its goroutine only).
-	w       io.Writer // the file, or standard output
+	w       io.Writer     // the file, or standard output
 	out     *bufio.Writer // buffers w
-	closer  io.Closer // the file, closed after the last flush (nil: standard output)
+	closer  io.Closer     // the file, closed after the last flush (nil: standard output)
 	clk     clock.Clock
 	timer   clock.Timer // the pending flush, or nil: nothing is waiting in out
 	line    []byte      // the line being encoded, reused: bounded by the longest line
