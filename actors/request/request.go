@@ -20,6 +20,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 
 	"github.com/tlgw/tlgw/actors/router"
+	"github.com/tlgw/tlgw/internal/accesslog"
 	"github.com/tlgw/tlgw/internal/clock"
 	"github.com/tlgw/tlgw/internal/errs"
 	"github.com/tlgw/tlgw/internal/oai"
@@ -74,6 +75,11 @@ type Exchange struct {
 	// gateway.tokenizer = "engine"; nil: not rendered, the pick uses the approximate index).
 	// Never changed once the exchange is handed over; the router reads it on each pick.
 	TokenIDs []uint32
+	// For the access log (R24; read only when it is on): KeyName is the API key's configured
+	// name ("" without keys), never its secret; TraceID the request's W3C trace id (32
+	// lowercase hex digits, or "").
+	KeyName string
+	TraceID string
 
 	done   chan struct{}
 	tokens int64 // set before done is closed
@@ -212,6 +218,9 @@ type Deps struct {
 	// Go runs an I/O step on a goroutine (internal/gopool's Pool.Go in production, so the step
 	// reuses a goroutine whose stack has grown); nil: a go statement.
 	Go func(func())
+	// AccessLog receives a record of each finished request (R24); nil: no access log, and
+	// the request path pays one nil check.
+	AccessLog *accesslog.Log
 }
 
 // requestActor is one request's state machine.
@@ -318,6 +327,16 @@ type requestActor struct {
 	// pick left, whether it was queued, when the current attempt started, when the relay began.
 	pickSent, attemptAt, relayAt time.Time
 	queued                       bool
+
+	// What the access log says of the request (access.go): the attempts made (every pick
+	// acted on, over all cascade steps), the last attempt's worker, the time to the first
+	// byte of the answer relayed (0: none), the answer's usage (−1: not known), and how a
+	// failure the actor answered ended it ("" until fail).
+	tries                          int
+	lastWorker                     string
+	ttft                           time.Duration
+	promptTokens, completionTokens int64
+	failed                         string
 }
 
 // Props returns the props of the actor serving x. Request actors are top-level with a guardian
@@ -457,6 +476,7 @@ func (r *requestActor) start(c actor.Context) {
 		r.cascadeStep = 0
 	}
 	r.state = Routing
+	r.promptTokens, r.completionTokens = -1, -1
 	if r.x.ParseTime > 0 {
 		r.d.Metrics.stage(stageParse, r.x.ParseTime)
 	}
@@ -675,6 +695,9 @@ func (r *requestActor) finish(c actor.Context, code int) {
 	r.unwatchWorkers(c)
 	r.code = code
 	r.d.Metrics.done(r.route, r.served, r.x.Kind, code)
+	if r.d.AccessLog != nil {
+		r.logAccess(code)
+	}
 	r.finished = true
 	r.x.tokens = r.relayOut.cost(r.x.promptBytes())
 	r.tellFinished(c.Send, r.x.tokens, !r.answered(code))
@@ -704,8 +727,12 @@ func (r *requestActor) tellFinished(send func(*actor.PID, any), tokens int64, ab
 	send(r.d.Router, &router.Finished{Key: r.key, Tokens: tokens, Aborted: aborted})
 }
 
-// fail answers an error to a client that has received nothing yet and finishes.
+// fail answers an error to a client that has received nothing yet and finishes. Its outcome
+// word is the error's, unless the caller named a more precise one (r.failed).
 func (r *requestActor) fail(c actor.Context, err error) {
+	if r.failed == "" {
+		r.failed = failOutcome(err)
+	}
 	r.finish(c, r.errs().Error(r.x.W, err))
 }
 
@@ -746,6 +773,7 @@ func (r *requestActor) stopping(c actor.Context) {
 	kvHandle, releaseKV := r.kvHandle, r.kvRelease()
 	route, served, metrics, kind := r.route, r.served, r.d.Metrics, r.x.Kind
 	hold := r.cascadeHold
+	alog, rec, clk := r.d.AccessLog, r.accessRecord(), r.clock()
 	go func() {
 		if ioDone != nil {
 			<-ioDone
@@ -771,6 +799,13 @@ func (r *requestActor) stopping(c actor.Context) {
 			code = ew.Error(x.W, fmt.Errorf("the gateway failed while serving the request: %w", errs.ErrUpstream))
 		}
 		metrics.done(route, served, kind, code)
+		if alog != nil {
+			if out != nil {
+				rec.PromptTokens, rec.CompletionTokens = out.promptTokens, out.completionTokens
+			}
+			rec.Time, rec.Duration, rec.Status, rec.Outcome = clk.Now(), time.Since(x.Start), code, OutcomeCrashed
+			alog.Record(&rec)
+		}
 		close(x.done)
 	}()
 }
