@@ -111,6 +111,9 @@ type Options struct {
 	// Tokens gives chat and completions requests their token ids before they are handed
 	// over (R22: gateway.tokenizer = "engine"); nil: none.
 	Tokens TokenSource
+	// AccessLog: the access log is on (R24), so each exchange carries the request's trace id
+	// (accessTraceID); off, the request path does not look for it.
+	AccessLog bool
 }
 
 // Server is the gateway's http.Handler.
@@ -133,6 +136,7 @@ type Server struct {
 
 	renderPrompts bool
 	tokens        TokenSource
+	accessLog     bool
 
 	maxInFlight  int
 	inFlight     atomic.Int64
@@ -155,7 +159,7 @@ func New(o Options) *Server {
 		core: o.Core, serve: o.Serve, keys: newKeyring(o.Keys), limiter: ratelimit.New(o.Now), maxBody: o.MaxBodyBytes, admission: o.Admission, static: o.Static, pools: o.Pools,
 		log: o.Logger, metrics: newHTTPMetrics(o.Registerer),
 		maxInFlight: o.MaxInFlight, bodyTimeout: o.BodyReadTimeout, writeTimeout: o.ClientWriteTimeout,
-		renderPrompts: o.RenderPrompts, replicaFn: o.Replicas, tokens: o.Tokens,
+		renderPrompts: o.RenderPrompts, replicaFn: o.Replicas, tokens: o.Tokens, accessLog: o.AccessLog,
 	}
 	s.replicas.Store(1)
 	if o.Registerer != nil {

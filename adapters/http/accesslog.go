@@ -1,0 +1,71 @@
+package httpapi
+
+import (
+	"net/http"
+
+	"github.com/tlgw/tlgw/actors/request"
+)
+
+// forAccessLog gives x what the access log says of its client (R24), when the log is on: the
+// key's name (never its secret) and the trace id. No client address is logged: the gateway's
+// own logs carry none either, and a proxy in front knows the real one.
+func (s *Server) forAccessLog(x *request.Exchange, r *http.Request, km keyMatch) {
+	if !s.accessLog {
+		return
+	}
+	x.KeyName, x.TraceID = km.name, accessTraceID(r)
+}
+
+// accessTraceID is the trace id the access log names the request by: the one place it is
+// decided. Until the gateway traces requests itself (R24 [tracing]) it is the trace id of the
+// traceparent header the client sent, when that header is valid, else "". Once requests carry
+// a span in r.Context(), this returns that span's trace id (which continues the client's, or
+// starts a new trace).
+func accessTraceID(r *http.Request) string {
+	v := r.Header["Traceparent"] // canonical: no allocation
+	if len(v) != 1 {
+		return "" // absent, or sent twice: W3C Trace Context says to ignore it
+	}
+	return traceparentID(v[0])
+}
+
+// traceparentID is the trace id of a W3C traceparent value, "version-traceid-parentid-flags"
+// (00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01), or "" when it is not valid:
+// version two lowercase hex digits, not "ff"; trace id 32 and parent id 16 lowercase hex
+// digits, neither all zeros; flags two hex digits. Version 00 is exactly 55 characters; a
+// later version may carry more after a "-".
+func traceparentID(v string) string {
+	const size = 55
+	if len(v) < size || v[2] != '-' || v[35] != '-' || v[52] != '-' {
+		return ""
+	}
+	version, trace, parent, flags := v[0:2], v[3:35], v[36:52], v[53:55]
+	switch {
+	case !lowerHex(version) || version == "ff",
+		version == "00" && len(v) != size,
+		len(v) > size && v[size] != '-',
+		!lowerHex(trace) || allZeros(trace),
+		!lowerHex(parent) || allZeros(parent),
+		!lowerHex(flags):
+		return ""
+	}
+	return trace
+}
+
+func lowerHex(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+func allZeros(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] != '0' {
+			return false
+		}
+	}
+	return true
+}
