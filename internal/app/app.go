@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -27,6 +28,7 @@ import (
 	httpapi "github.com/tlgw/tlgw/adapters/http"
 	"github.com/tlgw/tlgw/adapters/kvzmq"
 	"github.com/tlgw/tlgw/adapters/scrape"
+	"github.com/tlgw/tlgw/internal/accesslog"
 	"github.com/tlgw/tlgw/internal/actormetrics"
 	"github.com/tlgw/tlgw/internal/clock"
 	"github.com/tlgw/tlgw/internal/config"
@@ -46,6 +48,8 @@ type Options struct {
 	// Resolver resolves engine names for every connection to an engine (nil: the default
 	// resolver; tests point it at a test DNS server).
 	Resolver *net.Resolver
+	// Stdout is where access_log.path = "-" writes (default os.Stdout).
+	Stdout io.Writer
 }
 
 // App is a running gateway.
@@ -74,6 +78,7 @@ type App struct {
 	clock    clock.Clock
 	unwatch  func()
 	pool     *gopool.Pool
+	alog     *accesslog.Log // [access_log] (R24); nil: off
 	serveErr chan error
 }
 
@@ -199,6 +204,16 @@ func Start(cfg *config.Config, o Options) (*App, error) {
 	a := &App{Gateway: gw, Registry: reg, cfg: cfg, canary: canary, log: o.Logger, serveErr: make(chan error, 2), pool: pool,
 		clock: o.Clock, kvs: kvs, kvz: kvz}
 	a.unwatch = am.WatchSystem(gw.System)
+	if al := cfg.AccessLog; al.Enabled() {
+		// Opened before anything serves, closed (flushed) by stopActors once requests have
+		// drained: every request finished before then has its line.
+		a.alog, err = accesslog.Open(al.Path, accesslog.Options{Buffer: al.Buffer, Clock: o.Clock, Registerer: reg,
+			Logger: o.Logger.With("component", "access_log"), Stdout: o.Stdout})
+		if err != nil {
+			a.stopActors()
+			return nil, fmt.Errorf("access_log.path: %w", err)
+		}
+	}
 
 	httpLis, err := net.Listen("tcp", g.HTTPListen)
 	if err != nil {
@@ -244,6 +259,7 @@ func Start(cfg *config.Config, o Options) (*App, error) {
 		BufferBudget: bufferBudget(g.MaxBufferedBytes),
 		Warmups:      request.NewWarmups(request.DefaultMaxWarmups),
 		Go:           pool.Go,
+		AccessLog:    a.alog,
 	}
 	reqOpts := append(am.Options("request"), actor.WithDispatcher(pool))
 	if o.ActorOptions != nil {
@@ -275,6 +291,7 @@ func Start(cfg *config.Config, o Options) (*App, error) {
 		MaxInFlight: g.MaxInFlight, BodyReadTimeout: g.BodyReadTimeout, ClientWriteTimeout: g.ClientWriteTimeout,
 		RenderPrompts: deps.PrefixHashes,
 		Tokens:        tokens,
+		AccessLog:     a.alog != nil,
 	})
 	a.drain = newDrainGate()
 	a.httpSrv = newHTTPServer(a.drain.wrap(a.HTTP), g)
@@ -363,6 +380,14 @@ func (a *App) stopActors() {
 	}
 	a.Gateway.Stop()
 	a.pool.Close()
+	if a.alog != nil {
+		// After the requests: a request that finished has handed its record over. One that
+		// finishes later (a crashed actor's answer outliving the grace period) is counted as
+		// dropped.
+		if err := a.alog.Close(); err != nil {
+			a.log.Error("access log: closing", "err", err)
+		}
+	}
 }
 
 // kvIndexBlocks is the exact index's bound per worker.
