@@ -46,6 +46,60 @@ func failOutcome(err error) string {
 	return OutcomeError
 }
 
+// access is what the access log will say of a request, kept as it runs (the actor's acc; nil
+// when there is no access log, and each method then does nothing).
+type access struct {
+	tries      int           // attempts made: every pick acted on, over all cascade steps
+	lastWorker string        // the last attempt's worker id
+	ttft       time.Duration // arrival to the first byte of the answer relayed (0: none)
+	// usage is the answer's prompt and completion tokens (−1: not known): the relay's
+	// goroutine writes it before it ends (relayer.usage), the cascade step when it keeps an
+	// answer.
+	usage  usageDetail
+	failed string // the outcome of a failure the actor answered ("" until fail)
+}
+
+// usageDetail is an answer's usage.prompt_tokens and completion_tokens (or input_ and
+// output_tokens); −1: not known.
+type usageDetail struct{ prompt, completion int64 }
+
+func (a *access) attempt(worker string) {
+	if a != nil {
+		a.tries++
+		a.lastWorker = worker
+	}
+}
+
+// firstByte notes the time to the first byte of the answer the client gets (0: none yet,
+// as when a cascade step's answer is not kept).
+func (a *access) firstByte(d time.Duration) {
+	if a != nil {
+		a.ttft = d
+	}
+}
+
+// failedAs names the outcome of the failure about to be answered.
+func (a *access) failedAs(word string) {
+	if a != nil {
+		a.failed = word
+	}
+}
+
+// failedWith names the outcome of answering err, unless failedAs named one.
+func (a *access) failedWith(err error) {
+	if a != nil && a.failed == "" {
+		a.failed = failOutcome(err)
+	}
+}
+
+// usageOut is where the relay writes the answer's usage (nil: the log is off).
+func (a *access) usageOut() *usageDetail {
+	if a == nil {
+		return nil
+	}
+	return &a.usage
+}
+
 // outcomeWord is how the request ended with code: what fail recorded, else what the relay (or
 // the answer the actor wrote itself) came to.
 func (r *requestActor) outcomeWord(code int) string {
@@ -53,8 +107,8 @@ func (r *requestActor) outcomeWord(code int) string {
 	switch {
 	case code == statusClientGone:
 		return OutcomeClientGone
-	case r.failed != "":
-		return r.failed
+	case r.acc != nil && r.acc.failed != "":
+		return r.acc.failed
 	case out != nil && out.ended:
 		switch {
 		case out.shed:
@@ -72,19 +126,25 @@ func (r *requestActor) outcomeWord(code int) string {
 }
 
 // accessRecord is the access log's record of the request as it stands: everything but its
-// status, outcome, time and duration, which its end gives.
+// usage, status, outcome, time and duration, which its end gives.
 func (r *requestActor) accessRecord() accesslog.Record {
-	return accesslog.Record{
-		RequestID: r.x.ID, TraceID: r.x.TraceID, Key: r.x.KeyName,
-		Route: r.route, Model: r.served, Endpoint: EndpointLabel(r.x.Kind), Worker: r.lastWorker,
-		Attempts: r.tries, TTFT: r.ttft, PromptTokens: r.promptTokens, CompletionTokens: r.completionTokens,
-		Stream: r.x.Req.Stream,
+	rec := accesslog.Record{
+		RequestID: r.x.ID, TraceID: accesslog.TraceID(r.x.Ctx), Route: r.route, Model: r.served,
+		Endpoint: EndpointLabel(r.x.Kind), Stream: r.x.Req.Stream, PromptTokens: -1, CompletionTokens: -1,
 	}
+	if o := r.x.Owner; o >= 0 && o < len(r.d.KeyNames) {
+		rec.Key = r.d.KeyNames[o]
+	}
+	if a := r.acc; a != nil {
+		rec.Worker, rec.Attempts, rec.TTFT = a.lastWorker, a.tries, a.ttft
+	}
+	return rec
 }
 
 // logAccess hands the finished request's record to the access log (finish; the log is on).
 func (r *requestActor) logAccess(code int) {
 	rec := r.accessRecord()
+	rec.PromptTokens, rec.CompletionTokens = r.acc.usage.prompt, r.acc.usage.completion
 	rec.Time, rec.Duration = r.clock().Now(), time.Since(r.x.Start)
 	rec.Status, rec.Outcome = code, r.outcomeWord(code)
 	r.d.AccessLog.Record(&rec)

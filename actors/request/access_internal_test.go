@@ -234,8 +234,9 @@ func TestAccessRecordOfACrash(t *testing.T) {
 	body := `{"model":"m","prompt":"hi"}`
 	parsed, _ := oai.Parse(oai.Completions, []byte(body))
 	run := &run{w: httptest.NewRecorder()}
-	run.x = NewExchange(context.Background(), run.w, "/v1/completions", oai.Completions, "req", false, []byte(body), parsed, time.Now())
-	run.x.KeyName, run.x.TraceID = "ops", "4bf92f3577b34da6a3ce929d0e0e4736"
+	ctx := accesslog.WithTraceID(context.Background(), "4bf92f3577b34da6a3ce929d0e0e4736")
+	run.x = NewExchange(ctx, run.w, "/v1/completions", oai.Completions, "req", false, []byte(body), parsed, time.Now())
+	run.x.Owner, m.d.KeyNames = 1, []string{"key-0", "ops"}
 	Spawn(m.sys, m.d, run.x, actor.WithReceiverMiddleware(crash))
 	if w := run.wait(t); w.Code != 502 {
 		t.Fatalf("client got %d", w.Code)
@@ -256,8 +257,8 @@ func TestOutcomeWord(t *testing.T) {
 	}{
 		{requestActor{}, 200, OutcomeOK},
 		{requestActor{}, 404, OutcomeEngineError},
-		{requestActor{failed: OutcomeRetryBudget}, 503, OutcomeRetryBudget},
-		{requestActor{failed: OutcomeRetryBudget}, statusClientGone, OutcomeClientGone},
+		{requestActor{acc: &access{failed: OutcomeRetryBudget}}, 503, OutcomeRetryBudget},
+		{requestActor{acc: &access{failed: OutcomeRetryBudget}}, statusClientGone, OutcomeClientGone},
 		{requestActor{relayOut: &relayResult{ended: true, finished: true}}, 200, OutcomeOK},
 		{requestActor{relayOut: &relayResult{ended: true, finished: true}, timedOut: true}, 200, OutcomeOK},
 		{requestActor{relayOut: &relayResult{ended: true}}, 502, OutcomeInterrupted},

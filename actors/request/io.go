@@ -292,8 +292,9 @@ type relayer struct {
 	// Responses answer's id into the result (R21: a stored response).
 	kind   oai.Kind
 	wantID bool
-	// usageDetail: read the answer's prompt and completion tokens too (the access log's).
-	usageDetail bool
+	// usage receives the answer's prompt and completion tokens before the goroutine ends
+	// (the access log's; nil: not read).
+	usage *usageDetail
 }
 
 // clientLeft reports whether the client is gone (then nothing more is written to it).
@@ -308,14 +309,16 @@ func (rl relayer) clientLeft() bool {
 func (rl relayer) run(gen int) relayResult {
 	defer rl.body.Close()
 	var res relayResult
-	tc := tokenCounter{usage: -1, detail: rl.usageDetail, prompt: -1, completion: -1}
+	tc := tokenCounter{usage: -1, detail: rl.usage != nil, prompt: -1, completion: -1}
 	if strings.HasPrefix(rl.resp.Header.Get("Content-Type"), "text/event-stream") {
 		res = rl.sse(gen, &tc)
 	} else {
 		res = rl.json(gen, &tc)
 	}
 	res.usage, res.events = tc.usage, tc.events
-	res.promptTokens, res.completionTokens = tc.prompt, tc.completion
+	if rl.usage != nil {
+		*rl.usage = usageDetail{prompt: tc.prompt, completion: tc.completion}
+	}
 	*rl.out = res
 	return res
 }

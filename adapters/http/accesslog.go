@@ -1,32 +1,28 @@
 package httpapi
 
 import (
+	"context"
 	"net/http"
 
-	"github.com/tlgw/tlgw/actors/request"
+	"github.com/tlgw/tlgw/internal/accesslog"
 )
 
-// forAccessLog gives x what the access log says of its client (R24), when the log is on: the
-// key's name (never its secret) and the trace id. No client address is logged: the gateway's
-// own logs carry none either, and a proxy in front knows the real one.
-func (s *Server) forAccessLog(x *request.Exchange, r *http.Request, km keyMatch) {
+// requestContext is the context an exchange runs under: the request's, carrying the trace id
+// of a valid traceparent header when the access log is on (R24; accesslog.TraceID reads it).
+// No client address goes to the access log: the gateway's own logs carry none either, and a
+// proxy in front of it knows the real one.
+func (s *Server) requestContext(r *http.Request) context.Context {
 	if !s.accessLog {
-		return
+		return r.Context()
 	}
-	x.KeyName, x.TraceID = km.name, accessTraceID(r)
-}
-
-// accessTraceID is the trace id the access log names the request by: the one place it is
-// decided. Until the gateway traces requests itself (R24 [tracing]) it is the trace id of the
-// traceparent header the client sent, when that header is valid, else "". Once requests carry
-// a span in r.Context(), this returns that span's trace id (which continues the client's, or
-// starts a new trace).
-func accessTraceID(r *http.Request) string {
 	v := r.Header["Traceparent"] // canonical: no allocation
 	if len(v) != 1 {
-		return "" // absent, or sent twice: W3C Trace Context says to ignore it
+		return r.Context() // absent, or sent twice: W3C Trace Context says to ignore it
 	}
-	return traceparentID(v[0])
+	if id := traceparentID(v[0]); id != "" {
+		return accesslog.WithTraceID(r.Context(), id)
+	}
+	return r.Context()
 }
 
 // traceparentID is the trace id of a W3C traceparent value, "version-traceid-parentid-flags"

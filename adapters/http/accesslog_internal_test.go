@@ -7,8 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/tlgw/tlgw/actors/request"
-	"github.com/tlgw/tlgw/internal/config"
+	"github.com/tlgw/tlgw/internal/accesslog"
 )
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -38,15 +37,6 @@ func TestTraceparentID(t *testing.T) {
 			t.Errorf("traceparentID(%q) = %q, want %q", v, got, want)
 		}
 	}
-	r := httptest.NewRequest("POST", "/v1/completions", nil)
-	r.Header.Add("traceparent", "00-"+id+"-00f067aa0ba902b7-01")
-	if got := accessTraceID(r); got != id {
-		t.Errorf("accessTraceID = %q", got)
-	}
-	r.Header.Add("traceparent", "00-"+id+"-00f067aa0ba902b7-01")
-	if got := accessTraceID(r); got != "" {
-		t.Errorf("two traceparent headers: %q, want none", got)
-	}
 }
 
 // FuzzTraceparentID: whatever the header, the trace id is 32 lowercase hex digits taken from
@@ -65,33 +55,34 @@ func FuzzTraceparentID(f *testing.F) {
 	})
 }
 
-// TestKeyNameForTheAccessLog: with the access log on, an exchange carries its key's name (the
-// configured one, else key-<index>) and trace id; never the secret. Off, it carries neither.
-func TestKeyNameForTheAccessLog(t *testing.T) {
-	keys := []config.Key{{Key: "sk-one", Name: "ops", Scopes: []string{"inference"}}, {Key: "sk-two", Scopes: []string{"inference"}}}
-	for _, on := range []bool{true, false} {
-		s := New(Options{Keys: keys, AccessLog: on, Logger: quiet})
-		for secret, want := range map[string]string{"sk-one": "ops", "sk-two": "key-1"} {
-			r := httptest.NewRequest("POST", "/v1/completions", nil)
-			r.Header.Set("Authorization", "Bearer "+secret)
-			r.Header.Set("Traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
-			km, err := s.keys.authorize(r, scopeInference)
-			if err != nil {
-				t.Fatal(err)
-			}
-			x := &request.Exchange{}
-			s.forAccessLog(x, r, km)
-			switch {
-			case on && (x.KeyName != want || x.TraceID != "4bf92f3577b34da6a3ce929d0e0e4736"):
-				t.Errorf("%s: key %q, trace %q; want %q", secret, x.KeyName, x.TraceID, want)
-			case !on && (x.KeyName != "" || x.TraceID != ""):
-				t.Errorf("log off: %+v", x)
-			}
+// TestRequestContext: with the access log on, an exchange's context carries the trace id of
+// the one valid traceparent header the client sent; off, or with none, two or an invalid
+// one, it is the request's own context.
+func TestRequestContext(t *testing.T) {
+	const id = "4bf92f3577b34da6a3ce929d0e0e4736"
+	valid := "00-" + id + "-00f067aa0ba902b7-01"
+	for _, c := range []struct {
+		on      bool
+		headers []string
+		want    string
+	}{
+		{true, []string{valid}, id},
+		{true, nil, ""},
+		{true, []string{valid, valid}, ""},
+		{true, []string{"00-" + id + "-00f067aa0ba902b7"}, ""},
+		{false, []string{valid}, ""},
+	} {
+		s := New(Options{AccessLog: c.on, Logger: quiet})
+		r := httptest.NewRequest("POST", "/v1/completions", nil)
+		for _, h := range c.headers {
+			r.Header.Add("traceparent", h)
 		}
-	}
-	open := New(Options{AccessLog: true, Logger: quiet})
-	km, err := open.keys.authorize(httptest.NewRequest("POST", "/v1/completions", nil), scopeInference)
-	if err != nil || km.name != "" {
-		t.Errorf("open mode: %+v, %v", km, err)
+		ctx := s.requestContext(r)
+		if got := accesslog.TraceID(ctx); got != c.want {
+			t.Errorf("log on %v, traceparent %q: trace id %q, want %q", c.on, c.headers, got, c.want)
+		}
+		if c.want == "" && ctx != r.Context() {
+			t.Errorf("log on %v, traceparent %q: a new context for no trace id", c.on, c.headers)
+		}
 	}
 }

@@ -7,7 +7,6 @@ import (
 	"crypto/subtle"
 	"fmt"
 	"net/http"
-	"strconv"
 	"strings"
 
 	"github.com/tlgw/tlgw/internal/config"
@@ -37,7 +36,6 @@ func parseScope(s string) scope {
 
 type apiKey struct {
 	digest [sha256.Size]byte
-	name   string // the configured name (config.Key.Name), never derived from the secret
 	scopes scope
 	class  string // the admission class of the key's requests ("" = the default class)
 	limits ratelimit.Limits
@@ -50,7 +48,6 @@ type keyMatch struct {
 	scopes scope
 	class  string
 	index  int
-	name   string // the key's name for the access log ("" in open mode)
 	limits ratelimit.Limits
 }
 
@@ -63,16 +60,12 @@ type keyring struct {
 
 func newKeyring(keys []config.Key) *keyring {
 	kr := &keyring{}
-	for i, k := range keys {
+	for _, k := range keys {
 		var sc scope
 		for _, s := range k.Scopes {
 			sc |= parseScope(s)
 		}
-		name := k.Name
-		if name == "" {
-			name = "key-" + strconv.Itoa(i) // a key built in code: config.Parse names every key
-		}
-		kr.keys = append(kr.keys, apiKey{digest: sha256.Sum256([]byte(k.Key)), name: name, scopes: sc, class: k.Class,
+		kr.keys = append(kr.keys, apiKey{digest: sha256.Sum256([]byte(k.Key)), scopes: sc, class: k.Class,
 			limits: ratelimit.Limits{RPM: k.RPM, TPM: k.TPM, InFlight: k.MaxInFlight}})
 	}
 	return kr
@@ -105,7 +98,7 @@ func (kr *keyring) authorize(r *http.Request, need scope) (keyMatch, error) {
 		matched |= eq
 		m.scopes |= kr.keys[i].scopes & scope(-eq) // eq is 0 or 1: mask is 0x00 or 0xff
 		if eq == 1 {
-			m.class, m.index, m.name, m.limits = kr.keys[i].class, i, kr.keys[i].name, kr.keys[i].limits
+			m.class, m.index, m.limits = kr.keys[i].class, i, kr.keys[i].limits
 		}
 	}
 	if matched == 0 {

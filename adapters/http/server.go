@@ -111,8 +111,8 @@ type Options struct {
 	// Tokens gives chat and completions requests their token ids before they are handed
 	// over (R22: gateway.tokenizer = "engine"); nil: none.
 	Tokens TokenSource
-	// AccessLog: the access log is on (R24), so each exchange carries the request's trace id
-	// (accessTraceID); off, the request path does not look for it.
+	// AccessLog: the access log is on (R24), so each exchange's context carries the trace id
+	// of the client's traceparent (requestContext); off, the request path does not look.
 	AccessLog bool
 }
 

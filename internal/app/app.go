@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strconv"
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/prometheus/client_golang/prometheus"
@@ -260,6 +261,7 @@ func Start(cfg *config.Config, o Options) (*App, error) {
 		Warmups:      request.NewWarmups(request.DefaultMaxWarmups),
 		Go:           pool.Go,
 		AccessLog:    a.alog,
+		KeyNames:     keyNames(cfg.Auth.Keys),
 	}
 	reqOpts := append(am.Options("request"), actor.WithDispatcher(pool))
 	if o.ActorOptions != nil {
@@ -329,6 +331,19 @@ func Start(cfg *config.Config, o Options) (*App, error) {
 		}
 	}()
 	return a, nil
+}
+
+// keyNames are the keys' names by index, for the access log: each one's configured name, or
+// (a key built in code rather than parsed) key-<index>, the name Parse gives it.
+func keyNames(keys []config.Key) []string {
+	names := make([]string, len(keys))
+	for i, k := range keys {
+		names[i] = k.Name
+		if names[i] == "" {
+			names[i] = "key-" + strconv.Itoa(i)
+		}
+	}
+	return names
 }
 
 // bufferBudget is gateway.max_buffered_bytes' budget (R20); a configuration built in code
