@@ -80,7 +80,7 @@ type Options struct {
 	Stdout io.Writer
 }
 
-// Log is an open access log. Its methods are safe for concurrent use; a nil *Log is no log.
+// Log is an open access log. Its methods are safe for concurrent use.
 type Log struct {
 	records chan Record   // bounded by Options.Buffer
 	flushC  chan struct{} // capacity 1: a due flush, sent by the flush timer
