@@ -226,3 +226,35 @@ func TestAccessLogUnopenable(t *testing.T) {
 		t.Errorf("error %q does not name access_log.path", err)
 	}
 }
+
+// TestAccessLogToStdout: path "-" writes the lines to the standard output the app was given
+// (cmd/tlgw gives its own), flushed by Shutdown.
+func TestAccessLogToStdout(t *testing.T) {
+	cfg := config.Default()
+	cfg.Gateway.HTTPListen, cfg.Gateway.RegistryListen = "127.0.0.1:0", "127.0.0.1:0"
+	cfg.AccessLog.Path = "-"
+	var stdout strings.Builder
+	a, err := app.Start(cfg, app.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Stdout: &stdout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := &http.Client{Transport: &http.Transport{}}
+	resp, err := client.Post("http://"+a.HTTPAddr+"/v1/completions", "application/json", strings.NewReader(`{"model":"nobody","prompt":"x"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	client.CloseIdleConnections()
+	if err := a.Shutdown(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	var line map[string]any
+	if err := json.Unmarshal([]byte(stdout.String()), &line); err != nil {
+		t.Fatalf("stdout %q: %v", stdout.String(), err)
+	}
+	if line["request_id"] != resp.Header.Get("X-Request-ID") || line["status"] != 404.0 || line["key"] != "" ||
+		line["outcome"] != "model_not_found" {
+		t.Errorf("line %v", line)
+	}
+}
