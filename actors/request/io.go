@@ -292,6 +292,9 @@ type relayer struct {
 	// Responses answer's id into the result (R21: a stored response).
 	kind   oai.Kind
 	wantID bool
+	// usage receives the answer's prompt and completion tokens before the goroutine ends
+	// (the access log's; nil: not read).
+	usage *usageDetail
 }
 
 // clientLeft reports whether the client is gone (then nothing more is written to it).
@@ -306,13 +309,16 @@ func (rl relayer) clientLeft() bool {
 func (rl relayer) run(gen int) relayResult {
 	defer rl.body.Close()
 	var res relayResult
-	tc := tokenCounter{usage: -1}
+	tc := tokenCounter{usage: -1, detail: rl.usage != nil, prompt: -1, completion: -1}
 	if strings.HasPrefix(rl.resp.Header.Get("Content-Type"), "text/event-stream") {
 		res = rl.sse(gen, &tc)
 	} else {
 		res = rl.json(gen, &tc)
 	}
 	res.usage, res.events = tc.usage, tc.events
+	if rl.usage != nil {
+		*rl.usage = usageDetail{prompt: tc.prompt, completion: tc.completion}
+	}
 	*rl.out = res
 	return res
 }
@@ -455,10 +461,14 @@ func (rl relayer) sse(gen int, tc *tokenCounter) relayResult {
 
 // tokenCounter reads what a relayed answer cost (R13.5): the last usage.total_tokens seen and
 // the SSE events relayed. observe gets whole events (or a whole JSON answer), so a pattern is
-// never split between two calls.
+// never split between two calls. With detail (the access log is on) it also reads the prompt
+// and completion tokens of the usage that total_tokens is in (−1: none seen).
 type tokenCounter struct {
 	usage  int64
 	events int64
+
+	detail             bool
+	prompt, completion int64
 }
 
 var totalTokensKey = []byte(`"total_tokens":`)
@@ -481,7 +491,56 @@ func (tc *tokenCounter) observe(b []byte) {
 		if v, err := strconv.ParseInt(string(rest[:n]), 10, 64); err == nil {
 			tc.usage = v
 		}
+		if tc.detail {
+			tc.prompt = usageNear(b, i, promptTokensKey, inputTokensKey)
+			tc.completion = usageNear(b, i, completionTokensKey, outputTokensKey)
+		}
 	}
+}
+
+// The usage keys beside total_tokens: OpenAI's chat and completions name them prompt_ and
+// completion_tokens, its Responses API input_ and output_tokens.
+var (
+	promptTokensKey     = []byte(`"prompt_tokens":`)
+	inputTokensKey      = []byte(`"input_tokens":`)
+	completionTokensKey = []byte(`"completion_tokens":`)
+	outputTokensKey     = []byte(`"output_tokens":`)
+)
+
+// usageWindow is how far from total_tokens its usage object's other keys are looked for:
+// the object is a few dozen bytes (a few hundred with its details), and the search stays
+// bounded whatever the size of the answer.
+const usageWindow = 512
+
+// usageNear is the count under key (else alt) nearest to b[at:], the total_tokens key, within
+// usageWindow bytes on either side: the same usage object's, when one event or answer holds
+// several. −1 when neither key is there, or its value is not a count.
+func usageNear(b []byte, at int, key, alt []byte) int64 {
+	lo, hi := max(0, at-usageWindow), min(len(b), at+usageWindow)
+	for _, k := range [2][]byte{key, alt} {
+		best := -1
+		if j := bytes.LastIndex(b[lo:at], k); j >= 0 {
+			best = lo + j
+		}
+		if j := bytes.Index(b[at:hi], k); j >= 0 && (best < 0 || j < at-best) {
+			best = at + j
+		}
+		if best < 0 {
+			continue
+		}
+		rest := bytes.TrimLeft(b[best+len(k):hi], " ")
+		var v int64
+		n := 0
+		for n < len(rest) && n < 18 && rest[n] >= '0' && rest[n] <= '9' {
+			v = v*10 + int64(rest[n]-'0')
+			n++
+		}
+		if n == 0 {
+			return -1
+		}
+		return v
+	}
+	return -1
 }
 
 // lastTotalTokens is bytes.LastIndex(b, totalTokensKey). It jumps between the key's 'k's with

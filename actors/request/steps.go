@@ -197,11 +197,13 @@ func (r *requestActor) onPicked(c actor.Context, p *router.Picked) {
 			// The last failure names an engine (its address, its id): it is in the log of
 			// the failover, never in the client's message (R13.4).
 			err = fmt.Errorf("%d workers tried, none answered: %w", r.attempts, errs.ErrNoCapacity)
+			r.acc.failedAs(OutcomeFailoverExhausted)
 		}
 		r.fail(c, err)
 		return
 	}
 	r.picked = p
+	r.acc.attempt(p.WorkerID)
 	r.acquire(p)
 	r.warmup(c, p)
 	r.armRequestTimeout(c)
@@ -230,6 +232,7 @@ func (r *requestActor) escalate(c actor.Context, from int) {
 	r.d.Metrics.cascade.WithLabelValues(r.route, "escalated").Inc()
 	r.cascadeStep = from + 1
 	r.exclude, r.attempts, r.lastErr, r.picked = nil, 0, nil, nil
+	r.acc.firstByte(0) // the step's answer is not relayed
 	r.become(Routing)
 	r.pick(c)
 }
@@ -268,6 +271,7 @@ func (r *requestActor) retry(c actor.Context) {
 		return
 	}
 	if r.attempts >= r.d.MaxAttempts {
+		r.acc.failedAs(OutcomeFailoverExhausted)
 		r.fail(c, fmt.Errorf("%d workers tried, none answered: %w", r.attempts, errs.ErrNoCapacity))
 		return
 	}
@@ -276,6 +280,7 @@ func (r *requestActor) retry(c actor.Context) {
 		// answered instead of retried.
 		r.logger().Info("retry budget spent; not failing over", "limit", r.d.RetryBudget.Limit())
 		r.d.Metrics.budgetSpent(r.route)
+		r.acc.failedAs(OutcomeRetryBudget)
 		r.fail(c, fmt.Errorf("the worker failed and the retry budget is spent: %w", errs.ErrNoCapacity))
 		return
 	}
@@ -391,6 +396,7 @@ func (r *requestActor) firstByte() {
 	r.retried()
 	now := time.Now()
 	r.d.Metrics.ttfb(r.route, r.x.Kind, now.Sub(r.x.Start))
+	r.acc.firstByte(now.Sub(r.x.Start))
 	r.d.Metrics.stage(stageUpstream, now.Sub(r.attemptAt))
 	r.relayAt = now
 }
@@ -431,7 +437,7 @@ func (r *requestActor) relay(c actor.Context, resp *http.Response, first []byte,
 	route, metrics := r.route, r.d.Metrics
 	r.relayOut = &r.relayRes
 	rl := relayer{w: r.x.W, client: r.x.Ctx, resp: resp, body: body, first: first, buf: buf, log: r.d.Logger, id: r.x.ID, worker: p.WorkerID, errs: r.errs(), out: r.relayOut, budget: r.d.BufferBudget,
-		interrupts: metrics.interrupts, route: route, kind: r.x.Kind,
+		interrupts: metrics.interrupts, route: route, kind: r.x.Kind, usage: r.acc.usageOut(),
 		wantID: r.x.Kind == oai.Responses && r.x.Req.Store && (r.x.Method == "" || r.x.Method == http.MethodPost)}
 	r.become(Relaying)
 	r.runIO(c, func(ctx context.Context, gen int) any { rl.ctx = ctx; return rl.run(gen) })
@@ -467,6 +473,11 @@ func (r *requestActor) stepCascade(c actor.Context, msg any) {
 	}
 	r.d.Metrics.cascade.WithLabelValues(r.route, "accepted").Inc()
 	body := m.body
+	if r.acc != nil {
+		tc := tokenCounter{usage: -1, detail: true, prompt: -1, completion: -1}
+		tc.observe(body)
+		r.acc.usage = usageDetail{prompt: tc.prompt, completion: tc.completion}
+	}
 	if !r.clientAskedLogprobs() {
 		if stripped, err := cascade.StripLogprobs(body); err == nil {
 			body = stripped

@@ -151,7 +151,7 @@ func serve(args []string, stdout, stderr io.Writer) int {
 	// printed must drain and stop it (and write the profile), not kill the process.
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	a, err := app.Start(cfg, app.Options{Logger: log, Resolver: resolver})
+	a, err := app.Start(cfg, app.Options{Logger: log, Resolver: resolver, Stdout: stdout})
 	if err != nil {
 		fmt.Fprintf(stderr, "tlgw serve: %v\n", err)
 		return 1

@@ -7,9 +7,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
+	"strconv"
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/prometheus/client_golang/prometheus"
@@ -27,6 +29,7 @@ import (
 	httpapi "github.com/tlgw/tlgw/adapters/http"
 	"github.com/tlgw/tlgw/adapters/kvzmq"
 	"github.com/tlgw/tlgw/adapters/scrape"
+	"github.com/tlgw/tlgw/internal/accesslog"
 	"github.com/tlgw/tlgw/internal/actormetrics"
 	"github.com/tlgw/tlgw/internal/clock"
 	"github.com/tlgw/tlgw/internal/config"
@@ -46,6 +49,8 @@ type Options struct {
 	// Resolver resolves engine names for every connection to an engine (nil: the default
 	// resolver; tests point it at a test DNS server).
 	Resolver *net.Resolver
+	// Stdout is where access_log.path = "-" writes (default os.Stdout).
+	Stdout io.Writer
 }
 
 // App is a running gateway.
@@ -75,6 +80,7 @@ type App struct {
 	clock    clock.Clock
 	unwatch  func()
 	pool     *gopool.Pool
+	alog     *accesslog.Log // [access_log] (R24); nil: off
 	serveErr chan error
 }
 
@@ -200,6 +206,16 @@ func Start(cfg *config.Config, o Options) (*App, error) {
 	a := &App{Gateway: gw, Registry: reg, cfg: cfg, canary: canary, log: o.Logger, serveErr: make(chan error, 2), pool: pool,
 		clock: o.Clock, kvs: kvs, kvz: kvz}
 	a.unwatch = am.WatchSystem(gw.System)
+	if al := cfg.AccessLog; al.Enabled() {
+		// Opened before anything serves, closed (flushed) by stopActors once requests have
+		// drained: every request finished before then has its line.
+		a.alog, err = accesslog.Open(al.Path, accesslog.Options{Buffer: al.Buffer, Clock: o.Clock, Registerer: reg,
+			Logger: o.Logger.With("component", "access_log"), Stdout: o.Stdout})
+		if err != nil {
+			a.stopActors()
+			return nil, fmt.Errorf("access_log.path: %w", err)
+		}
+	}
 
 	httpLis, err := net.Listen("tcp", g.HTTPListen)
 	if err != nil {
@@ -245,6 +261,8 @@ func Start(cfg *config.Config, o Options) (*App, error) {
 		BufferBudget: bufferBudget(g.MaxBufferedBytes),
 		Warmups:      request.NewWarmups(request.DefaultMaxWarmups),
 		Go:           pool.Go,
+		AccessLog:    a.alog,
+		KeyNames:     keyNames(cfg.Auth.Keys),
 	}
 	reqOpts := append(am.Options("request"), actor.WithDispatcher(pool))
 	if o.ActorOptions != nil {
@@ -277,6 +295,7 @@ func Start(cfg *config.Config, o Options) (*App, error) {
 		MaxInFlight: g.MaxInFlight, BodyReadTimeout: g.BodyReadTimeout, ClientWriteTimeout: g.ClientWriteTimeout,
 		RenderPrompts: deps.PrefixHashes,
 		Tokens:        tokens,
+		AccessLog:     a.alog != nil,
 	})
 	a.drain = newDrainGate()
 	a.httpSrv = newHTTPServer(a.drain.wrap(a.HTTP), g)
@@ -316,6 +335,19 @@ func Start(cfg *config.Config, o Options) (*App, error) {
 		}
 	}()
 	return a, nil
+}
+
+// keyNames are the keys' names by index, for the access log: each one's configured name, or
+// (a key built in code rather than parsed) key-<index>, the name Parse gives it.
+func keyNames(keys []config.Key) []string {
+	names := make([]string, len(keys))
+	for i, k := range keys {
+		names[i] = k.Name
+		if names[i] == "" {
+			names[i] = "key-" + strconv.Itoa(i)
+		}
+	}
+	return names
 }
 
 // bufferBudget is gateway.max_buffered_bytes' budget (R20); a configuration built in code
@@ -368,6 +400,14 @@ func (a *App) stopActors() {
 	}
 	a.Gateway.Stop()
 	a.pool.Close()
+	if a.alog != nil {
+		// After the requests: a request that finished has handed its record over. One that
+		// finishes later (a crashed actor's answer outliving the grace period) is counted as
+		// dropped.
+		if err := a.alog.Close(); err != nil {
+			a.log.Error("access log: closing", "err", err)
+		}
+	}
 }
 
 // kvIndexBlocks is the exact index's bound per worker.

@@ -129,8 +129,8 @@ func TestAdmissionFullExample(t *testing.T) {
 		t.Fatalf("(-want +got):\n%s", diff)
 	}
 	wantKeys := []Key{
-		{Key: "sk-batch", Scopes: []string{"inference"}, Class: "batch"},
-		{Key: "sk-app", Scopes: []string{"inference"}},
+		{Key: "sk-batch", Name: "key-0", Scopes: []string{"inference"}, Class: "batch"},
+		{Key: "sk-app", Name: "key-1", Scopes: []string{"inference"}},
 	}
 	if diff := cmp.Diff(wantKeys, cfg.Auth.Keys); diff != "" {
 		t.Fatalf("keys (-want +got):\n%s", diff)

@@ -68,6 +68,7 @@ type Config struct {
 	Admission Admission `json:"admission"`
 	Registry  Registry  `json:"registry"`
 	Cluster   Cluster   `json:"cluster"`
+	AccessLog AccessLog `json:"access_log"`
 }
 
 // Gateway is the [gateway] table.
@@ -137,6 +138,10 @@ type Key struct {
 	Key string `json:"-"`
 	// KeyEnv is the environment variable the secret came from, or "".
 	KeyEnv string
+	// Name identifies the key where the secret must not appear (the access log): the
+	// configured name (1 to MaxKeyNameLen printable ASCII characters, no spaces, unique), else
+	// "key-<index>", its place in [[auth.keys]] from 0. Never derived from the secret.
+	Name string
 	// Scopes is a non-empty list of the Scope constants.
 	Scopes []string
 	// Class is the admission class of the key's requests (the name of one of
@@ -305,6 +310,7 @@ func Default() *Config {
 		Admission: defaultAdmission(),
 		Registry:  defaultRegistry(),
 		Cluster:   defaultCluster(),
+		AccessLog: defaultAccessLog(),
 	}
 }
 
@@ -374,6 +380,7 @@ func Parse(data []byte, getenv func(string) string) (*Config, error) {
 	fc.Auth.apply(&cfg.Auth, &cfg.Admission, getenv, &ps)
 	fc.Registry.apply(&cfg.Registry, getenv, &ps)
 	fc.Cluster.apply(&cfg.Cluster, getenv, &ps)
+	fc.AccessLog.apply(&cfg.AccessLog, &ps)
 	if ps.empty() {
 		checkRegistryExposure(cfg, &ps)
 		checkHTTPExposure(cfg, &ps)
@@ -414,6 +421,7 @@ type fileConfig struct {
 	Admission *fileAdmission `json:"admission"`
 	Registry  *fileRegistry  `json:"registry"`
 	Cluster   *fileCluster   `json:"cluster"`
+	AccessLog *fileAccessLog `json:"access_log"`
 }
 
 type fileGateway struct {
@@ -443,6 +451,7 @@ type fileAuth struct {
 type fileKey struct {
 	Key    *string  `json:"key"`
 	KeyEnv *string  `json:"key_env"`
+	Name   *string  `json:"name"`
 	Scopes []string `json:"scopes"`
 	Class  *string  `json:"class"`
 	RPM    *int64   `json:"rpm"`
@@ -699,9 +708,11 @@ func (fa *fileAuth) apply(a *Auth, adm *Admission, getenv func(string) string, p
 		return
 	}
 	bySecret := make(map[string]int) // secret -> index of its first key
+	byName := keyNames(fa.Keys, ps)
 	for i, fk := range fa.Keys {
 		kp := path{key("auth"), key("keys"), index(i)}
 		var k Key
+		k.Name = byName[i]
 		secret, env, src, ok := resolveSecret(ps, getenv, kp, "key", fk.Key, fk.KeyEnv)
 		if !ok {
 			continue
@@ -747,6 +758,57 @@ func (fa *fileAuth) apply(a *Auth, adm *Admission, getenv func(string) string, p
 		}
 		a.Keys = append(a.Keys, k)
 	}
+}
+
+// MaxKeyNameLen bounds an [[auth.keys]] name.
+const MaxKeyNameLen = 64
+
+// keyNames is each key's name (by index): its name, else "key-<index>". A name that is not
+// 1 to MaxKeyNameLen printable ASCII characters without spaces, or that another key's name
+// (given or fallen back to) already is, is a problem.
+func keyNames(keys []fileKey, ps *problems) []string {
+	names := make([]string, len(keys))
+	for i, fk := range keys {
+		names[i] = "key-" + strconv.Itoa(i)
+		if fk.Name != nil {
+			names[i] = *fk.Name
+		}
+	}
+	first := make(map[string]int, len(keys)) // name -> index of its first key; bounded by the keys
+	for i, n := range names {
+		np := path{key("auth"), key("keys"), index(i), key("name")}
+		if keys[i].Name != nil && !ValidKeyName(n) {
+			ps.add(np, "must be 1 to %d printable ASCII characters without spaces", MaxKeyNameLen)
+			continue
+		}
+		if prev, dup := first[n]; dup {
+			switch {
+			case keys[i].Name == nil:
+				ps.add(np[:len(np)-1], "its default name %q is already the name of auth.keys[%d]; give this key a name", n, prev)
+			case keys[prev].Name == nil:
+				ps.add(np, "%q is already the default name of auth.keys[%d]", n, prev)
+			default:
+				ps.add(np, "%q is already the name of auth.keys[%d]", n, prev)
+			}
+			continue
+		}
+		first[n] = i
+	}
+	return names
+}
+
+// ValidKeyName reports whether s may name an API key: 1 to MaxKeyNameLen printable ASCII
+// characters, no spaces.
+func ValidKeyName(s string) bool {
+	if len(s) == 0 || len(s) > MaxKeyNameLen {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] <= ' ' || s[i] > '~' {
+			return false
+		}
+	}
+	return true
 }
 
 // printableToken reports whether s can be sent as a bearer token: no

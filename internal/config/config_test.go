@@ -95,8 +95,8 @@ func TestParseSpecExample(t *testing.T) {
 		},
 	}
 	want.Auth.Keys = []Key{
-		{Key: "sk-…", Scopes: []string{"inference", "admin", "debug"}},
-		{Key: "sk-ops", KeyEnv: "TLGW_KEY_OPS", Scopes: []string{"admin"}},
+		{Key: "sk-…", Name: "key-0", Scopes: []string{"inference", "admin", "debug"}},
+		{Key: "sk-ops", KeyEnv: "TLGW_KEY_OPS", Name: "key-1", Scopes: []string{"admin"}},
 	}
 	want.Admission.Enabled = true
 	if diff := cmp.Diff(want, cfg); diff != "" {
@@ -648,9 +648,9 @@ max_buffered_bytes = 1
 		t.Fatal(err)
 	}
 	want := []Key{
-		{Key: "sk-a", Scopes: []string{"inference"}, RPM: 60, TPM: 100000, MaxInFlight: 8},
-		{Key: "sk-b", Scopes: []string{"inference"}},
-		{Key: "sk-c", Scopes: []string{"inference"}},
+		{Key: "sk-a", Name: "key-0", Scopes: []string{"inference"}, RPM: 60, TPM: 100000, MaxInFlight: 8},
+		{Key: "sk-b", Name: "key-1", Scopes: []string{"inference"}},
+		{Key: "sk-c", Name: "key-2", Scopes: []string{"inference"}},
 	}
 	if diff := cmp.Diff(want, cfg.Auth.Keys); diff != "" {
 		t.Fatalf("keys (-want +got):\n%s", diff)
