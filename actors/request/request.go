@@ -25,6 +25,7 @@ import (
 	"github.com/tlgw/tlgw/internal/errs"
 	"github.com/tlgw/tlgw/internal/oai"
 	"github.com/tlgw/tlgw/internal/prefixindex"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Exchange is the client side of one request: what the HTTP adapter parsed, and the writer the
@@ -219,6 +220,10 @@ type Deps struct {
 	// KeyNames are the configured API keys' names by index (config.Key.Name): the access
 	// log's key, by the exchange's Owner. Never a secret.
 	KeyNames []string
+	// Tracer makes the request's spans (R24: tlgw.request and its stages); nil: tracing off —
+	// no span is made, and a client's valid traceparent/tracestate (in Exchange.Ctx, see
+	// internal/tracing.Extract) goes to the engines unchanged.
+	Tracer trace.Tracer
 }
 
 // requestActor is one request's state machine.
