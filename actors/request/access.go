@@ -129,7 +129,7 @@ func (r *requestActor) outcomeWord(code int) string {
 // usage, status, outcome, time and duration, which its end gives.
 func (r *requestActor) accessRecord() accesslog.Record {
 	rec := accesslog.Record{
-		RequestID: r.x.ID, TraceID: accesslog.TraceID(r.x.Ctx), Route: r.route, Model: r.served,
+		RequestID: r.x.ID, TraceID: r.tr.traceID(), Route: r.route, Model: r.served,
 		Endpoint: EndpointLabel(r.x.Kind), Stream: r.x.Req.Stream, PromptTokens: -1, CompletionTokens: -1,
 	}
 	if o := r.x.Owner; o >= 0 && o < len(r.d.KeyNames) {

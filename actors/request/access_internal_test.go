@@ -13,6 +13,8 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/google/go-cmp/cmp"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tlgw/tlgw/internal/accesslog"
 	"github.com/tlgw/tlgw/internal/cascade"
@@ -234,8 +236,9 @@ func TestAccessRecordOfACrash(t *testing.T) {
 	body := `{"model":"m","prompt":"hi"}`
 	parsed, _ := oai.Parse(oai.Completions, []byte(body))
 	run := &run{w: httptest.NewRecorder()}
-	ctx := accesslog.WithTraceID(context.Background(), "4bf92f3577b34da6a3ce929d0e0e4736")
+	ctx := clientTrace(t, "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
 	run.x = NewExchange(ctx, run.w, "/v1/completions", oai.Completions, "req", false, []byte(body), parsed, time.Now())
+	run.x.Traced = true
 	run.x.Owner, m.d.KeyNames = 1, []string{"key-0", "ops"}
 	Spawn(m.sys, m.d, run.x, actor.WithReceiverMiddleware(crash))
 	if w := run.wait(t); w.Code != 502 {
@@ -301,4 +304,15 @@ func TestUsageNear(t *testing.T) {
 	if tc.usage != 10 || tc.prompt != -1 || tc.completion != -1 {
 		t.Errorf("without detail: %+v", tc)
 	}
+}
+
+// clientTrace is a context carrying the client's trace context traceparent, as the HTTP
+// adapter's extraction leaves it.
+func clientTrace(t testing.TB, traceparent string) context.Context {
+	t.Helper()
+	ctx := w3c.Extract(context.Background(), propagation.HeaderCarrier{"Traceparent": {traceparent}})
+	if !trace.SpanContextFromContext(ctx).IsValid() {
+		t.Fatalf("%q is no valid traceparent", traceparent)
+	}
+	return ctx
 }

@@ -121,18 +121,21 @@ func (r *requestActor) tokenize(c actor.Context) {
 	}
 	url, tr := "http://"+p.Prefill.HTTPAddress+"/v1/tokenize", r.d.Transport
 	clk, timeout := r.clock(), r.controlTimeout()
+	th := r.tr.startPrefill(p) // tokenize and Prefill are the prefill stage
 	r.runIO(c, func(ctx context.Context, gen int) any {
 		ctx, cancel := withClockTimeout(ctx, clk, timeout, errControlTimeout)
 		defer cancel()
-		res := tokenizeCall(ctx, tr, url, body)
+		res := tokenizeCall(ctx, tr, url, body, th)
 		res.gen, res.err = gen, controlErr(ctx, res.err)
 		return res
 	})
 }
 
 // tokenizeCall is POST /v1/tokenize on the prefill worker.
-func tokenizeCall(ctx context.Context, tr Upstream, url string, body []byte) tokenized {
-	req, err := upstreamRequest(ctx, "", url, body, http.Header{"Content-Type": jsonContentType})
+func tokenizeCall(ctx context.Context, tr Upstream, url string, body []byte, th traceHeader) tokenized {
+	h := http.Header{"Content-Type": jsonContentType}
+	th.set(h)
+	req, err := upstreamRequest(ctx, "", url, body, h)
 	if err != nil {
 		return tokenized{err: err}
 	}
@@ -196,10 +199,11 @@ func (r *requestActor) stepTokenizing(c actor.Context, msg any) {
 		DecodeTarget: p.KVAddress}
 	at, engines := Endpoint{WorkerID: p.Prefill.WorkerID, Reg: p.Prefill.Reg, Addr: p.Prefill.GRPCAddress}, r.d.Engines
 	clk, timeout := r.clock(), r.controlTimeout()
+	th := r.tr.startPrefill(p)
 	r.runIO(c, func(ctx context.Context, gen int) any {
 		ctx, cancel := withClockTimeout(ctx, clk, timeout, errControlTimeout)
 		defer cancel()
-		res, err := engines.Prefill(ctx, at, call)
+		res, err := engines.Prefill(th.outgoing(ctx), at, call)
 		return prefilled{gen: gen, res: res, err: controlErr(ctx, err)}
 	})
 }

@@ -108,8 +108,9 @@ var (
 
 // attempt sends the request to the picked engine (Attempting).
 func (r *requestActor) attempt(c actor.Context) {
+	th := r.tr.startAttempt(r.picked, r.attemptAt) // the call's traceparent: its parent is the attempt
 	if p := r.picked; p.Prefill != nil && p.PDProtocol == config.PDSGLang {
-		r.attemptSGLang(c)
+		r.attemptSGLang(c, th)
 		return
 	}
 	body, err := r.upstreamBody()
@@ -134,6 +135,7 @@ func (r *requestActor) attempt(c actor.Context) {
 		// Canonical keys set directly; the constant values are shared (the transport only
 		// reads a request's headers).
 		h := make(http.Header, 5)
+		th.set(h)
 		if body != nil {
 			h["Content-Type"] = contentType
 		}
@@ -147,7 +149,7 @@ func (r *requestActor) attempt(c actor.Context) {
 		if load != nil {
 			// R21 lora_load_on_demand: the adapter is loaded on the engine before the request
 			// that needs it is sent.
-			if err := loadLoRA(ctx, tr, "http://"+addr, load, id); err != nil {
+			if err := loadLoRA(ctx, tr, "http://"+addr, load, id, th); err != nil {
 				return attemptResult{gen: gen, err: err, loadFailed: true}
 			}
 		}
@@ -758,13 +760,14 @@ func streamResponseID(b []byte) string {
 // loadLoRA asks the engine at base to load adapter l (vLLM's POST /v1/load_lora_adapter). An
 // engine that has it loaded already says so with a 400 naming it "already" loaded, which is as
 // good as a load.
-func loadLoRA(ctx context.Context, tr Upstream, base string, l *router.LoRALoad, id string) error {
+func loadLoRA(ctx context.Context, tr Upstream, base string, l *router.LoRALoad, id string, th traceHeader) error {
 	body, _ := json.Marshal(struct {
 		Name string `json:"lora_name"`
 		Path string `json:"lora_path"`
 	}{l.Name, l.Path})
-	req, err := upstreamRequest(ctx, "", base+"/v1/load_lora_adapter", body,
-		http.Header{"Content-Type": jsonContentType, "X-Request-Id": {id}})
+	h := http.Header{"Content-Type": jsonContentType, "X-Request-Id": {id}}
+	th.set(h)
+	req, err := upstreamRequest(ctx, "", base+"/v1/load_lora_adapter", body, h)
 	if err != nil {
 		return err
 	}

@@ -104,18 +104,21 @@ func (r *requestActor) remotePrefill(c actor.Context) {
 	}
 	url, id, tr := "http://"+r.picked.Prefill.HTTPAddress+r.x.Path, r.x.ID, r.d.Transport
 	clk, timeout := r.clock(), r.controlTimeout()
+	th := r.tr.startPrefill(r.picked)
 	r.runIO(c, func(ctx context.Context, gen int) any {
 		ctx, cancel := withClockTimeout(ctx, clk, timeout, errControlTimeout)
 		defer cancel()
-		res := vllmPrefillCall(ctx, tr, url, id, body)
+		res := vllmPrefillCall(ctx, tr, url, id, body, th)
 		res.gen, res.err = gen, controlErr(ctx, res.err)
 		return res
 	})
 }
 
 // vllmPrefillCall is call 1's round trip and the reading of its answer.
-func vllmPrefillCall(ctx context.Context, tr Upstream, url, id string, body []byte) remotePrefilled {
-	req, err := upstreamRequest(ctx, "", url, body, http.Header{"Content-Type": jsonContentType, "X-Request-Id": {id}})
+func vllmPrefillCall(ctx context.Context, tr Upstream, url, id string, body []byte, th traceHeader) remotePrefilled {
+	h := http.Header{"Content-Type": jsonContentType, "X-Request-Id": {id}}
+	th.set(h)
+	req, err := upstreamRequest(ctx, "", url, body, h)
 	if err != nil {
 		return remotePrefilled{err: err}
 	}
@@ -239,7 +242,7 @@ func (r *requestActor) pdBody(b []byte) ([]byte, error) {
 }
 
 // attemptSGLang is an SGLang pair's attempt: one body, with a room of its own, to both workers.
-func (r *requestActor) attemptSGLang(c actor.Context) {
+func (r *requestActor) attemptSGLang(c actor.Context, th traceHeader) {
 	r.room = drawSeed() // a random non-negative 63-bit room, new for every attempt
 	body, err := r.upstreamBody()
 	if err != nil {
@@ -249,7 +252,7 @@ func (r *requestActor) attemptSGLang(c actor.Context) {
 	p := r.picked
 	pair := sglangPair{tr: r.d.Transport, decodeURL: "http://" + p.HTTPAddress + r.x.Path,
 		prefillURL: "http://" + p.Prefill.HTTPAddress + r.x.Path, body: body, id: r.x.ID, stream: r.x.Req.Stream,
-		clk: r.clock(), prefillTimeout: r.controlTimeout()}
+		clk: r.clock(), prefillTimeout: r.controlTimeout(), trace: th}
 	r.runIO(c, pair.run)
 }
 
@@ -262,6 +265,7 @@ type sglangPair struct {
 	stream                bool
 	clk                   clock.Clock
 	prefillTimeout        time.Duration
+	trace                 traceHeader // both calls': the attempt's (R24)
 }
 
 // run sends both calls and returns the decode's answer (its headers, a stream's first event
@@ -306,6 +310,7 @@ func (sp sglangPair) run(ctx context.Context, gen int) any {
 // attempt reads it) or its failure.
 func (sp sglangPair) decode(ctx context.Context, gen int) (any, error) {
 	h := http.Header{"Content-Type": jsonContentType, "X-Request-Id": {sp.id}}
+	sp.trace.set(h)
 	if sp.stream {
 		h["Accept"] = sseAccept
 	}
@@ -330,6 +335,7 @@ func (sp sglangPair) prefill(ctx context.Context) error {
 	ctx, cancel := withClockTimeout(ctx, sp.clk, sp.prefillTimeout, errControlTimeout)
 	defer cancel()
 	h := http.Header{"Content-Type": jsonContentType, "X-Request-Id": {sp.id}}
+	sp.trace.set(h)
 	req, err := upstreamRequest(ctx, "", sp.prefillURL, sp.body, h)
 	if err != nil {
 		return err

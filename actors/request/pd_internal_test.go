@@ -177,7 +177,7 @@ func TestVLLMPrefillCall(t *testing.T) {
 				}
 				return c.resp(), nil
 			})
-			res := vllmPrefillCall(context.Background(), tr, "http://p:8000/v1/completions", "req-1", []byte(`{"max_tokens":1}`))
+			res := vllmPrefillCall(context.Background(), tr, "http://p:8000/v1/completions", "req-1", []byte(`{"max_tokens":1}`), traceHeader{})
 			if got == nil || got.Method != http.MethodPost || got.URL.String() != "http://p:8000/v1/completions" ||
 				got.Header.Get("X-Request-Id") != "req-1" || got.Header.Get("Content-Type") != "application/json" {
 				t.Fatalf("the call: %+v", got)

@@ -37,6 +37,10 @@ type Exchange struct {
 	Kind  oai.Kind
 	ID    string // the request id (SPEC B2)
 	Debug bool   // the key has the debug scope: X-TL-Route and X-TL-Cascade-Step
+	// Traced: Ctx carries the client's valid W3C trace context (internal/tracing.Extract, R24),
+	// which the request's spans continue, or which goes to the engines unchanged with tracing
+	// off. (Next to Debug, in its padding: the exchange stays in its size class.)
+	Traced bool
 	Body  []byte
 	Req   oai.Request
 	Start time.Time
@@ -240,12 +244,13 @@ type requestActor struct {
 	x *Exchange
 
 	state State // its step function is machine[state].step
+	// toldFinished: the router has its router.Finished (sent once, by finish or stopping).
+	// Next to state, in its padding (the size class, see acc).
+	toldFinished bool
 
 	// Routing.
-	key uint64 // the internal id: unique among live requests, whatever X-Request-ID says
-	// toldFinished: the router has its router.Finished (sent once, by finish or stopping).
-	toldFinished bool
-	pickTag      uint64 // the current Pick's tag; answers with another tag are stale
+	key     uint64 // the internal id: unique among live requests, whatever X-Request-ID says
+	pickTag uint64 // the current Pick's tag; answers with another tag are stale
 	pickTimer    clock.Timer
 	pickRetries  int
 	hashes       []uint64         // the prompt's chunk hashes, when the prefix index is on
@@ -337,6 +342,9 @@ type requestActor struct {
 	// 512 bytes): up to 888 bytes it is in the 896-byte size class, so this pointer took the
 	// place of queued's padding rather than move every request to the 1024-byte class.
 	acc *access
+	// tr is the request's trace (trace.go): nil when tracing is off and the client sent no
+	// trace context. Its 8 bytes are toldFinished's old padding: the actor stays at 888.
+	tr *reqTrace
 }
 
 // Props returns the props of the actor serving x. Request actors are top-level with a guardian
@@ -476,7 +484,11 @@ func (r *requestActor) start(c actor.Context) {
 		r.cascadeStep = 0
 	}
 	r.state = Routing
-	if r.d.AccessLog != nil {
+	if r.d.Tracer != nil || r.x.Traced {
+		r.startTrace()
+	}
+	if r.d.AccessLog != nil || r.tr.recording() {
+		// A sampled request's span says what the access log would (outcome, worker, usage).
 		r.acc = &access{usage: usageDetail{prompt: -1, completion: -1}}
 	}
 	if r.x.ParseTime > 0 {
@@ -697,9 +709,10 @@ func (r *requestActor) finish(c actor.Context, code int) {
 	r.unwatchWorkers(c)
 	r.code = code
 	r.d.Metrics.done(r.route, r.served, r.x.Kind, code)
-	if r.acc != nil {
+	if r.d.AccessLog != nil {
 		r.logAccess(code)
 	}
+	r.endTrace(code)
 	r.finished = true
 	r.x.tokens = r.relayOut.cost(r.x.promptBytes())
 	r.tellFinished(c.Send, r.x.tokens, !r.answered(code))
@@ -775,9 +788,10 @@ func (r *requestActor) stopping(c actor.Context) {
 	hold := r.cascadeHold
 	alog, acc, clk := r.d.AccessLog, r.acc, r.clock()
 	var rec accesslog.Record
-	if acc != nil {
+	if alog != nil {
 		rec = r.accessRecord()
 	}
+	tr, tend := r.tr, r.traceEnd(0, OutcomeCrashed)
 	go func() {
 		if ioDone != nil {
 			<-ioDone
@@ -803,12 +817,17 @@ func (r *requestActor) stopping(c actor.Context) {
 			code = ew.Error(x.W, fmt.Errorf("the gateway failed while serving the request: %w", errs.ErrUpstream))
 		}
 		metrics.done(route, served, kind, code)
-		if acc != nil {
+		if alog != nil {
 			// The relay has returned: the usage it read is there.
 			rec.PromptTokens, rec.CompletionTokens = acc.usage.prompt, acc.usage.completion
 			rec.Time, rec.Duration, rec.Status, rec.Outcome = clk.Now(), time.Since(x.Start), code, OutcomeCrashed
 			alog.Record(&rec)
 		}
+		if acc != nil {
+			tend.prompt, tend.completion = acc.usage.prompt, acc.usage.completion
+		}
+		tend.status = code
+		tr.end(tend) // the actor has stopped: its trace is this goroutine's now
 		close(x.done)
 	}()
 }

@@ -155,6 +155,7 @@ func (r *requestActor) stepRouting(c actor.Context, msg any) {
 		if m.Tag == r.pickTag {
 			r.stopPickTimer() // the queue owns the wait now (max_wait)
 			r.queued = true
+			r.tr.queued(time.Now())
 		}
 	case pickTimeout:
 		if m.tag != r.pickTag {
@@ -179,11 +180,13 @@ func (r *requestActor) onPicked(c actor.Context, p *router.Picked) {
 		return
 	}
 	r.stopPickTimer()
+	now := time.Now()
 	if r.queued {
-		r.d.Metrics.stage(stageQueue, time.Since(r.pickSent))
+		r.d.Metrics.stage(stageQueue, now.Sub(r.pickSent))
 	} else {
-		r.d.Metrics.stage(stagePick, time.Since(r.pickSent))
+		r.d.Metrics.stage(stagePick, now.Sub(r.pickSent))
 	}
+	r.tr.picked(r.pickSent, now, p)
 	if p.Route != "" {
 		r.route, r.served = p.Route, p.ServedModel
 	}
@@ -250,6 +253,7 @@ func (r *requestActor) failover(c actor.Context, err error) {
 	r.endIO()
 	r.releaseVerdict(c, worker, router.Release{Outcome: o, Unreachable: refused(err), Addr: addr})
 	r.releaseAll(c.Send)
+	r.tr.failedOver(o, refused(err), err)
 	r.logger().Info("attempt failed before the first byte", "worker", id, "outcome", o.String(), "err", err)
 	r.d.Metrics.failovers.WithLabelValues(r.route).Inc()
 	r.pdFailover(worker)
@@ -339,6 +343,7 @@ func (r *requestActor) stepAttempting(c actor.Context, msg any) {
 	if r.nonFinalStep() {
 		resp := m.resp
 		r.become(CascadeStep)
+		r.tr.startCascade(r.picked.Step, r.relayAt)
 		// The step's answer is buffered whole to be judged: its bytes are held in the budget
 		// until the step is judged, or the request ends (finish, stopping).
 		r.releaseBuffer()
@@ -364,6 +369,7 @@ func (r *requestActor) elsewhere(c actor.Context, resp *http.Response, report an
 	r.endIO()
 	r.releaseWorker(c, p.Worker, router.OutcomeNone)
 	r.releaseAll(c.Send)
+	r.tr.endAttempt(stageElsewhere, nil)
 	r.exclude = append(r.exclude, p.WorkerID)
 	r.release(c, func(c actor.Context) {
 		if r.gone {
@@ -433,6 +439,7 @@ func (r *requestActor) relay(c actor.Context, resp *http.Response, first []byte,
 	}
 	r.committed = true
 	r.upStatus = resp.StatusCode
+	r.tr.startRelay(r.relayAt)
 	r.writeHeaders(resp.Header)
 	route, metrics := r.route, r.d.Metrics
 	r.relayOut = &r.relayRes
@@ -458,19 +465,23 @@ func (r *requestActor) stepCascade(c actor.Context, msg any) {
 	r.kvHandle = "" // a decode worker that answered in full consumed its handle
 	p := r.picked
 	if errors.Is(m.err, errBufferBudget) {
+		r.tr.endCascade(OutcomeOverloaded, m.err)
 		r.fail(c, overloaded()) // R20: no room to buffer the step's answer
 		return
 	}
 	if m.err != nil || m.status != http.StatusOK {
 		r.logger().Info("cascade step failed; escalating", "step", p.Step, "status", m.status, "err", m.err)
+		r.tr.endCascade(verdictEscalated, m.err)
 		r.escalate(c, p.Step)
 		return
 	}
 	lps, err := cascade.LogprobsOf(m.body)
 	if err != nil || p.Accept == nil || !p.Accept.Holds(lps) {
+		r.tr.endCascade(verdictEscalated, nil)
 		r.escalate(c, p.Step)
 		return
 	}
+	r.tr.endCascade(verdictAccepted, nil)
 	r.d.Metrics.cascade.WithLabelValues(r.route, "accepted").Inc()
 	body := m.body
 	if r.acc != nil {
@@ -500,6 +511,7 @@ func (r *requestActor) stepRelaying(c actor.Context, msg any) {
 	}
 	r.endIO()
 	r.d.Metrics.stage(stageRelay, time.Since(r.relayAt))
+	r.tr.endRelay(&m)
 	if m.finished {
 		r.kvHandle = "" // consumed by the decode worker
 	}
@@ -545,10 +557,17 @@ func (r *requestActor) release(c actor.Context, then func(actor.Context)) {
 // its KV address (R8), bounded by the release timeout.
 func (r *requestActor) kvRelease() func() {
 	h, at, engines, timeout, clk, log := r.kvHandle, r.kvAt, r.d.Engines, r.releaseTimeout(), r.clock(), r.logger()
+	traced := r.tr.releaser() // nil: no trace context to send
 	return func() {
 		ctx, cancel := withClockTimeout(context.Background(), clk, timeout, errControlTimeout)
 		defer cancel()
-		if err := engines.Release(ctx, at, h); err != nil {
+		end := func(error) {}
+		if traced != nil {
+			ctx, end = traced(ctx, h)
+		}
+		err := engines.Release(ctx, at, h)
+		end(err)
+		if err != nil {
 			log.Warn("KV release failed; the engine's lease will free it", "handle", h, "err", err)
 		}
 	}

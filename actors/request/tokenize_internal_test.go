@@ -54,7 +54,7 @@ func TestTokenizeAnswerBounded(t *testing.T) {
 				return &http.Response{StatusCode: 200, Header: http.Header{"Content-Type": {"application/json"}},
 					ContentLength: c.length, Body: io.NopCloser(bytes.NewReader(c.answer))}, nil
 			})
-			res := tokenizeCall(context.Background(), up, "http://p/v1/tokenize", body)
+			res := tokenizeCall(context.Background(), up, "http://p/v1/tokenize", body, traceHeader{})
 			switch {
 			case c.err == "" && (res.err != nil || len(res.ids) == 0):
 				t.Fatalf("%d ids, %v; want the ids", len(res.ids), res.err)

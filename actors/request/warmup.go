@@ -108,12 +108,12 @@ func (r *requestActor) warmup(c actor.Context, p *router.Picked) {
 	c.Send(r.d.Router, &router.WarmupSent{WorkerID: w.WorkerID, Reg: w.Reg, Hashes: w.Hashes})
 	url := "http://" + w.HTTPAddress + path
 	tr, timeout, root, m, count := r.d.Transport, r.requestTimeout(), c.ActorSystem().Root, r.d.Metrics, r.d.Warmups
-	clk := r.clock()
+	clk, th := r.clock(), r.tr.header(nil) // the request's own trace context
 	run := func() {
 		// Bounded by the request timeout on the injected clock, as the request's own I/O is.
 		ctx, cancel := context.WithCancel(context.Background())
 		timer := clk.AfterFunc(timeout, cancel)
-		result := sendWarmup(ctx, tr, url, body)
+		result := sendWarmup(ctx, tr, url, body, th)
 		timer.Stop()
 		cancel()
 		// Counted before the Release: whoever sees the Release sees the count.
@@ -129,8 +129,10 @@ func (r *requestActor) warmup(c actor.Context, p *router.Picked) {
 }
 
 // sendWarmup posts body to url and reads (a bounded part of) the answer.
-func sendWarmup(ctx context.Context, tr Upstream, url string, body []byte) int {
-	req, err := upstreamRequest(ctx, "", url, body, http.Header{"Content-Type": jsonContentType})
+func sendWarmup(ctx context.Context, tr Upstream, url string, body []byte, th traceHeader) int {
+	h := http.Header{"Content-Type": jsonContentType}
+	th.set(h)
+	req, err := upstreamRequest(ctx, "", url, body, h)
 	if err != nil {
 		return warmFailed
 	}
