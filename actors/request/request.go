@@ -41,9 +41,9 @@ type Exchange struct {
 	// which the request's spans continue, or which goes to the engines unchanged with tracing
 	// off. (Next to Debug, in its padding: the exchange stays in its size class.)
 	Traced bool
-	Body  []byte
-	Req   oai.Request
-	Start time.Time
+	Body   []byte
+	Req    oai.Request
+	Start  time.Time
 	// ParseTime is how long the adapter took from the whole body read to handing the request
 	// over (parsing and admission headers): tlgw_stage_seconds{stage="parse"} (R17.3).
 	ParseTime time.Duration
@@ -249,19 +249,19 @@ type requestActor struct {
 	toldFinished bool
 
 	// Routing.
-	key     uint64 // the internal id: unique among live requests, whatever X-Request-ID says
-	pickTag uint64 // the current Pick's tag; answers with another tag are stale
-	pickTimer    clock.Timer
-	pickRetries  int
-	hashes       []uint64         // the prompt's chunk hashes, when the prefix index is on
-	admit        router.AdmitInfo // what every pick says of the request's admission (R10)
-	cascadeStep  int              // the cascade step asked for (router.LastStep: the last)
-	exclude      []string
-	attempts     int
-	lastErr      error
-	picked       *router.Picked
-	route        string
-	served       string
+	key         uint64 // the internal id: unique among live requests, whatever X-Request-ID says
+	pickTag     uint64 // the current Pick's tag; answers with another tag are stale
+	pickTimer   clock.Timer
+	pickRetries int
+	hashes      []uint64         // the prompt's chunk hashes, when the prefix index is on
+	admit       router.AdmitInfo // what every pick says of the request's admission (R10)
+	cascadeStep int              // the cascade step asked for (router.LastStep: the last)
+	exclude     []string
+	attempts    int
+	lastErr     error
+	picked      *router.Picked
+	route       string
+	served      string
 
 	// openPicks counts the Picks sent and not answered yet (the router answers each Pick
 	// once; a queued pick asked again is answered once, for its last tag, so at most the
