@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -166,3 +167,15 @@ func (b *countingBody) Read(p []byte) (int, error) {
 }
 
 func (b *countingBody) Close() error { b.closed = true; return nil }
+
+// TestSizeClasses: the actor and its exchange, allocated per request, stay in the size classes
+// they are in (896 bytes with the allocator's 8-byte header, 448): a field added past them
+// costs every request a bigger allocation — pack it into padding, or behind a pointer.
+func TestSizeClasses(t *testing.T) {
+	if n := unsafe.Sizeof(requestActor{}); n > 888 {
+		t.Errorf("requestActor is %d bytes: over 888, it moves to the 1024-byte size class", n)
+	}
+	if n := unsafe.Sizeof(Exchange{}); n > 448 {
+		t.Errorf("Exchange is %d bytes: over 448, it moves to the 480-byte size class", n)
+	}
+}
