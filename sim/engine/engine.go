@@ -420,7 +420,9 @@ func (e *Engine) Close() {
 		}
 		e.dropHandles()
 		e.dropPD()
-		e.flushSpans() // every handler has returned: their spans have ended
+		// Last, so that the spans of the handlers Shutdown waited for are exported; a handler the
+		// stop cut that has not returned yet ends its span after this, and that span is dropped.
+		e.flushSpans()
 	})
 }
 
