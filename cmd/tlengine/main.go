@@ -61,6 +61,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&cfg.PD, "pd", "tl", "disaggregation protocol besides EngineControl: tl, vllm (kv_transfer_params) or sglang (bootstrap rooms)")
 	fs.IntVar(&cfg.BootstrapPort, "bootstrap-port", 8998, "the KV side channel's port under --pd vllm or sglang on a prefill or unified engine (sglang's bootstrap port; 0: any)")
 	fs.DurationVar(&cfg.PDTimeout, "pd-timeout", 30*time.Second, "how long a decode waits for its KV under --pd vllm or sglang (a bootstrap room's prefill, the transfer)")
+	fs.StringVar(&cfg.OTLPEndpoint, "otlp-endpoint", "", "host:port of an OTLP/gRPC collector (plaintext): export a "+engine.SpanName+" span per served HTTP request, the child of its traceparent (empty: off)")
 	fs.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
 		return 2

@@ -37,6 +37,8 @@ func TestServingFlags(t *testing.T) {
 		{[]string{"--pd", "nixl"}},
 		{[]string{"--bootstrap-port", "70000"}},
 		{[]string{"--pd-timeout", "-1s"}},
+		{[]string{"--otlp-endpoint", "collector"}},
+		{[]string{"--otlp-endpoint", "collector:0"}},
 	} {
 		var stdout, stderr bytes.Buffer
 		args := append([]string{"--id", "e1", "--model", "smol"}, c.args...)

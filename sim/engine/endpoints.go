@@ -101,6 +101,7 @@ func (e *Engine) table() []route {
 		{"", "GET /v1/models", e.serveModels},
 		{"", "GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) }},
 		{"", "GET /metrics", e.met.handler().ServeHTTP},
+		{"", "GET " + TraceparentsPath, e.serveTraceparents},
 	}
 	if e.cfg.KVEvents.Addr != "" {
 		rs = append(rs, route{"", "POST " + GapPath, e.serveKVGap})
@@ -123,8 +124,12 @@ func (e *Engine) routes() http.Handler {
 		if rt.endpoint != "" && !e.serves[rt.endpoint] {
 			continue
 		}
-		mux.HandleFunc(rt.pattern, rt.h)
 		_, path, _ := strings.Cut(rt.pattern, " ")
+		h := rt.h
+		if path != TraceparentsPath {
+			h = e.observed(path, h) // R24: the traceparent recorded, the span exported
+		}
+		mux.HandleFunc(rt.pattern, h)
 		if !seen[path] {
 			seen[path] = true
 			paths.HandleFunc(path, func(w http.ResponseWriter, _ *http.Request) {

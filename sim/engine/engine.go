@@ -33,6 +33,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -112,6 +114,11 @@ type Config struct {
 	// PDTimeout bounds a decode's wait for its KV: a bootstrap room's prefill, the fetch
 	// (--pd-timeout, default 30 s).
 	PDTimeout time.Duration
+	// OTLPEndpoint exports a tlengine.request span per served HTTP request over OTLP/gRPC,
+	// plaintext, to host:port (--otlp-endpoint; "" is off: no span and no exporter goroutine).
+	OTLPEndpoint string
+	// SpanExporter, when set, receives those spans instead of an OTLP exporter (tests).
+	SpanExporter sdktrace.SpanExporter
 }
 
 // Engine is a running simulated engine.
@@ -147,9 +154,13 @@ type Engine struct {
 	serves     map[string]bool // the served endpoints (Config.Endpoints)
 	loras      *loras
 	responses  *responseStore // stored /v1/responses answers
-	hb         heartbeatLoops
-	wg         sync.WaitGroup
-	closeMu    sync.Once
+	tps        traceparents   // the latest received traceparents (R24, tracing.go)
+	// tp and tracer export the spans of served requests; both nil when spans are off.
+	tp      *sdktrace.TracerProvider
+	tracer  trace.Tracer
+	hb      heartbeatLoops
+	wg      sync.WaitGroup
+	closeMu sync.Once
 }
 
 func (c *Config) defaults() error {
@@ -236,6 +247,9 @@ func (c *Config) defaults() error {
 		return err
 	}
 	if err := c.checkPDConfig(); err != nil {
+		return err
+	}
+	if err := c.checkOTLPEndpoint(); err != nil {
 		return err
 	}
 	if c.HTTPListen == "" {
@@ -326,13 +340,29 @@ func Start(cfg Config) (*Engine, error) {
 		}
 		return nil, err
 	}
+	if e.tp, err = newTracerProvider(&cfg); err != nil {
+		for _, l := range lis {
+			l.Close()
+		}
+		if boot != nil {
+			boot.Close()
+		}
+		if e.zpub != nil {
+			e.zpub.Close()
+		}
+		return nil, err
+	}
+	if e.tp != nil {
+		e.tracer = e.tp.Tracer("github.com/tlgw/tlgw/sim/engine")
+	}
 	e.stopCtx, e.cancelStop = context.WithCancel(context.Background())
 
 	e.httpSrv = &http.Server{Handler: e.routes(), ReadHeaderTimeout: 10 * time.Second}
 	// Both gRPC listeners serve the health service. EngineControl runs on prefill and unified
 	// engines, KvTransferService on decode and unified ones; the other role's calls answer
-	// Unimplemented. KvEvents (R18.3) runs on every engine's gRPC listener.
-	e.grpcSrv, e.kvSrv = grpc.NewServer(), grpc.NewServer()
+	// Unimplemented. KvEvents (R18.3) runs on every engine's gRPC listener. Unary calls' traceparents
+	// are recorded (R24).
+	e.grpcSrv, e.kvSrv = grpc.NewServer(grpc.UnaryInterceptor(e.recordUnary)), grpc.NewServer(grpc.UnaryInterceptor(e.recordUnary))
 	for _, s := range []*grpc.Server{e.grpcSrv, e.kvSrv} {
 		hs := health.NewServer()
 		healthpb.RegisterHealthServer(s, hs)
@@ -390,6 +420,9 @@ func (e *Engine) Close() {
 		}
 		e.dropHandles()
 		e.dropPD()
+		// Last, so that the spans of the handlers Shutdown waited for are exported; a handler the
+		// stop cut that has not returned yet ends its span after this, and that span is dropped.
+		e.flushSpans()
 	})
 }
 

@@ -37,6 +37,8 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/propagation"
+
 	kvv1 "github.com/tlgw/tlgw/contracts/tl/kv/v1"
 	"github.com/tlgw/tlgw/internal/clock"
 	"github.com/tlgw/tlgw/sim/kv"
@@ -386,7 +388,7 @@ type sendAnswer struct {
 // sideChannel is the side channel's handler.
 func (e *Engine) sideChannel() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /tlengine/pd/send", e.serveSend)
+	mux.HandleFunc("POST /tlengine/pd/send", e.observed("/tlengine/pd/send", e.serveSend))
 	return mux
 }
 
@@ -530,6 +532,7 @@ func (e *Engine) fetchRemote(ctx context.Context, pd *pdRequest, requestID strin
 		return nil, errPDUnavailable("fetching the KV: %v", err)
 	}
 	hr.Header.Set("Content-Type", "application/json")
+	traceContext.Inject(ctx, propagation.HeaderCarrier(hr.Header)) // the request's trace, carried on (R24)
 	resp, err := pdClient.Do(hr)
 	if err != nil {
 		return nil, errPDUnavailable("fetching the KV from %s: %v", net.JoinHostPort(pd.host, strconv.Itoa(pd.port)), err)
