@@ -33,9 +33,10 @@ var w3c propagation.TraceContext
 // Extract returns ctx carrying the remote span context of h's traceparent (and tracestate) when
 // the traceparent is valid, else ctx unchanged. Bounded and strict, as W3C Trace Context
 // asks: a traceparent longer than MaxTraceparentLen, or more than one traceparent header, is
-// ignored (the request starts a new trace); tracestate headers are joined, and ignored when
-// longer than MaxTracestateLen together, or when OpenTelemetry's parser refuses them (more than
-// 32 members, a bad key or value).
+// ignored (the request starts a new trace, as W3C's test suite expects); tracestate headers
+// are joined, as HTTP combines repeated headers, and ignored when longer than MaxTracestateLen
+// together, or when OpenTelemetry's parser refuses them (more than 32 members, a bad key or
+// value). (OpenTelemetry's own HeaderCarrier reads the first of each header only.)
 func Extract(ctx context.Context, h http.Header) context.Context {
 	tp := h[traceparentHeader]
 	if len(tp) != 1 || tp[0] == "" || len(tp[0]) > MaxTraceparentLen {

@@ -69,6 +69,7 @@ const (
 // memory is QueueSize spans of at most this much.
 var spanLimits = sdktrace.SpanLimits{
 	AttributeValueLengthLimit:   1024,
+	AttributeValueDepthLimit:    4,
 	AttributeCountLimit:         64,
 	EventCountLimit:             32,
 	LinkCountLimit:              8,

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"go.opentelemetry.io/otel/attribute"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc/codes"
@@ -174,6 +176,37 @@ func TestSampling(t *testing.T) {
 				t.Errorf("exported %v, queue_full %v, export_failed %v", e, full, failed)
 			}
 		})
+	}
+}
+
+// TestSpanLimits: however many attributes and events the code adds, and however long a value
+// (a client's string, say), an exported span holds at most the span limits.
+func TestSpanLimits(t *testing.T) {
+	rec := &recorder{}
+	p, _ := testProvider(t, Options{SampleRatio: 1}, rec)
+	_, s := p.Tracer().Start(context.Background(), "s")
+	s.SetAttributes(attribute.String("long", strings.Repeat("x", 5000)))
+	for i := range 100 {
+		s.SetAttributes(attribute.Int("a"+strconv.Itoa(i), i))
+		s.AddEvent("e")
+	}
+	s.End()
+	if err := p.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	spans, _ := rec.got()
+	if len(spans) != 1 {
+		t.Fatalf("%d spans", len(spans))
+	}
+	sp := spans[0]
+	if n := len(sp.Attributes()); n != spanLimits.AttributeCountLimit {
+		t.Errorf("%d attributes", n)
+	}
+	if v := sp.Attributes()[0].Value.AsString(); len(v) != spanLimits.AttributeValueLengthLimit {
+		t.Errorf("a value of %d characters", len(v))
+	}
+	if n := len(sp.Events()); n != spanLimits.EventCountLimit {
+		t.Errorf("%d events", n)
 	}
 }
 
