@@ -140,19 +140,29 @@ func newProvider(opts Options, reg prometheus.Registerer, log *slog.Logger, s se
 	if log == nil {
 		log = slog.Default()
 	}
-	m := newMetrics()
-	if reg != nil {
-		for _, c := range []prometheus.Collector{m.exported, m.dropped} {
-			if err := reg.Register(c); err != nil {
-				return nil, fmt.Errorf("tracing: metrics: %w", err)
-			}
-		}
+	res, err := resource.Merge(resource.Default(), resource.NewSchemaless(attribute.String("service.name", opts.ServiceName)))
+	if err != nil {
+		// resource.Default's schema URL against a schemaless resource: cannot conflict.
+		return nil, fmt.Errorf("tracing: resource: %w", err)
 	}
 	next := s.exporter
 	if next == nil {
-		var err error
 		if next, err = otlpExporter(opts, s); err != nil {
 			return nil, err
+		}
+	}
+	m := newMetrics()
+	if reg != nil {
+		var done []prometheus.Collector
+		for _, c := range []prometheus.Collector{m.exported, m.dropped} {
+			if err := reg.Register(c); err != nil {
+				for _, d := range done {
+					reg.Unregister(d)
+				}
+				_ = next.Shutdown(context.Background()) // closes the exporter's idle connection
+				return nil, fmt.Errorf("tracing: metrics: %w", err)
+			}
+			done = append(done, c)
 		}
 	}
 	exp := newCountingExporter(next, m, log, s.now, s.logEvery)
@@ -166,11 +176,6 @@ func newProvider(opts Options, reg prometheus.Registerer, log *slog.Logger, s se
 		sdktrace.WithExportTimeout(s.exportTimeout),
 	)
 	q := newBoundedQueue(bsp, &exp.pending, int64(opts.QueueSize), m.queueFull)
-	res, err := resource.Merge(resource.Default(), resource.NewSchemaless(attribute.String("service.name", opts.ServiceName)))
-	if err != nil {
-		// resource.Default's schema URL against a schemaless resource: cannot conflict.
-		return nil, fmt.Errorf("tracing: resource: %w", err)
-	}
 	var sampler sdktrace.Sampler = sdktrace.TraceIDRatioBased(opts.SampleRatio)
 	if opts.ParentBased {
 		sampler = sdktrace.ParentBased(sampler)
