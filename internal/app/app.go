@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/prometheus/client_golang/prometheus"
@@ -34,6 +35,7 @@ import (
 	"github.com/tlgw/tlgw/internal/clock"
 	"github.com/tlgw/tlgw/internal/config"
 	"github.com/tlgw/tlgw/internal/gopool"
+	"github.com/tlgw/tlgw/internal/tracing"
 )
 
 // Options tune what Start builds beyond the configuration.
@@ -80,7 +82,9 @@ type App struct {
 	clock    clock.Clock
 	unwatch  func()
 	pool     *gopool.Pool
-	alog     *accesslog.Log // [access_log] (R24); nil: off
+	alog     *accesslog.Log    // [access_log] (R24); nil: off
+	tracing  *tracing.Provider // [tracing] (R24); nil: off
+	reqDeps  *request.Deps     // what every request actor is spawned with
 	serveErr chan error
 }
 
@@ -216,6 +220,16 @@ func Start(cfg *config.Config, o Options) (*App, error) {
 			return nil, fmt.Errorf("access_log.path: %w", err)
 		}
 	}
+	if tc := cfg.Tracing; tc.Enabled() {
+		// Before anything serves; shut down by stopActors once the requests (and so their
+		// spans) have ended, flushing what waits for the collector. It does not dial: a
+		// collector that is down shows as failed exports, never stops the start.
+		a.tracing, err = tracing.New(tc.Options(), reg, o.Logger.With("component", "tracing"))
+		if err != nil {
+			a.stopActors()
+			return nil, err // "tracing: …"
+		}
+	}
 
 	httpLis, err := net.Listen("tcp", g.HTTPListen)
 	if err != nil {
@@ -263,7 +277,9 @@ func Start(cfg *config.Config, o Options) (*App, error) {
 		Go:           pool.Go,
 		AccessLog:    a.alog,
 		KeyNames:     keyNames(cfg.Auth.Keys),
+		Tracer:       a.tracing.Tracer(), // nil when off
 	}
+	a.reqDeps = deps
 	reqOpts := append(am.Options("request"), actor.WithDispatcher(pool))
 	if o.ActorOptions != nil {
 		reqOpts = append(reqOpts, o.ActorOptions("request")...)
@@ -408,7 +424,19 @@ func (a *App) stopActors() {
 			a.log.Error("access log: closing", "err", err)
 		}
 	}
+	if a.tracing != nil {
+		// After the requests too: their spans have ended. The flush is bounded, so a collector
+		// that is down delays the exit by tracingFlush at most (its spans are counted dropped).
+		ctx, cancel := context.WithTimeout(context.Background(), tracingFlush)
+		if err := a.tracing.Shutdown(ctx); err != nil {
+			a.log.Warn("tracing: the last spans were not all exported", "err", err)
+		}
+		cancel()
+	}
 }
+
+// tracingFlush bounds the export of the last spans at shutdown.
+const tracingFlush = 5 * time.Second
 
 // kvIndexBlocks is the exact index's bound per worker.
 func kvIndexBlocks(cfg *config.Config) int {

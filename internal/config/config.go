@@ -2,12 +2,13 @@
 // (SPEC B3).
 //
 // Parse reads TOML, checks it against contracts/runtime.schema.json, fills
-// defaults, resolves API keys given by environment variable and runs the
-// checks a schema cannot express (unique public ids and class names,
-// accept_if syntax, duplicate keys, classes that keys name, and the
-// admission classifier's own keys, by the parser registered for its type in
-// actors/router/admission/classifiers). Every problem
-// found is reported, one line each, naming its key in TOML terms:
+// defaults, resolves API keys and other secrets given by environment variable
+// (key_env, password_env, [tracing] headers_env) and runs the checks a schema
+// cannot express (unique public ids and class names, accept_if syntax,
+// duplicate keys, classes that keys name, and the admission classifier's own
+// keys, by the parser registered for its type in
+// actors/router/admission/classifiers). Every problem found is reported, one
+// line each, naming its key in TOML terms:
 //
 //	config: gateway.heartbeat_interval: "2 parsecs" is not a duration
 //	config: gateway.bogus: unknown key
@@ -69,6 +70,7 @@ type Config struct {
 	Registry  Registry  `json:"registry"`
 	Cluster   Cluster   `json:"cluster"`
 	AccessLog AccessLog `json:"access_log"`
+	Tracing   Tracing   `json:"tracing"`
 }
 
 // Gateway is the [gateway] table.
@@ -311,6 +313,7 @@ func Default() *Config {
 		Registry:  defaultRegistry(),
 		Cluster:   defaultCluster(),
 		AccessLog: defaultAccessLog(),
+		Tracing:   defaultTracing(),
 	}
 }
 
@@ -381,6 +384,7 @@ func Parse(data []byte, getenv func(string) string) (*Config, error) {
 	fc.Registry.apply(&cfg.Registry, getenv, &ps)
 	fc.Cluster.apply(&cfg.Cluster, getenv, &ps)
 	fc.AccessLog.apply(&cfg.AccessLog, &ps)
+	fc.Tracing.apply(&cfg.Tracing, getenv, &ps)
 	if ps.empty() {
 		checkRegistryExposure(cfg, &ps)
 		checkHTTPExposure(cfg, &ps)
@@ -422,6 +426,7 @@ type fileConfig struct {
 	Registry  *fileRegistry  `json:"registry"`
 	Cluster   *fileCluster   `json:"cluster"`
 	AccessLog *fileAccessLog `json:"access_log"`
+	Tracing   *fileTracing   `json:"tracing"`
 }
 
 type fileGateway struct {

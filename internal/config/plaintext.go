@@ -2,13 +2,16 @@ package config
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 )
 
 // PlaintextCredentials names each credential this configuration would accept or send over a
 // plaintext connection off loopback (R20): registry tokens on a registry without TLS that
-// listens beyond loopback, and an etcd password sent to an etcd member off loopback without
-// TLS. Start-up logs each once; none stops it (a private network may be trusted).
+// listens beyond loopback, an etcd password sent to an etcd member off loopback without TLS,
+// and [tracing] headers (an authorization, say) sent to a collector off loopback with
+// insecure = true. Start-up logs each once; none stops it (a private network may be trusted).
 func (c *Config) PlaintextCredentials() []string {
 	var out []string
 	if len(c.Registry.Tokens) > 0 && c.Registry.TLSCert == "" && !LoopbackListen(c.Gateway.RegistryListen) {
@@ -24,6 +27,10 @@ func (c *Config) PlaintextCredentials() []string {
 		if len(off) > 0 {
 			out = append(out, fmt.Sprintf("the etcd password is sent over plaintext to %s (set [cluster] tls_ca)", strings.Join(off, ", ")))
 		}
+	}
+	if t := c.Tracing; t.Enabled() && t.Insecure && len(t.Headers) > 0 && !LoopbackListen(t.OTLPEndpoint) {
+		out = append(out, fmt.Sprintf("the tracing headers %s are sent over plaintext gRPC to %s (set [tracing] insecure = false)",
+			strings.Join(slices.Sorted(maps.Keys(t.Headers)), ", "), t.OTLPEndpoint))
 	}
 	return out
 }

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/tlgw/tlgw/internal/etcdtest"
+	"github.com/tlgw/tlgw/internal/otlptest"
 	"github.com/tlgw/tlgw/internal/proctest"
 )
 
@@ -45,9 +46,10 @@ const scrapeInterval = 250 * time.Millisecond
 // gatewayTOML turns on what the dashboard shows: routes with 503 engines (failover, ejection,
 // retry budget), a stalling stream (interrupted, stream_idle timeout), a cascade, admission with
 // a short-wait class (queued requests, queue_timeout), a route served only by a static worker
-// whose scrapes fail (scrape errors, a route with no routable worker), and [cluster] against
-// etcd (config store up, replicas).
-func gatewayTOML(etcd, ghost string) string {
+// whose scrapes fail (scrape errors, a route with no routable worker), [cluster] against
+// etcd (config store up, replicas) and [tracing] to a loopback OTLP receiver (the trace span
+// counters).
+func gatewayTOML(etcd, ghost, otlp string) string {
 	return fmt.Sprintf(`
 [gateway]
 http_listen = "127.0.0.1:0"
@@ -105,7 +107,12 @@ etcd_endpoints = [%q]
 prefix = "/ops/"
 replica_id = "gw-ops"
 lease_ttl = "2s"
-`, ghost, etcd)
+
+[tracing]
+otlp_endpoint = %q
+insecure = true
+sample_ratio = 1
+`, ghost, etcd, otlp)
 }
 
 // TestDashboardAndRulesOnALiveGateway runs a gateway (with tlengine workers and an embedded etcd)
@@ -134,7 +141,8 @@ func TestDashboardAndRulesOnALiveGateway(t *testing.T) {
 	}
 
 	etcd := etcdtest.Start(t)
-	gw := proctest.StartTLGW(t, tlgwBin, gatewayTOML(etcd.Endpoint(), closedAddr(t)))
+	otlp := otlptest.Start(t)
+	gw := proctest.StartTLGW(t, tlgwBin, gatewayTOML(etcd.Endpoint(), closedAddr(t), otlp.Addr()))
 	g := &gateway{base: "http://" + gw.HTTPAddr}
 	prom := startPrometheus(t, promBin, gw.HTTPAddr, rulesFile)
 
