@@ -103,8 +103,9 @@ func (s *Server) inference(w http.ResponseWriter, r *http.Request, kind oai.Kind
 			s.limiter.Settle(km.index, held, used)
 		}()
 	}
-	x := request.NewExchange(s.requestContext(r), w, r.URL.Path, kind, id, km.scopes&scopeDebug != 0, body, req, start)
-	x.Rendered, x.Owner, x.Response, x.Errors = rendered, km.index, req.Previous, ew
+	ctx, traced := s.requestContext(r)
+	x := request.NewExchange(ctx, w, r.URL.Path, kind, id, km.scopes&scopeDebug != 0, body, req, start)
+	x.Rendered, x.Owner, x.Response, x.Errors, x.Traced = rendered, km.index, req.Previous, ew, traced
 	if kind.Multipart() {
 		x.ContentType = r.Header.Get("Content-Type")
 	}
@@ -342,9 +343,10 @@ func (s *Server) storedResponse(w http.ResponseWriter, r *http.Request, method, 
 		return
 	}
 	defer release()
-	x := request.NewExchange(s.requestContext(r), w, r.URL.Path, oai.Responses, id, km.scopes&scopeDebug != 0, nil,
+	ctx, traced := s.requestContext(r)
+	x := request.NewExchange(ctx, w, r.URL.Path, oai.Responses, id, km.scopes&scopeDebug != 0, nil,
 		oai.Request{PrefixKey: []byte{}}, start)
-	x.Method, x.Response, x.Owner, x.Errors = method, rid, km.index, ew
+	x.Method, x.Response, x.Owner, x.Errors, x.Traced = method, rid, km.index, ew, traced
 	s.serve(x)
 	<-x.Done()
 }

@@ -114,9 +114,6 @@ type Options struct {
 	// Tokens gives chat and completions requests their token ids before they are handed
 	// over (R22: gateway.tokenizer = "engine"); nil: none.
 	Tokens TokenSource
-	// AccessLog: the access log is on (R24), so each exchange's context carries the trace id
-	// of the client's traceparent (requestContext); off, the request path does not look.
-	AccessLog bool
 }
 
 // Server is the gateway's http.Handler.
@@ -140,7 +137,6 @@ type Server struct {
 
 	renderPrompts bool
 	tokens        TokenSource
-	accessLog     bool
 
 	maxInFlight  int
 	inFlight     atomic.Int64
@@ -164,7 +160,6 @@ func New(o Options) *Server {
 		log: o.Logger, metrics: newHTTPMetrics(o.Registerer),
 		maxInFlight: o.MaxInFlight, bodyTimeout: o.BodyReadTimeout, writeTimeout: o.ClientWriteTimeout,
 		renderPrompts: o.RenderPrompts, replicaFn: o.Replicas, tokens: o.Tokens, history: o.History,
-		accessLog: o.AccessLog,
 	}
 	s.replicas.Store(1)
 	if o.Registerer != nil {

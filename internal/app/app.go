@@ -311,7 +311,6 @@ func Start(cfg *config.Config, o Options) (*App, error) {
 		MaxInFlight: g.MaxInFlight, BodyReadTimeout: g.BodyReadTimeout, ClientWriteTimeout: g.ClientWriteTimeout,
 		RenderPrompts: deps.PrefixHashes,
 		Tokens:        tokens,
-		AccessLog:     a.alog != nil,
 	})
 	a.drain = newDrainGate()
 	a.httpSrv = newHTTPServer(a.drain.wrap(a.HTTP), g)
