@@ -95,6 +95,22 @@ headers_env = { authorization = "TLGW_TEST_OTLP_AUTH" }
 	if probe == nil {
 		t.Fatalf("no probe span among %q", otlptest.Names(rcv.Spans()))
 	}
+	// The request's own span: in the client's trace, under its span, saying how it ended.
+	var reqSpan *otlptest.Span
+	for _, s := range rcv.Spans() {
+		if s.Name == "tlgw.request" {
+			reqSpan = s
+		}
+	}
+	if reqSpan == nil {
+		t.Fatalf("no tlgw.request span among %q", otlptest.Names(rcv.Spans()))
+	}
+	if reqSpan.TraceIDHex() != "4bf92f3577b34da6a3ce929d0e0e4736" || reqSpan.ParentSpanIDHex() != "00f067aa0ba902b7" {
+		t.Errorf("tlgw.request in trace %s under %s", reqSpan.TraceIDHex(), reqSpan.ParentSpanIDHex())
+	}
+	if got, _ := reqSpan.Attr("tlgw.outcome"); got != "model_not_found" {
+		t.Errorf("tlgw.request outcome %q", got)
+	}
 	if probe.TraceIDHex() != "0af7651916cd43dd8448eb211c80319c" || probe.ParentSpanIDHex() != "b7ad6b7169203331" {
 		t.Errorf("probe trace %s parent %s", probe.TraceIDHex(), probe.ParentSpanIDHex())
 	}
