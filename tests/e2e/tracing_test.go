@@ -231,3 +231,61 @@ func accessTraceID(t *testing.T, path, id string) string {
 	}
 	return ""
 }
+
+// TestTracingDisaggregated (R24): a disaggregated request's control calls carry their stage's
+// trace context over processes: the prefill engine received tokenize (HTTP header) and the
+// EngineControl Prefill call (gRPC metadata) with tlgw.prefill as their parent, and the decode
+// engine the completion with the attempt as its parent.
+func TestTracingDisaggregated(t *testing.T) {
+	rcv := otlptest.Start(t)
+	f := startFleet(t, pdConfig+`
+[tracing]
+otlp_endpoint = "`+rcv.Addr()+`"
+insecure = true
+sample_ratio = 1
+`,
+		[]string{"p", "--model", "smol", "--role", "prefill"},
+		[]string{"d", "--model", "smol", "--role", "decode"})
+	const traceID = "0af7651916cd43dd8448eb211c80319c"
+	req, _ := http.NewRequest("POST", f.base+"/v1/completions",
+		strings.NewReader(`{"model":"smol","prompt":"split me","max_tokens":4,"seed":3}`))
+	req.Header.Set("X-Request-ID", "pd-traced")
+	req.Header.Set("traceparent", "00-"+traceID+"-b7ad6b7169203331-01")
+	resp, err := (&http.Client{Timeout: 10 * time.Second}).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	var byName map[string][]*otlptest.Span
+	rcv.WaitFor(t, func(spans []*otlptest.Span) bool {
+		byName = spansOf(spans, traceID)
+		return len(byName["tlgw.request"]) == 1 && len(byName["tlgw.prefill"]) == 1 && len(byName["tlgw.attempt"]) == 1
+	}, 20*time.Second)
+	pre, att := byName["tlgw.prefill"][0], byName["tlgw.attempt"][0]
+	if w, _ := pre.Attr("tlgw.worker"); w != "p" {
+		t.Fatalf("tlgw.prefill on %q", w)
+	}
+	parentIs := func(s *otlptest.Span) string { return "00-" + traceID + "-" + s.SpanIDHex() + "-01" }
+	got := map[string]string{} // path → traceparent, for this request
+	for _, e := range []string{"p", "d"} {
+		for _, tp := range engineTraceparents(t, "http://"+f.engines[e].HTTPAddr) {
+			if strings.HasPrefix(tp.Traceparent, "00-"+traceID+"-") {
+				got[e+" "+tp.Path] = tp.Traceparent
+			}
+		}
+	}
+	want := map[string]string{
+		"p /v1/tokenize":                        parentIs(pre),
+		"p /tl.engine.v1.EngineControl/Prefill": parentIs(pre),
+		"d /v1/completions":                     parentIs(att),
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("%s received %q, want %q (all: %v)", k, got[k], v, got)
+		}
+	}
+}
