@@ -67,6 +67,12 @@ const (
 // w3c is the W3C Trace Context propagator (traceparent, tracestate).
 var w3c propagation.TraceContext
 
+// Span start options made once (an option made per span is an allocation per span).
+var (
+	serverSpan = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindServer)}
+	clientSpan = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindClient)}
+)
+
 // reqTrace is one request's trace (R24), kept by its actor: the context its spans hang from,
 // and the stage spans open now (each nil when none). Bounds: one per live request, at most one
 // span of each stage open at once; every open span is ended in finish or stopping.
@@ -81,6 +87,12 @@ type reqTrace struct {
 	rec      bool
 	queuedAt time.Time // when the current pick was queued (zero: not queued)
 	attempts int       // attempts made, over all cascade steps
+	// own is the header of the request's own context (ctx), made once: every engine call of
+	// an unsampled request, or with tracing off, carries it. scratch is the propagator's
+	// carrier (a field, so injecting allocates nothing more than the header's text).
+	own     traceHeader
+	ownMade bool
+	scratch traceHeader
 
 	attempt    trace.Span
 	attemptCtx context.Context
@@ -98,8 +110,9 @@ func (r *requestActor) startTrace() {
 	if t.tracer == nil {
 		return
 	}
-	t.ctx, t.span = t.tracer.Start(r.x.Ctx, SpanRequest, trace.WithSpanKind(trace.SpanKindServer),
-		trace.WithTimestamp(r.x.Start))
+	// The span starts as the actor does, the body read and parsed (tlgw_stage_seconds{stage=
+	// "parse"} times that): a start timestamp would cost every request an allocation.
+	t.ctx, t.span = t.tracer.Start(r.x.Ctx, SpanRequest, serverSpan...)
 	if t.rec = t.span.IsRecording(); t.rec {
 		t.span.SetAttributes(attrRequestID.String(r.x.ID), attrEndpoint.String(EndpointLabel(r.x.Kind)),
 			attrStream.Bool(r.x.Req.Stream))
@@ -131,6 +144,13 @@ func headerOf(ctx context.Context) traceHeader {
 	return h
 }
 
+// inject is headerOf through the trace's own carrier.
+func (t *reqTrace) inject(ctx context.Context) traceHeader {
+	t.scratch = traceHeader{}
+	w3c.Inject(ctx, &t.scratch)
+	return t.scratch
+}
+
 // set puts the header on an engine call's HTTP request.
 func (h traceHeader) set(hdr http.Header) {
 	if h.parent == "" {
@@ -160,9 +180,12 @@ func (t *reqTrace) header(stage context.Context) traceHeader {
 		return traceHeader{}
 	}
 	if stage != nil {
-		return headerOf(stage)
+		return t.inject(stage)
 	}
-	return headerOf(t.ctx)
+	if !t.ownMade {
+		t.own, t.ownMade = t.inject(t.ctx), true
+	}
+	return t.own
 }
 
 // traceID is the request's trace id (32 lowercase hex digits), or "" when it has none: the
@@ -267,7 +290,7 @@ func (t *reqTrace) startPrefill(p *router.Picked) traceHeader {
 		return t.header(nil)
 	}
 	if t.prefill == nil {
-		t.prefillCtx, t.prefill = t.tracer.Start(t.ctx, SpanPrefill, trace.WithSpanKind(trace.SpanKindClient))
+		t.prefillCtx, t.prefill = t.tracer.Start(t.ctx, SpanPrefill, clientSpan...)
 		t.prefill.SetAttributes(attrWorker.String(p.Prefill.WorkerID), attrPD.String(p.PDProtocol),
 			attribute.String("tlgw.decode_worker", p.WorkerID))
 	}
@@ -340,7 +363,7 @@ func (t *reqTrace) releaser() func(ctx context.Context, handle string) (context.
 		if !rec {
 			return headerOf(parent).outgoing(ctx), func(error) {}
 		}
-		sctx, sp := tracer.Start(parent, SpanRelease, trace.WithSpanKind(trace.SpanKindClient))
+		sctx, sp := tracer.Start(parent, SpanRelease, clientSpan...)
 		sp.SetAttributes(attrHandle.String(handle))
 		return headerOf(sctx).outgoing(ctx), func(err error) {
 			if err != nil {

@@ -21,6 +21,7 @@ import (
 	"github.com/tlgw/tlgw/internal/app"
 	"github.com/tlgw/tlgw/internal/config"
 	"github.com/tlgw/tlgw/internal/gwtest"
+	"github.com/tlgw/tlgw/internal/otlptest"
 	"github.com/tlgw/tlgw/internal/oai"
 )
 
@@ -123,6 +124,10 @@ func (e *eventReader) Read(p []byte) (int, error) {
 func BenchmarkRoutedRequest(b *testing.B) {
 	routedRequests(b, benchGatewayTOML, "")
 	routedRequests(b, benchGatewayTOML+"\n[access_log]\npath = \""+filepath.Join(b.TempDir(), "access.log")+"\"\n", "_access_log")
+	// R24 tracing at the default 1% to a live collector on loopback: 99 requests in 100 make
+	// their request span only (unsampled), one every span of its stages.
+	rcv := otlptest.Start(b)
+	routedRequests(b, benchGatewayTOML+"\n[tracing]\notlp_endpoint = \""+rcv.Addr()+"\"\ninsecure = true\nsample_ratio = 0.01\n", "_tracing")
 }
 
 // routedRequests runs BenchmarkRoutedRequest's requests on a gateway configured by toml, named
