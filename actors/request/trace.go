@@ -82,17 +82,23 @@ type reqTrace struct {
 	// stage spans, and the engines' traceparent when no stage span records.
 	ctx  context.Context
 	span trace.Span // tlgw.request (nil: off)
-	// rec: the request span records (sampled), so stage spans are made. An unsampled request
-	// makes its request span only (the engines still get its trace id, flagged unsampled).
-	rec      bool
-	queuedAt time.Time // when the current pick was queued (zero: not queued)
-	attempts int       // attempts made, over all cascade steps
+	// rec: the request span records (sampled), so stage spans are made (st). An unsampled
+	// request makes its request span only (the engines still get its trace id, flagged
+	// unsampled), and allocates no more than this struct.
+	rec bool
 	// own is the header of the request's own context (ctx), made once: every engine call of
 	// an unsampled request, or with tracing off, carries it. scratch is the propagator's
 	// carrier (a field, so injecting allocates nothing more than the header's text).
-	own     traceHeader
 	ownMade bool
+	own     traceHeader
 	scratch traceHeader
+	st      *stageSpans // nil unless rec
+}
+
+// stageSpans are a sampled request's stage spans open now (each nil when none).
+type stageSpans struct {
+	queuedAt time.Time // when the current pick was queued (zero: not queued)
+	attempts int       // attempts made, over all cascade steps
 
 	attempt    trace.Span
 	attemptCtx context.Context
@@ -114,6 +120,7 @@ func (r *requestActor) startTrace() {
 	// "parse"} times that): a start timestamp would cost every request an allocation.
 	t.ctx, t.span = t.tracer.Start(r.x.Ctx, SpanRequest, serverSpan...)
 	if t.rec = t.span.IsRecording(); t.rec {
+		t.st = &stageSpans{}
 		t.span.SetAttributes(attrRequestID.String(r.x.ID), attrEndpoint.String(EndpointLabel(r.x.Kind)),
 			attrStream.Bool(r.x.Req.Stream))
 	}
@@ -204,7 +211,7 @@ func (t *reqTrace) traceID() string {
 // queued notes that the current pick waits in the admission queue.
 func (t *reqTrace) queued(now time.Time) {
 	if t.recording() {
-		t.queuedAt = now
+		t.st.queuedAt = now
 	}
 }
 
@@ -215,11 +222,11 @@ func (t *reqTrace) picked(sent, now time.Time, p *router.Picked) {
 		return
 	}
 	ctx, sp := t.tracer.Start(t.ctx, SpanPick, trace.WithTimestamp(sent))
-	sp.SetAttributes(attrQueued.Bool(!t.queuedAt.IsZero()), attrStep.Int(p.Step))
-	if !t.queuedAt.IsZero() {
-		_, q := t.tracer.Start(ctx, SpanQueue, trace.WithTimestamp(t.queuedAt))
+	sp.SetAttributes(attrQueued.Bool(!t.st.queuedAt.IsZero()), attrStep.Int(p.Step))
+	if !t.st.queuedAt.IsZero() {
+		_, q := t.tracer.Start(ctx, SpanQueue, trace.WithTimestamp(t.st.queuedAt))
 		q.End(trace.WithTimestamp(now))
-		t.queuedAt = time.Time{}
+		t.st.queuedAt = time.Time{}
 	}
 	if p.Route != "" {
 		sp.SetAttributes(attrRoute.String(p.Route), attrModel.String(p.ServedModel))
@@ -246,23 +253,23 @@ func (t *reqTrace) startAttempt(p *router.Picked, at time.Time) traceHeader {
 	if !t.rec {
 		return t.header(nil)
 	}
-	t.attempts++
-	t.attemptCtx, t.attempt = t.tracer.Start(t.ctx, SpanAttempt, trace.WithSpanKind(trace.SpanKindClient),
+	t.st.attempts++
+	t.st.attemptCtx, t.st.attempt = t.tracer.Start(t.ctx, SpanAttempt, trace.WithSpanKind(trace.SpanKindClient),
 		trace.WithTimestamp(at))
-	t.attempt.SetAttributes(attrWorker.String(p.WorkerID), attrAttempt.Int(t.attempts), attrStep.Int(p.Step))
+	t.st.attempt.SetAttributes(attrWorker.String(p.WorkerID), attrAttempt.Int(t.st.attempts), attrStep.Int(p.Step))
 	if p.PDProtocol != "" {
-		t.attempt.SetAttributes(attrPD.String(p.PDProtocol))
+		t.st.attempt.SetAttributes(attrPD.String(p.PDProtocol))
 	}
-	return t.header(t.attemptCtx)
+	return t.header(t.st.attemptCtx)
 }
 
 // endAttempt closes the open attempt span with its outcome (err: why it failed).
 func (t *reqTrace) endAttempt(outcome string, err error) {
-	if t == nil || t.attempt == nil {
+	if t == nil || t.st == nil || t.st.attempt == nil {
 		return
 	}
-	endStage(t.attempt, outcome, err)
-	t.attempt, t.attemptCtx = nil, nil
+	endStage(t.st.attempt, outcome, err)
+	t.st.attempt, t.st.attemptCtx = nil, nil
 }
 
 // failedOver closes the stage that failed before the first byte (the attempt, or a prefill),
@@ -271,7 +278,7 @@ func (t *reqTrace) failedOver(o router.Outcome, unreachable bool, err error) {
 	if !t.recording() {
 		return
 	}
-	for _, sp := range [2]trace.Span{t.attempt, t.prefill} {
+	for _, sp := range [2]trace.Span{t.st.attempt, t.st.prefill} {
 		if sp != nil {
 			sp.SetAttributes(attrFailover.String(o.String()), attrUnreachable.Bool(unreachable))
 		}
@@ -289,21 +296,21 @@ func (t *reqTrace) startPrefill(p *router.Picked) traceHeader {
 	if !t.rec {
 		return t.header(nil)
 	}
-	if t.prefill == nil {
-		t.prefillCtx, t.prefill = t.tracer.Start(t.ctx, SpanPrefill, clientSpan...)
-		t.prefill.SetAttributes(attrWorker.String(p.Prefill.WorkerID), attrPD.String(p.PDProtocol),
+	if t.st.prefill == nil {
+		t.st.prefillCtx, t.st.prefill = t.tracer.Start(t.ctx, SpanPrefill, clientSpan...)
+		t.st.prefill.SetAttributes(attrWorker.String(p.Prefill.WorkerID), attrPD.String(p.PDProtocol),
 			attribute.String("tlgw.decode_worker", p.WorkerID))
 	}
-	return t.header(t.prefillCtx)
+	return t.header(t.st.prefillCtx)
 }
 
 // endPrefill closes the open prefill span.
 func (t *reqTrace) endPrefill(outcome string, err error) {
-	if t == nil || t.prefill == nil {
+	if t == nil || t.st == nil || t.st.prefill == nil {
 		return
 	}
-	endStage(t.prefill, outcome, err)
-	t.prefill, t.prefillCtx = nil, nil
+	endStage(t.st.prefill, outcome, err)
+	t.st.prefill, t.st.prefillCtx = nil, nil
 }
 
 // startRelay opens tlgw.relay at the answer's first byte (the attempt ends there).
@@ -312,20 +319,20 @@ func (t *reqTrace) startRelay(at time.Time) {
 		return
 	}
 	t.endAttempt(stageFirstByte, nil)
-	_, t.relay = t.tracer.Start(t.ctx, SpanRelay, trace.WithTimestamp(at))
+	_, t.st.relay = t.tracer.Start(t.ctx, SpanRelay, trace.WithTimestamp(at))
 }
 
 // endRelay closes the relay span with what was relayed.
 func (t *reqTrace) endRelay(m *relayResult) {
-	if t == nil || t.relay == nil {
+	if t == nil || t.st == nil || t.st.relay == nil {
 		return
 	}
-	t.relay.SetAttributes(attrStatus.Int(m.code), attrEvents.Int64(m.events), attrFinished.Bool(m.finished))
+	t.st.relay.SetAttributes(attrStatus.Int(m.code), attrEvents.Int64(m.events), attrFinished.Bool(m.finished))
 	if !m.finished {
-		t.relay.SetStatus(codes.Error, "the answer did not reach its end")
+		t.st.relay.SetStatus(codes.Error, "the answer did not reach its end")
 	}
-	t.relay.End()
-	t.relay = nil
+	t.st.relay.End()
+	t.st.relay = nil
 }
 
 // startCascade opens tlgw.cascade_step while a non-final step's answer is read and judged.
@@ -334,21 +341,21 @@ func (t *reqTrace) startCascade(step int, at time.Time) {
 		return
 	}
 	t.endAttempt(stageFirstByte, nil)
-	_, t.cascade = t.tracer.Start(t.ctx, SpanCascadeStep, trace.WithTimestamp(at))
-	t.cascade.SetAttributes(attrStep.Int(step))
+	_, t.st.cascade = t.tracer.Start(t.ctx, SpanCascadeStep, trace.WithTimestamp(at))
+	t.st.cascade.SetAttributes(attrStep.Int(step))
 }
 
 // endCascade closes the cascade step span with its verdict (accepted, escalated).
 func (t *reqTrace) endCascade(verdict string, err error) {
-	if t == nil || t.cascade == nil {
+	if t == nil || t.st == nil || t.st.cascade == nil {
 		return
 	}
-	t.cascade.SetAttributes(attrVerdict.String(verdict))
+	t.st.cascade.SetAttributes(attrVerdict.String(verdict))
 	if err != nil {
-		t.cascade.SetStatus(codes.Error, err.Error())
+		t.st.cascade.SetStatus(codes.Error, err.Error())
 	}
-	t.cascade.End()
-	t.cascade = nil
+	t.st.cascade.End()
+	t.st.cascade = nil
 }
 
 // releaser returns what a KV Release call runs in: tlgw.release under the request, and the
@@ -393,9 +400,9 @@ func (t *reqTrace) end(rec *requestEnd) {
 		t.endAttempt(rec.outcome, nil)
 		t.endPrefill(rec.outcome, nil)
 		t.endCascade(rec.outcome, nil)
-		if t.relay != nil {
-			t.relay.End()
-			t.relay = nil
+		if t.st.relay != nil {
+			t.st.relay.End()
+			t.st.relay = nil
 		}
 		t.span.SetAttributes(attrRoute.String(rec.route), attrModel.String(rec.model), attrStatus.Int(rec.status),
 			attrOutcome.String(rec.outcome), attrAttempts.Int(rec.attempts))
@@ -424,8 +431,8 @@ type requestEnd struct {
 
 // endTrace ends the trace of a request that finished with code.
 func (r *requestActor) endTrace(code int) {
-	if r.tr == nil || r.tr.span == nil {
-		return
+	if !r.tr.recording() {
+		return // off, or unsampled: the request span records nothing, its End does nothing
 	}
 	r.tr.end(r.traceEnd(code, r.outcomeWord(code)))
 }
