@@ -21,8 +21,8 @@ import (
 	"github.com/tlgw/tlgw/internal/app"
 	"github.com/tlgw/tlgw/internal/config"
 	"github.com/tlgw/tlgw/internal/gwtest"
-	"github.com/tlgw/tlgw/internal/otlptest"
 	"github.com/tlgw/tlgw/internal/oai"
+	"github.com/tlgw/tlgw/internal/otlptest"
 )
 
 // BenchmarkRequestActorLifecycle is the cost of the request actor itself: spawn (with the
