@@ -34,6 +34,9 @@ type Metrics struct {
 	pdPhases   *prometheus.HistogramVec
 	pdFailures *prometheus.CounterVec
 	pdRetries  *prometheus.CounterVec
+	// inFlight is tlgw_requests_in_flight{route}: requests from the router naming their route
+	// to their end (R24's history per route).
+	inFlight *prometheus.GaugeVec
 
 	// The series every request touches, resolved once: WithLabelValues hashes its labels and
 	// takes the vector's lock on each call, and a request made about six such calls. The label
@@ -42,6 +45,7 @@ type Metrics struct {
 	transitionCounters [len(stateNames)][len(stateNames)]atomic.Pointer[prometheus.Counter]
 	doneCounters       sync.Map // doneKey → prometheus.Counter
 	firstByteObservers sync.Map // ttfbKey → prometheus.Observer
+	inFlightGauges     sync.Map // route → prometheus.Gauge
 }
 
 type ttfbKey struct {
@@ -127,9 +131,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Name: "tlgw_pd_retries_total",
 		Help: "What a disaggregated failure before the first byte retried, by protocol: same_params (vllm: another decode worker with the prefill's KV) or new_prefill (a new prefill, or sglang room).",
 	}, []string{"protocol", "retry"})
+	m.inFlight = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "tlgw_requests_in_flight",
+		Help: "Inference requests in flight by route: from the router naming the request's route to the request's end.",
+	}, []string{"route"})
 	if reg != nil {
 		reg.MustRegister(m.requests, m.transitions, m.failovers, m.interrupts, m.firstByte, m.cascade, m.crashes,
-			m.timeouts, m.budget, stages, warmups, m.pdPhases, m.pdFailures, m.pdRetries)
+			m.timeouts, m.budget, stages, warmups, m.pdPhases, m.pdFailures, m.pdRetries, m.inFlight)
 	}
 	return m
 }
@@ -163,6 +171,15 @@ func (m *Metrics) done(route, model string, k oai.Kind, code int) {
 		c, _ = m.doneCounters.LoadOrStore(key, m.requests.WithLabelValues(route, model, EndpointLabel(k), strconv.Itoa(code)))
 	}
 	c.(prometheus.Counter).Inc()
+}
+
+// routeInFlight adds d to route's requests in flight.
+func (m *Metrics) routeInFlight(route string, d float64) {
+	g, ok := m.inFlightGauges.Load(route)
+	if !ok {
+		g, _ = m.inFlightGauges.LoadOrStore(route, m.inFlight.WithLabelValues(route))
+	}
+	g.(prometheus.Gauge).Add(d)
 }
 
 func (m *Metrics) transition(from, to State) {

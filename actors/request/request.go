@@ -298,7 +298,10 @@ type requestActor struct {
 
 	// The client leaving (clientStep): gone once it is seen; stopGone unregisters the
 	// context.AfterFunc that reports it.
-	gone     bool
+	gone bool
+	// inRoute: the request counts in its route's tlgw_requests_in_flight (from the pick that
+	// named the route to its end). Next to gone, in its padding.
+	inRoute  bool
 	stopGone func() bool
 
 	// The current I/O goroutine: gen tags its results (stale ones are ignored), cancelCause
@@ -708,6 +711,7 @@ func (r *requestActor) finish(c actor.Context, code int) {
 	r.releaseAll(c.Send)
 	r.unwatchWorkers(c)
 	r.code = code
+	r.leaveRoute()
 	r.d.Metrics.done(r.route, r.served, r.x.Kind, code)
 	if r.d.AccessLog != nil {
 		r.logAccess(code)
@@ -784,7 +788,7 @@ func (r *requestActor) stopping(c actor.Context) {
 	r.endWatch()
 	ioDone, x, committed, stream, ew, out := r.ioDone, r.x, r.committed, r.x.Req.Stream, r.errs(), r.relayOut
 	kvHandle, releaseKV := r.kvHandle, r.kvRelease()
-	route, served, metrics, kind := r.route, r.served, r.d.Metrics, r.x.Kind
+	route, served, metrics, kind, inRoute := r.route, r.served, r.d.Metrics, r.x.Kind, r.inRoute
 	hold := r.cascadeHold
 	alog, acc, clk := r.d.AccessLog, r.acc, r.clock()
 	var rec accesslog.Record
@@ -815,6 +819,9 @@ func (r *requestActor) stopping(c actor.Context) {
 			// Headers are out; the body is cut short, which the client sees as an error.
 		default:
 			code = ew.Error(x.W, fmt.Errorf("the gateway failed while serving the request: %w", errs.ErrUpstream))
+		}
+		if inRoute {
+			metrics.routeInFlight(route, -1) // in flight until the relay has returned
 		}
 		metrics.done(route, served, kind, code)
 		if alog != nil {

@@ -188,7 +188,14 @@ func (r *requestActor) onPicked(c actor.Context, p *router.Picked) {
 	}
 	r.tr.picked(r.pickSent, now, p)
 	if p.Route != "" {
+		if p.Route != r.route {
+			r.leaveRoute()
+		}
 		r.route, r.served = p.Route, p.ServedModel
+		if !r.inRoute {
+			r.inRoute = true
+			r.d.Metrics.routeInFlight(r.route, 1)
+		}
 	}
 	if p.Err != nil {
 		if nonFinal(p) && errors.Is(p.Err, errs.ErrNoCapacity) {
@@ -228,6 +235,14 @@ func (r *requestActor) onPicked(c actor.Context, p *router.Picked) {
 	}
 	r.become(Attempting)
 	r.startAttempt(c)
+}
+
+// leaveRoute ends the request's count in its route's requests in flight, if it has one.
+func (r *requestActor) leaveRoute() {
+	if r.inRoute {
+		r.inRoute = false
+		r.d.Metrics.routeInFlight(r.route, -1)
+	}
 }
 
 // escalate moves a cascade to the step after `from`.

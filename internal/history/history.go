@@ -81,7 +81,7 @@ func New() *History {
 
 // Sample takes one sample at now from in.
 func (h *History) Sample(now time.Time, in Input) {
-	req, errs, ttft, queue := read(in.Families)
+	req, errs, ttft, queue, inFlight := read(in.Families)
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.head = (h.head + 1) % Points
@@ -120,6 +120,9 @@ func (h *History) Sample(now time.Time, in Input) {
 	}
 	h.prevReq, h.prevErr, h.prevTTFT, h.primed = req, errs, ttft, true
 	h.set(Key{Metric: QueueDepth}, queue)
+	for route, n := range inFlight {
+		h.set(Key{Metric: InFlight, Route: route}, n)
+	}
 	for id, n := range in.Workers {
 		h.set(Key{Metric: InFlight, Worker: id}, float64(n))
 	}
@@ -189,8 +192,9 @@ func (h *History) Snapshot() Snapshot {
 // read takes from the registry's families: per route the requests and the 5xx answers
 // (tlgw_requests_total), the TTFT histogram's cumulative buckets summed over endpoints
 // (tlgw_time_to_first_byte_seconds), and the admission queue's length (tlgw_queue_length).
-func read(fams []*dto.MetricFamily) (req, errs map[string]float64, ttft map[string]map[float64]uint64, queue float64) {
-	req, errs, ttft = map[string]float64{}, map[string]float64{}, map[string]map[float64]uint64{}
+func read(fams []*dto.MetricFamily) (req, errs map[string]float64, ttft map[string]map[float64]uint64, queue float64,
+	inFlight map[string]float64) {
+	req, errs, ttft, inFlight = map[string]float64{}, map[string]float64{}, map[string]map[float64]uint64{}, map[string]float64{}
 	for _, f := range fams {
 		switch f.GetName() {
 		case "tlgw_requests_total":
@@ -219,9 +223,13 @@ func read(fams []*dto.MetricFamily) (req, errs map[string]float64, ttft map[stri
 			for _, m := range f.GetMetric() {
 				queue += m.GetGauge().GetValue()
 			}
+		case "tlgw_requests_in_flight":
+			for _, m := range f.GetMetric() {
+				inFlight[label(m, "route")] += m.GetGauge().GetValue()
+			}
 		}
 	}
-	return req, errs, ttft, queue
+	return req, errs, ttft, queue, inFlight
 }
 
 func label(m *dto.Metric, name string) string {

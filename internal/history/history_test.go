@@ -1,6 +1,7 @@
 package history
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"testing"
@@ -15,6 +16,7 @@ type gateway struct {
 	req   *prometheus.CounterVec
 	ttft  *prometheus.HistogramVec
 	queue *prometheus.GaugeVec
+	in    *prometheus.GaugeVec
 }
 
 func newGateway() *gateway {
@@ -23,8 +25,9 @@ func newGateway() *gateway {
 		ttft: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "tlgw_time_to_first_byte_seconds",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}, []string{"route", "endpoint"}),
 		queue: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "tlgw_queue_length"}, []string{"class", "lane"}),
+		in:    prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "tlgw_requests_in_flight"}, []string{"route"}),
 	}
-	g.reg.MustRegister(g.req, g.ttft, g.queue)
+	g.reg.MustRegister(g.req, g.ttft, g.queue, g.in)
 	return g
 }
 
@@ -70,6 +73,7 @@ func TestRatesQuantilesAndGauges(t *testing.T) {
 	}
 	g.queue.WithLabelValues("default", "normal").Set(3)
 	g.queue.WithLabelValues("batch", "cold").Set(4)
+	g.in.WithLabelValues("chat").Set(6)
 	h.Sample(t0.Add(Resolution), g.input(t, map[string]int64{"w1": 5, "w2": 1}))
 	s = h.Snapshot()
 	for k, want := range map[Key]float64{
@@ -78,6 +82,7 @@ func TestRatesQuantilesAndGauges(t *testing.T) {
 		{Metric: QueueDepth}:                  7,
 		{Metric: InFlight, Worker: "w1"}:      5,
 		{Metric: InFlight, Worker: "w2"}:      1,
+		{Metric: InFlight, Route: "chat"}:     6,
 	} {
 		if v, ok := last(s, k); !ok || v != want {
 			t.Errorf("%+v = %v (%v), want %v", k, v, ok, want)
@@ -111,7 +116,7 @@ func TestRatesQuantilesAndGauges(t *testing.T) {
 	// Sorted by metric, route, worker.
 	for i := 1; i < len(s.Series); i++ {
 		a, b := s.Series[i-1].Key, s.Series[i].Key
-		if a.Metric+a.Route+a.Worker >= b.Metric+b.Route+b.Worker && a.Metric == b.Metric {
+		if cmp.Compare(a.Metric, b.Metric)*4+cmp.Compare(a.Route, b.Route)*2+cmp.Compare(a.Worker, b.Worker) >= 0 {
 			t.Fatalf("not sorted: %+v before %+v", a, b)
 		}
 	}

@@ -326,8 +326,8 @@ type chartPoints struct {
 	Charts []map[string]int `json:"charts"`
 }
 
-// TestHistoryCharts (R24): after a burst of requests the page draws the route's requests/s and
-// TTFT charts from GET /admin/v1/history with points on their lines (two samples, 5 s apart,
+// TestHistoryCharts (R24): after a burst of requests the page draws the route's requests/s,
+// TTFT and in-flight charts from GET /admin/v1/history with points on their lines (two samples, 5 s apart,
 // give the first rate), as SVG built through the DOM under the page's unchanged CSP. With
 // TLGW_UI_CHARTS_SCREENSHOT set, the page's screenshot is written there (docs/ui-charts.png).
 func TestHistoryCharts(t *testing.T) {
@@ -366,7 +366,7 @@ backends = [{ model = "smol", weight = 1 }]
 				return
 			case <-tick.C:
 			}
-			if n >= 600 {
+			if n >= 1200 {
 				continue
 			}
 			resp, err := http.Post(base+"/v1/completions", "application/json",
@@ -383,12 +383,19 @@ backends = [{ model = "smol", weight = 1 }]
 		charts: Array.from(r.querySelectorAll("figure"), f => JSON.parse(f.dataset.points))}))`
 	rows := waitPage(t, ctx, "the chat route's charts with points", 30*time.Second, drawn, func(rows []chartPoints) bool {
 		for _, r := range rows {
-			if r.Route == "chat" && len(r.Charts) == 2 && r.Charts[0]["req"] > 0 && r.Charts[1]["p50"] > 0 && r.Charts[1]["p99"] > 0 {
+			if r.Route == "chat" && len(r.Charts) == 3 && r.Charts[0]["req"] > 0 && r.Charts[1]["p50"] > 0 && r.Charts[1]["p99"] > 0 &&
+				r.Charts[2]["inflight"] > 0 {
 				return true
 			}
 		}
 		return false
 	})
+	shot := os.Getenv("TLGW_UI_CHARTS_SCREENSHOT")
+	if shot != "" {
+		// For the picture, the burst goes on until the charts hold a minute of samples.
+		waitPage(t, ctx, "twelve samples", 90*time.Second, `parseInt(document.querySelector("#history .meta").textContent)`,
+			func(n int) bool { return n >= 12 })
+	}
 	close(stop)
 	t.Logf("charts drawn: %+v after %d requests", rows, <-sent)
 	// Drawn as SVG elements built through the DOM.
@@ -399,10 +406,10 @@ backends = [{ model = "smol", weight = 1 }]
 	if err != nil {
 		t.Fatalf("screenshot: %v", err)
 	}
-	if p := os.Getenv("TLGW_UI_CHARTS_SCREENSHOT"); p != "" {
-		if err := os.WriteFile(p, png, 0o644); err != nil {
+	if shot != "" {
+		if err := os.WriteFile(shot, png, 0o644); err != nil {
 			t.Fatal(err)
 		}
-		t.Logf("screenshot written to %s", p)
+		t.Logf("screenshot written to %s", shot)
 	}
 }

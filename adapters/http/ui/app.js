@@ -366,7 +366,9 @@
           { label: "errors", cls: "err", values: m.errors_per_s || [] }]),
         empty(m.ttft_p50_ms) && empty(m.ttft_p99_ms) ? null : chart(route + " · time to first byte", " ms", [
           { label: "p50", cls: "p50", values: m.ttft_p50_ms || [] },
-          { label: "p99", cls: "p99", values: m.ttft_p99_ms || [] }])));
+          { label: "p99", cls: "p99", values: m.ttft_p99_ms || [] }]),
+        empty(m.in_flight) ? null : chart(route + " · in flight", "", [
+          { label: "in flight", cls: "inflight", values: m.in_flight }])));
     }
     if (queue && !empty(queue)) charts.push(el("div", { class: "chartrow" }, chart("admission queue", "", [{ label: "depth", cls: "queue", values: queue }])));
     $("#history .body").replaceChildren(...(charts.length ? charts : [el("p", { class: "muted" },
