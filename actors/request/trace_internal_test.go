@@ -11,6 +11,7 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
@@ -163,7 +164,15 @@ func TestTraceOfARequest(t *testing.T) {
 	att := one(t, rec, SpanAttempt)
 	wantAttr(t, att, attrWorker, "a")
 	wantAttr(t, att, attrOutcome, stageFirstByte)
+	if _, ok := attrOf(att, attrPD); ok {
+		t.Fatal("a unified attempt names a disaggregation protocol")
+	}
 	wantAttr(t, one(t, rec, SpanPick), attrWorker, "a")
+	wantAttr(t, one(t, rec, SpanPick), attrRoute, "r")
+	wantAttr(t, one(t, rec, SpanPick), attrModel, "served")
+	if c := req.Status().Code; c != codes.Unset {
+		t.Fatalf("an answered request's span has status %v", c)
+	}
 	wantAttr(t, one(t, rec, SpanRelay), attrFinished, true)
 	got := calls.all()
 	if len(got) != 1 || got[0].parent != parentOf(att) {
@@ -332,6 +341,7 @@ type tracingEngines struct {
 	mu       sync.Mutex
 	prefills []string
 	releases []string
+	states   [][]string // each Prefill's tracestate metadata
 }
 
 func mdParent(ctx context.Context) string {
@@ -342,9 +352,15 @@ func mdParent(ctx context.Context) string {
 	return ""
 }
 
+func mdState(ctx context.Context) []string {
+	md, _ := metadata.FromOutgoingContext(ctx)
+	return md.Get("tracestate")
+}
+
 func (e *tracingEngines) Prefill(ctx context.Context, at Endpoint, call PrefillCall) (PrefillResult, error) {
 	e.mu.Lock()
 	e.prefills = append(e.prefills, mdParent(ctx))
+	e.states = append(e.states, mdState(ctx))
 	e.mu.Unlock()
 	return e.fakeEngines.Prefill(ctx, at, call)
 }
@@ -397,6 +413,87 @@ func TestTraceOfADisaggregatedRequest(t *testing.T) {
 		t.Fatalf("Release's metadata traceparent %q, want %s", te.releases, parentOf(rel))
 	}
 	wantAttr(t, rel, attrHandle, "h1")
+	if len(te.states) != 1 || te.states[0] != nil {
+		t.Fatalf("Prefill's metadata tracestate %q without one to send", te.states)
+	}
+}
+
+// TestControlCallsCarryTheTracestate (R24): a client's tracestate reaches the gRPC control
+// calls' metadata with their traceparent.
+func TestControlCallsCarryTheTracestate(t *testing.T) {
+	m := newMRig(t)
+	traced(m, sdktrace.AlwaysSample())
+	te := &tracingEngines{fakeEngines: m.engines}
+	m.d.Engines = te
+	m.pool, m.prefill = []string{"d"}, "p"
+	m.upstream = tokenizer
+	ctx := w3c.Extract(context.Background(), headerCarrier(clientParent, "vendor=abc"))
+	if w := m.start(`{"model":"m","prompt":"hi"}`, func(x *Exchange) { x.Ctx, x.Traced = ctx, true }).wait(t); w.Code != 200 {
+		t.Fatalf("client got %d", w.Code)
+	}
+	te.mu.Lock()
+	defer te.mu.Unlock()
+	if len(te.states) != 1 || len(te.states[0]) != 1 || te.states[0][0] != "vendor=abc" {
+		t.Fatalf("Prefill's metadata tracestate %q, want the client's", te.states)
+	}
+}
+
+// TestRequestSpanStatus: the request span is an error when the gateway answered 5xx, or made
+// the failure itself; an engine's own 4xx relayed, or the client leaving, is not. Usage the
+// engine reported is on it, zeros included; none reported, none.
+func TestRequestSpanStatus(t *testing.T) {
+	for _, c := range []struct {
+		name         string
+		status       int
+		body         string
+		wantErr      bool
+		wantIn, wOut int64 // -1: no attribute
+	}{
+		{"engine 400 relayed", 400, `{"error":{"message":"bad"}}`, false, -1, -1},
+		{"engine 500 relayed", 500, `{"error":{"message":"boom"}}`, true, -1, -1},
+		{"usage with zero completion", 200, `{"choices":[{"text":""}],"usage":{"prompt_tokens":0,"completion_tokens":0,"total_tokens":0}}`, false, 0, 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			m := newMRig(t)
+			rec := traced(m, sdktrace.AlwaysSample())
+			m.pool = []string{"a"}
+			m.upstream = func(string, *http.Request, string) (*http.Response, error) {
+				return reply(c.status, "application/json", c.body), nil
+			}
+			if w := m.do(`{"model":"m","prompt":"hi"}`); w.Code != c.status {
+				t.Fatalf("client got %d", w.Code)
+			}
+			req := one(t, rec, SpanRequest)
+			if got := req.Status().Code == codes.Error; got != c.wantErr {
+				t.Fatalf("status %v, want error %v", req.Status(), c.wantErr)
+			}
+			for k, want := range map[attribute.Key]int64{attrTokensIn: c.wantIn, attrTokensOut: c.wOut} {
+				v, ok := attrOf(req, k)
+				if want < 0 && ok {
+					t.Fatalf("%s = %v with no usage reported", k, v.AsInterface())
+				}
+				if want >= 0 && (!ok || v.AsInt64() != want) {
+					t.Fatalf("%s = %v (%v), want %d", k, v.AsInterface(), ok, want)
+				}
+			}
+		})
+	}
+	t.Run("client gone", func(t *testing.T) {
+		m := newMRig(t)
+		rec := traced(m, sdktrace.AlwaysSample())
+		at := make(chan string, 1)
+		m.pool = []string{"a"}
+		m.upstream = blockUntilDone(at)
+		r := m.start(`{"model":"m","prompt":"hi"}`)
+		waitAt(t, at, "a")
+		r.cancel()
+		r.wait(t)
+		req := one(t, rec, SpanRequest)
+		wantAttr(t, req, attrOutcome, OutcomeClientGone)
+		if c := req.Status().Code; c != codes.Unset {
+			t.Fatalf("a request its client left has status %v", c)
+		}
+	})
 }
 
 // TestTraceOfACascade (R24): a non-final step's answer judged is tlgw.cascade_step with its
