@@ -167,7 +167,8 @@ func TestSeriesBound(t *testing.T) {
 		ws[fmt.Sprint("w", i)] = 1
 	}
 	h.Sample(time.Unix(0, 0), g.input(t, ws))
-	if n := len(h.Snapshot().Series); n != MaxSeries || h.Dropped < 10 {
+	// MaxSeries series, the queue depth among them; the other 11 workers dropped.
+	if n := len(h.Snapshot().Series); n != MaxSeries || h.Dropped != 11 {
 		t.Fatalf("%d series, %d dropped", n, h.Dropped)
 	}
 }
@@ -185,10 +186,45 @@ func TestQuantile(t *testing.T) {
 		{0.5, map[float64]uint64{1: 0, inf: 0}, 0, false},
 		{0.5, nil, 0, false},
 		{0.5, map[float64]uint64{1: 4, 2: 4, 4: 8, inf: 8}, 1, true},
+		{0.5, map[float64]uint64{1: 10, 2: 30, inf: 30}, 1.25, true}, // rank 15: a quarter into (1, 2]
 	} {
 		got, ok := quantile(c.q, c.cum)
 		if ok != c.ok || math.Abs(got-c.want) > 1e-9 {
 			t.Errorf("quantile(%v, %v) = %v %v, want %v %v", c.q, c.cum, got, ok, c.want, c.ok)
 		}
+	}
+}
+
+// TestQuietSeries: a rate whose counter did not move is 0, not missing; a series without a value
+// is kept for Points−1 samples and dropped at the Points-th.
+func TestQuietSeries(t *testing.T) {
+	g, h := newGateway(), New()
+	t0 := time.Unix(1_700_000_000, 0)
+	g.req.WithLabelValues("chat", "smol", "chat", "503").Add(3)
+	h.Sample(t0, g.input(t, map[string]int64{"gone": 1}))
+	h.Sample(t0.Add(Resolution), g.input(t, nil))
+	s := h.Snapshot()
+	for _, k := range []Key{{Metric: RequestsPerS, Route: "chat"}, {Metric: ErrorsPerS, Route: "chat"}} {
+		if v, ok := last(s, k); !ok || v != 0 {
+			t.Fatalf("%+v = %v %v, want 0", k, v, ok)
+		}
+	}
+	for i := 2; i < Points; i++ {
+		h.Sample(t0.Add(time.Duration(i)*Resolution), g.input(t, nil))
+	}
+	has := func() bool {
+		for _, x := range h.Snapshot().Series {
+			if x.Worker == "gone" {
+				return true
+			}
+		}
+		return false
+	}
+	if !has() {
+		t.Fatalf("the series went after %d samples without a value, before a whole window", Points-1)
+	}
+	h.Sample(t0.Add(time.Duration(Points)*Resolution), g.input(t, nil))
+	if has() {
+		t.Fatalf("the series is kept after %d samples without a value", Points)
 	}
 }
