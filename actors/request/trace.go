@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	"github.com/tlgw/tlgw/actors/router"
+	"github.com/tlgw/tlgw/internal/tracing"
 )
 
 // Span names (SPEC R24): the request's span and its stages.
@@ -129,7 +130,10 @@ func (r *requestActor) startTrace() {
 // recording reports whether stage spans are made for the request.
 func (t *reqTrace) recording() bool { return t != nil && t.rec }
 
-// traceHeader is a traceparent (and tracestate) an engine call carries; empty: none.
+// traceHeader is a traceparent (and tracestate) an engine call carries; empty: none. Made by
+// the actor once per stage (the request's own once per request) and handed to the call's
+// goroutine as text, where internal/tracing's InjectHTTP and OutgoingGRPC would read a context
+// and build the text again on every call.
 type traceHeader struct{ parent, state string }
 
 // Get, Set and Keys make traceHeader the propagator's carrier.
@@ -201,11 +205,7 @@ func (t *reqTrace) traceID() string {
 	if t == nil {
 		return ""
 	}
-	sc := trace.SpanContextFromContext(t.ctx)
-	if !sc.TraceID().IsValid() {
-		return ""
-	}
-	return sc.TraceID().String()
+	return tracing.TraceID(t.ctx)
 }
 
 // queued notes that the current pick waits in the admission queue.
