@@ -14,7 +14,9 @@ import (
 )
 
 // inFlight is route r's tlgw_requests_in_flight.
-func (m *mrig) inFlight() float64 { return testutil.ToFloat64(m.d.Metrics.inFlight.WithLabelValues("r")) }
+func (m *mrig) inFlight() float64 {
+	return testutil.ToFloat64(m.d.Metrics.inFlight.WithLabelValues("r"))
+}
 
 // TestRouteInFlight (R24's history per route): a request counts in its route's in-flight
 // gauge from the pick that named the route to its end, whichever way it ends — answered,
