@@ -69,15 +69,7 @@ func TestRouteInFlight(t *testing.T) {
 				return reply(200, "application/json", okJSON), nil
 			}
 		}, func(t *testing.T, m *mrig) {
-			crash := func(next actor.ReceiverFunc) actor.ReceiverFunc {
-				return func(c actor.ReceiverContext, env *actor.MessageEnvelope) {
-					if r, ok := env.Message.(attemptResult); ok {
-						r.resp.Body.Close()
-						panic("injected")
-					}
-					next(c, env)
-				}
-			}
+			crash := crashOnAnswer
 			body := `{"model":"m","prompt":"hi"}`
 			parsed, _ := oai.Parse(oai.Completions, []byte(body))
 			r := &run{w: httptest.NewRecorder()}

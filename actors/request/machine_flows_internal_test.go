@@ -738,15 +738,7 @@ func TestCrashReleasesTheKVHandle(t *testing.T) {
 	m := newMRig(t)
 	m.pool, m.prefill = []string{"d"}, "p"
 	m.upstream = tokenizer
-	crash := func(next actor.ReceiverFunc) actor.ReceiverFunc {
-		return func(c actor.ReceiverContext, env *actor.MessageEnvelope) {
-			if r, ok := env.Message.(attemptResult); ok {
-				r.resp.Body.Close()
-				panic("injected: the actor dies on D's answer")
-			}
-			next(c, env)
-		}
-	}
+	crash := crashOnAnswer
 	req := `{"model":"m","prompt":"hi"}`
 	run := &run{w: httptest.NewRecorder()}
 	parsed, _ := oai.Parse(oai.Completions, []byte(req))
@@ -845,5 +837,17 @@ func TestCascadeStepNobodyServes(t *testing.T) {
 	}
 	if p := <-m.picks; p.Step != router.LastStep {
 		t.Fatalf("a stream picked step %d", p.Step)
+	}
+}
+
+// crashOnAnswer is receiver middleware that makes a request actor panic on its engine's answer
+// (the attempt's result), the answer's body closed first.
+func crashOnAnswer(next actor.ReceiverFunc) actor.ReceiverFunc {
+	return func(c actor.ReceiverContext, env *actor.MessageEnvelope) {
+		if r, ok := env.Message.(attemptResult); ok {
+			r.resp.Body.Close()
+			panic("injected: the actor dies on the engine's answer")
+		}
+		next(c, env)
 	}
 }

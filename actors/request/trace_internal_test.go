@@ -311,15 +311,7 @@ func TestTraceOfACrash(t *testing.T) {
 	m.upstream = func(string, *http.Request, string) (*http.Response, error) {
 		return reply(200, "application/json", okJSON), nil
 	}
-	crash := func(next actor.ReceiverFunc) actor.ReceiverFunc {
-		return func(c actor.ReceiverContext, env *actor.MessageEnvelope) {
-			if r, ok := env.Message.(attemptResult); ok {
-				r.resp.Body.Close()
-				panic("injected: the actor dies on the engine's answer")
-			}
-			next(c, env)
-		}
-	}
+	crash := crashOnAnswer
 	body := `{"model":"m","prompt":"hi"}`
 	parsed, _ := oai.Parse(oai.Completions, []byte(body))
 	run := &run{w: httptest.NewRecorder()}
