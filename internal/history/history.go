@@ -110,10 +110,10 @@ func (h *History) Sample(now time.Time, in Input) {
 					delta[le] = c - p
 				}
 			}
-			if p50, ok := quantile(0.5, delta); ok {
+			if p50, ok := Quantile(0.5, delta); ok {
 				h.set(Key{Metric: TTFTP50Ms, Route: route}, p50*1000)
 			}
-			if p99, ok := quantile(0.99, delta); ok {
+			if p99, ok := Quantile(0.99, delta); ok {
 				h.set(Key{Metric: TTFTP99Ms, Route: route}, p99*1000)
 			}
 		}
@@ -241,11 +241,11 @@ func label(m *dto.Metric, name string) string {
 	return ""
 }
 
-// quantile estimates the q-quantile of a histogram's window from its cumulative buckets (upper
+// Quantile estimates the q-quantile of a histogram's window from its cumulative buckets (upper
 // bound → count, +Inf included), interpolating linearly inside the bucket, as Prometheus's
 // histogram_quantile does; false when the window holds no observation. An answer in the +Inf
 // bucket is the highest finite bound.
-func quantile(q float64, cum map[float64]uint64) (float64, bool) {
+func Quantile(q float64, cum map[float64]uint64) (float64, bool) {
 	bounds := make([]float64, 0, len(cum))
 	for le := range cum {
 		bounds = append(bounds, le)

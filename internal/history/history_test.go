@@ -188,9 +188,9 @@ func TestQuantile(t *testing.T) {
 		{0.5, map[float64]uint64{1: 4, 2: 4, 4: 8, inf: 8}, 1, true},
 		{0.5, map[float64]uint64{1: 10, 2: 30, inf: 30}, 1.25, true}, // rank 15: a quarter into (1, 2]
 	} {
-		got, ok := quantile(c.q, c.cum)
+		got, ok := Quantile(c.q, c.cum)
 		if ok != c.ok || math.Abs(got-c.want) > 1e-9 {
-			t.Errorf("quantile(%v, %v) = %v %v, want %v %v", c.q, c.cum, got, ok, c.want, c.ok)
+			t.Errorf("Quantile(%v, %v) = %v %v, want %v %v", c.q, c.cum, got, ok, c.want, c.ok)
 		}
 	}
 }
