@@ -7,8 +7,11 @@ import (
 	"math"
 	"slices"
 	"strconv"
+	"strings"
+	"time"
 
 	"github.com/tlgw/tlgw/internal/cascade"
+	"github.com/tlgw/tlgw/internal/rollout"
 )
 
 // Route targets: where a route's requests run (R8).
@@ -35,6 +38,60 @@ type Route struct {
 	// with kv_transfer_params) or PDSGLang (SGLang's bootstrap room, both at once). "" is
 	// PDTL; any value on a route that is not disaggregated is refused.
 	PDProtocol string `json:"pd_protocol,omitempty"`
+	// Rollout moves the route's split from its baseline to its canary step by step, judged
+	// on each step's window (R25); nil: the backends' weights stand.
+	Rollout *Rollout `json:"rollout,omitempty"`
+}
+
+// Rollout is a route's rollout = { canary, baseline, steps, step_interval, min_requests,
+// max_error_ratio, max_ttft_p99_ratio, max_error_rate } (R25). A field left out takes its
+// default (NormalizeRoutes fills them in: what the admin API shows is what runs). The route's
+// backends are the baseline and the canary — given, or left out and implied — and the canary's
+// share of them is the current step's, whatever their weights say.
+type Rollout struct {
+	Canary          string    `json:"canary"`
+	Baseline        string    `json:"baseline"`
+	Steps           []float64 `json:"steps,omitempty"`
+	StepInterval    Duration  `json:"step_interval,omitempty"`
+	MinRequests     uint64    `json:"min_requests,omitempty"`
+	MaxErrorRatio   float64   `json:"max_error_ratio,omitempty"`
+	MaxTTFTP99Ratio float64   `json:"max_ttft_p99_ratio,omitempty"`
+	// MaxErrorRate is a pointer: 0 (no error allowed) is a value, not "left out".
+	MaxErrorRate *float64 `json:"max_error_rate,omitempty"`
+}
+
+// withDefaults is r with every left-out field at its default.
+func (r Rollout) withDefaults() Rollout {
+	out := r
+	out.Steps = slices.Clone(r.Steps)
+	if out.Steps == nil {
+		out.Steps = slices.Clone(rollout.DefaultSteps)
+	}
+	if out.StepInterval == 0 {
+		out.StepInterval = Duration(rollout.DefaultInterval)
+	}
+	if out.MinRequests == 0 {
+		out.MinRequests = rollout.DefaultMinRequests
+	}
+	if out.MaxErrorRatio == 0 {
+		out.MaxErrorRatio = rollout.DefaultMaxErrorRatio
+	}
+	if out.MaxTTFTP99Ratio == 0 {
+		out.MaxTTFTP99Ratio = rollout.DefaultMaxTTFTP99Ratio
+	}
+	rate := float64(rollout.DefaultMaxErrorRate)
+	if r.MaxErrorRate != nil {
+		rate = *r.MaxErrorRate
+	}
+	out.MaxErrorRate = &rate
+	return out
+}
+
+// Spec is the rollout as the judge takes it, defaults filled in.
+func (r Rollout) Spec() rollout.Spec {
+	d := r.withDefaults()
+	return rollout.Spec{Canary: d.Canary, Baseline: d.Baseline, Steps: d.Steps, Interval: time.Duration(d.StepInterval),
+		MinRequests: d.MinRequests, MaxErrorRatio: d.MaxErrorRatio, MaxTTFTP99Ratio: d.MaxTTFTP99Ratio, MaxErrorRate: *d.MaxErrorRate}
 }
 
 // The disaggregation protocols of a route's pd_protocol (R22).
@@ -167,6 +224,10 @@ func validateRoutes(routes []Route, base path, ps *problems) {
 			}
 		}
 
+		if r.Rollout != nil {
+			validateRollout(r, rp.with(key("rollout")), ps)
+		}
+
 		if r.Cascade != nil {
 			cp := rp.with(key("cascade"))
 			if len(r.Cascade) == 0 {
@@ -239,9 +300,47 @@ func NormalizeRoutes(routes []Route) []Route {
 			// named one look the same in the admin API as before.
 			PDProtocol: r.PDProtocol,
 		}
+		if r.Rollout != nil {
+			ro := r.Rollout.withDefaults()
+			out[i].Rollout = &ro
+			if out[i].Backends == nil && r.Cascade == nil {
+				// Implied: the baseline and the canary (the rollout sets their shares).
+				out[i].Backends = []Backend{{Model: ro.Baseline, Weight: 1}, {Model: ro.Canary, Weight: 0}}
+			}
+		}
 		if len(out[i].Targets) == 0 {
 			out[i].Targets = []string{TargetUnified}
 		}
 	}
 	return out
+}
+
+// validateRollout adds the problems of route r's rollout (at rp): its spec (rollout.Spec's
+// rules, under the field they name), no cascade, and backends that are the baseline and the
+// canary or none.
+func validateRollout(r Route, rp path, ps *problems) {
+	if r.Cascade != nil {
+		ps.add(rp, "a cascade route has no rollout: give backends (or none) instead")
+	}
+	if err := r.Rollout.Spec().Validate(); err != nil {
+		field, msg, ok := strings.Cut(err.Error(), ": ")
+		if f, _, _ := strings.Cut(field, "["); ok && f != "" {
+			ps.add(rp.with(key(f)), "%s", msg)
+		} else {
+			ps.add(rp, "%v", err)
+		}
+	}
+	if r.Backends == nil {
+		return
+	}
+	models := make([]string, 0, len(r.Backends))
+	for _, b := range r.Backends {
+		models = append(models, b.Model)
+	}
+	slices.Sort(models)
+	want := []string{r.Rollout.Baseline, r.Rollout.Canary}
+	slices.Sort(want)
+	if !slices.Equal(models, want) {
+		ps.add(rp.with(key("baseline")), "the route's backends must be the baseline and the canary (or be left out)")
+	}
 }
