@@ -256,3 +256,28 @@ func TestRolloutProperties(t *testing.T) {
 		}
 	})
 }
+
+// TestEdges: no request is an error rate of 0; a baseline of exactly min_requests is judged;
+// the history keeps exactly MaxHistory records, the oldest going first.
+func TestEdges(t *testing.T) {
+	if f := figures(Counts{}); f.ErrorRate != 0 || f.TTFTP99Ms != -1 {
+		t.Fatalf("figures of nothing %+v", f)
+	}
+	sp := spec()
+	s := Start(t0)
+	rec := s.Decide(sp, t0.Add(sp.Interval), Counts{Requests: 1000, Errors: 16}, Counts{Requests: sp.MinRequests, Errors: 2})
+	if rec.Decision != Rollback {
+		t.Fatalf("a baseline of min_requests was not judged: %s", rec.Decision)
+	}
+	s = Start(t0)
+	for i := range MaxHistory {
+		s.Act(sp, []string{Pause, Resume}[i%2], t0.Add(time.Duration(i)*time.Second))
+	}
+	if len(s.History) != MaxHistory || !s.History[0].At.Equal(t0) {
+		t.Fatalf("%d records, the first at %v", len(s.History), s.History[0].At)
+	}
+	s.Act(sp, Pause, t0.Add(time.Hour))
+	if len(s.History) != MaxHistory || !s.History[0].At.Equal(t0.Add(time.Second)) || !s.History[MaxHistory-1].At.Equal(t0.Add(time.Hour)) {
+		t.Fatalf("%d records from %v to %v", len(s.History), s.History[0].At, s.History[len(s.History)-1].At)
+	}
+}

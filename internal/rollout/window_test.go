@@ -77,3 +77,15 @@ func TestWindowConcurrent(t *testing.T) {
 		t.Fatalf("counted %d requests, %d errors, %d TTFTs", total, errs, ttft)
 	}
 }
+
+// TestWindowLastBucket: a TTFT on the last bound is in the last bucket, above it in +Inf only.
+func TestWindowLastBucket(t *testing.T) {
+	w := NewWindow("new", "old")
+	last := TTFTBuckets[len(TTFTBuckets)-1]
+	w.Observe("new", false, time.Duration(last*float64(time.Second)))
+	w.Observe("new", false, time.Duration(last*float64(time.Second))+time.Millisecond)
+	c, _ := w.Take()
+	if c.TTFT[last] != 1 || c.TTFT[math.Inf(1)] != 2 {
+		t.Fatalf("last bucket %d, +Inf %d", c.TTFT[last], c.TTFT[math.Inf(1)])
+	}
+}
