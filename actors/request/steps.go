@@ -237,6 +237,14 @@ func (r *requestActor) onPicked(c actor.Context, p *router.Picked) {
 	r.startAttempt(c)
 }
 
+// observeRollout counts the attempt just ended in its route's rollout window (R25), when the
+// route has a rollout and count holds: failed, and its time to first byte (0: none).
+func (r *requestActor) observeRollout(count, failed bool, ttft time.Duration) {
+	if p := r.picked; count && p != nil && p.Rollout != nil {
+		p.Rollout.Observe(p.ServedModel, failed, ttft)
+	}
+}
+
 // leaveRoute ends the request's count in its route's requests in flight, if it has one.
 func (r *requestActor) leaveRoute() {
 	if r.inRoute {
@@ -264,6 +272,7 @@ func (r *requestActor) failover(c actor.Context, err error) {
 	}
 	worker, id, addr := r.blame(err)
 	o := outcome(err, 0)
+	r.observeRollout(!r.gone, true, 0)
 	r.stopFirstByteTimer()
 	r.endIO()
 	r.releaseVerdict(c, worker, router.Release{Outcome: o, Unreachable: refused(err), Addr: addr})
@@ -527,6 +536,9 @@ func (r *requestActor) stepRelaying(c actor.Context, msg any) {
 	r.endIO()
 	r.d.Metrics.stage(stageRelay, time.Since(r.relayAt))
 	r.tr.endRelay(&m)
+	// An answer the engine cut, or a 5xx it relayed, is the backend's failure; one the client
+	// left, or the buffer budget shed, says nothing of it.
+	r.observeRollout(!r.gone && !m.shed, m.ended && !m.finished || r.upStatus >= 500, r.relayAt.Sub(r.attemptAt))
 	if m.finished {
 		r.kvHandle = "" // consumed by the decode worker
 	}

@@ -119,6 +119,7 @@ func (r *rig) handle(msg any) {
 		r.onMessage()
 	}
 	r.st.handle(msg, r)
+	r.st.rollouts.arm(r) // as the actor's Receive does after each message
 }
 
 // advance moves the clock and delivers the router's ticks.

@@ -12,6 +12,7 @@ import (
 	"github.com/tlgw/tlgw/internal/cascade"
 	"github.com/tlgw/tlgw/internal/config"
 	"github.com/tlgw/tlgw/internal/oai"
+	"github.com/tlgw/tlgw/internal/rollout"
 	"github.com/tlgw/tlgw/internal/ttftmodel"
 )
 
@@ -363,6 +364,40 @@ type Picked struct {
 	// Adapter is the LoRA adapter the pick was for ("" for a base model): an engine's 404 for
 	// it says the router's belief is stale (LoRAMissing).
 	Adapter string
+	// Rollout counts the route's rollout window while it runs (R25): the requester observes
+	// each attempt's outcome in it; nil for other routes.
+	Rollout *rollout.Window
+}
+
+// GetRollouts asks for the rollouts of the route table (R25); the reply is *RolloutsView.
+type GetRollouts struct{}
+
+// RolloutsView is every route's rollout, by route id order.
+type RolloutsView struct {
+	Rollouts []RolloutView `json:"rollouts"`
+}
+
+// RolloutView is one route's rollout: its spec as configured, where it is, the window so far.
+type RolloutView struct {
+	Route        string           `json:"route"`
+	Canary       string           `json:"canary"`
+	Baseline     string           `json:"baseline"`
+	Steps        []float64        `json:"steps"`
+	Percent      float64          `json:"percent"`
+	Status       rollout.Status   `json:"status"`
+	Step         int              `json:"step"`
+	WindowStart  time.Time        `json:"window_start"`
+	WindowEnd    time.Time        `json:"window_end"`
+	StepInterval string           `json:"step_interval"`
+	History      []rollout.Record `json:"history"`
+}
+
+// RolloutAction is an operator's pause, resume, promote or abort of route's rollout (R25). The
+// reply is *RolloutView, or an error wrapping errs.ErrNotFound (no such rollout) or
+// errs.ErrInvalidRequest (an unknown action, or a rollout that has ended).
+type RolloutAction struct {
+	Route  string
+	Action string
 }
 
 // ObservedTTFT is the gateway's own measurement of one attempt's time to first token (from

@@ -20,6 +20,10 @@ type Metrics struct {
 	kvDropped prometheus.Counter   // tlgw_kv_index_dropped_total
 	warmups   prometheus.Counter   // tlgw_prefix_warmups_total
 	admission admissionMetrics
+	// R25: tlgw_rollout_step{route} (the canary's share in percent) and
+	// tlgw_rollout_decisions_total{route,decision}; route ids are the configuration's.
+	rolloutStep      *prometheus.GaugeVec
+	rolloutDecisions *prometheus.CounterVec
 }
 
 // NewMetrics registers the router's series on reg.
@@ -52,10 +56,18 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Help: "Prefix warm-ups reserved: a prefix pick left every holder of the matched prefix at the bounded-load cap, so its prefix was copied to the least loaded worker ahead of demand (gateway.prefix_warmup_min_bytes).",
 	})
 	m.admission = newAdmissionMetrics()
+	m.rolloutStep = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "tlgw_rollout_step",
+		Help: "R25: the canary's share of each route with a rollout, in percent (0 after a rollback or an abort, 100 once promoted).",
+	}, []string{"route"})
+	m.rolloutDecisions = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tlgw_rollout_decisions_total",
+		Help: "R25: rollout decisions by route: advance, hold, rollback, promote, abort.",
+	}, []string{"route", "decision"})
 	if reg != nil {
 		a := m.admission
 		reg.MustRegister(m.decisions, m.workers, m.ejections, m.routes, m.kvIndex, m.kvDropped, m.warmups, a.queueLength, a.queueWait, a.gateDecisions, a.queueRejections,
-			a.programs, a.programPauses, a.programForcedResumes)
+			a.programs, a.programPauses, a.programForcedResumes, m.rolloutStep, m.rolloutDecisions)
 	}
 	return m
 }

@@ -88,6 +88,8 @@ type state struct {
 	kvDroppedAt uint64
 	// responses maps stored responses to their workers (R21, responses.go).
 	responses *responseTable
+	// rollouts are the table's progressive rollouts (R25, rollouts.go).
+	rollouts rollouts
 }
 
 func newState(cfg Config) *state {
@@ -107,6 +109,8 @@ func newState(cfg Config) *state {
 	if cfg.Admission != nil {
 		st.adm = newAdmitter(cfg.Admission, clk, cfg.Metrics.admission, st.view)
 	}
+	st.rollouts = rollouts{clock: clk, step: cfg.Metrics.rolloutStep, decisions: cfg.Metrics.rolloutDecisions}
+	st.rollouts.sync(st.table, st.log)
 	return st
 }
 
@@ -157,9 +161,12 @@ func (e ctxEffects) after(d time.Duration, msg any) clock.Timer {
 func (r *routerActor) Receive(c actor.Context) {
 	if _, ok := c.Message().(*actor.Started); ok {
 		r.st.parent = c.Parent()
+		r.st.rollouts.arm(ctxEffects{c: c, clock: r.clock}) // the first windows' ends, with no message yet
 		return
 	}
-	r.st.handle(c.Message(), ctxEffects{c: c, clock: r.clock})
+	fx := ctxEffects{c: c, clock: r.clock}
+	r.st.handle(c.Message(), fx)
+	r.st.rollouts.arm(fx)
 	r.st.afterMessage()
 }
 
@@ -273,6 +280,12 @@ func (st *state) handle(msg any, fx effects) {
 		st.adm.wakeCapacity(fx) // a model changed: a request waiting for its objective may go
 	case admTick:
 		st.adm.tick(fx)
+	case rolloutTick:
+		st.rollouts.tick(m, st.table, st.log)
+	case *GetRollouts:
+		fx.respond(st.rollouts.view(st.table))
+	case *RolloutAction:
+		fx.respond(st.rollouts.act(m, st.table, st.log))
 	case admWake:
 		st.adm.woken(fx)
 	case *GetQueue:
@@ -290,6 +303,7 @@ func (st *state) handle(msg any, fx effects) {
 			return
 		}
 		st.gauges.dirty = true
+		st.rollouts.sync(st.table, st.log)
 		st.log.Info("route table replaced", "epoch", out.Epoch, "routes", len(m.Routes))
 		if st.parent != nil {
 			fx.send(st.parent, &EpochChanged{Epoch: out.Epoch})
@@ -298,6 +312,7 @@ func (st *state) handle(msg any, fx effects) {
 	case *SetRoutes:
 		st.table.install(m.Epoch, m.Routes)
 		st.gauges.dirty = true
+		st.rollouts.sync(st.table, st.log)
 		st.log.Info("route table installed from the cluster store", "epoch", m.Epoch, "routes", len(m.Routes))
 		if st.parent != nil {
 			fx.send(st.parent, &EpochChanged{Epoch: m.Epoch})

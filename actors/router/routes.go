@@ -8,6 +8,7 @@ import (
 	"github.com/tlgw/tlgw/internal/config"
 	"github.com/tlgw/tlgw/internal/errs"
 	"github.com/tlgw/tlgw/internal/oai"
+	"github.com/tlgw/tlgw/internal/rollout"
 )
 
 // routeTable is the route table (R5) and its epoch; PUT /admin/v1/routes replaces it whole.
@@ -73,8 +74,9 @@ func (t *routeTable) resolve(m *Pick, v *workerView) target {
 	stepIdx, steps := 0, 1
 	var accept *cascade.Accept
 	disagg, pd := false, ""
+	var win *rollout.Window
 	if rt := t.byName[m.Model]; rt != nil {
-		routeID = rt.id
+		routeID, win = rt.id, rt.window
 		model, stepIdx, steps, accept = rt.target(t.canary, m.RequestID, m.Step)
 		disagg, pd = rt.disaggregated, rt.cfg.PD()
 	} else if served(m.Model) {
@@ -91,6 +93,7 @@ func (t *routeTable) resolve(m *Pick, v *workerView) target {
 		out: &Picked{Tag: m.Tag, Route: routeID, ServedModel: model, Step: stepIdx, Steps: steps, Accept: accept},
 		key: poolKey{model: model, role: role}, disagg: disagg, endpoint: m.Endpoint,
 	}
+	t2.out.Rollout = win
 	if disagg {
 		t2.out.PDProtocol = pd
 		// A decode worker alone: its request carries the KV its first prefill left (R22).
@@ -125,6 +128,9 @@ type route struct {
 	total         float64
 	steps         []step // a cascade's steps (R7); empty otherwise
 	disaggregated bool   // targets = ["disaggregated"] (R8)
+	// window counts the route's rollout (R25) while it runs: every pick of the route carries
+	// it (Picked.Rollout); nil without a rollout, or once it has ended.
+	window *rollout.Window
 }
 
 type step struct {
