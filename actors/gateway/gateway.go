@@ -375,6 +375,16 @@ func (g *Gateway) Programs() (*router.ProgramList, error) {
 	return ask[*router.ProgramList](g, g.Router, &router.GetPrograms{})
 }
 
+// Rollouts is the route table's rollouts (R25).
+func (g *Gateway) Rollouts() (*router.RolloutsView, error) {
+	return ask[*router.RolloutsView](g, g.Router, &router.GetRollouts{})
+}
+
+// RolloutAction pauses, resumes, promotes or aborts route's rollout (R25).
+func (g *Gateway) RolloutAction(route, action string) (*router.RolloutView, error) {
+	return ask[*router.RolloutView](g, g.Router, &router.RolloutAction{Route: route, Action: action})
+}
+
 // RegistryBuckets is how many buckets the gateway's actor system's process registry has
 // (protoactor's own: 1,024), each of cmap's 32 shard maps.
 //

@@ -234,6 +234,38 @@ func (s *Server) drainModel(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusAccepted, map[string]any{"model": model, "drained": drained, "workers": res.Workers})
 }
 
+// getRollouts serves GET /admin/v1/rollouts (R25): each route's rollout — its canary and
+// baseline, steps, the canary's share now, status, the current window, and its decisions with
+// the figures each saw.
+func (s *Server) getRollouts(w http.ResponseWriter, _ *http.Request) {
+	v, err := s.core.Rollouts()
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, v)
+}
+
+// rolloutActions are the verbs of POST /admin/v1/rollouts/{route}:{verb}.
+var rolloutActions = []string{"pause", "resume", "promote", "abort"}
+
+// rolloutAction serves POST /admin/v1/rollouts/{route}:pause|resume|promote|abort (R25): the
+// answer is the rollout after the action.
+func (s *Server) rolloutAction(w http.ResponseWriter, r *http.Request) {
+	rest := r.PathValue("action")
+	i := strings.LastIndexByte(rest, ':')
+	if i <= 0 || !slices.Contains(rolloutActions, rest[i+1:]) {
+		writeError(w, fmt.Errorf("no route for %s (want …/{route}:pause, :resume, :promote or :abort): %w", errs.Echo(r.URL.Path), errs.ErrNotFound))
+		return
+	}
+	v, err := s.core.RolloutAction(rest[:i], rest[i+1:])
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, v)
+}
+
 type modelJSON struct {
 	ID      string `json:"id"`
 	Object  string `json:"object"`

@@ -9,6 +9,7 @@ import (
 	"github.com/tlgw/tlgw/actors/router"
 	httpapi "github.com/tlgw/tlgw/adapters/http"
 	"github.com/tlgw/tlgw/internal/config"
+	"github.com/tlgw/tlgw/internal/errs"
 )
 
 // benchCore answers the admin and model reads from fixed values.
@@ -26,8 +27,12 @@ func (benchCore) Routable() (int, error) { return 1, nil }
 func (benchCore) Drain(string, bool) (*registry.DrainResult, error) {
 	return &registry.DrainResult{}, nil
 }
-func (benchCore) Queue() (*router.QueueView, error)      { return &router.QueueView{}, nil }
-func (benchCore) Programs() (*router.ProgramList, error) { return &router.ProgramList{}, nil }
+func (benchCore) Queue() (*router.QueueView, error)       { return &router.QueueView{}, nil }
+func (benchCore) Programs() (*router.ProgramList, error)  { return &router.ProgramList{}, nil }
+func (benchCore) Rollouts() (*router.RolloutsView, error) { return &router.RolloutsView{}, nil }
+func (benchCore) RolloutAction(string, string) (*router.RolloutView, error) {
+	return nil, errs.ErrNotFound
+}
 
 // discard is a ResponseWriter that keeps nothing but its header map, reset per request.
 type discard struct{ h http.Header }

@@ -39,6 +39,9 @@ type Core interface {
 	Drain(model string, drained bool) (*registry.DrainResult, error)
 	Queue() (*router.QueueView, error)
 	Programs() (*router.ProgramList, error)
+	// R25: the route table's rollouts, and an operator's action on one.
+	Rollouts() (*router.RolloutsView, error)
+	RolloutAction(route, action string) (*router.RolloutView, error)
 }
 
 // StaticWorkers is the table of static (scraped) workers behind
@@ -340,6 +343,8 @@ func (s *Server) routes() *http.ServeMux {
 		route(m, admin, "/admin/v1/engine-pools", on("GET", admin(s.getPools)), on("PUT", admin(s.putPools)))
 	}
 	route(m, admin, "/admin/v1/models/{action...}", on("POST", admin(s.drainModel)))
+	route(m, admin, "/admin/v1/rollouts", on("GET", admin(s.getRollouts)))
+	route(m, admin, "/admin/v1/rollouts/{action...}", on("POST", admin(s.rolloutAction)))
 	m.HandleFunc("/admin/", admin(notFound))
 
 	// Everything else is a 404 without a key check, "/v1" and "/admin" among it (the mux
