@@ -169,3 +169,19 @@ func TestRolloutActionsAndTable(t *testing.T) {
 		t.Fatal("a route without a rollout kept its run")
 	}
 }
+
+// TestRolloutFailoverGoesToTheBaseline (R25): during a rollout, a pick after a failed attempt
+// (its Exclude not empty) is served by the baseline even when its draw is the canary's; once
+// the rollout has ended the draw stands again.
+func TestRolloutFailoverGoesToTheBaseline(t *testing.T) {
+	r := newRig(t, Config{Routes: rolloutRoutes([]float64{100}, time.Minute)})
+	first := r.st.table.resolve(&Pick{Model: "smol", RequestID: "x"}, r.st.view).out
+	again := r.st.table.resolve(&Pick{Model: "smol", RequestID: "x", Exclude: []string{"b"}}, r.st.view).out
+	if first.ServedModel != "v4" || again.ServedModel != "v3" || again.Rollout == nil {
+		t.Fatalf("first %s, after a failure %s", first.ServedModel, again.ServedModel)
+	}
+	r.deliver(nil, &RolloutAction{Route: "smol", Action: rollout.Promote})
+	if got := r.st.table.resolve(&Pick{Model: "smol", RequestID: "x", Exclude: []string{"b"}}, r.st.view).out; got.ServedModel != "v4" || got.Rollout != nil {
+		t.Fatalf("after the rollout: %s", got.ServedModel)
+	}
+}

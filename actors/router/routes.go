@@ -78,6 +78,12 @@ func (t *routeTable) resolve(m *Pick, v *workerView) target {
 	if rt := t.byName[m.Model]; rt != nil {
 		routeID, win = rt.id, rt.window
 		model, stepIdx, steps, accept = rt.target(t.canary, m.RequestID, m.Step)
+		if win != nil && len(m.Exclude) > 0 && model == rt.cfg.Rollout.Canary {
+			// R25: a request whose attempt failed during a rollout goes on on the baseline,
+			// whatever its draw: the canary's failure is counted in its window, and the
+			// client does not pay for it beyond the failover.
+			model = rt.cfg.Rollout.Baseline
+		}
 		disagg, pd = rt.disaggregated, rt.cfg.PD()
 	} else if served(m.Model) {
 		model, routeID = m.Model, m.Model

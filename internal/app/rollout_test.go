@@ -39,7 +39,8 @@ func (e *modelEngine) RoundTrip(r *http.Request) (*http.Response, error) {
 }
 
 // TestRolloutOverTheApp (R25): a route's rollout whose canary answers 503 is rolled back at its
-// window's end on the gateway's clock; afterwards every request goes to the baseline; GET
+// window's end on the gateway's clock — every canary failure went on on the baseline, so no
+// client saw one —; afterwards every request goes to the baseline; GET
 // /admin/v1/rollouts shows the decision with its figures, and the actions answer as the state
 // allows (an ended rollout refuses them, an unknown route is 404).
 func TestRolloutOverTheApp(t *testing.T) {
@@ -84,8 +85,10 @@ func TestRolloutOverTheApp(t *testing.T) {
 		return ok, failed
 	}
 	ok, failed := send(60, "before")
-	if failed == 0 || ok == 0 {
-		t.Fatalf("at 50%%: %d ok, %d failed; want both", ok, failed)
+	broken, healthy := eng.served[1].Load(), eng.served[0].Load()
+	if failed != 0 || ok != 60 || broken == 0 {
+		// Each canary attempt that failed went on on the baseline (R25): no client saw it.
+		t.Fatalf("at 50%%: %d ok, %d failed, %d canary attempts; want every request answered", ok, failed, broken)
 	}
 	get := func() router.RolloutsView {
 		resp, err := http.Get(base + "/admin/v1/rollouts")
@@ -107,12 +110,13 @@ func TestRolloutOverTheApp(t *testing.T) {
 	v := get().Rollouts[0]
 	h := v.History
 	if v.Percent != 0 || len(h) != 1 || h[0].Decision != rollout.Rollback || h[0].Canary == nil ||
-		h[0].Canary.Errors != uint64(failed) || h[0].Baseline.Requests != uint64(ok) || !strings.HasPrefix(h[0].Reason, "error_rate") {
-		t.Fatalf("after the window: %+v (%d ok, %d failed sent)", v, ok, failed)
+		h[0].Canary.Errors != uint64(broken) || h[0].Canary.Requests != uint64(broken) || h[0].Baseline.Requests != uint64(healthy) ||
+		!strings.HasPrefix(h[0].Reason, "error_rate") {
+		t.Fatalf("after the window: %+v (%d canary attempts, %d baseline)", v, broken, healthy)
 	}
 	beat() // the minute passed the workers' heartbeat deadline on the same clock
-	if ok, failed := send(40, "after"); failed != 0 || ok != 40 {
-		t.Fatalf("after the rollback: %d ok, %d failed", ok, failed)
+	if ok, failed := send(40, "after"); failed != 0 || ok != 40 || eng.served[1].Load() != broken {
+		t.Fatalf("after the rollback: %d ok, %d failed, %d canary attempts more", ok, failed, eng.served[1].Load()-broken)
 	}
 	post := func(path string) int {
 		resp, err := http.Post(base+path, "application/json", nil)
