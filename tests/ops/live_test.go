@@ -87,6 +87,10 @@ cascade = [{ model = "smol", accept_if = "mean_logprob > 100" }, { model = "slow
 [[gateway.routes]]
 model = "ghost"
 
+[[gateway.routes]]
+model = "rolled"
+rollout = { canary = "smol-next", baseline = "smol", step_interval = "1s", min_requests = 1 }
+
 [[gateway.static_workers]]
 id = "ghost-0"
 model = "ghost"
