@@ -413,3 +413,32 @@ backends = [{ model = "smol", weight = 1 }]
 		t.Logf("screenshot written to %s", shot)
 	}
 }
+
+// rolloutRow is one row of the page's rollouts panel.
+type rolloutRow struct {
+	Route, Share, Status, Last string
+}
+
+// TestRolloutsPanel (R25): the page lists each rollout with its share, status and last
+// decision, following the gateway (a 1 s window with no traffic holds at its first step).
+func TestRolloutsPanel(t *testing.T) {
+	gw := proctest.StartTLGW(t, tlgwBin, `
+[gateway]
+http_listen = "127.0.0.1:0"
+registry_listen = "127.0.0.1:0"
+
+[[gateway.routes]]
+model = "chat"
+rollout = { canary = "chat-v2", baseline = "chat-v1", steps = [10, 100], step_interval = "1s" }
+`)
+	ctx := newBrowser(t)
+	if err := chromedp.Do(ctx, chromedp.Navigate("http://"+gw.HTTPAddr+"/ui")); err != nil {
+		t.Fatal(err)
+	}
+	const rows = `Array.from(document.querySelectorAll("#rollouts tbody tr[data-route]"), r => ({
+		Route: r.dataset.route, Share: r.cells[2].textContent, Status: r.cells[4].textContent, Last: r.cells[5].textContent}))`
+	got := waitPage(t, ctx, "the chat rollout held at 10%", 15*time.Second, rows, func(rs []rolloutRow) bool {
+		return len(rs) == 1 && rs[0].Route == "chat" && rs[0].Share == "10%" && rs[0].Status == "running" && strings.HasPrefix(rs[0].Last, "hold")
+	})
+	t.Logf("rollouts shown: %+v", got)
+}

@@ -16,6 +16,7 @@
     { name: "queue", path: "/admin/v1/queue", render: renderQueue },
     { name: "routes", path: "/admin/v1/routes", render: renderRoutes },
     { name: "programs", path: "/admin/v1/programs", render: renderPrograms },
+    { name: "rollouts", path: "/admin/v1/rollouts", render: renderRollouts },
     { name: "replicas", path: "/admin/v1/replicas", render: renderReplicas },
     { name: "history", path: "/admin/v1/history?scope=routes", render: renderHistory },
   ];
@@ -274,6 +275,29 @@
     setMeta("#programs", (data.classifier || "no classifier") + " · " + ps.length);
   }
 
+  // ---- rollouts (R25) ----
+
+  function renderRollouts(data) {
+    const rs = data.rollouts || [];
+    const kinds = { running: "info", paused: "warn", completed: "ok", rolled_back: "bad", aborted: "warn" };
+    const rows = rs.map((r) => {
+      const h = r.history || [];
+      const last = h.length ? h[h.length - 1] : null;
+      const at = last ? parseTime(last.at) : null;
+      const steps = r.steps || [];
+      return el("tr", { data: { route: r.route } },
+        el("td", { class: "id" }, r.route),
+        el("td", null, r.baseline + " → " + r.canary),
+        num(r.percent + "%"),
+        el("td", null, r.status === "running" || r.status === "paused" ? (r.step + 1) + " / " + steps.length : muted("—")),
+        el("td", null, badge(r.status, kinds[r.status] || "")),
+        el("td", { class: "last" }, last ? last.decision + (last.reason ? " · " + last.reason : "") + (at ? " (" + relative(at) + ")" : "") : muted("none yet")));
+    });
+    $("#rollouts .body").replaceChildren(table(["Route", "Baseline → canary", { text: "Canary", num: true }, "Step", "Status", "Last decision"], rows,
+      "No rollouts: a route's rollout = { canary, baseline, … } starts one."));
+    setMeta("#rollouts", rs.length);
+  }
+
   // ---- replicas ----
 
   function renderReplicas(data) {
@@ -469,7 +493,7 @@
   function clearAll() {
     for (const s of SOURCES) delete latest[s.name];
     $("#workers tbody").replaceChildren();
-    for (const s of ["#queue", "#routes", "#programs", "#replicas"]) $(s + " .body").replaceChildren();
+    for (const s of ["#queue", "#rollouts", "#routes", "#programs", "#replicas"]) $(s + " .body").replaceChildren();
     for (const s of SOURCES) setMeta("#" + s.name, "");
   }
 
