@@ -380,9 +380,10 @@ func (g *Gateway) Rollouts() (*router.RolloutsView, error) {
 	return ask[*router.RolloutsView](g, g.Router, &router.GetRollouts{})
 }
 
-// RolloutAction pauses, resumes, promotes or aborts route's rollout (R25).
-func (g *Gateway) RolloutAction(route, action string) (*router.RolloutView, error) {
-	return ask[*router.RolloutView](g, g.Router, &router.RolloutAction{Route: route, Action: action})
+// RolloutAction pauses, resumes, promotes or aborts route's rollout (R25), when ifMatch (if
+// set) is the rollouts' version.
+func (g *Gateway) RolloutAction(route, action string, ifMatch *uint64) (*router.RolloutView, error) {
+	return ask[*router.RolloutView](g, g.Router, &router.RolloutAction{Route: route, Action: action, IfMatch: ifMatch})
 }
 
 // RegistryBuckets is how many buckets the gateway's actor system's process registry has

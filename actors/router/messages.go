@@ -372,8 +372,10 @@ type Picked struct {
 // GetRollouts asks for the rollouts of the route table (R25); the reply is *RolloutsView.
 type GetRollouts struct{}
 
-// RolloutsView is every route's rollout, by route id order.
+// RolloutsView is every route's rollout, by route id order. Version changes with every
+// change of any of them (a decision, an action, a new table): the admin API's ETag.
 type RolloutsView struct {
+	Version  uint64        `json:"version"`
 	Rollouts []RolloutView `json:"rollouts"`
 }
 
@@ -390,6 +392,8 @@ type RolloutView struct {
 	WindowEnd    time.Time        `json:"window_end"`
 	StepInterval string           `json:"step_interval"`
 	History      []rollout.Record `json:"history"`
+	// Version is the rollouts' version after this view (RolloutsView.Version).
+	Version uint64 `json:"version"`
 }
 
 // RolloutAction is an operator's pause, resume, promote or abort of route's rollout (R25). The
@@ -398,6 +402,9 @@ type RolloutView struct {
 type RolloutAction struct {
 	Route  string
 	Action string
+	// IfMatch, when set, is the version the operator saw (RolloutsView.Version): another
+	// version is refused with errs.ErrEtagMismatch, and nothing changes.
+	IfMatch *uint64
 }
 
 // ObservedTTFT is the gateway's own measurement of one attempt's time to first token (from

@@ -28,6 +28,8 @@ type rollouts struct {
 	// timer is the pending rolloutTick, due at armedFor (nil: none).
 	timer    clock.Timer
 	armedFor time.Time
+	// version counts the changes of any rollout (RolloutsView.Version).
+	version uint64
 }
 
 type rolloutRun struct {
@@ -68,6 +70,7 @@ func (r *rollouts) sync(t *routeTable, log *slog.Logger) {
 		}
 	}
 	r.runs = next
+	r.version++
 	for id, run := range r.runs {
 		r.apply(t, id, run)
 	}
@@ -142,6 +145,7 @@ func (r *rollouts) tick(_ rolloutTick, t *routeTable, log *slog.Logger) {
 		canary, baseline := run.window.Take()
 		rec := run.state.Decide(run.spec, now, canary, baseline)
 		r.decisions.WithLabelValues(id, rec.Decision).Inc()
+		r.version++
 		log.Info("rollout decision", "route", id, "decision", rec.Decision, "reason", rec.Reason, "from", rec.From, "to", rec.To,
 			"canary_requests", rec.Canary.Requests, "canary_errors", rec.Canary.Errors, "canary_ttft_p99_ms", rec.Canary.TTFTP99Ms,
 			"baseline_requests", rec.Baseline.Requests, "baseline_errors", rec.Baseline.Errors, "baseline_ttft_p99_ms", rec.Baseline.TTFTP99Ms)
@@ -155,6 +159,9 @@ func (r *rollouts) act(m *RolloutAction, t *routeTable, log *slog.Logger) any {
 	if run == nil {
 		return fmt.Errorf("no rollout on route %s: %w", errs.Echo(m.Route), errs.ErrNotFound)
 	}
+	if m.IfMatch != nil && *m.IfMatch != r.version {
+		return fmt.Errorf("the rollouts are at version %d, If-Match names %d: %w", r.version, *m.IfMatch, errs.ErrEtagMismatch)
+	}
 	if m.Action == rollout.Resume && run.state.Status == rollout.Paused {
 		run.window.Take() // what was counted while paused is not the new window's
 	}
@@ -163,6 +170,7 @@ func (r *rollouts) act(m *RolloutAction, t *routeTable, log *slog.Logger) any {
 		return fmt.Errorf("route %s: %v: %w", errs.Echo(m.Route), err, errs.ErrInvalidRequest)
 	}
 	if did {
+		r.version++
 		if m.Action == rollout.Promote || m.Action == rollout.Abort {
 			r.decisions.WithLabelValues(m.Route, m.Action).Inc()
 		}
@@ -175,7 +183,7 @@ func (r *rollouts) act(m *RolloutAction, t *routeTable, log *slog.Logger) any {
 
 // view is every rollout's view.
 func (r *rollouts) view(*routeTable) *RolloutsView {
-	out := &RolloutsView{Rollouts: make([]RolloutView, 0, len(r.runs))}
+	out := &RolloutsView{Version: r.version, Rollouts: make([]RolloutView, 0, len(r.runs))}
 	for id, run := range r.runs {
 		out.Rollouts = append(out.Rollouts, r.viewOf(id, run))
 	}
@@ -187,5 +195,5 @@ func (r *rollouts) viewOf(id string, run *rolloutRun) RolloutView {
 	return RolloutView{Route: id, Canary: run.spec.Canary, Baseline: run.spec.Baseline, Steps: slices.Clone(run.spec.Steps),
 		Percent: run.state.Percent(run.spec), Status: run.state.Status, Step: run.state.Step,
 		WindowStart: run.state.WindowStart, WindowEnd: run.state.WindowStart.Add(run.spec.Interval),
-		StepInterval: run.spec.Interval.String(), History: slices.Clone(run.state.History)}
+		StepInterval: run.spec.Interval.String(), History: slices.Clone(run.state.History), Version: r.version}
 }

@@ -139,7 +139,13 @@ func TestRolloutActionsAndTable(t *testing.T) {
 	if err, _ := ask(&RolloutAction{Route: "smol", Action: "faster"}).(error); !errors.Is(err, errs.ErrInvalidRequest) {
 		t.Fatalf("an unknown action: %v", err)
 	}
-	if v, _ := ask(&RolloutAction{Route: "smol", Action: rollout.Pause}).(*RolloutView); v == nil || v.Status != rollout.Paused {
+	version := r.st.rollouts.view(r.st.table).Version
+	stale := version + 1
+	if err, _ := ask(&RolloutAction{Route: "smol", Action: rollout.Pause, IfMatch: &stale}).(error); !errors.Is(err, errs.ErrEtagMismatch) {
+		t.Fatalf("a stale If-Match: %v", err)
+	}
+	if v, _ := ask(&RolloutAction{Route: "smol", Action: rollout.Pause, IfMatch: &version}).(*RolloutView); v == nil ||
+		v.Status != rollout.Paused || v.Version != version+1 {
 		t.Fatalf("pause: %+v", v)
 	}
 	r.advance(time.Hour) // paused: nothing is decided

@@ -243,6 +243,7 @@ func (s *Server) getRollouts(w http.ResponseWriter, _ *http.Request) {
 		writeError(w, err)
 		return
 	}
+	w.Header().Set("ETag", etag(v.Version))
 	writeJSON(w, http.StatusOK, v)
 }
 
@@ -250,7 +251,10 @@ func (s *Server) getRollouts(w http.ResponseWriter, _ *http.Request) {
 var rolloutActions = []string{"pause", "resume", "promote", "abort"}
 
 // rolloutAction serves POST /admin/v1/rollouts/{route}:pause|resume|promote|abort (R25): the
-// answer is the rollout after the action.
+// answer is the rollout after the action. :promote and :resume send the canary traffic, so
+// they need If-Match with the ETag of GET /admin/v1/rollouts (428 without, 412 when a
+// decision or another action came first); :pause and :abort take traffic away and may be
+// sent without one (an emergency stop does not read first), but one given must match.
 func (s *Server) rolloutAction(w http.ResponseWriter, r *http.Request) {
 	rest := r.PathValue("action")
 	i := strings.LastIndexByte(rest, ':')
@@ -258,11 +262,24 @@ func (s *Server) rolloutAction(w http.ResponseWriter, r *http.Request) {
 		writeError(w, fmt.Errorf("no route for %s (want …/{route}:pause, :resume, :promote or :abort): %w", errs.Echo(r.URL.Path), errs.ErrNotFound))
 		return
 	}
-	v, err := s.core.RolloutAction(rest[:i], rest[i+1:])
+	action := rest[i+1:]
+	var match *uint64
+	if strings.TrimSpace(r.Header.Get("If-Match")) != "" {
+		v, ok := s.ifMatch(w, r)
+		if !ok {
+			return
+		}
+		match = &v
+	} else if action == "promote" || action == "resume" {
+		writeError(w, fmt.Errorf("POST %s needs If-Match with the ETag from GET /admin/v1/rollouts: %w", errs.Echo(r.URL.Path), errs.ErrIfMatchRequired))
+		return
+	}
+	v, err := s.core.RolloutAction(rest[:i], action, match)
 	if err != nil {
 		writeError(w, err)
 		return
 	}
+	w.Header().Set("ETag", etag(v.Version))
 	writeJSON(w, http.StatusOK, v)
 }
 

@@ -30,7 +30,7 @@ func (benchCore) Drain(string, bool) (*registry.DrainResult, error) {
 func (benchCore) Queue() (*router.QueueView, error)       { return &router.QueueView{}, nil }
 func (benchCore) Programs() (*router.ProgramList, error)  { return &router.ProgramList{}, nil }
 func (benchCore) Rollouts() (*router.RolloutsView, error) { return &router.RolloutsView{}, nil }
-func (benchCore) RolloutAction(string, string) (*router.RolloutView, error) {
+func (benchCore) RolloutAction(string, string, *uint64) (*router.RolloutView, error) {
 	return nil, errs.ErrNotFound
 }
 

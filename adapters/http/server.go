@@ -41,7 +41,7 @@ type Core interface {
 	Programs() (*router.ProgramList, error)
 	// R25: the route table's rollouts, and an operator's action on one.
 	Rollouts() (*router.RolloutsView, error)
-	RolloutAction(route, action string) (*router.RolloutView, error)
+	RolloutAction(route, action string, ifMatch *uint64) (*router.RolloutView, error)
 }
 
 // StaticWorkers is the table of static (scraped) workers behind

@@ -118,22 +118,39 @@ func TestRolloutOverTheApp(t *testing.T) {
 	if ok, failed := send(40, "after"); failed != 0 || ok != 40 || eng.served[1].Load() != broken {
 		t.Fatalf("after the rollback: %d ok, %d failed, %d canary attempts more", ok, failed, eng.served[1].Load()-broken)
 	}
-	post := func(path string) int {
-		resp, err := http.Post(base+path, "application/json", nil)
+	post := func(path, ifMatch string) int {
+		req, _ := http.NewRequest("POST", base+path, nil)
+		if ifMatch != "" {
+			req.Header.Set("If-Match", ifMatch)
+		}
+		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}
 		resp.Body.Close()
 		return resp.StatusCode
 	}
-	for path, want := range map[string]int{
-		"/admin/v1/rollouts/smol:resume": 400, // ended
-		"/admin/v1/rollouts/big:pause":   404,
-		"/admin/v1/rollouts/smol:faster": 404,
-		"/admin/v1/rollouts/smol":        404,
+	resp, err := http.Get(base + "/admin/v1/rollouts")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	tag := resp.Header.Get("ETag")
+	for _, c := range []struct {
+		path, ifMatch string
+		want          int
+	}{
+		{"/admin/v1/rollouts/smol:promote", "", 428}, // sends the canary traffic: If-Match needed
+		{"/admin/v1/rollouts/smol:resume", `"999"`, 412},
+		{"/admin/v1/rollouts/smol:abort", `"999"`, 412}, // one given must match
+		{"/admin/v1/rollouts/smol:promote", tag, 400},   // ended
+		{"/admin/v1/rollouts/smol:abort", "", 400},      // no If-Match needed; ended
+		{"/admin/v1/rollouts/big:pause", "", 404},
+		{"/admin/v1/rollouts/smol:faster", "", 404},
+		{"/admin/v1/rollouts/smol", "", 404},
 	} {
-		if got := post(path); got != want {
-			t.Errorf("POST %s: %d, want %d", path, got, want)
+		if got := post(c.path, c.ifMatch); got != c.want {
+			t.Errorf("POST %s (If-Match %q): %d, want %d", c.path, c.ifMatch, got, c.want)
 		}
 	}
 }
