@@ -181,6 +181,10 @@ func TestRolloutActionsAndTable(t *testing.T) {
 // the rollout has ended the draw stands again.
 func TestRolloutFailoverGoesToTheBaseline(t *testing.T) {
 	r := newRig(t, Config{Routes: rolloutRoutes([]float64{100}, time.Minute)})
+	if got := r.st.table.resolve(&Pick{Model: "smol", RequestID: "x"}, r.st.view).out; got.ServedModel != "v3" {
+		t.Fatalf("a canary without a live worker: %s", got.ServedModel)
+	}
+	r.join("b", "v4", 0)
 	first := r.st.table.resolve(&Pick{Model: "smol", RequestID: "x"}, r.st.view).out
 	again := r.st.table.resolve(&Pick{Model: "smol", RequestID: "x", Exclude: []string{"b"}}, r.st.view).out
 	if first.ServedModel != "v4" || again.ServedModel != "v3" || again.Rollout == nil {

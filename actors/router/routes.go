@@ -78,10 +78,11 @@ func (t *routeTable) resolve(m *Pick, v *workerView) target {
 	if rt := t.byName[m.Model]; rt != nil {
 		routeID, win = rt.id, rt.window
 		model, stepIdx, steps, accept = rt.target(t.canary, m.RequestID, m.Step)
-		if win != nil && len(m.Exclude) > 0 && model == rt.cfg.Rollout.Canary {
+		if win != nil && model == rt.cfg.Rollout.Canary && (len(m.Exclude) > 0 || v.models[model] == 0) {
 			// R25: a request whose attempt failed during a rollout goes on on the baseline,
 			// whatever its draw: the canary's failure is counted in its window, and the
-			// client does not pay for it beyond the failover.
+			// client does not pay for it beyond the failover. So does one drawn for a canary
+			// that has no live worker (not up yet, or restarting).
 			model = rt.cfg.Rollout.Baseline
 		}
 		disagg, pd = rt.disaggregated, rt.cfg.PD()

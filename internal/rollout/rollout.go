@@ -54,6 +54,11 @@ const (
 	// handful of errors among hundreds of requests a ratio is noise (one error against a
 	// baseline's none is an infinite ratio). The absolute rate needs no such floor.
 	MinRatioErrors = 5
+	// MinTTFTExcess is the least a canary's TTFT p99 must exceed the baseline's by, beyond the
+	// ratio, to roll back: at millisecond TTFTs a few observations' jitter (and the histogram's
+	// doubling buckets) make ratios of 1.5–2× between identical engines; no operator rolls back
+	// for a millisecond.
+	MinTTFTExcess = 25 * time.Millisecond
 )
 
 // Validate checks the spec; nil or the first problem, naming the field.
@@ -194,8 +199,8 @@ func (s *State) Due(spec Spec, now time.Time) bool {
 //   - hold: fewer than min_requests canary requests;
 //   - rollback, error_ratio: the canary's error rate over max_error_ratio × the baseline's, with
 //     at least MinRatioErrors canary errors, and the baseline at min_requests or more;
-//   - rollback, ttft_p99: the canary's TTFT p99 over max_ttft_p99_ratio × the baseline's, both
-//     with observations and the baseline at min_requests or more;
+//   - rollback, ttft_p99: the canary's TTFT p99 over max_ttft_p99_ratio × the baseline's and
+//     by MinTTFTExcess or more, both with observations and the baseline at min_requests or more;
 //   - advance to the next step, or promote after the last (100%).
 func (s *State) Decide(spec Spec, now time.Time, canary, baseline Counts) Record {
 	c, b := figures(canary), figures(baseline)
@@ -210,7 +215,8 @@ func (s *State) Decide(spec Spec, now time.Time, canary, baseline Counts) Record
 	case baselineJudged && c.Errors >= MinRatioErrors && c.ErrorRate > spec.MaxErrorRatio*b.ErrorRate:
 		rec.Decision, rec.Reason = Rollback, fmt.Sprintf("error_ratio: %.4f against the baseline's %.4f (at most %.2f×)",
 			c.ErrorRate, b.ErrorRate, spec.MaxErrorRatio)
-	case baselineJudged && c.TTFTP99Ms >= 0 && b.TTFTP99Ms > 0 && c.TTFTP99Ms > spec.MaxTTFTP99Ratio*b.TTFTP99Ms:
+	case baselineJudged && c.TTFTP99Ms >= 0 && b.TTFTP99Ms > 0 && c.TTFTP99Ms > spec.MaxTTFTP99Ratio*b.TTFTP99Ms &&
+		c.TTFTP99Ms-b.TTFTP99Ms >= float64(MinTTFTExcess)/float64(time.Millisecond):
 		rec.Decision, rec.Reason = Rollback, fmt.Sprintf("ttft_p99: %.1f ms against the baseline's %.1f ms (at most %.2f×)",
 			c.TTFTP99Ms, b.TTFTP99Ms, spec.MaxTTFTP99Ratio)
 	case s.Step+1 >= len(spec.Steps):

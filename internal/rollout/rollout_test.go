@@ -51,6 +51,8 @@ func TestDecisions(t *testing.T) {
 		{"error ratio with too few errors to judge", Counts{Requests: 1000, Errors: 4}, Counts{Requests: 1000}, Advance, ""},
 		{"error ratio, the baseline too small to judge", Counts{Requests: 1000, Errors: 30}, Counts{Requests: 199}, Advance, ""},
 		{"ttft p99 over", Counts{Requests: 300, TTFT: ttft(300, 500*time.Millisecond)}, healthy, Rollback, "ttft_p99"},
+		{"ttft p99 over the ratio by too little", Counts{Requests: 300, TTFT: ttft(300, 3*time.Millisecond)},
+			Counts{Requests: 1000, TTFT: ttft(1000, 800*time.Microsecond)}, Advance, ""},
 		{"ttft p99 without a baseline figure", Counts{Requests: 300, TTFT: ttft(300, 500*time.Millisecond)}, Counts{Requests: 1000}, Advance, ""},
 		{"ttft p99, the baseline too small", Counts{Requests: 300, TTFT: ttft(300, 500*time.Millisecond)},
 			Counts{Requests: 10, TTFT: ttft(10, 50*time.Millisecond)}, Advance, ""},

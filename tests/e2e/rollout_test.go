@@ -6,8 +6,11 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/tlgw/tlgw/internal/proctest"
 )
 
 // rolloutState is what GET /admin/v1/rollouts says of one route's rollout.
@@ -94,6 +97,61 @@ func TestRolloutOverProcesses(t *testing.T) {
 		}
 		if n := metricSum(t, f.base, "tlgw_rollout_decisions_total", `decision="rollback"`); n != 1 {
 			t.Fatalf("tlgw_rollout_decisions_total{decision=\"rollback\"} = %v", n)
+		}
+	})
+	t.Run("canary broken after its second step", func(t *testing.T) {
+		f := startFleet(t, fastHeartbeats+`
+[[gateway.routes]]
+model = "smol"
+rollout = { canary = "smol-v4", baseline = "smol-v3", steps = [20, 40, 60, 100], step_interval = "1s", min_requests = 10 }
+`, []string{"base", "--model", "smol-v3"}, []string{"canary", "--model", "smol-v4"})
+		hc := &http.Client{Timeout: 5 * time.Second}
+		tick := time.NewTicker(20 * time.Millisecond)
+		defer tick.Stop()
+		start := time.Now()
+		var broke time.Time
+		var st rolloutState
+		for i := 0; st.Status != "rolled_back"; i++ {
+			if time.Since(start) > 15*time.Second {
+				t.Fatalf("not rolled back within 15 s: %+v", st)
+			}
+			<-tick.C
+			resp, err := hc.Post(f.base+"/v1/completions", "application/json", strings.NewReader(
+				fmt.Sprintf(`{"model":"smol","prompt":"break %d","max_tokens":2}`, i)))
+			if err != nil {
+				t.Fatalf("request %d: %v", i, err)
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != 200 {
+				t.Fatalf("request %d: %d — a client saw an error", i, resp.StatusCode)
+			}
+			if i%5 != 0 {
+				continue
+			}
+			st = rolloutOf(t, f.base)
+			if broke.IsZero() && st.Percent == 60 {
+				// Past its second step: the canary engine dies and comes back answering 503.
+				if err := f.engines["canary"].Cmd.Process.Signal(syscall.SIGKILL); err != nil {
+					t.Fatal(err)
+				}
+				proctest.StartEngine(t, tlengineBin, "--id", "canary-2", "--gateway", f.gw.GRPCAddr, "--model", "smol-v4", "--fault", "503")
+				broke = time.Now()
+			}
+		}
+		took := time.Since(broke)
+		t.Logf("rolled back %v after the canary broke: %+v", took.Round(time.Millisecond), st.History)
+		if broke.IsZero() || took > 2500*time.Millisecond || st.History[len(st.History)-1].Decision != "rollback" {
+			t.Fatalf("rollback %v after the break (want within the window it broke in, or the next): %+v", took, st)
+		}
+		var advances int
+		for _, h := range st.History {
+			if h.Decision == "advance" {
+				advances++
+			}
+		}
+		if advances != 2 {
+			t.Fatalf("%d advances before the rollback, want 2", advances)
 		}
 	})
 	t.Run("healthy canary promoted", func(t *testing.T) {
