@@ -195,3 +195,50 @@ func TestRolloutFailoverGoesToTheBaseline(t *testing.T) {
 		t.Fatalf("after the rollout: %s", got.ServedModel)
 	}
 }
+
+// TestRolloutBookkeeping: the version moves with every decision and action; counts made while
+// paused are not the resumed window's; only promote and abort of the operator's actions are
+// decisions; the view is in route order; one timer stays armed while the due time holds.
+func TestRolloutBookkeeping(t *testing.T) {
+	m := NewMetrics(nil)
+	routes := config.NormalizeRoutes([]config.Route{
+		{Model: "zeta", Rollout: &config.Rollout{Canary: "z4", Baseline: "z3", StepInterval: config.Duration(time.Minute), MinRequests: 20}},
+		{Model: "alpha", Rollout: &config.Rollout{Canary: "a4", Baseline: "a3", StepInterval: config.Duration(time.Minute), MinRequests: 20}},
+	})
+	r := newRig(t, Config{Routes: routes, Metrics: m})
+	r.join("w", "a3", 0)
+	timer := r.st.rollouts.timer
+	r.join("w2", "z3", 0)
+	if timer == nil || r.st.rollouts.timer != timer {
+		t.Fatal("the rollout timer was replaced though its due time held")
+	}
+	v := r.st.rollouts.view(r.st.table)
+	if len(v.Rollouts) != 2 || v.Rollouts[0].Route != "alpha" || v.Rollouts[1].Route != "zeta" {
+		t.Fatalf("view order %+v", v.Rollouts)
+	}
+	version := v.Version
+	r.deliver(nil, &RolloutAction{Route: "alpha", Action: rollout.Pause})
+	w := r.st.rollouts.runs["alpha"].window
+	for range 40 {
+		w.Observe("a4", true, 0) // while paused: not the next window's
+	}
+	r.deliver(nil, &RolloutAction{Route: "alpha", Action: rollout.Resume})
+	r.advance(time.Minute)
+	runs := r.st.rollouts.runs
+	if s := runs["alpha"].state; s.Status != rollout.Running || s.History[len(s.History)-1].Decision != rollout.Hold {
+		t.Fatalf("after resuming: %s, %+v", s.Status, s.History)
+	}
+	if got := r.st.rollouts.view(r.st.table).Version; got != version+4 { // pause, resume, two holds
+		t.Fatalf("version %d after four changes from %d", got, version)
+	}
+	if n := testutil.ToFloat64(m.rolloutDecisions.WithLabelValues("alpha", rollout.Pause)); n != 0 {
+		t.Fatalf("a pause counted as a decision")
+	}
+	r.deliver(nil, &RolloutAction{Route: "zeta", Action: rollout.Promote})
+	r.deliver(nil, &RolloutAction{Route: "alpha", Action: rollout.Abort})
+	for route, d := range map[string]string{"zeta": rollout.Promote, "alpha": rollout.Abort} {
+		if n := testutil.ToFloat64(m.rolloutDecisions.WithLabelValues(route, d)); n != 1 {
+			t.Fatalf("%s %s counted %v", route, d, n)
+		}
+	}
+}
