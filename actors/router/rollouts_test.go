@@ -160,8 +160,12 @@ func TestRolloutActionsAndTable(t *testing.T) {
 	}
 	// The same table again keeps the promoted state; a changed rollout starts over.
 	routes := rolloutRoutes(nil, time.Minute)
+	before := r.st.rollouts.view(r.st.table).Version
 	if out, _ := ask(&PutRoutes{IfMatch: 1, Routes: routes}).(*RouteTable); out == nil {
 		t.Fatal("put refused")
+	}
+	if got := r.st.rollouts.view(r.st.table).Version; got <= before {
+		t.Fatalf("a new table left the version at %d", got)
 	}
 	if s := r.st.rollouts.runs["smol"].state.Status; s != rollout.Completed {
 		t.Fatalf("after the same table: %s", s)
@@ -173,6 +177,9 @@ func TestRolloutActionsAndTable(t *testing.T) {
 	ask(&PutRoutes{IfMatch: 3, Routes: config.NormalizeRoutes([]config.Route{{Model: "smol", Backends: []config.Backend{{Model: "v3", Weight: 1}}}})})
 	if len(r.st.rollouts.runs) != 0 || len(r.st.rollouts.view(r.st.table).Rollouts) != 0 {
 		t.Fatal("a route without a rollout kept its run")
+	}
+	if n := testutil.CollectAndCount(r.st.rollouts.step); n != 0 {
+		t.Fatalf("%d tlgw_rollout_step series left for a route without a rollout", n)
 	}
 }
 
