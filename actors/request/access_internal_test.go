@@ -5,20 +5,17 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/asynkron/protoactor-go/actor"
 	"github.com/google/go-cmp/cmp"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tlgw/tlgw/internal/accesslog"
 	"github.com/tlgw/tlgw/internal/cascade"
-	"github.com/tlgw/tlgw/internal/oai"
 )
 
 // lockedBuffer is the access log's output, read once the log is closed.
@@ -224,18 +221,9 @@ func TestAccessRecordOfACrash(t *testing.T) {
 	m.upstream = func(string, *http.Request, string) (*http.Response, error) {
 		return reply(200, "application/json", okJSON), nil
 	}
-	crash := crashOnAnswer
-	body := `{"model":"m","prompt":"hi"}`
-	parsed, _ := oai.Parse(oai.Completions, []byte(body))
-	run := &run{w: httptest.NewRecorder()}
-	ctx := clientTrace(t, "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
-	run.x = NewExchange(ctx, run.w, "/v1/completions", oai.Completions, "req", false, []byte(body), parsed, time.Now())
-	run.x.Traced = true
-	run.x.Owner, m.d.KeyNames = 1, []string{"key-0", "ops"}
-	Spawn(m.sys, m.d, run.x, actor.WithReceiverMiddleware(crash))
-	if w := run.wait(t); w.Code != 502 {
-		t.Fatalf("client got %d", w.Code)
-	}
+	m.d.KeyNames = []string{"key-0", "ops"}
+	m.runCrashing(t, withClient(t, "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
+		func(x *Exchange) { x.Owner = 1 })
 	want := recWant("a", 502, 1, false, false, OutcomeCrashed)
 	want["key"], want["trace_id"] = "ops", "4bf92f3577b34da6a3ce929d0e0e4736"
 	if diff := cmp.Diff(want, oneLine(t, m, lines())); diff != "" {

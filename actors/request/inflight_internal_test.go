@@ -1,16 +1,10 @@
 package request
 
 import (
-	"context"
 	"net/http"
-	"net/http/httptest"
 	"testing"
-	"time"
 
-	"github.com/asynkron/protoactor-go/actor"
 	"github.com/prometheus/client_golang/prometheus/testutil"
-
-	"github.com/tlgw/tlgw/internal/oai"
 )
 
 // inFlight is route r's tlgw_requests_in_flight.
@@ -69,15 +63,7 @@ func TestRouteInFlight(t *testing.T) {
 				return reply(200, "application/json", okJSON), nil
 			}
 		}, func(t *testing.T, m *mrig) {
-			crash := crashOnAnswer
-			body := `{"model":"m","prompt":"hi"}`
-			parsed, _ := oai.Parse(oai.Completions, []byte(body))
-			r := &run{w: httptest.NewRecorder()}
-			r.x = NewExchange(context.Background(), r.w, "/v1/completions", oai.Completions, "req", false, []byte(body), parsed, time.Now())
-			Spawn(m.sys, m.d, r.x, actor.WithReceiverMiddleware(crash))
-			if w := r.wait(t); w.Code != 502 {
-				t.Fatalf("client got %d", w.Code)
-			}
+			m.runCrashing(t)
 		}},
 	} {
 		t.Run(c.name, func(t *testing.T) {

@@ -738,15 +738,7 @@ func TestCrashReleasesTheKVHandle(t *testing.T) {
 	m := newMRig(t)
 	m.pool, m.prefill = []string{"d"}, "p"
 	m.upstream = tokenizer
-	crash := crashOnAnswer
-	req := `{"model":"m","prompt":"hi"}`
-	run := &run{w: httptest.NewRecorder()}
-	parsed, _ := oai.Parse(oai.Completions, []byte(req))
-	run.x = NewExchange(context.Background(), run.w, "/v1/completions", oai.Completions, "req", false, []byte(req), parsed, time.Now())
-	Spawn(m.sys, m.d, run.x, actor.WithReceiverMiddleware(crash))
-	if w := run.wait(t); w.Code != 502 {
-		t.Fatalf("client got %d", w.Code)
-	}
+	m.runCrashing(t)
 	if _, rel := m.engines.calls(); !slices.Equal(rel, [][2]string{{"d.kv", "h1"}}) {
 		t.Fatalf("releases %v", rel)
 	}
@@ -849,5 +841,22 @@ func crashOnAnswer(next actor.ReceiverFunc) actor.ReceiverFunc {
 			panic("injected: the actor dies on the engine's answer")
 		}
 		next(c, env)
+	}
+}
+
+// runCrashing runs a completions request whose actor panics on its engine's answer
+// (crashOnAnswer), its exchange changed by adjust first, and checks the client got 502.
+func (m *mrig) runCrashing(t *testing.T, adjust ...func(*Exchange)) {
+	t.Helper()
+	body := `{"model":"m","prompt":"hi"}`
+	parsed, _ := oai.Parse(oai.Completions, []byte(body))
+	r := &run{w: httptest.NewRecorder()}
+	r.x = NewExchange(context.Background(), r.w, "/v1/completions", oai.Completions, "req", false, []byte(body), parsed, time.Now())
+	for _, f := range adjust {
+		f(r.x)
+	}
+	Spawn(m.sys, m.d, r.x, actor.WithReceiverMiddleware(crashOnAnswer))
+	if w := r.wait(t); w.Code != 502 {
+		t.Fatalf("client got %d", w.Code)
 	}
 }

@@ -3,11 +3,9 @@ package request
 import (
 	"context"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
 	"go.opentelemetry.io/otel/attribute"
@@ -19,7 +17,6 @@ import (
 
 	"github.com/tlgw/tlgw/actors/router"
 	"github.com/tlgw/tlgw/internal/cascade"
-	"github.com/tlgw/tlgw/internal/oai"
 )
 
 const (
@@ -311,15 +308,7 @@ func TestTraceOfACrash(t *testing.T) {
 	m.upstream = func(string, *http.Request, string) (*http.Response, error) {
 		return reply(200, "application/json", okJSON), nil
 	}
-	crash := crashOnAnswer
-	body := `{"model":"m","prompt":"hi"}`
-	parsed, _ := oai.Parse(oai.Completions, []byte(body))
-	run := &run{w: httptest.NewRecorder()}
-	run.x = NewExchange(context.Background(), run.w, "/v1/completions", oai.Completions, "req", false, []byte(body), parsed, time.Now())
-	Spawn(m.sys, m.d, run.x, actor.WithReceiverMiddleware(crash))
-	if w := run.wait(t); w.Code != 502 {
-		t.Fatalf("client got %d", w.Code)
-	}
+	m.runCrashing(t)
 	allEnded(t, rec)
 	req := one(t, rec, SpanRequest)
 	wantAttr(t, req, attrOutcome, OutcomeCrashed)
