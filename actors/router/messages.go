@@ -375,8 +375,20 @@ type GetRollouts struct{}
 // RolloutsView is every route's rollout, by route id order. Version changes with every
 // change of any of them (a decision, an action, a new table): the admin API's ETag.
 type RolloutsView struct {
-	Version  uint64        `json:"version"`
+	Version uint64 `json:"version"`
+	// Decider is the replica that judges the windows in a cluster ("" outside one, or while
+	// none holds the lease).
+	Decider  string        `json:"decider,omitempty"`
 	Rollouts []RolloutView `json:"rollouts"`
+}
+
+// SetRolloutStates are the rollouts' states as a cluster stores them (R25, adapters/cluster),
+// by route id, at the store's Version; Decider is the replica that decides. A route whose
+// rollout a state fits follows it.
+type SetRolloutStates struct {
+	Version uint64
+	Decider string
+	States  map[string]rollout.Stored
 }
 
 // RolloutView is one route's rollout: its spec as configured, where it is, the window so far.

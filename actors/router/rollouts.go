@@ -28,14 +28,31 @@ type rollouts struct {
 	// timer is the pending rolloutTick, due at armedFor (nil: none).
 	timer    clock.Timer
 	armedFor time.Time
-	// version counts the changes of any rollout (RolloutsView.Version).
+	// version counts the changes of any rollout (RolloutsView.Version); in a cluster it is
+	// the store's version of the stored states.
 	version uint64
+
+	// In a cluster (closeWindow set) the states live in etcd (adapters/cluster): this router
+	// counts, closes each window at its end and hands its counts to closeWindow (the store
+	// publishes them for the replica that decides), and follows the stored states the store
+	// pushes (SetRolloutStates); it decides nothing itself.
+	closeWindow func(route string, window time.Time, canary, baseline rollout.Tally)
+	// stored are the states last pushed, by route id: bounded by the store (at most
+	// config.MaxRollouts); decider is the replica that decides ("" while none is known).
+	stored  map[string]rollout.Stored
+	decider string
 }
 
 type rolloutRun struct {
 	spec   rollout.Spec
+	key    string // rollout.SpecKey(spec)
 	state  rollout.State
 	window *rollout.Window
+	// closedFor is the window start of the window this replica closed and handed on (a
+	// cluster's), until a state with another window start is taken.
+	closedFor time.Time
+	// adopted: state is a stored one (the decisions of a state taken later are counted).
+	adopted bool
 }
 
 // rolloutTick is a rollout window's end on the clock.
@@ -58,7 +75,7 @@ func (r *rollouts) sync(t *routeTable, log *slog.Logger) {
 		spec := rc.Rollout.Spec()
 		run := r.runs[rc.Model]
 		if run == nil || !sameSpec(run.spec, spec) {
-			run = &rolloutRun{spec: spec, state: rollout.Start(now), window: rollout.NewWindow(spec.Canary, spec.Baseline)}
+			run = &rolloutRun{spec: spec, key: rollout.SpecKey(spec), state: rollout.Start(now), window: rollout.NewWindow(spec.Canary, spec.Baseline)}
 			log.Info("rollout started", "route", rc.Model, "canary", spec.Canary, "baseline", spec.Baseline,
 				"percent", run.state.Percent(spec))
 		}
@@ -70,10 +87,55 @@ func (r *rollouts) sync(t *routeTable, log *slog.Logger) {
 		}
 	}
 	r.runs = next
-	r.version++
+	if r.closeWindow == nil {
+		r.version++
+	}
 	for id, run := range r.runs {
+		r.adopt(id, run, log)
 		r.apply(t, id, run)
 	}
+}
+
+// setStored takes the stored states a cluster's store pushes: each run whose spec they fit
+// follows its stored state.
+func (r *rollouts) setStored(m *SetRolloutStates, t *routeTable, log *slog.Logger) {
+	r.stored, r.version, r.decider = m.States, m.Version, m.Decider
+	for id, run := range r.runs {
+		if r.adopt(id, run, log) {
+			r.apply(t, id, run)
+		}
+	}
+}
+
+// adopt moves run to route id's stored state, when there is one for its spec that differs;
+// it reports whether it did. The window goes on counting when the stored window starts where
+// the one this replica closed ended (the decider judged it, and the counts since are the new
+// window's); otherwise it starts over. The decisions the state brings are counted, except
+// those of the first state taken (a restarted replica does not count the fleet's history).
+func (r *rollouts) adopt(id string, run *rolloutRun, log *slog.Logger) bool {
+	st, ok := r.stored[id]
+	if !ok || !st.Fits(run.spec) || (run.adopted && st.State.Same(run.state)) {
+		return false
+	}
+	if !st.State.WindowStart.Equal(run.state.WindowStart) {
+		goesOn := !run.closedFor.IsZero() && run.closedFor.Equal(run.state.WindowStart) &&
+			st.State.WindowStart.Equal(run.state.WindowStart.Add(run.spec.Interval))
+		if !goesOn {
+			run.window.Take()
+		}
+		run.closedFor = time.Time{}
+	}
+	if run.adopted {
+		for _, rec := range st.State.After(run.state) {
+			if rec.Counted() {
+				r.decisions.WithLabelValues(id, rec.Decision).Inc()
+			}
+		}
+	}
+	run.state, run.adopted = st.State.Clone(), true
+	log.Info("rollout state taken from the cluster store", "route", id, "status", run.state.Status,
+		"percent", run.state.Percent(run.spec), "decider", r.decider)
+	return true
 }
 
 func sameSpec(a, b rollout.Spec) bool {
@@ -114,7 +176,7 @@ func (r *rollouts) apply(t *routeTable, id string, run *rolloutRun) {
 func (r *rollouts) arm(fx effects) {
 	var due time.Time
 	for _, run := range r.runs {
-		if run.state.Status != rollout.Running {
+		if run.state.Status != rollout.Running || (!run.closedFor.IsZero() && run.closedFor.Equal(run.state.WindowStart)) {
 			continue
 		}
 		if end := run.state.WindowStart.Add(run.spec.Interval); due.IsZero() || end.Before(due) {
@@ -139,11 +201,17 @@ func (r *rollouts) tick(_ rolloutTick, t *routeTable, log *slog.Logger) {
 	r.timer, r.armedFor = nil, time.Time{}
 	now := r.clock.Now()
 	for id, run := range r.runs {
-		if !run.state.Due(run.spec, now) {
+		if !run.state.Due(run.spec, now) || (!run.closedFor.IsZero() && run.closedFor.Equal(run.state.WindowStart)) {
 			continue
 		}
 		canary, baseline := run.window.Take()
-		rec := run.state.Decide(run.spec, now, canary, baseline)
+		if r.closeWindow != nil {
+			// A cluster's: the counts go to the replica that decides.
+			r.closeWindow(id, run.state.WindowStart, canary, baseline)
+			run.closedFor = run.state.WindowStart
+			continue
+		}
+		rec := run.state.Decide(run.spec, now, canary.Counts(), baseline.Counts())
 		r.decisions.WithLabelValues(id, rec.Decision).Inc()
 		r.version++
 		log.Info("rollout decision", "route", id, "decision", rec.Decision, "reason", rec.Reason, "from", rec.From, "to", rec.To,
@@ -183,7 +251,7 @@ func (r *rollouts) act(m *RolloutAction, t *routeTable, log *slog.Logger) any {
 
 // view is every rollout's view.
 func (r *rollouts) view(*routeTable) *RolloutsView {
-	out := &RolloutsView{Version: r.version, Rollouts: make([]RolloutView, 0, len(r.runs))}
+	out := &RolloutsView{Version: r.version, Decider: r.decider, Rollouts: make([]RolloutView, 0, len(r.runs))}
 	for id, run := range r.runs {
 		out.Rollouts = append(out.Rollouts, r.viewOf(id, run))
 	}

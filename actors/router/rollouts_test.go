@@ -249,3 +249,122 @@ func TestRolloutBookkeeping(t *testing.T) {
 		}
 	}
 }
+
+// closedWindow is one window a clustered router handed on.
+type closedWindow struct {
+	route            string
+	window           time.Time
+	canary, baseline rollout.Tally
+}
+
+// storedAt is route smol's stored state for spec at step, its window starting at start.
+func storedAt(spec rollout.Spec, status rollout.Status, step int, start time.Time, history ...rollout.Record) map[string]rollout.Stored {
+	return map[string]rollout.Stored{"smol": {Spec: rollout.SpecKey(spec), State: rollout.State{Step: step, Status: status,
+		WindowStart: start, History: history}}}
+}
+
+// TestRolloutInACluster (R25, [cluster]): a clustered router decides nothing: at each window's
+// end it hands its counts on (once), and it follows the stored states it is given — a stored
+// state of its spec sets the split (a restart resumes the fleet's step, not the first), the
+// window goes on counting when the stored window starts where the closed one ended and starts
+// over otherwise, the decisions a later state brings are counted (not the first state's), and a
+// state of another spec or of a step the spec lacks is not taken.
+func TestRolloutInACluster(t *testing.T) {
+	m := NewMetrics(nil)
+	var closed []closedWindow
+	routes := rolloutRoutes([]float64{10, 50, 100}, time.Minute)
+	spec := routes[0].Rollout.Spec()
+	r := newRig(t, Config{Routes: routes, Metrics: m, RolloutWindows: func(route string, w time.Time, c, b rollout.Tally) {
+		closed = append(closed, closedWindow{route, w, c, b})
+	}})
+	r.st.rollouts.arm(r)
+	r.join("a", "v3", 0)
+	r.join("b", "v4", 0)
+
+	// A restart: the fleet's rollout is at its second step, with one advance behind it.
+	past := rollout.Record{At: t0.Add(-time.Minute), Decision: rollout.Advance, From: 10, To: 50}
+	r.deliver(nil, &SetRolloutStates{Version: 7, Decider: "gw-2", States: storedAt(spec, rollout.Running, 1, t0, past)})
+	if share, _ := canaryShare(r, 4000); share < 0.46 || share > 0.54 {
+		t.Fatalf("resumed at step 2: canary share %.3f", share)
+	}
+	v := r.st.rollouts.view(r.st.table)
+	if v.Version != 7 || v.Decider != "gw-2" || v.Rollouts[0].Step != 1 || len(v.Rollouts[0].History) != 1 {
+		t.Fatalf("view %+v", v)
+	}
+	if got := testutil.ToFloat64(m.rolloutDecisions.WithLabelValues("smol", rollout.Advance)); got != 0 {
+		t.Fatalf("the first state's history counted: %v", got)
+	}
+	_, w := canaryShare(r, 1)
+	for range 30 {
+		w.Observe("v4", true, time.Millisecond) // all errors: a lone router would roll back
+		w.Observe("v3", false, time.Millisecond)
+	}
+	r.advance(time.Minute)
+	if len(closed) != 1 || closed[0].route != "smol" || !closed[0].window.Equal(t0) || closed[0].canary.Errors != 30 ||
+		closed[0].baseline.Requests != 30 || closed[0].baseline.TTFT[1] != 30 {
+		t.Fatalf("closed %+v", closed)
+	}
+	if st := r.st.rollouts.runs["smol"].state; st.Status != rollout.Running || st.Step != 1 || len(st.History) != 1 {
+		t.Fatalf("a clustered router decided: %+v", st)
+	}
+	r.advance(time.Hour)
+	if len(closed) != 1 || r.st.rollouts.timer != nil {
+		t.Fatalf("a closed window closed again (%d) or a timer is armed", len(closed))
+	}
+	// Counted after the close: the next window's, kept when the decider's state starts there.
+	w.Observe("v4", false, 0)
+	adv := rollout.Record{At: t0.Add(time.Minute), Decision: rollout.Advance, From: 50, To: 100}
+	r.deliver(nil, &SetRolloutStates{Version: 9, Decider: "gw-2", States: storedAt(spec, rollout.Running, 2, t0.Add(time.Minute), past, adv)})
+	if got := testutil.ToFloat64(m.rolloutDecisions.WithLabelValues("smol", rollout.Advance)); got != 1 {
+		t.Fatalf("advance decisions %v, want the new one", got)
+	}
+	if share, _ := canaryShare(r, 100); share != 1 {
+		t.Fatalf("step 3: share %v", share)
+	}
+	r.advance(time.Hour) // due since t0+2m: closes at once
+	if len(closed) != 2 || closed[1].canary.Requests != 1 || !closed[1].window.Equal(t0.Add(time.Minute)) {
+		t.Fatalf("closed %+v", closed)
+	}
+	// A state that starts elsewhere (a resume): the counts start over.
+	w.Observe("v4", false, 0)
+	pause := rollout.Record{At: t0.Add(time.Hour), Decision: rollout.Pause}
+	resume := rollout.Record{At: t0.Add(2 * time.Hour), Decision: rollout.Resume}
+	r.deliver(nil, &SetRolloutStates{Version: 10, States: storedAt(spec, rollout.Running, 2, t0.Add(2*time.Hour), past, adv, pause, resume)})
+	if got := testutil.ToFloat64(m.rolloutDecisions.WithLabelValues("smol", rollout.Pause)); got != 0 {
+		t.Fatalf("a pause counted as a decision: %v", got)
+	}
+	if c, _ := r.st.rollouts.runs["smol"].window.Take(); c.Requests != 0 {
+		t.Fatalf("a resumed window kept %d requests", c.Requests)
+	}
+	// Not taken: another spec's state, a step the spec lacks.
+	other := spec
+	other.MinRequests++
+	for _, states := range []map[string]rollout.Stored{storedAt(other, rollout.RolledBack, 0, t0), storedAt(spec, rollout.Running, 3, t0)} {
+		r.deliver(nil, &SetRolloutStates{Version: 11, States: states})
+		if st := r.st.rollouts.runs["smol"].state; st.Step != 2 || st.Status != rollout.Running {
+			t.Fatalf("took %+v", states)
+		}
+	}
+	// A rollback stored by the decider: the canary's share goes to 0.
+	rb := rollout.Record{At: t0.Add(3 * time.Hour), Decision: rollout.Rollback, From: 100, To: 0}
+	r.deliver(nil, &SetRolloutStates{Version: 12, States: storedAt(spec, rollout.RolledBack, 2, t0.Add(3*time.Hour), past, adv, pause, resume, rb)})
+	if share, w := canaryShare(r, 100); share != 0 || w != nil {
+		t.Fatalf("rolled back: share %v window %v", share, w != nil)
+	}
+	if got := testutil.ToFloat64(m.rolloutDecisions.WithLabelValues("smol", rollout.Rollback)); got != 1 {
+		t.Fatalf("rollback decisions %v", got)
+	}
+}
+
+// TestRolloutTableAfterTheStoredState ([cluster]): a rollout that appears in a table installed
+// after the stored states came takes its stored state at once.
+func TestRolloutTableAfterTheStoredState(t *testing.T) {
+	routes := rolloutRoutes([]float64{10, 50, 100}, time.Minute)
+	r := newRig(t, Config{Metrics: NewMetrics(nil), RolloutWindows: func(string, time.Time, rollout.Tally, rollout.Tally) {}})
+	r.deliver(nil, &SetRolloutStates{Version: 3, States: storedAt(routes[0].Rollout.Spec(), rollout.Paused, 1, t0)})
+	r.deliver(nil, &SetRoutes{Epoch: 2, Routes: routes})
+	v := r.st.rollouts.view(r.st.table)
+	if len(v.Rollouts) != 1 || v.Rollouts[0].Status != rollout.Paused || v.Rollouts[0].Percent != 50 || v.Version != 3 {
+		t.Fatalf("view %+v", v)
+	}
+}

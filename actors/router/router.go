@@ -16,6 +16,7 @@ import (
 	"github.com/tlgw/tlgw/actors/router/policy"
 	"github.com/tlgw/tlgw/internal/clock"
 	"github.com/tlgw/tlgw/internal/config"
+	"github.com/tlgw/tlgw/internal/rollout"
 )
 
 // Config is what the router needs.
@@ -31,6 +32,11 @@ type Config struct {
 	Admission *AdmissionConfig
 	// Clock times the queue (default the real clock).
 	Clock clock.Clock
+	// RolloutWindows, in a cluster, takes each rollout window's counts as it closes (R25): the
+	// store publishes them, one replica decides from every replica's and stores the state,
+	// which comes back as SetRolloutStates. Nil: this router decides alone. Called from the
+	// router's goroutine; it must not block.
+	RolloutWindows func(route string, window time.Time, canary, baseline rollout.Tally)
 	// PrefixIndexBlocks turns the approximate prefix index on (chunk hashes remembered per
 	// worker); 0 = off.
 	PrefixIndexBlocks int
@@ -109,7 +115,7 @@ func newState(cfg Config) *state {
 	if cfg.Admission != nil {
 		st.adm = newAdmitter(cfg.Admission, clk, cfg.Metrics.admission, st.view)
 	}
-	st.rollouts = rollouts{clock: clk, step: cfg.Metrics.rolloutStep, decisions: cfg.Metrics.rolloutDecisions}
+	st.rollouts = rollouts{clock: clk, step: cfg.Metrics.rolloutStep, decisions: cfg.Metrics.rolloutDecisions, closeWindow: cfg.RolloutWindows}
 	st.rollouts.sync(st.table, st.log)
 	return st
 }
@@ -286,6 +292,8 @@ func (st *state) handle(msg any, fx effects) {
 		fx.respond(st.rollouts.view(st.table))
 	case *RolloutAction:
 		fx.respond(st.rollouts.act(m, st.table, st.log))
+	case *SetRolloutStates:
+		st.rollouts.setStored(m, st.table, st.log)
 	case admWake:
 		st.adm.woken(fx)
 	case *GetQueue:

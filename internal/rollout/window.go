@@ -28,7 +28,7 @@ type Window struct {
 
 type side struct {
 	requests, errors atomic.Uint64
-	ttft             [17]atomic.Uint64 // per bucket (not cumulative); the last is +Inf
+	ttft             [TTFTBucketCount]atomic.Uint64 // per bucket (not cumulative); the last is +Inf
 }
 
 // NewWindow counts for the rollout from baseline to canary.
@@ -64,16 +64,52 @@ func (w *Window) Observe(model string, failed bool, ttft time.Duration) {
 // Take returns the window's counts and starts the next window. Counters are taken one by one,
 // so a request ending during Take may count in this window for one figure and the next for
 // another: one request in a window of hundreds (errors are held to at most requests).
-func (w *Window) Take() (canary, baseline Counts) {
+func (w *Window) Take() (canary, baseline Tally) {
 	return w.sides[0].take(), w.sides[1].take()
 }
 
-func (s *side) take() Counts {
-	c := Counts{Requests: s.requests.Swap(0), Errors: s.errors.Swap(0)}
-	c.TTFT = make(map[float64]uint64, len(TTFTBuckets)+1)
-	var cum uint64
+func (s *side) take() Tally {
+	t := Tally{Requests: s.requests.Swap(0), Errors: s.errors.Swap(0)}
 	for i := range s.ttft {
-		cum += s.ttft[i].Swap(0)
+		t.TTFT[i] = s.ttft[i].Swap(0)
+	}
+	return t
+}
+
+// Tally is one backend's counts over a window in a fixed form: requests, errors and the TTFT
+// observations per bucket of TTFTBuckets (not cumulative; the last is +Inf). Tallies of the
+// same window from several replicas add up (Add); Counts is the form Decide reads.
+type Tally struct {
+	Requests, Errors uint64
+	TTFT             [TTFTBucketCount]uint64
+}
+
+// TTFTBucketCount is the number of a Tally's TTFT buckets: TTFTBuckets and +Inf.
+const TTFTBucketCount = 17
+
+// Add is t with u's counts added (saturating: a sum never wraps).
+func (t Tally) Add(u Tally) Tally {
+	t.Requests = satAdd(t.Requests, u.Requests)
+	t.Errors = satAdd(t.Errors, u.Errors)
+	for i := range t.TTFT {
+		t.TTFT[i] = satAdd(t.TTFT[i], u.TTFT[i])
+	}
+	return t
+}
+
+func satAdd(a, b uint64) uint64 {
+	if a+b < a {
+		return math.MaxUint64
+	}
+	return a + b
+}
+
+// Counts is the tally as Decide reads it: the TTFT buckets cumulative, by upper bound.
+func (t Tally) Counts() Counts {
+	c := Counts{Requests: t.Requests, Errors: t.Errors, TTFT: make(map[float64]uint64, TTFTBucketCount)}
+	var cum uint64
+	for i, n := range t.TTFT {
+		cum = satAdd(cum, n)
 		le := math.Inf(1)
 		if i < len(TTFTBuckets) {
 			le = TTFTBuckets[i]

@@ -17,7 +17,8 @@ func TestWindowCounts(t *testing.T) {
 	w.Observe("old", false, time.Hour)            // +Inf
 	w.Observe("other", true, time.Millisecond)    // not this rollout's
 	w.Observe("old", false, 500*time.Microsecond) // bucket 0.0005
-	c, b := w.Take()
+	ct, bt := w.Take()
+	c, b := ct.Counts(), bt.Counts()
 	if c.Requests != 3 || c.Errors != 2 || b.Requests != 2 || b.Errors != 0 {
 		t.Fatalf("canary %+v baseline %+v", c, b)
 	}
@@ -34,7 +35,8 @@ func TestWindowCounts(t *testing.T) {
 	if len(c.TTFT) != len(TTFTBuckets)+1 {
 		t.Fatalf("%d buckets", len(c.TTFT))
 	}
-	c, b = w.Take()
+	ct, bt = w.Take()
+	c, b = ct.Counts(), bt.Counts()
 	if c.Requests+c.Errors+b.Requests+b.Errors != 0 || c.TTFT[math.Inf(1)] != 0 {
 		t.Fatalf("the next window starts with %+v %+v", c, b)
 	}
@@ -59,7 +61,8 @@ func TestWindowConcurrent(t *testing.T) {
 	done := make(chan struct{})
 	go func() { wg.Wait(); close(done) }()
 	add := func() {
-		c, b := w.Take()
+		ct, bt := w.Take()
+		c, b := ct.Counts(), bt.Counts()
 		total += c.Requests + b.Requests
 		errs += c.Errors + b.Errors
 		ttft += c.TTFT[math.Inf(1)] + b.TTFT[math.Inf(1)]
@@ -84,7 +87,8 @@ func TestWindowLastBucket(t *testing.T) {
 	last := TTFTBuckets[len(TTFTBuckets)-1]
 	w.Observe("new", false, time.Duration(last*float64(time.Second)))
 	w.Observe("new", false, time.Duration(last*float64(time.Second))+time.Millisecond)
-	c, _ := w.Take()
+	ct, _ := w.Take()
+	c := ct.Counts()
 	if c.TTFT[last] != 1 || c.TTFT[math.Inf(1)] != 2 {
 		t.Fatalf("last bucket %d, +Inf %d", c.TTFT[last], c.TTFT[math.Inf(1)])
 	}
