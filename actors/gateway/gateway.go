@@ -20,6 +20,7 @@ import (
 	"github.com/tlgw/tlgw/internal/clock"
 	"github.com/tlgw/tlgw/internal/config"
 	"github.com/tlgw/tlgw/internal/errs"
+	"github.com/tlgw/tlgw/internal/rollout"
 )
 
 // Config is what the actor tree needs.
@@ -50,6 +51,9 @@ type Config struct {
 	PeerLoad bool
 	// TieSalt: router.Config's (R23: each replica its own order among equally loaded workers).
 	TieSalt uint64
+	// RolloutWindows: router.Config's (R25: with [cluster], each window's counts go to the
+	// cluster's store, and the states come back through SetRolloutStates).
+	RolloutWindows func(route string, window time.Time, canary, baseline rollout.Tally)
 	// KVIndexBlocks bounds precise_prefix's exact index per worker (0 = its default).
 	KVIndexBlocks int
 	// WarmupMinBytes turns the router's prefix warm-ups on (router.Config; 0 = off).
@@ -120,6 +124,7 @@ func Start(cfg Config) (*Gateway, error) {
 		FallbackIndexBlocks: cfg.FallbackIndexBlocks, PeerLoad: cfg.PeerLoad, TieSalt: cfg.TieSalt,
 		KVIndexBlocks: cfg.KVIndexBlocks, WarmupMinBytes: cfg.WarmupMinBytes,
 		Outlier: cfg.Outlier, LoRALoadOnDemand: cfg.LoRALoadOnDemand, LoRAAdapters: cfg.LoRAAdapters,
+		RolloutWindows: cfg.RolloutWindows,
 	}, opts("router")...)
 	if err != nil {
 		return nil, err
@@ -318,6 +323,12 @@ func (g *Gateway) InstallRoutes(epoch uint64, routes []config.Route) {
 // SetCanaryKey replaces the canary draw's key with the cluster's shared one (R20, R16).
 func (g *Gateway) SetCanaryKey(key [32]byte) {
 	g.System.Root.Send(g.Router, &router.SetCanaryKey{Key: key})
+}
+
+// SetRolloutStates installs the rollout states the cluster's store read (R25), by route id, at
+// version, with the replica that decides them.
+func (g *Gateway) SetRolloutStates(version uint64, decider string, states map[string]rollout.Stored) {
+	g.System.Root.Send(g.Router, &router.SetRolloutStates{Version: version, Decider: decider, States: states})
 }
 
 // SyncDrains sets the drained models to exactly models, as the cluster's store read them.

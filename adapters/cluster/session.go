@@ -143,6 +143,39 @@ func (s *Store) session(parent context.Context) (time.Time, error) {
 		rt = s.cfg.Clock.AfterFunc(s.cfg.RateInterval, func() { rates <- struct{}{} })
 		defer func() { rt.Stop() }()
 	}
+	// The rollouts (rollouts.go): a pass at once, then when asked (rolloutsNow) or owed (one
+	// timer, for the decider's next verdict).
+	var windows []byte // what this session last put under rollout_windows/
+	owed := make(chan struct{}, 1)
+	var ot interface{ Stop() bool }
+	defer func() {
+		if ot != nil {
+			ot.Stop()
+		}
+	}()
+	pass := func() error {
+		var next time.Time
+		var err error
+		if windows, next, err = s.rolloutPass(ctx, windows); err != nil {
+			return err
+		}
+		if ot != nil {
+			ot.Stop()
+			ot = nil
+		}
+		if !next.IsZero() {
+			ot = s.cfg.Clock.AfterFunc(max(next.Sub(s.cfg.Clock.Now()), 0), func() {
+				select {
+				case owed <- struct{}{}:
+				default:
+				}
+			})
+		}
+		return nil
+	}
+	if err := pass(); err != nil {
+		return upAt, err
+	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -169,6 +202,14 @@ func (s *Store) session(parent context.Context) (time.Time, error) {
 				return upAt, err
 			}
 			rt = s.cfg.Clock.AfterFunc(s.cfg.RateInterval, func() { rates <- struct{}{} })
+		case <-s.rolloutsNow:
+			if err := pass(); err != nil {
+				return upAt, err
+			}
+		case <-owed:
+			if err := pass(); err != nil {
+				return upAt, err
+			}
 		case <-s.ratesNow:
 			if s.cfg.Rates != nil {
 				if published, err = s.publishSession(ctx, published); err != nil {
@@ -188,7 +229,8 @@ func (s *Store) publishSession(ctx context.Context, last []byte) ([]byte, error)
 }
 
 // readDirs names read's ranges, in order.
-var readDirs = [...]string{KeyRoutes, KeyStaticWorkers, KeyEnginePools, DirReplicas, DirDrained, KeyCanary, DirRates}
+var readDirs = [...]string{KeyRoutes, KeyStaticWorkers, KeyEnginePools, DirReplicas, DirDrained, KeyCanary, DirRates,
+	KeyRolloutLeader, DirRollouts}
 
 // read takes what the store follows under the prefix, at one revision: the three tables,
 // replicas/ and the keys of drained/ (a drain's value says nothing). Each directory is read
@@ -205,6 +247,8 @@ func (s *Store) read(ctx context.Context) (int64, []*mvccpb.KeyValue, error) {
 		clientv3.OpGet(s.key(DirDrained), clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithLimit(int64(s.maxDrained)+1)),
 		clientv3.OpGet(s.key(KeyCanary)),
 		clientv3.OpGet(s.key(DirRates), clientv3.WithPrefix(), clientv3.WithLimit(int64(s.maxReplicas)+1)),
+		clientv3.OpGet(s.key(KeyRolloutLeader)),
+		clientv3.OpGet(s.key(DirRollouts), clientv3.WithPrefix(), clientv3.WithLimit(config.MaxRollouts+1)),
 	).Commit()
 	if err != nil {
 		return 0, nil, s.overBound(err)
@@ -218,12 +262,19 @@ func (s *Store) read(ctx context.Context) (int64, []*mvccpb.KeyValue, error) {
 		if rr == nil {
 			return 0, nil, fmt.Errorf("etcd's answer %d is not a range", i)
 		}
-		if bound := [...]int{1, 1, 1, s.maxReplicas, s.maxDrained, 1, s.maxReplicas}[i]; len(rr.Kvs) > bound {
+		if bound := [...]int{1, 1, 1, s.maxReplicas, s.maxDrained, 1, s.maxReplicas, 1, config.MaxRollouts}[i]; len(rr.Kvs) > bound {
 			s.log.Error("more entries under a directory than the store's bound: the first are kept", "directory", readDirs[i], "bound", bound, "listed", rr.Count)
 		}
 		kvs = append(kvs, rr.Kvs...)
 	}
-	return resp.Header.Revision, kvs, nil
+	// The replicas' rollout windows, at the same revision, in an answer of their own (up to
+	// MaxReplicas+1 of MaxRolloutWindowBytes: 26 MiB, within MaxAnswer alone).
+	wresp, err := s.c().Get(octx, s.key(DirRolloutWindows), clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision),
+		clientv3.WithLimit(int64(s.maxReplicas)+1))
+	if err != nil {
+		return 0, nil, s.overBound(err)
+	}
+	return resp.Header.Revision, append(kvs, wresp.Kvs...), nil
 }
 
 // overBound says so when err is an answer the store refused as larger than its bound.
@@ -331,6 +382,8 @@ func (s *Store) applySnapshot(rev int64, kvs []*mvccpb.KeyValue) {
 	drains := make(map[string]bool)
 	s.replicas = make(map[string]Replica)
 	s.rates = make(map[string]rateEntry)
+	s.rollouts, s.windows, s.rolloutRev = make(map[string]storedRollout), make(map[string]map[uint64]closedWindow), 0
+	s.leader, s.leaderLease, s.leaderRev = "", 0, 0 // unless the snapshot holds the key
 	for _, kv := range kvs {
 		name := strings.TrimPrefix(string(kv.Key), s.prefix)
 		switch {
@@ -350,8 +403,16 @@ func (s *Store) applySnapshot(rev int64, kvs []*mvccpb.KeyValue) {
 			s.putReplicaLocked(name, kv.Value)
 		case strings.HasPrefix(name, DirRates):
 			s.putRatesLocked(name, kv.Value)
+		case name == KeyRolloutLeader:
+			s.setLeaderLocked(kv, kv.ModRevision)
+		case strings.HasPrefix(name, DirRollouts):
+			s.putRolloutLocked(name, kv)
+		case strings.HasPrefix(name, DirRolloutWindows):
+			s.putWindowsLocked(name, kv.Value)
 		}
 	}
+	s.pushRolloutsLocked()
+	s.pokeRollouts()
 	changed := false
 	for m := range drains {
 		changed = s.setDrainLocked(m, true, rev) || changed
@@ -382,7 +443,7 @@ func (s *Store) applySnapshot(rev int64, kvs []*mvccpb.KeyValue) {
 func (s *Store) applyEvents(evs []*clientv3.Event) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var drains, replicas, rates, reseed bool
+	var drains, replicas, rates, reseed, rollouts bool
 	routes, static, pools := s.routes, s.static, s.pools
 	for _, ev := range evs {
 		name := strings.TrimPrefix(string(ev.Kv.Key), s.prefix)
@@ -419,6 +480,27 @@ func (s *Store) applyEvents(evs []*clientv3.Event) {
 				delete(s.rates, strings.TrimPrefix(name, DirRates))
 			}
 			rates = true
+		case name == KeyRolloutLeader:
+			if put {
+				s.setLeaderLocked(ev.Kv, ev.Kv.ModRevision)
+			} else {
+				s.setLeaderLocked(nil, ev.Kv.ModRevision)
+			}
+			rollouts = true
+		case strings.HasPrefix(name, DirRollouts):
+			if put {
+				s.putRolloutLocked(name, ev.Kv)
+			} else {
+				s.deleteRolloutLocked(name, ev.Kv.ModRevision)
+			}
+			rollouts = true
+		case strings.HasPrefix(name, DirRolloutWindows):
+			if put {
+				s.putWindowsLocked(name, ev.Kv.Value)
+			} else {
+				delete(s.windows, strings.TrimPrefix(name, DirRolloutWindows))
+			}
+			s.pokeRollouts() // the decider may have every replica's counts now
 		}
 	}
 	s.applyRoutesLocked(routes.rev, routes.rows)
@@ -432,6 +514,10 @@ func (s *Store) applyEvents(evs []*clientv3.Event) {
 	}
 	if rates {
 		s.pushRatesLocked(true)
+	}
+	if rollouts {
+		s.pushRolloutsLocked()
+		s.pokeRollouts()
 	}
 	if reseed {
 		s.bg.Add(1)
@@ -554,6 +640,7 @@ func (s *Store) applyRoutesLocked(rev int64, routes []config.Route) {
 	if s.cfg.Apply.Routes != nil {
 		s.cfg.Apply.Routes(uint64(rev), routes)
 	}
+	s.pokeRollouts() // the decider stores a state for a new rollout, drops a removed one's
 }
 
 func (s *Store) applyStaticLocked(rev int64, ws []config.StaticWorker) {

@@ -14,6 +14,9 @@
 //	                   digits (R23): the first replica to ask creates it (secret.go)
 //	P replicas/<id>    a live replica (leased): {"id","http_address","grpc_address","started_at"}
 //	P ratelimits/<id>  a live replica's per-key rate-limit usage (leased, binary; rates.go)
+//	P rollouts/<route> a route's rollout state (R25; rollouts.go), rollout_leader the replica
+//	                   that decides them (leased), rollout_windows/<id> a replica's closed
+//	                   windows (leased, binary)
 //
 // etcd is the one owner of these facts. A replica's router, registry and scrapers hold the
 // last state the store applied to them, so requests keep flowing while etcd is away; writes
@@ -47,6 +50,7 @@ import (
 	"github.com/tlgw/tlgw/internal/clock"
 	"github.com/tlgw/tlgw/internal/config"
 	"github.com/tlgw/tlgw/internal/errs"
+	"github.com/tlgw/tlgw/internal/rollout"
 )
 
 // Key names under the prefix.
@@ -69,13 +73,14 @@ const (
 	MaxDrained      = 10000   // drained models; more keys are ignored (and logged)
 	MaxModelIDLen   = 256     // a drained model id
 	// MaxAnswer bounds any one answer from etcd: a session's read, a watch answer. The read
-	// at its largest, with every key as long as the bounds let it be, is 34.4 MiB: the three
+	// at its largest, with every key as long as the bounds let it be, is 36.5 MiB: the three
 	// tables (3 × MaxTableBytes), MaxReplicas+1 entries of MaxReplicaBytes and as many of
-	// MaxRateBytes, and the keys of MaxDrained+1 drained models (each up to 1,032 bytes: a 256-byte prefix, "drained/" and
-	// a model id path-escaped). An answer over it ends the session (logged, and retried with
+	// MaxRateBytes, the keys of MaxDrained+1 drained models (each up to 1,032 bytes: a 256-byte prefix, "drained/" and
+	// a model id path-escaped), and config.MaxRollouts+1 stored rollouts of
+	// rollout.MaxStoredBytes (the replicas' rollout windows are read in an answer of their own). An answer over it ends the session (logged, and retried with
 	// backoff) instead of growing the process without end; the replica keeps serving what it
 	// last applied.
-	MaxAnswer = 36 << 20
+	MaxAnswer = 38 << 20
 	// maxWrite bounds what the store sends etcd in one call: a table and the transaction
 	// around it.
 	maxWrite = MaxTableBytes + 64<<10
@@ -96,6 +101,9 @@ type Applier struct {
 	Replicas func(n int)
 	// CanaryKey installs the canary draw's key the replicas share (R20); nil = not followed.
 	CanaryKey func(key [32]byte)
+	// Rollouts installs the stored rollout states (R25, rollouts.go) by route id, at version
+	// (their newest revision), with the replica that decides ("" none); nil = not followed.
+	Rollouts func(version uint64, decider string, states map[string]rollout.Stored)
 }
 
 // RateInterval is how often a replica publishes its rate-limit usage (rates.go) by default.
@@ -167,6 +175,20 @@ type Store struct {
 	ratesNow                chan struct{} // asks the session to publish its usage now (cap 1)
 	canary                  *[32]byte     // the canary key last applied (nil: none yet)
 
+	// Rollouts (R25, rollouts.go). rollouts: the stored states by route id, at most
+	// config.MaxRollouts; rolloutRev their version. windows: other replicas' closed windows by
+	// replica id (at most maxReplicas, deleted with the key), each at most config.MaxRollouts;
+	// own: this replica's, pruned to the table's rollout routes. leader, leaderLease,
+	// leaderRev: rollout_leader as last applied.
+	rollouts    map[string]storedRollout
+	rolloutRev  int64
+	windows     map[string]map[uint64]closedWindow
+	own         map[uint64]closedWindow
+	leader      string
+	leaderLease int64
+	leaderRev   int64
+	rolloutsNow chan struct{} // asks the session for a rollout pass now (cap 1)
+
 	cancel context.CancelFunc
 	done   chan struct{}
 	bg     sync.WaitGroup // reseeds in flight
@@ -228,7 +250,9 @@ func Start(cfg Config) (*Store, error) {
 		},
 		m:       newMetrics(cfg.Registerer),
 		drained: make(map[string]int64), replicas: make(map[string]Replica), rates: make(map[string]rateEntry),
-		ratesNow:   make(chan struct{}, 1),
+		ratesNow: make(chan struct{}, 1),
+		rollouts: make(map[string]storedRollout), windows: make(map[string]map[uint64]closedWindow),
+		own: make(map[uint64]closedWindow), rolloutsNow: make(chan struct{}, 1),
 		maxDrained: cfg.maxDrained, maxReplicas: cfg.maxReplicas,
 		routes: table[config.Route]{rows: cfg.SeedRoutes}, static: table[config.StaticWorker]{rows: cfg.SeedStatic},
 		pools:  table[config.EnginePool]{rows: cfg.SeedPools},

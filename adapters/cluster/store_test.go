@@ -23,6 +23,7 @@ import (
 	"github.com/tlgw/tlgw/internal/config"
 	"github.com/tlgw/tlgw/internal/errs"
 	"github.com/tlgw/tlgw/internal/etcdtest"
+	"github.com/tlgw/tlgw/internal/rollout"
 )
 
 // applied records what a store applied, for the test to wait on.
@@ -40,6 +41,9 @@ type applied struct {
 	drainsPushed int
 	canary       [32]byte
 	canaries     int // CanaryKey calls
+	rolloutVer   uint64
+	decider      string
+	states       map[string]rollout.Stored
 	changed      chan struct{}
 }
 
@@ -94,6 +98,13 @@ func (a *applied) applier() Applier {
 			a.mu.Lock()
 			a.canary = k
 			a.canaries++
+			a.pushes++
+			a.mu.Unlock()
+			a.poke()
+		},
+		Rollouts: func(v uint64, decider string, states map[string]rollout.Stored) {
+			a.mu.Lock()
+			a.rolloutVer, a.decider, a.states = v, decider, states
 			a.pushes++
 			a.mu.Unlock()
 			a.poke()

@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -63,19 +64,21 @@ type App struct {
 	GRPCAddr string
 	Registry *prometheus.Registry
 
-	cfg      *config.Config
-	log      *slog.Logger
-	canary   router.CanaryKey // this process's canary key (R20); a cluster's stored one replaces it
-	httpSrv  *http.Server
-	drain    *drainGate // keeps the listener open while requests finish (Shutdown)
-	grpcLis  *grpcapi.Listener
-	engines  *grpcapi.Engines
-	kvs      *grpcapi.KVSubscriber // nil unless route_policy = "precise_prefix"
-	kvz      *kvzmq.Subscriber     // the engines' own KV events (R22); nil unless precise_prefix with connect or listen
-	tokens   *httpapi.EngineTokens // gateway.tokenizer = "engine" (R22); nil otherwise
-	static   *staticWorkers
-	pools    *enginePools    // [[gateway.engine_pools]] (R23)
-	store    *cluster.Store  // the control plane in etcd (R16); nil without [cluster]
+	cfg     *config.Config
+	log     *slog.Logger
+	canary  router.CanaryKey // this process's canary key (R20); a cluster's stored one replaces it
+	httpSrv *http.Server
+	drain   *drainGate // keeps the listener open while requests finish (Shutdown)
+	grpcLis *grpcapi.Listener
+	engines *grpcapi.Engines
+	kvs     *grpcapi.KVSubscriber // nil unless route_policy = "precise_prefix"
+	kvz     *kvzmq.Subscriber     // the engines' own KV events (R22); nil unless precise_prefix with connect or listen
+	tokens  *httpapi.EngineTokens // gateway.tokenizer = "engine" (R22); nil otherwise
+	static  *staticWorkers
+	pools   *enginePools   // [[gateway.engine_pools]] (R23)
+	store   *cluster.Store // the control plane in etcd (R16); nil without [cluster]
+	// storeRef is store for the router's goroutine (rolloutWindows), which runs before it is set.
+	storeRef *atomic.Pointer[cluster.Store]
 	share    *loadShare      // the replicas' load exchange (R23); nil without it
 	hist     *historySampler // GET /admin/v1/history (R24)
 	self     cluster.Replica // this replica
@@ -133,6 +136,7 @@ func Start(cfg *config.Config, o Options) (*App, error) {
 	// Every actor's mailbox and every request's I/O run on pooled goroutines (internal/gopool).
 	pool := gopool.New(0)
 	canary := router.NewCanaryKey()
+	storeRef := new(atomic.Pointer[cluster.Store])
 	gw, err := gateway.Start(gateway.Config{
 		CanaryKey: &canary,
 		Admission: admCfg, PrefixIndexBlocks: prefixBlocks, MaxWorkers: cfg.Registry.MaxWorkers,
@@ -148,7 +152,9 @@ func Start(cfg *config.Config, o Options) (*App, error) {
 		// Each replica its own order among equally loaded workers (R23): with one order,
 		// replicas whose shared counts agree would all send to the same one.
 		TieSalt: tieSalt(cfg.Cluster.Enabled),
-		Outlier: g.Outlier,
+		// With [cluster] the rollouts' states live in etcd and one replica decides (R25).
+		RolloutWindows: rolloutWindows(cfg.Cluster.Enabled, storeRef),
+		Outlier:        g.Outlier,
 		// An evicted registration's gRPC connections are closed (R13.4, R20): nothing dials it
 		// any more; another registration's at the same address stay.
 		OnEvict: func(info router.WorkerInfo) {
@@ -207,7 +213,7 @@ func Start(cfg *config.Config, o Options) (*App, error) {
 			return nil, err
 		}
 	}
-	a := &App{Gateway: gw, Registry: reg, cfg: cfg, canary: canary, log: o.Logger, serveErr: make(chan error, 2), pool: pool,
+	a := &App{Gateway: gw, Registry: reg, cfg: cfg, canary: canary, storeRef: storeRef, log: o.Logger, serveErr: make(chan error, 2), pool: pool,
 		clock: o.Clock, kvs: kvs, kvz: kvz}
 	a.unwatch = am.WatchSystem(gw.System)
 	if al := cfg.AccessLog; al.Enabled() {

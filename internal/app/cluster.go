@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"sync/atomic"
 	"time"
 
 	"github.com/tlgw/tlgw/actors/gateway"
@@ -13,6 +14,7 @@ import (
 	httpapi "github.com/tlgw/tlgw/adapters/http"
 	"github.com/tlgw/tlgw/internal/config"
 	"github.com/tlgw/tlgw/internal/errs"
+	"github.com/tlgw/tlgw/internal/rollout"
 )
 
 // replicaID is [cluster] replica_id, or hostname:http port when it is not set.
@@ -49,6 +51,7 @@ func (a *App) startCluster(self cluster.Replica) error {
 			Drains:    gw.SyncDrains,
 			Replicas:  api.SetReplicas,
 			CanaryKey: gw.SetCanaryKey,
+			Rollouts:  gw.SetRolloutStates,
 		},
 		Rates: api.RateLimits(), RateKeys: cluster.RateKeysFingerprint(a.cfg.Auth.Keys),
 		Clock: a.clock, Logger: a.log, Registerer: a.Registry,
@@ -57,7 +60,23 @@ func (a *App) startCluster(self cluster.Replica) error {
 		return err
 	}
 	a.store = s
+	a.storeRef.Store(s)
 	return nil
+}
+
+// rolloutWindows is the router's RolloutWindows with [cluster] (R25): each closed window's
+// counts go to the store, which publishes them for the replica that decides. A window that
+// closes before the store has started (the first closes one step interval, at least 1 s, after
+// the router starts) is dropped: the decider waits out its grace for it.
+func rolloutWindows(clustered bool, store *atomic.Pointer[cluster.Store]) func(string, time.Time, rollout.Tally, rollout.Tally) {
+	if !clustered {
+		return nil
+	}
+	return func(route string, window time.Time, canary, baseline rollout.Tally) {
+		if s := store.Load(); s != nil {
+			s.CloseWindow(route, window, canary, baseline)
+		}
+	}
 }
 
 // replicas answers GET /admin/v1/replicas: the store's view, or this process alone.
@@ -110,6 +129,24 @@ func (c clusterCore) Drain(model string, drained bool) (*registry.DrainResult, e
 		return nil, err
 	}
 	return &registry.DrainResult{Workers: n}, nil
+}
+
+// RolloutAction stores the operator's action for every replica (R25); the answer is this
+// replica's view once it has applied it.
+func (c clusterCore) RolloutAction(route, action string, ifMatch *uint64) (*router.RolloutView, error) {
+	if err := c.app.store.RolloutAction(route, action, ifMatch); err != nil {
+		return nil, err
+	}
+	v, err := c.Rollouts() // asked after the store's push of the new state: it is in the view
+	if err != nil {
+		return nil, err
+	}
+	for i := range v.Rollouts {
+		if v.Rollouts[i].Route == route {
+			return &v.Rollouts[i], nil
+		}
+	}
+	return nil, fmt.Errorf("no rollout on route %s: %w", errs.Echo(route), errs.ErrNotFound)
 }
 
 // clusterStatic is the static worker table in a cluster: PUTs go to etcd.

@@ -2,6 +2,7 @@ package config
 
 import (
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -72,6 +73,19 @@ func TestRolloutProblems(t *testing.T) {
 		if err := ValidateRoutes(routes); err == nil || err.Error() != c.want {
 			t.Errorf("%s: %v, want %q", c.json, err, c.want)
 		}
+	}
+	many := func(n int) []Route {
+		var rs []Route
+		for i := range n {
+			rs = append(rs, Route{Model: fmt.Sprintf("m%d", i), Rollout: &Rollout{Canary: fmt.Sprintf("b%d", i), Baseline: fmt.Sprintf("a%d", i)}})
+		}
+		return rs
+	}
+	if err := ValidateRoutes(many(MaxRollouts)); err != nil {
+		t.Errorf("MaxRollouts rollouts: %v", err)
+	}
+	if err := ValidateRoutes(many(MaxRollouts + 1)); err == nil || err.Error() != fmt.Sprintf("routes: %d routes carry a rollout, more than %d", MaxRollouts+1, MaxRollouts) {
+		t.Errorf("one rollout too many: %v", err)
 	}
 	if _, err := Parse([]byte("[[gateway.routes]]\nmodel = \"m\"\nrollout = { canary = \"b\", baseline = \"a\", speed = 2 }\n"), env(nil)); err == nil {
 		t.Error("an unknown rollout key was accepted")

@@ -164,8 +164,15 @@ func ValidateRoutes(routes []Route) error {
 	return &Error{Problems: ps.sorted()}
 }
 
+// MaxRollouts bounds the routes of one table that carry a rollout (R25): what a replica keeps
+// and, in a cluster, stores and exchanges for them is bounded by it.
+const MaxRollouts = 64
+
 // validateRoutes adds the problems of routes to ps, under base.routes.
 func validateRoutes(routes []Route, base path, ps *problems) {
+	if n := countRollouts(routes); n > MaxRollouts {
+		ps.add(base.with(key("routes")), "%d routes carry a rollout, more than %d", n, MaxRollouts)
+	}
 	type owner struct {
 		route   int
 		isAlias bool
@@ -313,6 +320,16 @@ func NormalizeRoutes(routes []Route) []Route {
 		}
 	}
 	return out
+}
+
+func countRollouts(routes []Route) int {
+	n := 0
+	for _, r := range routes {
+		if r.Rollout != nil {
+			n++
+		}
+	}
+	return n
 }
 
 // validateRollout adds the problems of route r's rollout (at rp): its spec (rollout.Spec's
