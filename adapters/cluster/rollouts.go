@@ -27,13 +27,13 @@ import (
 //
 //	P rollouts/<route>          the rollout's state (rollout.Stored, JSON; route path-escaped);
 //	                            not leased: a restarted fleet resumes where it was
-//	P rollout_leader            the replica that decides, under its lease
+//	P rollout_leader            the replica that decides, under a lease of half the TTL
 //	P rollout_windows/<id>      a replica's last closed window per rollout route (leased, binary)
 //
 // Every replica counts its own requests and, at each window's end, closes its window and
 // publishes the counts (the router hands them over: CloseWindow). The replica holding
-// rollout_leader (the first to create it under its lease; when its lease ends, with it, the
-// others race for it at once) judges each window once every live replica's counts for it are
+// rollout_leader (the first to create it, under a lease of half the replicas' TTL; when that
+// lease ends, with it, the others race for it at once) judges each window once every live replica's counts for it are
 // in, or RolloutGrace after its end, and stores the new state — a compare-and-swap on the
 // state's revision, fenced on still holding the lease. Every replica follows the stored states
 // through the watch (Applier.Rollouts). An operator's pause, resume, promote or abort, on any
@@ -250,9 +250,10 @@ func (s *Store) setLeaderLocked(kv *mvccpb.KeyValue, rev int64) {
 	s.leader, s.leaderLease = id, lease
 }
 
-// decidesLocked reports whether this replica holds rollout_leader under its current lease.
+// decidesLocked reports whether this replica holds rollout_leader under the lease it won it
+// with.
 func (s *Store) decidesLocked() bool {
-	return s.leader == s.cfg.Self.ID && s.lease != 0 && s.leaderLease == int64(s.lease)
+	return s.leader == s.cfg.Self.ID && s.deciderLease != 0 && s.leaderLease == int64(s.deciderLease)
 }
 
 // pushRolloutsLocked hands the router the stored states.
@@ -357,25 +358,28 @@ func (s *Store) specsLocked() map[string]rollout.Spec {
 
 // rolloutPass is the session's rollout work: race for rollout_leader when no one holds it,
 // publish this replica's closed windows when they changed (published: what this session last
-// put), and, as the decider, store what planRollouts owes. It returns what is published and
-// when the next pass is owed (zero: none).
-func (s *Store) rolloutPass(ctx context.Context, published []byte) ([]byte, time.Time, error) {
+// put), and, as the decider, store what planRollouts owes. It returns what is published, when
+// the next pass is owed (zero: none), and, when it just won rollout_leader, the keep-alive of
+// the lease it holds it under.
+func (s *Store) rolloutPass(ctx context.Context, published []byte) ([]byte, time.Time, <-chan *clientv3.LeaseKeepAliveResponse, error) {
 	s.mu.Lock()
 	lease, noLeader := s.lease, s.leader == ""
 	s.mu.Unlock()
+	var ka <-chan *clientv3.LeaseKeepAliveResponse
 	if noLeader {
-		if err := s.campaign(ctx, lease); err != nil {
-			return published, time.Time{}, err
+		var err error
+		if ka, err = s.campaign(ctx); err != nil {
+			return published, time.Time{}, nil, err
 		}
 	}
 	published, err := s.publishWindows(ctx, lease, published)
 	if err != nil {
-		return published, time.Time{}, err
+		return published, time.Time{}, ka, err
 	}
 	s.mu.Lock()
 	if !s.decidesLocked() {
 		s.mu.Unlock()
-		return published, time.Time{}, nil
+		return published, time.Time{}, ka, nil
 	}
 	reports := make(map[string]map[uint64]closedWindow, len(s.windows)+1)
 	for id, ws := range s.windows {
@@ -389,36 +393,60 @@ func (s *Store) rolloutPass(ctx context.Context, published []byte) ([]byte, time
 	if _, ok := s.replicas[s.cfg.Self.ID]; !ok {
 		live = append(live, s.cfg.Self.ID)
 	}
-	now := s.cfg.Clock.Now()
+	now, fence := s.cfg.Clock.Now(), s.deciderLease
 	writes, next := planRollouts(now, s.specsLocked(), maps.Clone(s.rollouts), reports, live, RolloutGrace)
 	s.mu.Unlock()
 	for _, w := range writes {
-		if err := s.storeRollout(ctx, w, lease, true); err != nil {
-			return published, time.Time{}, err
+		if err := s.storeRollout(ctx, w, fence, true); err != nil {
+			return published, time.Time{}, ka, err
 		}
 	}
-	return published, next, nil
+	return published, next, ka, nil
 }
 
-// campaign creates rollout_leader under this session's lease unless someone holds it.
-func (s *Store) campaign(ctx context.Context, lease clientv3.LeaseID) error {
+// deciderTTL is the TTL (seconds) of the lease the decider holds rollout_leader under: half
+// the replicas' lease TTL, at least 1 s. When the decider dies, another takes over within it
+// (and etcd's sweep of expired leases, every 500 ms; etcd raises a TTL under its minimum,
+// 1.5 s at its default election timeout): inside the lease TTL after which its replica leaves.
+func (s *Store) deciderTTL() int64 { return max(int64(s.cfg.Cluster.LeaseTTL/time.Second)/2, 1) }
+
+// campaign creates rollout_leader under a lease of its own (deciderTTL) unless someone holds
+// it; won, it returns the lease's keep-alive (the session follows it), lost, it revokes the
+// lease.
+func (s *Store) campaign(ctx context.Context) (<-chan *clientv3.LeaseKeepAliveResponse, error) {
 	k := s.key(KeyRolloutLeader)
 	octx, cancel := s.op(ctx)
 	defer cancel()
-	resp, err := s.c().Txn(octx).If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0)).
-		Then(clientv3.OpPut(k, s.cfg.Self.ID, clientv3.WithLease(lease)), clientv3.OpGet(k)).
-		Else(clientv3.OpGet(k)).Commit()
+	g, err := s.c().Grant(octx, s.deciderTTL())
 	if err != nil {
-		return fmt.Errorf("rollout_leader: %w", err)
+		return nil, fmt.Errorf("rollout_leader lease: %w", err)
+	}
+	resp, err := s.c().Txn(octx).If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0)).
+		Then(clientv3.OpPut(k, s.cfg.Self.ID, clientv3.WithLease(g.ID)), clientv3.OpGet(k)).
+		Else(clientv3.OpGet(k)).Commit()
+	if err != nil || !resp.Succeeded {
+		_, _ = s.c().Revoke(octx, g.ID) // best effort: it expires by itself
+	}
+	if err != nil {
+		return nil, fmt.Errorf("rollout_leader: %w", err)
+	}
+	var ka <-chan *clientv3.LeaseKeepAliveResponse
+	if resp.Succeeded {
+		if ka, err = s.c().KeepAlive(ctx, g.ID); err != nil {
+			return nil, fmt.Errorf("rollout_leader lease: %w", err)
+		}
 	}
 	rr := resp.Responses[len(resp.Responses)-1].GetResponseRange()
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if resp.Succeeded {
+		s.deciderLease = g.ID
+	}
 	if rr != nil && len(rr.Kvs) > 0 {
 		s.setLeaderLocked(rr.Kvs[0], rr.Kvs[0].ModRevision)
 		s.pushRolloutsLocked()
 	}
-	return nil
+	return ka, nil
 }
 
 // publishWindows puts this replica's closed windows of the table's rollout routes under its

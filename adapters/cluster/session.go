@@ -145,7 +145,8 @@ func (s *Store) session(parent context.Context) (time.Time, error) {
 	}
 	// The rollouts (rollouts.go): a pass at once, then when asked (rolloutsNow) or owed (one
 	// timer, for the decider's next verdict).
-	var windows []byte // what this session last put under rollout_windows/
+	var windows []byte                                  // what this session last put under rollout_windows/
+	var decider <-chan *clientv3.LeaseKeepAliveResponse // rollout_leader's lease, while this replica holds it
 	owed := make(chan struct{}, 1)
 	var ot interface{ Stop() bool }
 	defer func() {
@@ -156,7 +157,12 @@ func (s *Store) session(parent context.Context) (time.Time, error) {
 	pass := func() error {
 		var next time.Time
 		var err error
-		if windows, next, err = s.rolloutPass(ctx, windows); err != nil {
+		var won <-chan *clientv3.LeaseKeepAliveResponse
+		windows, next, won, err = s.rolloutPass(ctx, windows)
+		if won != nil {
+			decider = won
+		}
+		if err != nil {
 			return err
 		}
 		if ot != nil {
@@ -209,6 +215,14 @@ func (s *Store) session(parent context.Context) (time.Time, error) {
 		case <-owed:
 			if err := pass(); err != nil {
 				return upAt, err
+			}
+		case _, ok := <-decider:
+			if !ok { // rollout_leader's lease is gone (the watch tells who holds the key now)
+				decider = nil
+				s.mu.Lock()
+				s.deciderLease = 0
+				s.mu.Unlock()
+				s.log.Warn("this replica no longer decides the rollouts: its rollout_leader lease ended")
 			}
 		case <-s.ratesNow:
 			if s.cfg.Rates != nil {
@@ -340,10 +354,13 @@ func (s *Store) register(ctx context.Context) (<-chan *clientv3.LeaseKeepAliveRe
 	octx, cancel := s.op(ctx)
 	defer cancel()
 	s.mu.Lock()
-	old := s.lease
+	old, decider := s.lease, s.deciderLease
+	s.deciderLease = 0
 	s.mu.Unlock()
-	if old != 0 {
-		_, _ = s.c().Revoke(octx, old) // best effort: it may have expired already
+	for _, l := range []clientv3.LeaseID{decider, old} {
+		if l != 0 {
+			_, _ = s.c().Revoke(octx, l) // best effort: it may have expired already
+		}
 	}
 	g, err := s.c().Grant(octx, int64(s.cfg.Cluster.LeaseTTL/time.Second))
 	if err != nil {

@@ -187,7 +187,11 @@ type Store struct {
 	leader      string
 	leaderLease int64
 	leaderRev   int64
-	rolloutsNow chan struct{} // asks the session for a rollout pass now (cap 1)
+	// deciderLease is the lease this replica won rollout_leader under (0: none); at most one
+	// at a time, revoked when a session ends or the store closes.
+	deciderLease clientv3.LeaseID
+	rolloutsNow  chan struct{} // asks the session for a rollout pass now (cap 1)
+	closedClient bool          // Close has run
 
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -263,23 +267,32 @@ func Start(cfg Config) (*Store, error) {
 	return s, nil
 }
 
-// Close stops following etcd, revokes this replica's lease (so it leaves replicas/ at once)
-// and closes the connection.
+// Close stops following etcd, revokes this replica's leases (so it leaves replicas/ and, if it
+// decides the rollouts, rollout_leader at once) and closes the connection. Closing again
+// does nothing.
 func (s *Store) Close() {
 	s.cancel()
 	<-s.done
 	s.bg.Wait()
 	s.mu.Lock()
-	lease := s.lease
+	lease, decider := s.lease, s.deciderLease
+	s.lease, s.deciderLease = 0, 0
+	closed := s.closedClient
+	s.closedClient = true
 	s.mu.Unlock()
+	if closed {
+		return
+	}
 	cli := s.client.Load()
 	if cli == nil {
 		return
 	}
-	if lease != 0 {
-		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.OpTimeout)
-		_, _ = cli.Revoke(ctx, lease)
-		cancel()
+	for _, l := range []clientv3.LeaseID{decider, lease} { // the decider's first: another takes over at once
+		if l != 0 {
+			ctx, cancel := context.WithTimeout(context.Background(), s.cfg.OpTimeout)
+			_, _ = cli.Revoke(ctx, l)
+			cancel()
+		}
 	}
 	_ = cli.Close()
 }

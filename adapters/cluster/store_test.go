@@ -825,8 +825,9 @@ func TestTableWriteBounds(t *testing.T) {
 
 // TestReadAtTheBoundsFits: the largest state the store accepts, with every key as long as its
 // bounds allow, is read within MaxAnswer: the three tables of MaxTableBytes, MaxReplicas entries
-// of MaxReplicaBytes and MaxDrained drained models of MaxModelIDLen bytes that escape to
-// three times that, under a prefix of 256 bytes.
+// of MaxReplicaBytes, MaxDrained drained models of MaxModelIDLen bytes that escape to
+// three times that, and config.MaxRollouts stored rollouts of rollout.MaxStoredBytes, under a
+// prefix of 256 bytes.
 func TestReadAtTheBoundsFits(t *testing.T) {
 	etcd := etcdtest.StartMaxRequest(t, 2*MaxTableBytes)
 	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{etcd.Endpoint()}, DialTimeout: 2 * time.Second, Logger: zap.NewNop(),
@@ -873,6 +874,17 @@ func TestReadAtTheBoundsFits(t *testing.T) {
 	commit([]clientv3.Op{clientv3.OpPut(prefix+KeyRoutes, table(`{"routes":[{"model":"big"}]}`))})
 	commit([]clientv3.Op{clientv3.OpPut(prefix+KeyStaticWorkers, table(`{"static_workers":[]}`))})
 	commit([]clientv3.Op{clientv3.OpPut(prefix+KeyEnginePools, table(`{"engine_pools":[{"name":"big","model":"m","dns":"big.svc:8000","metrics":"vllm"}]}`))})
+	// config.MaxRollouts stored rollouts of rollout.MaxStoredBytes under route ids that escape
+	// to three times their 256 bytes, and rollout_leader.
+	st, err := rollout.Stored{Spec: strings.Repeat("0", 32), State: rollout.State{Status: rollout.Paused}}.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stored := string(st) + strings.Repeat(" ", rollout.MaxStoredBytes-len(st))
+	for i := range config.MaxRollouts {
+		ops = append(ops, clientv3.OpPut(prefix+DirRollouts+url.PathEscape(model(i)), stored))
+	}
+	commit(append(ops, clientv3.OpPut(prefix+KeyRolloutLeader, strings.Repeat("r", config.MaxReplicaIDLen))))
 	got := newApplied()
 	s, err := Start(Config{
 		Cluster: config.Cluster{Enabled: true, EtcdEndpoints: []string{etcd.Endpoint()}, Prefix: prefix, LeaseTTL: 2 * time.Second},
@@ -888,7 +900,8 @@ func TestReadAtTheBoundsFits(t *testing.T) {
 	slices.Sort(want)
 	got.await(t, 5*time.Second, "everything read", func(x *applied) bool {
 		return slices.Equal(x.drains, want) && x.replicas == MaxReplicas+1 && slices.Equal(routeModels(x.routes), []string{"big"}) &&
-			slices.Equal(poolNames(x.pools), []string{"big"})
+			slices.Equal(poolNames(x.pools), []string{"big"}) && len(x.states) == config.MaxRollouts &&
+			x.decider == strings.Repeat("r", config.MaxReplicaIDLen)
 	})
 }
 
