@@ -368,10 +368,12 @@ func TestLoop(t *testing.T) {
 	}
 	h.want("p/10.0.0.2:8000")
 
-	// Dropped from the table: its worker drains, then the pool ends.
-	h.fl.put("p/10.0.0.2:8000", true, 0)
+	// Dropped from the table: its worker drains (one request still in flight, so the drain is
+	// pending when the loop first checks it), then the pool ends.
+	h.fl.put("p/10.0.0.2:8000", true, 1)
 	h.ps.Set(nil)
 	h.want("p/10.0.0.2:8000 draining")
+	h.fl.put("p/10.0.0.2:8000", true, 0)
 	gwtest.Eventually(t, "the dropped pool ends", func() bool {
 		h.ps.mu.Lock()
 		n := len(h.ps.pools)

@@ -75,13 +75,27 @@ func TestDecodeStoredRefuses(t *testing.T) {
 		{`{"spec":"` + strings.Repeat("z", 32) + `","state":{"status":"paused"}}`, "spec"},
 		{state(`{"status":"sleeping"}`), "status"},
 		{state(`{"status":"paused","step":-1}`), "step"},
-		{state(`{"status":"paused","step":32}`), "step"},
+		{state(`{"status":"paused","step":32}`), "step 32: want 0 to 31"},
 		{state(`{"status":"running"}`), "window start"},
 		{state(`{"status":"paused","history":[` + strings.TrimSuffix(strings.Repeat(long+",", MaxHistory+1), ",") + `]}`), "records"},
 	} {
 		if _, err := DecodeStored([]byte(c.val)); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%.60s: %v, want %q", c.val, err, c.want)
 		}
+	}
+	at := state(`{"status":"paused"}`)
+	if _, err := DecodeStored([]byte(at + strings.Repeat(" ", MaxStoredBytes-len(at)))); err != nil {
+		t.Fatalf("exactly MaxStoredBytes: %v", err)
+	}
+	big := Stored{Spec: key, State: State{Status: Paused, History: []Record{{Reason: strings.Repeat("r", MaxStoredBytes)}}}}
+	if _, err := big.Encode(); err == nil || !strings.Contains(err.Error(), "over the bound") {
+		t.Fatalf("encoding over the bound: %v", err)
+	}
+	big.State.History[0].Reason = "r"
+	b, _ := big.Encode()
+	big.State.History[0].Reason = strings.Repeat("r", MaxStoredBytes-len(b)+1)
+	if b, err := big.Encode(); err != nil || len(b) != MaxStoredBytes {
+		t.Fatalf("encoding exactly MaxStoredBytes: %d %v", len(b), err)
 	}
 	if _, err := DecodeStored([]byte(state(`{"status":"paused","step":31,"history":[` + strings.TrimSuffix(strings.Repeat(long+",", MaxHistory), ",") + `]}`))); err != nil {
 		t.Fatalf("at the bounds: %v", err)

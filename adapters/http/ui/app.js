@@ -295,7 +295,7 @@
     });
     $("#rollouts .body").replaceChildren(table(["Route", "Baseline → canary", { text: "Canary", num: true }, "Step", "Status", "Last decision"], rows,
       "No rollouts: a route's rollout = { canary, baseline, … } starts one."));
-    setMeta("#rollouts", rs.length);
+    setMeta("#rollouts", data.decider ? rs.length + " · decided by " + data.decider : rs.length);
   }
 
   // ---- replicas ----
