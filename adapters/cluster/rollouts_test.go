@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"io"
 	"log/slog"
@@ -10,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/tlgw/tlgw/internal/clock"
 	"github.com/tlgw/tlgw/internal/config"
@@ -301,6 +304,12 @@ func rolloutsAcross(t *testing.T, etcd interface{ Endpoint() string }) {
 	// The decider goes: b takes rollout_leader and decides the next window alone.
 	a.Close()
 	b.got.await(t, 5*time.Second, "b decides", func(x *applied) bool { return x.decider == "b" })
+	awaitCond(t, 5*time.Second, "a's windows leave with its lease", func() bool {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		_, ok := b.windows["a"]
+		return !ok
+	})
 	if err := b.RolloutAction("smol", rollout.Resume, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -323,6 +332,27 @@ func rolloutsAcross(t *testing.T, etcd interface{ Endpoint() string }) {
 		got, ok := x.states["smol"]
 		return ok && got.State.Same(st) && got.State.Step == 2 && x.decider == "c"
 	})
+
+	// The rollout leaves the table: the decider deletes its state, and nothing is left of it.
+	c.got.mu.Lock()
+	etag := c.got.routeRev
+	c.got.mu.Unlock()
+	if _, err := c.PutRoutes(etag, config.NormalizeRoutes([]config.Route{{Model: "smol", Backends: []config.Backend{{Model: "v3", Weight: 1}}}})); err != nil {
+		t.Fatal(err)
+	}
+	c.got.await(t, 5*time.Second, "the state is deleted", func(x *applied) bool { return len(x.states) == 0 })
+	cli := rawClient(t, etcd.Endpoint())
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	resp, err := cli.Get(ctx, "/test/"+DirRollouts, clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil || resp.Count != 0 {
+		t.Fatalf("rollouts/ keys left: %v %v", resp, err)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.rollouts) != 0 || len(c.own) != 0 || len(c.windows) != 0 {
+		t.Fatalf("left: %d states, %d own windows, %d replicas' windows", len(c.rollouts), len(c.own), len(c.windows))
+	}
 }
 
 // awaitWindows waits until r has read replica id's closed window of smol that began at w.
