@@ -29,6 +29,8 @@ func offline(t *testing.T, got *applied) *Store {
 		prefix: "/p/", log: slog.New(slog.NewTextHandler(io.Discard, nil)), m: newMetrics(nil),
 		drained: map[string]int64{}, replicas: map[string]Replica{}, done: make(chan struct{}),
 		maxDrained: 50, maxReplicas: 20,
+		rollouts: map[string]storedRollout{}, windows: map[string]map[uint64]closedWindow{}, own: map[uint64]closedWindow{},
+		rolloutsNow: make(chan struct{}, 1),
 	}
 	return s
 }

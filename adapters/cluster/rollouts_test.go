@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"maps"
@@ -363,4 +364,68 @@ func awaitWindows(t *testing.T, r replica, id string, w time.Time) {
 		defer r.mu.Unlock()
 		return r.windows[id][routeHash("smol")].window == w.UnixNano()
 	})
+}
+
+// TestRolloutEntriesBounded: what other parties put is held within its bounds — stored
+// rollouts up to config.MaxRollouts (a newer put of a kept one still applies, an invalid one
+// keeps the last), other replicas' windows up to the replica bound (this replica's own are not
+// taken from etcd), a window value of the byte bound read as a value (not refused for its
+// size); this replica's own closed windows are pruned to the table's rollout routes once past
+// config.MaxRollouts.
+func TestRolloutEntriesBounded(t *testing.T) {
+	got := newApplied()
+	s := offline(t, got)
+	st, _ := rollout.Stored{Spec: rollout.SpecKey(smolRun), State: rollout.State{Status: rollout.Paused}}.Encode()
+	var evs []*clientv3.Event
+	for i := range config.MaxRollouts + 1 {
+		evs = append(evs, put(fmt.Sprintf("rollouts/r%03d", i), string(st), int64(10+i)))
+	}
+	evs = append(evs, put("rollouts/r000", "garbage", 100), put("rollouts/r001", string(st), 101))
+	s.applyEvents(evs)
+	if len(s.rollouts) != config.MaxRollouts || s.rollouts[fmt.Sprintf("r%03d", config.MaxRollouts)].rev != 0 {
+		t.Fatalf("%d stored rollouts kept", len(s.rollouts))
+	}
+	if s.rollouts["r000"].rev != 10 || s.rollouts["r001"].rev != 101 || s.rolloutRev != 101 {
+		t.Fatalf("r000 at %d, r001 at %d, version %d", s.rollouts["r000"].rev, s.rollouts["r001"].rev, s.rolloutRev)
+	}
+	got.mu.Lock()
+	n, ver := len(got.states), got.rolloutVer
+	got.mu.Unlock()
+	if n != config.MaxRollouts || ver != 101 {
+		t.Fatalf("pushed %d states at version %d", n, ver)
+	}
+	s.applyEvent(del("rollouts/r002", 102))
+	if _, ok := s.rollouts["r002"]; ok || s.rolloutRev != 102 {
+		t.Fatal("a deleted state stayed")
+	}
+
+	w := string(encodeWindows(map[uint64]closedWindow{1: {window: 5}}))
+	evs = nil
+	for i := range s.maxReplicas + 1 {
+		evs = append(evs, put(fmt.Sprintf("rollout_windows/r%02d", i), w, 200))
+	}
+	s.applyEvents(append(evs, put("rollout_windows/me", w, 201)))
+	if len(s.windows) != s.maxReplicas || s.windows[fmt.Sprintf("r%02d", s.maxReplicas)] != nil || s.windows["me"] != nil {
+		t.Fatalf("%d replicas' windows kept", len(s.windows))
+	}
+	s.applyEvent(put("rollout_windows/r00", "bad", 202))
+	if _, ok := s.windows["r00"]; ok {
+		t.Fatal("an unreadable value kept the replica's last windows")
+	}
+	if _, err := decodeWindows(make([]byte, MaxRolloutWindowBytes)); err == nil || strings.Contains(err.Error(), "over the bound") {
+		t.Fatalf("a value of exactly the bound: %v", err)
+	}
+
+	s.routes.rows = smolRollout()
+	s.CloseWindow("smol", rt0, tally(1, 0), rollout.Tally{})
+	for i := range config.MaxRollouts - 1 {
+		s.CloseWindow(fmt.Sprintf("gone%d", i), rt0, rollout.Tally{}, rollout.Tally{})
+	}
+	if len(s.own) != config.MaxRollouts {
+		t.Fatalf("%d own windows at the bound", len(s.own))
+	}
+	s.CloseWindow("gone-last", rt0, rollout.Tally{}, rollout.Tally{})
+	if len(s.own) != 1 || s.own[routeHash("smol")].canary.Requests != 1 {
+		t.Fatalf("%d own windows past the bound, want smol's alone", len(s.own))
+	}
 }
