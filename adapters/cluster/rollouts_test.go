@@ -429,3 +429,13 @@ func TestRolloutEntriesBounded(t *testing.T) {
 		t.Fatalf("%d own windows past the bound, want smol's alone", len(s.own))
 	}
 }
+
+// TestDeciderTTL: the decider's lease is half the replicas' lease TTL, at least 1 s.
+func TestDeciderTTL(t *testing.T) {
+	for ttl, want := range map[time.Duration]int64{10 * time.Second: 5, 3 * time.Second: 1, 2 * time.Second: 1, time.Hour: 1800} {
+		s := &Store{cfg: Config{Cluster: config.Cluster{LeaseTTL: ttl}}}
+		if got := s.deciderTTL(); got != want {
+			t.Errorf("lease_ttl %v: decider lease %d s, want %d", ttl, got, want)
+		}
+	}
+}
