@@ -10,9 +10,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/tlgw/tlgw/internal/etcdtest"
-	"github.com/tlgw/tlgw/internal/proctest"
 )
 
 // clusterRollouts is GET /admin/v1/rollouts of a replica: the decider, the ETag and the one
@@ -43,43 +40,22 @@ func (c *cluster) rollouts(t *testing.T, i int) (clusterRollouts, bool) {
 // lease TTL (3 s); the rollout goes on from the step it had reached to 100%, and no request to
 // a live replica fails.
 func TestClusterRolloutTakeover(t *testing.T) {
-	c := &cluster{etcd: etcdtest.Start(t), engines: map[string]*proctest.Proc{}}
-	route := `
+	// A lease TTL of 3 s: the decider holds rollout_leader under half of it, which etcd raises
+	// to its floor (1.5 s at its default election timeout).
+	c := startClusterOf(t, `
 [[gateway.routes]]
 model = "smol"
 rollout = { canary = "smol-v4", baseline = "smol-v3", steps = [10, 20, 30, 40, 50, 60, 70, 80, 90, 100], step_interval = "1s", min_requests = 5 }
-`
-	for i := 1; i <= 3; i++ {
-		routes := ""
-		if i == 1 {
-			routes = route
-		}
-		// A lease TTL of 3 s: the decider holds rollout_leader under half of it, which etcd
-		// raises to its floor (1.5 s at its default election timeout).
-		c.replicas = append(c.replicas, startTLGW(t, strings.Replace(clusterTOML(c.etcd.Endpoint(), i, routes), `lease_ttl = "2s"`, `lease_ttl = "3s"`, 1)))
-		if i == 1 {
-			eventually(t, "replica 1 stores its table", 10*time.Second, func() bool {
-				return metricSum(t, c.base(0), "tlgw_config_store_up") == 1
-			})
-		}
-	}
-	var grpcs []string
-	for _, r := range c.replicas {
-		grpcs = append(grpcs, r.GRPCAddr)
-	}
-	for _, e := range [][]string{{"base", "smol-v3"}, {"canary", "smol-v4"}} {
-		c.engines[e[0]] = proctest.StartEngine(t, tlengineBin, "--id", e[0], "--model", e[1], "--gateway", strings.Join(grpcs, ","))
-	}
-	for i := range c.replicas {
-		eventually(t, fmt.Sprintf("replica %d sees both engines and agrees on the decider", i+1), 15*time.Second, func() bool {
-			var rows []workerRow
-			if c.getJSON(t, i, "/admin/v1/workers", &rows, "workers") != 200 || len(rows) != 2 {
-				return false
+`, "3s", [][2]string{{"base", "smol-v3"}, {"canary", "smol-v4"}})
+	eventually(t, "the replicas agree on the decider", 15*time.Second, func() bool {
+		var ds []string
+		for i := range c.replicas {
+			if r, ok := c.rollouts(t, i); ok && r.Decider != "" {
+				ds = append(ds, r.Decider)
 			}
-			r, ok := c.rollouts(t, i)
-			return ok && r.Decider != ""
-		})
-	}
+		}
+		return len(ds) == 3 && ds[0] == ds[1] && ds[1] == ds[2]
+	})
 
 	// Load: two clients, each request to the next live replica.
 	var dead atomic.Int32 // 1 + the index of the killed replica (0: none)

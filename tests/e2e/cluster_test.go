@@ -56,13 +56,22 @@ lease_ttl = "2s"
 
 func startCluster(t *testing.T) *cluster {
 	t.Helper()
+	return startClusterOf(t, "\n[[gateway.routes]]\nmodel = \"chat\"\nbackends = [{ model = \"smol\", weight = 1 }]\n", "2s",
+		[][2]string{{"s1", "smol"}, {"s2", "smol"}, {"s3", "smol"}, {"b1", "big"}})
+}
+
+// startClusterOf starts three replicas with lease_ttl ttl, the first bringing routes (the
+// others take the table from etcd), and a tlengine per engine {id, model} heartbeating to all
+// three; it returns when every replica sees every engine and every replica.
+func startClusterOf(t *testing.T, routes, ttl string, engines [][2]string) *cluster {
+	t.Helper()
 	c := &cluster{etcd: etcdtest.Start(t), engines: map[string]*proctest.Proc{}}
 	for i := 1; i <= 3; i++ {
-		routes := ""
+		toml := strings.Replace(clusterTOML(c.etcd.Endpoint(), i, ""), `lease_ttl = "2s"`, fmt.Sprintf("lease_ttl = %q", ttl), 1)
 		if i == 1 { // the first replica brings the fleet's table; the others take it from etcd
-			routes = "\n[[gateway.routes]]\nmodel = \"chat\"\nbackends = [{ model = \"smol\", weight = 1 }]\n"
+			toml = strings.Replace(clusterTOML(c.etcd.Endpoint(), i, routes), `lease_ttl = "2s"`, fmt.Sprintf("lease_ttl = %q", ttl), 1)
 		}
-		c.replicas = append(c.replicas, startTLGW(t, clusterTOML(c.etcd.Endpoint(), i, routes)))
+		c.replicas = append(c.replicas, startTLGW(t, toml))
 		if i == 1 {
 			eventually(t, "replica 1 stores its table", 10*time.Second, func() bool {
 				return metricSum(t, c.base(0), "tlgw_config_store_up") == 1
@@ -73,13 +82,13 @@ func startCluster(t *testing.T) *cluster {
 	for _, r := range c.replicas {
 		grpcs = append(grpcs, r.GRPCAddr)
 	}
-	for _, e := range [][]string{{"s1", "smol"}, {"s2", "smol"}, {"s3", "smol"}, {"b1", "big"}} {
+	for _, e := range engines {
 		c.engines[e[0]] = proctest.StartEngine(t, tlengineBin, "--id", e[0], "--model", e[1], "--gateway", strings.Join(grpcs, ","))
 	}
 	for i := range c.replicas {
 		eventually(t, fmt.Sprintf("replica %d sees every engine and every replica", i+1), 15*time.Second, func() bool {
 			var rows []workerRow
-			if c.getJSON(t, i, "/admin/v1/workers", &rows, "workers") != 200 || len(rows) != 4 {
+			if c.getJSON(t, i, "/admin/v1/workers", &rows, "workers") != 200 || len(rows) != len(engines) {
 				return false
 			}
 			return len(c.replicaIDs(t, i)) == 3
