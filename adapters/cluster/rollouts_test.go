@@ -294,6 +294,9 @@ func rolloutsAcross(t *testing.T, etcd interface{ Endpoint() string }) {
 	if err := b.RolloutAction("smol", rollout.Pause, &ver); err != nil {
 		t.Fatal(err)
 	}
+	if st, v, _, _ := stateOf(b); st.Status != rollout.Paused || v <= ver {
+		t.Fatalf("b answered before applying its own action: %s at version %d", st.Status, v)
+	}
 	a.got.await(t, 5*time.Second, "a sees the pause", func(x *applied) bool {
 		return x.states["smol"].State.Status == rollout.Paused && x.rolloutVer > ver
 	})
